@@ -1,0 +1,508 @@
+#!/usr/bin/env bash
+# gpupass QEMU IOMMU lab: boots a real Debian kernel under QEMU (TCG, q35,
+# emulated Intel IOMMU) with a set of emulated GPUs and runs scenario scripts
+# inside it.  See docs/lab.md for the device map and the guest protocol.
+#
+#   lab/lab.sh run SCENARIO [SCENARIO...]   one boot, scenarios run in order
+#   lab/lab.sh demo                          gpupass list/groups/check, streamed
+#   lab/lab.sh prepare                       packages + kernel cache only
+#   lab/lab.sh shell                         interactive busybox shell in the guest
+#   lab/lab.sh list                          scenarios available
+#
+# Environment:
+#   GPUPASS_LAB_CACHE   cache root (default ~/.cache/gpupass-lab)
+#   GPUPASS_LAB_OUT     result root (default <repo>/target/lab/out)
+#   GPUPASS_LAB_BIN     use this gpupass binary instead of building one
+#   GPUPASS_LAB_KERNEL  use this cache entry (<release>_<debversion>) without asking apt
+#   GPUPASS_LAB_TIMEOUT base wall-clock limit per boot in seconds (default 240)
+#   GPUPASS_LAB_UPDATE_FIXTURE=1   the snapshot scenario rewrites tests/fixtures/hosts/qemu-lab
+#   GPUPASS_LAB_QUIET=1 do not stream the guest console to the terminal
+set -euo pipefail
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$LAB_DIR")
+CACHE_ROOT=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
+OUT_ROOT=${GPUPASS_LAB_OUT:-$REPO/target/lab/out}
+BASE_TIMEOUT=${GPUPASS_LAB_TIMEOUT:-240}
+TARGET_TRIPLE=x86_64-unknown-linux-gnu
+
+# Modules every boot loads, in this order (name [params]).  Display and audio
+# drivers first so there is something to unbind; then VFIO; then mdev and the
+# kernel's sample mdev drivers; then kvm-amd for nested VMM tests.
+BASE_MODULES=(
+  "bochs"
+  "virtio-gpu"
+  "snd-hda-intel"
+  "vfio"
+  "vfio_iommu_type1"
+  "vfio-pci"
+  "mdev"
+  "mbochs count=128"
+  "mdpy"
+  "mtty"
+  "kvm-amd nested=1"
+)
+SAMPLE_MODULES=(mtty mdpy mdpy-fb mbochs)
+
+# Host packages the lab needs: "command-or-path package".
+HOST_PACKAGES=(
+  "qemu-system-x86_64 qemu-system-x86"
+  "/bin/busybox busybox-static"
+  "cpio cpio"
+  "depmod kmod"
+  "xz xz-utils"
+  "python3 python3"
+  "gcc gcc"
+  "make make"
+  "timeout coreutils"
+)
+
+log() { printf 'lab: %s\n' "$*" >&2; }
+die() { printf 'lab: error: %s\n' "$*" >&2; exit 2; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+
+# --------------------------------------------------------------------------
+# host packages
+
+APT_UPDATED=0
+apt_update_once() {
+  if [[ $APT_UPDATED == 0 ]]; then
+    log "apt-get update"
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 || die "apt-get update failed"
+    APT_UPDATED=1
+  fi
+}
+
+need_root_for() {
+  [[ $(id -u) == 0 ]] || die "$1 needs root (run as root, or install: $2)"
+}
+
+ensure_packages() {
+  local missing=() entry cmd pkg
+  for entry in "${HOST_PACKAGES[@]}"; do
+    cmd=${entry% *} pkg=${entry#* }
+    if [[ $cmd == /* ]]; then
+      # busybox must be the static build: the initramfs has no libc.
+      dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
+    else
+      command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+    fi
+  done
+  # zstd only if the kernel turns out to need it; lz4 likewise (checked later).
+  if ((${#missing[@]})); then
+    need_root_for "installing ${missing[*]}" "apt-get install ${missing[*]}"
+    apt_update_once
+    log "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+      --no-install-recommends --no-remove "${missing[@]}" >&2 ||
+      die "apt-get install ${missing[*]} failed (the lab never lets apt remove packages; resolve the conflict by hand)"
+  fi
+}
+
+# --------------------------------------------------------------------------
+# kernel: resolve, download, unpack, extract, build samples (cached)
+
+KREL='' KVER='' KDIR=''
+
+resolve_kernel() {
+  if [[ -n ${GPUPASS_LAB_KERNEL:-} ]]; then
+    KDIR=$CACHE_ROOT/$GPUPASS_LAB_KERNEL
+    [[ -f $KDIR/.complete ]] || die "GPUPASS_LAB_KERNEL=$GPUPASS_LAB_KERNEL: no complete cache entry at $KDIR"
+    KREL=${GPUPASS_LAB_KERNEL%%_*} KVER=${GPUPASS_LAB_KERNEL#*_}
+    return
+  fi
+  local img
+  img=$(apt-cache depends linux-image-amd64 2>/dev/null |
+    awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')
+  [[ -n $img ]] || die "apt-cache cannot resolve linux-image-amd64 (no Debian apt sources?)"
+  KREL=${img#linux-image-}
+  KVER=$(apt-cache show --no-all-versions "$img" 2>/dev/null | awk '$1 == "Version:" {print $2; exit}')
+  [[ -n $KVER ]] || die "apt-cache has no version for $img"
+  KDIR=$CACHE_ROOT/${KREL}_${KVER}
+}
+
+# apt-get download PKG=VER... into the current directory.
+download_debs() {
+  apt-get -o DPkg::Lock::Timeout=300 download -qq "$@" >&2
+}
+
+prepare_kernel() {
+  mkdir -p "$CACHE_ROOT"
+  resolve_kernel
+  if [[ -f $KDIR/.complete ]]; then
+    log "kernel $KREL ($KVER) from cache $KDIR"
+    return
+  fi
+  # The mirror keeps only the newest kernel; stale apt lists name one that is
+  # gone.  Try once with the lists we have, then refresh and resolve again.
+  local t0 rc=0; t0=$(now)
+  _prepare_kernel_locked || rc=$?
+  if ((rc != 0)); then
+    if [[ $rc == 3 && $APT_UPDATED == 0 && $(id -u) == 0 ]]; then
+      log "download failed; refreshing apt lists and resolving the kernel again"
+      apt_update_once
+      resolve_kernel
+      [[ -f $KDIR/.complete ]] || _prepare_kernel_locked || die "could not prepare kernel $KREL ($KVER)"
+    else
+      die "could not prepare kernel $KREL ($KVER)"
+    fi
+  fi
+  log "kernel $KREL ($KVER) prepared in $(elapsed "$t0") s"
+}
+
+_prepare_kernel_locked() {
+  mkdir -p "$KDIR"
+  (
+    flock 9
+    [[ -f $KDIR/.complete ]] && exit 0
+    _prepare_kernel
+  ) 9>"$KDIR.lock"
+}
+
+_prepare_kernel() {
+  local xy=${KVER%%.*}.$(cut -d. -f2 <<<"$KVER")
+  local abi=${KREL%-amd64}
+  local scratch=$KDIR/scratch
+  rm -rf "$scratch"
+  mkdir -p "$KDIR/debs" "$scratch"
+  log "downloading kernel $KREL $KVER (image, headers, kbuild, source ~220 MB)"
+  (
+    cd "$KDIR/debs"
+    local p want=()
+    for p in "linux-image-$KREL" "linux-headers-$KREL" "linux-headers-$abi-common" \
+      "linux-kbuild-$xy" "linux-source-$xy"; do
+      ls "${p}_${KVER}"_*.deb >/dev/null 2>&1 || want+=("$p=$KVER")
+    done
+    ((${#want[@]} == 0)) || download_debs "${want[@]}"
+  ) || return 3
+
+  log "unpacking kernel image"
+  dpkg -x "$KDIR/debs/linux-image-${KREL}_${KVER}"_*.deb "$scratch/img"
+  local vmlinuz=$scratch/img/boot/vmlinuz-$KREL
+  [[ -f $vmlinuz ]] || { log "no $vmlinuz in the image package"; return 1; }
+  cp "$scratch/img/boot/config-$KREL" "$KDIR/config"
+  if grep -q '^CONFIG_KERNEL_ZSTD=y' "$KDIR/config" && ! command -v zstd >/dev/null; then
+    need_root_for "installing zstd" "apt-get install zstd"; apt_update_once
+    apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-remove zstd >&2
+  fi
+  python3 "$LAB_DIR/tools/extract-vmlinux.py" "$vmlinuz" "$KDIR/vmlinux" || return 1
+
+  # Keep the kernel's module tree metadata and the modules themselves
+  # decompressed in a "pool" from which each run takes its closure.  We keep
+  # only what some boot may ask for: the base set plus everything the shipped
+  # scenarios declare, and their dependencies.
+  log "extracting module subset"
+  rm -rf "$KDIR/modules"
+  # The package ships no modules.dep (dpkg's postinst runs depmod): make one.
+  depmod -b "$scratch/img" "$KREL" || return 1
+  python3 "$LAB_DIR/tools/labtool.py" modules \
+    --src "$scratch/img/lib/modules/$KREL" --dst "$KDIR/modules/lib/modules/$KREL" \
+    -- $(all_wanted_module_names) || return 1
+  # Keep the image package: a later scenario may want more modules.
+
+  log "building sample mdev drivers (${SAMPLE_MODULES[*]})"
+  local hdr=$scratch/hdr
+  dpkg -x "$KDIR/debs/linux-headers-${KREL}_${KVER}"_*.deb "$hdr"
+  dpkg -x "$KDIR/debs/linux-headers-${abi}-common_${KVER}"_*.deb "$hdr"
+  dpkg -x "$KDIR/debs/linux-kbuild-${xy}_${KVER}"_*.deb "$hdr"
+  # The arch headers' Makefile includes the common one by absolute path, and
+  # the scripts/tools symlinks point at /usr/lib/linux-kbuild-X.Y: re-root both.
+  sed -i "s|/usr/src/|$hdr/usr/src/|g" "$hdr/usr/src/linux-headers-$KREL/Makefile"
+  local l tgt
+  while IFS= read -r l; do
+    tgt=$(readlink "$l")
+    [[ $tgt == /usr/* ]] && ln -sfn "$hdr$tgt" "$l"
+  done < <(find "$hdr/usr/src" -type l)
+  dpkg -x "$KDIR/debs/linux-source-${xy}_${KVER}"_*.deb "$scratch/src"
+  local srcdir=$scratch/mdev
+  mkdir -p "$srcdir"
+  tar -xf "$scratch/src/usr/src/linux-source-$xy.tar.xz" -C "$srcdir" --strip-components=3 \
+    "linux-source-$xy/samples/vfio-mdev" || return 1
+  printf 'obj-m += %s.o\n' "${SAMPLE_MODULES[@]}" >"$srcdir/Kbuild"
+  make -s -C "$hdr/usr/src/linux-headers-$KREL" M="$srcdir" -j"$(nproc)" modules >&2 || return 1
+  mkdir -p "$KDIR/samples"
+  local m
+  for m in "${SAMPLE_MODULES[@]}"; do cp "$srcdir/$m.ko" "$KDIR/samples/"; done
+
+  # Drop the large downloads; keep the image package (modules on demand).
+  rm -f "$KDIR/debs/linux-source-"* "$KDIR/debs/linux-headers-"* "$KDIR/debs/linux-kbuild-"*
+  rm -rf "$scratch"
+  echo "$KREL $KVER" >"$KDIR/.complete"
+}
+
+# Module names (first word) of the base list and all scenario declarations.
+all_wanted_module_names() {
+  local e
+  for e in "${BASE_MODULES[@]}"; do echo "${e%% *}"; done
+  cat "$LAB_DIR"/scenarios/*.sh 2>/dev/null | sed -n 's/^# lab-modules:[[:space:]]*//p' | awk '{print $1}'
+}
+
+# Make sure the cached module pool has these modules; re-extract from the
+# kept image package when a new scenario asks for one we do not have.
+ensure_module_pool() {
+  local missing
+  missing=$(python3 "$LAB_DIR/tools/labtool.py" missing --pool "$KDIR/modules/lib/modules/$KREL" \
+    --samples "$KDIR/samples" -- "$@") || die "labtool missing failed"
+  [[ -z $missing ]] && return 0
+  log "module pool lacks: $missing; re-extracting from the image package"
+  (
+    flock 9
+    local scratch=$KDIR/scratch-mod deb
+    rm -rf "$scratch"
+    deb=$(ls "$KDIR/debs/linux-image-${KREL}_${KVER}"_*.deb 2>/dev/null | head -1)
+    if [[ -z $deb ]]; then
+      mkdir -p "$KDIR/debs"; (cd "$KDIR/debs" && download_debs "linux-image-$KREL=$KVER")
+      deb=$(ls "$KDIR/debs/linux-image-${KREL}_${KVER}"_*.deb | head -1)
+    fi
+    dpkg -x "$deb" "$scratch"
+    depmod -b "$scratch" "$KREL"
+    python3 "$LAB_DIR/tools/labtool.py" modules --src "$scratch/lib/modules/$KREL" \
+      --dst "$KDIR/modules/lib/modules/$KREL" -- $(all_wanted_module_names) "$@"
+    rm -rf "$scratch"
+  ) 9>"$KDIR.lock" || die "could not extract modules $missing"
+}
+
+# --------------------------------------------------------------------------
+# gpupass static binary
+
+GPUPASS_BIN=''
+GPUPASS_WHY=''
+WORK=''
+build_gpupass() {
+  if [[ -n ${GPUPASS_LAB_BIN:-} ]]; then
+    [[ -x $GPUPASS_LAB_BIN ]] || die "GPUPASS_LAB_BIN=$GPUPASS_LAB_BIN is not executable"
+    GPUPASS_BIN=$GPUPASS_LAB_BIN
+    return
+  fi
+  if [[ ! -f $REPO/Cargo.toml ]]; then
+    GPUPASS_WHY="no Cargo.toml in $REPO (the crate has not landed yet)"
+    return
+  fi
+  command -v cargo >/dev/null || { GPUPASS_WHY="cargo not found"; return; }
+  local t0; t0=$(now)
+  log "building static gpupass (cargo build --release --target $TARGET_TRIPLE --target-dir target/lab)"
+  if (cd "$REPO" && RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
+    cargo build --release --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass >&2); then
+    GPUPASS_BIN=$REPO/target/lab/$TARGET_TRIPLE/release/gpupass
+    log "gpupass built in $(elapsed "$t0") s"
+  else
+    GPUPASS_WHY="cargo build of the static gpupass failed (see above)"
+  fi
+}
+
+# --------------------------------------------------------------------------
+# scenarios
+
+scenario_file() { echo "$LAB_DIR/scenarios/$1.sh"; }
+# scenario_decl NAME KEY: values of "# lab-KEY: value" header lines
+scenario_decl() { sed -n "s/^# lab-$2:[[:space:]]*//p" "$(scenario_file "$1")"; }
+
+list_scenarios() {
+  local f n
+  for f in "$LAB_DIR"/scenarios/*.sh; do
+    n=$(basename "$f" .sh)
+    printf '%-12s %s\n' "$n" "$(scenario_decl "$n" about | head -1)"
+  done
+}
+
+# --------------------------------------------------------------------------
+# initramfs
+
+build_initramfs() { # WORK SCENARIOS...
+  local work=$1; shift
+  local root=$work/root mods=() m
+  rm -rf "$root"; mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,lab/scenarios,lib/modules}
+  cp /bin/busybox "$root/bin/busybox"
+  cp "$LAB_DIR/guest/init" "$root/init"
+  cp "$LAB_DIR/guest/lib.sh" "$root/lab/lib.sh"
+  chmod 755 "$root/init"
+
+  # modules.list: base order, then scenario extras (deduplicated by name).
+  : >"$root/lab/modules.list"
+  local seen=" " name
+  for m in "${BASE_MODULES[@]}"; do
+    name=${m%% *}; seen+="$name "; echo "$m" >>"$root/lab/modules.list"; mods+=("$name")
+  done
+  local s
+  for s in "$@"; do
+    while IFS= read -r m; do
+      [[ -n $m ]] || continue
+      name=${m%% *}
+      [[ $seen == *" $name "* ]] && continue
+      seen+="$name "; echo "$m" >>"$root/lab/modules.list"; mods+=("$name")
+    done < <(scenario_decl "$s" modules)
+    cp "$(scenario_file "$s")" "$root/lab/scenarios/$s.sh"
+  done
+  ensure_module_pool "${mods[@]}"
+  python3 "$LAB_DIR/tools/labtool.py" closure --pool "$KDIR/modules/lib/modules/$KREL" \
+    --samples "$KDIR/samples" --dst "$root/lib/modules/$KREL" -- "${mods[@]}" ||
+    die "could not assemble modules"
+  depmod -b "$root" "$KREL" 2>/dev/null || die "depmod failed"
+
+  if [[ -n $GPUPASS_BIN ]]; then
+    cp "$GPUPASS_BIN" "$root/bin/gpupass"
+  fi
+  {
+    echo "LAB_SCENARIOS='$*'"
+    echo "LAB_KREL='$KREL'"
+    echo "LAB_HAVE_GPUPASS=$([[ -n $GPUPASS_BIN ]] && echo 1 || echo 0)"
+  } >"$root/lab/config"
+  (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) |
+    gzip -1 >"$work/initramfs.cpio.gz"
+}
+
+# --------------------------------------------------------------------------
+# boot
+
+qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
+  local work=$1 append=$2; shift 2
+  QEMU=(qemu-system-x86_64 -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
+    -nodefaults -display none -no-reboot
+    -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
+    -append "console=ttyS0 panic=-1 quiet intel_iommu=on iommu=pt $append"
+    -device intel-iommu,intremap=on,caching-mode=on
+    -device VGA,bus=pcie.0,addr=0x2
+    -device bochs-display,bus=pcie.0,addr=0x3
+    -device virtio-gpu-pci,bus=pcie.0,addr=0x4
+    -device VGA,bus=pcie.0,addr=0x5.0x0,multifunction=on
+    -audiodev none,id=snd0 -device ich9-intel-hda,bus=pcie.0,addr=0x5.0x1,id=hda
+    -device hda-duplex,bus=hda.0,audiodev=snd0
+    -device edu,bus=pcie.0,addr=0x6
+    -device pci-testdev,bus=pcie.0,addr=0x7
+    -device pcie-root-port,id=rp1,bus=pcie.0,addr=0x8,chassis=1
+    -device bochs-display,bus=rp1)
+  local s line
+  for s in "$@"; do
+    while IFS= read -r line; do
+      [[ -n $line ]] || continue
+      # shellcheck disable=SC2206  # word splitting of declared args is intended
+      QEMU+=($line)
+    done < <(scenario_decl "$s" qemu)
+  done
+}
+
+boot_timeout() {
+  local t=$BASE_TIMEOUT s x
+  for s in "$@"; do
+    x=$(scenario_decl "$s" timeout | head -1)
+    [[ -n $x ]] && t=$((t + x))
+  done
+  echo "$t"
+}
+
+cmd_run() { # [--update-fixture] SCENARIOS...
+  local scen=() a
+  for a in "$@"; do
+    case $a in
+      --update-fixture) export GPUPASS_LAB_UPDATE_FIXTURE=1 ;;
+      -*) die "unknown option $a" ;;
+      *) [[ -f $(scenario_file "$a") ]] || die "no scenario '$a' (have: $(cd "$LAB_DIR/scenarios" && ls *.sh | sed 's/\.sh$//' | tr '\n' ' '))"
+        scen+=("$a") ;;
+    esac
+  done
+  ((${#scen[@]})) || die "usage: lab/lab.sh run SCENARIO [SCENARIO...]"
+  local t0; t0=$(now)
+  ensure_packages
+  prepare_kernel
+  build_gpupass
+  for a in "${scen[@]}"; do
+    if scenario_decl "$a" needs | grep -qw gpupass && [[ -z $GPUPASS_BIN ]]; then
+      die "scenario '$a' needs the gpupass binary: $GPUPASS_WHY"
+    fi
+  done
+
+  mkdir -p "$REPO/target/lab/work" "$OUT_ROOT"
+  WORK=$(mktemp -d "$REPO/target/lab/work/run.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
+  local work=$WORK
+  build_initramfs "$work" "${scen[@]}"
+  log "initramfs $(du -h "$work/initramfs.cpio.gz" | cut -f1), prepared in $(elapsed "$t0") s"
+
+  for a in "${scen[@]}"; do rm -rf "${OUT_ROOT:?}/$a"; mkdir -p "$OUT_ROOT/$a"; done
+  qemu_cmd "$work" "" "${scen[@]}"
+  local data=$work/data.log console=$work/console.log tmo rc
+  QEMU+=(-serial stdio -serial "file:$data")
+  tmo=$(boot_timeout "${scen[@]}")
+  echo "${QEMU[*]}" >"$work/qemu.cmdline"
+  log "booting (${scen[*]}), limit ${tmo} s"
+  local tb; tb=$(now)
+  set +e
+  if [[ -n ${GPUPASS_LAB_QUIET:-} ]]; then
+    timeout -k 5 "$tmo" "${QEMU[@]}" </dev/null >"$console" 2>&1
+    rc=$?
+  else
+    timeout -k 5 "$tmo" "${QEMU[@]}" </dev/null 2>&1 | tee "$console"
+    rc=${PIPESTATUS[0]}
+  fi
+  set -e
+  local boot_s; boot_s=$(elapsed "$tb")
+  touch "$data"
+  for a in "${scen[@]}"; do
+    cp "$console" "$OUT_ROOT/$a/console.log"
+    cp "$data" "$OUT_ROOT/$a/channel.log"
+    cp "$work/qemu.cmdline" "$OUT_ROOT/$a/qemu.cmdline"
+  done
+  python3 "$LAB_DIR/tools/labtool.py" collect --data "$data" --out "$OUT_ROOT" -- "${scen[@]}" ||
+    log "collect reported problems"
+
+  # Host-side checks: lab/scenarios/NAME.check, run with the scenario's
+  # output dir; their LAB-RESULT lines join the report.
+  for a in "${scen[@]}"; do
+    local chk=$LAB_DIR/scenarios/$a.check
+    [[ -f $chk ]] || continue
+    log "host check $a"
+    set +e
+    LAB_SCENARIO=$a LAB_OUT=$OUT_ROOT/$a LAB_REPO=$REPO LAB_GPUPASS=$GPUPASS_BIN \
+      "$chk" >"$OUT_ROOT/$a/host-check.log" 2>&1
+    local crc=$?
+    set -e
+    cat "$OUT_ROOT/$a/host-check.log" >&2
+    if ((crc != 0)); then
+      echo "LAB-RESULT $a host-check FAIL $(basename "$chk") exited $crc" >>"$OUT_ROOT/$a/host-check.log"
+    fi
+  done
+
+  local verdict=0
+  python3 "$LAB_DIR/tools/labtool.py" report --out "$OUT_ROOT" --qemu-rc "$rc" --timeout "$tmo" \
+    --boot-seconds "$boot_s" --total-seconds "$(elapsed "$t0")" -- "${scen[@]}" || verdict=$?
+  return "$verdict"
+}
+
+cmd_shell() {
+  ensure_packages
+  prepare_kernel
+  build_gpupass
+  mkdir -p "$REPO/target/lab/work"
+  WORK=$(mktemp -d "$REPO/target/lab/work/shell.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
+  local work=$WORK
+  build_initramfs "$work"
+  qemu_cmd "$work" "lab.shell=1"
+  QEMU+=(-serial mon:stdio -serial null)
+  log "interactive guest shell; 'poweroff -f' or Ctrl-A x to leave"
+  "${QEMU[@]}"
+}
+
+cmd_prepare() {
+  ensure_packages
+  prepare_kernel
+  build_gpupass
+  [[ -n $GPUPASS_BIN ]] && log "gpupass: $GPUPASS_BIN" || log "gpupass: not available: $GPUPASS_WHY"
+  log "cache: $KDIR ($(du -sh "$KDIR" | cut -f1))"
+}
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+case ${1:-} in
+  run) shift; cmd_run "$@" ;;
+  demo) shift; cmd_run demo "$@" ;;
+  prepare) cmd_prepare ;;
+  shell) cmd_shell ;;
+  list) list_scenarios ;;
+  -h | --help | help) usage 0 ;;
+  *) usage 2 >&2 ;;
+esac
