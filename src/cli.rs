@@ -1,0 +1,165 @@
+//! The command line: clap definitions and the dispatch to each command.
+//!
+//! Every command has the shape `run(ctx, args, out) -> Result<exit status>`; `main.rs` only
+//! parses, calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
+//! 1 a host error (or `check` found passthrough cannot work), 2 a usage error.
+
+use crate::host::HostRoot;
+use crate::inventory;
+use crate::model::{Inventory, PciAddress};
+use crate::output::table;
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpupass",
+    version,
+    about = "Move GPUs and other PCI devices from a Linux host into VMs and containers",
+    long_about = "gpupass reads the host's PCI devices, IOMMU groups, drivers and mediated \
+devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers."
+)]
+pub struct Cli {
+    /// Read host paths under DIR instead of / (DIR/sys, DIR/proc, DIR/dev, DIR/etc)
+    #[arg(long, global = true, env = "GPUPASS_ROOT", value_name = "DIR")]
+    pub root: Option<PathBuf>,
+
+    /// Render from an inventory saved with `gpupass list --all --json` instead of the host
+    #[arg(long, global = true, value_name = "FILE")]
+    pub from_json: Option<PathBuf>,
+
+    /// Machine-readable JSON output (schema in docs/json.md)
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List GPUs and display devices (or every PCI function with --all)
+    List {
+        /// Every PCI function, not only GPUs and display devices
+        #[arg(long)]
+        all: bool,
+    },
+    /// Everything known about one PCI function and its IOMMU group
+    Show {
+        /// PCI address: 0000:01:00.0 or 01:00.0
+        address: PciAddress,
+    },
+    /// IOMMU groups, their members, and whether each is viable for VFIO now
+    Groups,
+    /// Host readiness for passthrough (IOMMU, interrupt remapping, modules, device nodes)
+    Check,
+    /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
+    Snapshot {
+        /// New or empty directory
+        out: PathBuf,
+    },
+}
+
+/// Shared state of one invocation.
+pub struct Ctx {
+    pub host: HostRoot,
+    pub from_json: Option<PathBuf>,
+    pub json: bool,
+}
+
+impl Ctx {
+    pub fn from_cli(cli: &Cli) -> Self {
+        Ctx {
+            host: HostRoot::new(cli.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
+            from_json: cli.from_json.clone(),
+            json: cli.json,
+        }
+    }
+
+    /// The inventory: from the saved JSON if given, else read from the host.
+    pub fn inventory(&self) -> Result<Inventory> {
+        let inv = match &self.from_json {
+            Some(p) => inventory::load_json(p)?,
+            None => inventory::scan(&self.host)?,
+        };
+        for w in &inv.warnings {
+            eprintln!("warning: {w}");
+        }
+        Ok(inv)
+    }
+}
+
+fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Run a parsed command line; returns the exit status.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
+    let ctx = Ctx::from_cli(&cli);
+    match cli.command {
+        Command::List { all } => {
+            let inv = ctx.inventory()?;
+            let devices: Vec<_> = inv.devices.iter().filter(|d| all || d.is_gpu()).collect();
+            if ctx.json {
+                let mut sub = inv.clone();
+                sub.devices = devices.into_iter().cloned().collect();
+                write_json(out, &sub)?;
+            } else {
+                out.write_all(table::list(&inv, &devices).as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::Show { address } => {
+            let inv = ctx.inventory()?;
+            let d = inv
+                .device(&address)
+                .ok_or(inventory::InventoryError::NoSuchDevice { addr: address })?;
+            if ctx.json {
+                let group = d.iommu_group.and_then(|n| inv.group(n));
+                write_json(out, &serde_json::json!({ "device": d, "group": group }))?;
+            } else {
+                out.write_all(table::show(&inv, d).as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::Groups => {
+            let inv = ctx.inventory()?;
+            if ctx.json {
+                write_json(out, &serde_json::json!({ "groups": inv.groups }))?;
+            } else {
+                out.write_all(table::groups(&inv).as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::Check => {
+            if ctx.from_json.is_some() {
+                anyhow::bail!("`check` reads the live host (modules, kernel command line); it cannot run from --from-json");
+            }
+            let inv = ctx.inventory()?;
+            let r = crate::check::assess(&ctx.host, &inv);
+            if ctx.json {
+                write_json(out, &r)?;
+            } else {
+                out.write_all(table::check(&r).as_bytes())?;
+            }
+            Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Snapshot { out: dir } => {
+            let rep = crate::snapshot::snapshot(&ctx.host, &dir)
+                .with_context(|| format!("snapshot of {} failed", ctx.host.root().display()))?;
+            writeln!(
+                out,
+                "wrote {} files for {} PCI functions to {} (replay with: gpupass --root {} list --all)",
+                rep.files,
+                rep.devices,
+                dir.display(),
+                dir.display()
+            )?;
+            Ok(0)
+        }
+    }
+}

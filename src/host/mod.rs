@@ -1,0 +1,187 @@
+//! The host: every path gpupass reads or writes is built here, from one root.
+//!
+//! `HostRoot::new("/")` is the running machine; `HostRoot::new("tests/fixtures/hosts/x")` is a
+//! fixture tree laid out exactly like the kernel's (`sys/`, `proc/`, `dev/`, `etc/`). No other
+//! module spells out `/sys`: they ask this one for `sys_bus_pci_devices()` and friends, so the
+//! whole program can be pointed at a snapshot with `--root` or `GPUPASS_ROOT`.
+//!
+//! Reads are bounded (sysfs attributes are at most a page; a hostile or broken tree must not
+//! make gpupass read forever) and return `None`/errors instead of panicking.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// Largest attribute gpupass reads. sysfs attributes are at most one page; procfs
+/// `information` files and `modules.alias`-style tables are read with their own limits.
+pub const ATTR_LIMIT: u64 = 64 * 1024;
+
+/// Root of all host paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoot {
+    root: PathBuf,
+}
+
+impl Default for HostRoot {
+    fn default() -> Self {
+        HostRoot::new("/")
+    }
+}
+
+impl HostRoot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        HostRoot { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/<rel>`; `rel` is relative (no leading slash).
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel.trim_start_matches('/'))
+    }
+
+    pub fn sys(&self) -> PathBuf {
+        self.path("sys")
+    }
+    pub fn proc_dir(&self) -> PathBuf {
+        self.path("proc")
+    }
+    pub fn dev(&self) -> PathBuf {
+        self.path("dev")
+    }
+    pub fn etc(&self) -> PathBuf {
+        self.path("etc")
+    }
+    pub fn sys_bus_pci(&self) -> PathBuf {
+        self.path("sys/bus/pci")
+    }
+    pub fn sys_bus_pci_devices(&self) -> PathBuf {
+        self.path("sys/bus/pci/devices")
+    }
+    pub fn pci_device(&self, addr: &crate::model::PciAddress) -> PathBuf {
+        self.sys_bus_pci_devices().join(addr.to_string())
+    }
+    pub fn sys_bus_pci_drivers(&self) -> PathBuf {
+        self.path("sys/bus/pci/drivers")
+    }
+    pub fn iommu_groups(&self) -> PathBuf {
+        self.path("sys/kernel/iommu_groups")
+    }
+    pub fn mdev_bus_class(&self) -> PathBuf {
+        self.path("sys/class/mdev_bus")
+    }
+    pub fn mdev_devices(&self) -> PathBuf {
+        self.path("sys/bus/mdev/devices")
+    }
+    pub fn sys_module(&self, name: &str) -> PathBuf {
+        self.path("sys/module").join(name)
+    }
+    pub fn dev_vfio(&self) -> PathBuf {
+        self.path("dev/vfio")
+    }
+    pub fn nvidia_gpus_proc(&self) -> PathBuf {
+        self.path("proc/driver/nvidia/gpus")
+    }
+    pub fn driverctl_dir(&self) -> PathBuf {
+        self.path("etc/driverctl.d")
+    }
+    pub fn mdevctl_dir(&self) -> PathBuf {
+        self.path("etc/mdevctl.d")
+    }
+    /// `lib/modules/<release>` for the running kernel's module tables.
+    pub fn modules_dir(&self, release: &str) -> PathBuf {
+        self.path("lib/modules").join(release)
+    }
+
+    /// Show a path as the user knows it: relative to the root, with a leading `/`.
+    pub fn display(&self, p: &Path) -> String {
+        match p.strip_prefix(&self.root) {
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => p.display().to_string(),
+        }
+    }
+}
+
+/// Read at most `limit` bytes of a file as UTF-8 (lossy), trimmed of the trailing newline.
+pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
+    let f = fs::File::open(path)?;
+    let mut buf = Vec::new();
+    f.take(limit).read_to_end(&mut buf)?;
+    let s = String::from_utf8_lossy(&buf);
+    Ok(s.trim_end_matches(['\n', '\0']).to_string())
+}
+
+/// Read a sysfs attribute (bounded to [`ATTR_LIMIT`]).
+pub fn read_attr(path: &Path) -> io::Result<String> {
+    read_bounded(path, ATTR_LIMIT)
+}
+
+/// The last path component a symlink points at (`driver -> ../../bus/pci/drivers/nvidia` gives
+/// `nvidia`), `None` when the link does not exist.
+pub fn link_name(path: &Path) -> io::Result<Option<String>> {
+    match fs::read_link(path) {
+        Ok(t) => Ok(t.file_name().map(|n| n.to_string_lossy().into_owned())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Parse a sysfs hex attribute like `0x10de`.
+pub fn parse_hex(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    if t.is_empty() || t.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(t, 16).ok()
+}
+
+/// Sorted names of the entries of a directory; empty when it does not exist.
+pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
+    let rd = match fs::read_dir(path) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut v = Vec::new();
+    for e in rd {
+        v.push(e?.file_name().to_string_lossy().into_owned());
+    }
+    v.sort();
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_hang_off_the_root() {
+        let h = HostRoot::new("/tmp/x");
+        assert_eq!(
+            h.sys_bus_pci_devices(),
+            PathBuf::from("/tmp/x/sys/bus/pci/devices")
+        );
+        assert_eq!(h.display(&h.dev_vfio().join("3")), "/dev/vfio/3");
+    }
+
+    #[test]
+    fn hex_parsing() {
+        assert_eq!(parse_hex("0x10de\n"), Some(0x10de));
+        assert_eq!(parse_hex("0x030000"), Some(0x030000));
+        assert_eq!(parse_hex("zz"), None);
+        assert_eq!(parse_hex(""), None);
+        assert_eq!(parse_hex("0x11112222333344445"), None);
+    }
+
+    #[test]
+    fn bounded_read_stops() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("big");
+        fs::write(&p, vec![b'a'; 200_000]).unwrap();
+        assert_eq!(read_bounded(&p, 10).unwrap().len(), 10);
+        assert_eq!(read_attr(&p).unwrap().len() as u64, ATTR_LIMIT);
+    }
+}

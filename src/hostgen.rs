@@ -1,0 +1,416 @@
+//! Fake host trees laid out exactly as the kernel lays out sysfs, for fixtures, tests and the
+//! benchmark generator.
+//!
+//! The layout (all links relative, as the kernel makes them):
+//! - `sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/` holds the attributes;
+//! - `sys/bus/pci/devices/0000:01:00.0 -> ../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0`;
+//! - `<dev>/driver -> ../../../../bus/pci/drivers/nvidia` and the driver's back link;
+//! - `<dev>/iommu_group -> ../../../../kernel/iommu_groups/1` and
+//!   `sys/kernel/iommu_groups/1/devices/0000:01:00.0 -> ../../../../devices/...`;
+//! - bridges have a `pci_bus/` directory; VFs a `physfn` link, PFs `virtfnN` links;
+//! - mdev parents have `mdev_supported_types/<type>/{name,description,available_instances,
+//!   device_api,create,devices/}` and a `sys/class/mdev_bus/<parent>` link.
+//!
+//! Device nodes (`dev/vfio/N`) are plain empty files: gpupass only checks that they exist.
+
+use crate::model::PciAddress;
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+/// Sysfs resource flags used when writing `resource`.
+pub const MEM: u64 = 0x0004_0200;
+pub const MEM_PREF: u64 = 0x0004_2200;
+pub const MEM64_PREF: u64 = 0x0014_220c;
+pub const MEM64: u64 = 0x0014_0204;
+pub const IO: u64 = 0x0004_0101;
+pub const ROM: u64 = 0x0004_6200;
+
+/// One function to lay down.
+#[derive(Debug, Clone)]
+pub struct DevSpec {
+    pub addr: PciAddress,
+    pub vendor: u16,
+    pub device: u16,
+    pub subsystem: Option<(u16, u16)>,
+    pub class: u32,
+    pub revision: u8,
+    pub driver: Option<String>,
+    pub group: Option<u32>,
+    pub numa: i32,
+    pub cpulist: String,
+    /// (index, start, size, flags)
+    pub resources: Vec<(u32, u64, u64, u64)>,
+    pub boot_vga: Option<bool>,
+    pub reset_method: Option<String>,
+    pub parent: Option<PciAddress>,
+    pub sriov_total: Option<u32>,
+    pub physfn: Option<PciAddress>,
+}
+
+impl DevSpec {
+    pub fn new(addr: &str, vendor: u16, device: u16, class: u32) -> Self {
+        DevSpec {
+            addr: addr.parse().expect("fixture address"),
+            vendor,
+            device,
+            subsystem: None,
+            class,
+            revision: 0xa1,
+            driver: None,
+            group: None,
+            numa: -1,
+            cpulist: "0-15".into(),
+            resources: Vec::new(),
+            boot_vga: None,
+            reset_method: Some("flr bus".into()),
+            parent: None,
+            sriov_total: None,
+            physfn: None,
+        }
+    }
+    pub fn driver(mut self, d: &str) -> Self {
+        self.driver = Some(d.into());
+        self
+    }
+    pub fn group(mut self, g: u32) -> Self {
+        self.group = Some(g);
+        self
+    }
+    pub fn numa(mut self, n: i32, cpus: &str) -> Self {
+        self.numa = n;
+        self.cpulist = cpus.into();
+        self
+    }
+    pub fn sub(mut self, v: u16, d: u16) -> Self {
+        self.subsystem = Some((v, d));
+        self
+    }
+    pub fn res(mut self, index: u32, start: u64, size: u64, flags: u64) -> Self {
+        self.resources.push((index, start, size, flags));
+        self
+    }
+    pub fn boot_vga(mut self, b: bool) -> Self {
+        self.boot_vga = Some(b);
+        self
+    }
+    pub fn reset(mut self, m: Option<&str>) -> Self {
+        self.reset_method = m.map(str::to_string);
+        self
+    }
+    pub fn under(mut self, parent: &str) -> Self {
+        self.parent = Some(parent.parse().expect("fixture parent"));
+        self
+    }
+    pub fn rev(mut self, r: u8) -> Self {
+        self.revision = r;
+        self
+    }
+    pub fn sriov(mut self, total: u32) -> Self {
+        self.sriov_total = Some(total);
+        self
+    }
+    pub fn vf_of(mut self, pf: &str) -> Self {
+        self.physfn = Some(pf.parse().expect("fixture pf"));
+        self
+    }
+}
+
+/// Relative link target from the directory holding `link` to `target` (both root-relative).
+fn relative(link: &Path, target: &Path) -> PathBuf {
+    let from: Vec<Component> = link.parent().unwrap_or(Path::new("")).components().collect();
+    let to: Vec<Component> = target.components().collect();
+    let common = from.iter().zip(to.iter()).take_while(|(a, b)| a == b).count();
+    let mut p = PathBuf::new();
+    for _ in common..from.len() {
+        p.push("..");
+    }
+    for c in &to[common..] {
+        p.push(c.as_os_str());
+    }
+    p
+}
+
+/// Builds a fake host under a root directory.
+pub struct HostBuilder {
+    root: PathBuf,
+    dirs: HashMap<PciAddress, PathBuf>,
+}
+
+impl HostBuilder {
+    pub fn new(root: impl Into<PathBuf>) -> io::Result<Self> {
+        let root = root.into();
+        for d in [
+            "sys/bus/pci/devices",
+            "sys/bus/pci/drivers",
+            "sys/kernel/iommu_groups",
+            "sys/module",
+            "dev",
+            "proc/sys/kernel",
+        ] {
+            fs::create_dir_all(root.join(d))?;
+        }
+        Ok(HostBuilder {
+            root,
+            dirs: HashMap::new(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Write a root-relative file, creating its directory.
+    pub fn file(&self, rel: impl AsRef<Path>, content: &str) -> io::Result<()> {
+        let p = self.root.join(rel);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d)?;
+        }
+        fs::write(p, content)
+    }
+
+    /// A relative symlink at root-relative `link` pointing at root-relative `target`.
+    pub fn link(&self, link: impl AsRef<Path>, target: impl AsRef<Path>) -> io::Result<()> {
+        let (link, target) = (link.as_ref(), target.as_ref());
+        let p = self.root.join(link);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d)?;
+        }
+        let _ = fs::remove_file(&p);
+        std::os::unix::fs::symlink(relative(link, target), p)
+    }
+
+    /// Root-relative directory of an added device.
+    pub fn dev_dir(&self, addr: &PciAddress) -> Option<&Path> {
+        self.dirs.get(addr).map(|p| p.as_path())
+    }
+
+    pub fn add(&mut self, s: &DevSpec) -> io::Result<()> {
+        let dir = match s.parent.or(s.physfn.and_then(|pf| self.parent_of(&pf))) {
+            Some(p) => self
+                .dirs
+                .get(&p)
+                .ok_or_else(|| io::Error::other(format!("parent {p} of {} not added yet", s.addr)))?
+                .join(s.addr.to_string()),
+            None => PathBuf::from(format!("sys/devices/pci{:04x}:{:02x}", s.addr.domain, s.addr.bus))
+                .join(s.addr.to_string()),
+        };
+        self.dirs.insert(s.addr, dir.clone());
+        let a = s.addr.to_string();
+        self.file(dir.join("vendor"), &format!("0x{:04x}\n", s.vendor))?;
+        self.file(dir.join("device"), &format!("0x{:04x}\n", s.device))?;
+        let (sv, sd) = s.subsystem.unwrap_or((s.vendor, 0));
+        self.file(dir.join("subsystem_vendor"), &format!("0x{sv:04x}\n"))?;
+        self.file(dir.join("subsystem_device"), &format!("0x{sd:04x}\n"))?;
+        self.file(dir.join("class"), &format!("0x{:06x}\n", s.class))?;
+        self.file(dir.join("revision"), &format!("0x{:02x}\n", s.revision))?;
+        self.file(dir.join("numa_node"), &format!("{}\n", s.numa))?;
+        self.file(dir.join("local_cpulist"), &format!("{}\n", s.cpulist))?;
+        self.file(dir.join("driver_override"), "(null)\n")?;
+        self.file(dir.join("enable"), "1\n")?;
+        let modalias = format!(
+            "pci:v{:08X}d{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}",
+            s.vendor,
+            s.device,
+            sv,
+            sd,
+            s.class >> 16,
+            (s.class >> 8) & 0xff,
+            s.class & 0xff
+        );
+        self.file(dir.join("modalias"), &format!("{modalias}\n"))?;
+        let is_bridge = s.class >> 8 == 0x0604;
+        let lines = if is_bridge { 17 } else { 13 };
+        let mut res = String::new();
+        for i in 0..lines {
+            match s.resources.iter().find(|r| r.0 == i) {
+                Some(&(_, start, size, flags)) => res.push_str(&format!(
+                    "0x{:016x} 0x{:016x} 0x{:016x}\n",
+                    start,
+                    start + size - 1,
+                    flags
+                )),
+                None => res.push_str(&format!("0x{:016x} 0x{:016x} 0x{:016x}\n", 0, 0, 0)),
+            }
+        }
+        self.file(dir.join("resource"), &res)?;
+        if let Some(b) = s.boot_vga {
+            self.file(dir.join("boot_vga"), if b { "1\n" } else { "0\n" })?;
+        }
+        if let Some(m) = &s.reset_method {
+            self.file(dir.join("reset_method"), &format!("{m}\n"))?;
+            self.file(dir.join("reset"), "")?;
+        }
+        if is_bridge {
+            fs::create_dir_all(self.root.join(&dir).join("pci_bus"))?;
+        }
+        self.link(format!("sys/bus/pci/devices/{a}"), &dir)?;
+        if let Some(d) = &s.driver {
+            self.bind_driver(&s.addr, d)?;
+        }
+        if let Some(g) = s.group {
+            let gdir = PathBuf::from(format!("sys/kernel/iommu_groups/{g}"));
+            fs::create_dir_all(self.root.join(&gdir).join("devices"))?;
+            self.link(dir.join("iommu_group"), &gdir)?;
+            self.link(gdir.join("devices").join(&a), &dir)?;
+        }
+        if let Some(t) = s.sriov_total {
+            self.file(dir.join("sriov_totalvfs"), &format!("{t}\n"))?;
+            self.file(dir.join("sriov_numvfs"), "0\n")?;
+        }
+        if let Some(pf) = s.physfn {
+            let pfdir = self
+                .dirs
+                .get(&pf)
+                .cloned()
+                .ok_or_else(|| io::Error::other("pf first"))?;
+            self.link(dir.join("physfn"), &pfdir)?;
+            let n = fs::read_dir(self.root.join(&pfdir))?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("virtfn"))
+                .count();
+            self.link(pfdir.join(format!("virtfn{n}")), &dir)?;
+            self.file(pfdir.join("sriov_numvfs"), &format!("{}\n", n + 1))?;
+        }
+        Ok(())
+    }
+
+    fn parent_of(&self, addr: &PciAddress) -> Option<PciAddress> {
+        let d = self.dirs.get(addr)?;
+        d.parent()?.file_name()?.to_str()?.parse().ok()
+    }
+
+    /// Point a device's `driver` link at a driver (and the driver's back link at the device).
+    pub fn bind_driver(&self, addr: &PciAddress, driver: &str) -> io::Result<()> {
+        let dir = self
+            .dirs
+            .get(addr)
+            .ok_or_else(|| io::Error::other("unknown device"))?;
+        let ddir = PathBuf::from(format!("sys/bus/pci/drivers/{driver}"));
+        fs::create_dir_all(self.root.join(&ddir))?;
+        self.link(dir.join("driver"), &ddir)?;
+        self.link(ddir.join(addr.to_string()), dir)
+    }
+
+    pub fn mdev_type(
+        &self,
+        parent: &PciAddress,
+        id: &str,
+        name: &str,
+        description: &str,
+        available: u32,
+        api: &str,
+    ) -> io::Result<()> {
+        let dir = self
+            .dirs
+            .get(parent)
+            .ok_or_else(|| io::Error::other("unknown parent"))?
+            .clone();
+        let t = dir.join("mdev_supported_types").join(id);
+        self.file(t.join("name"), &format!("{name}\n"))?;
+        self.file(t.join("description"), &format!("{description}\n"))?;
+        self.file(t.join("available_instances"), &format!("{available}\n"))?;
+        self.file(t.join("device_api"), &format!("{api}\n"))?;
+        self.file(t.join("create"), "")?;
+        fs::create_dir_all(self.root.join(t.join("devices")))?;
+        self.link(format!("sys/class/mdev_bus/{parent}"), &dir)
+    }
+
+    /// An active mdev instance of `type_id` under `parent`, in IOMMU group `group`.
+    pub fn mdev_instance(
+        &self,
+        parent: &PciAddress,
+        type_id: &str,
+        uuid: &str,
+        group: u32,
+    ) -> io::Result<()> {
+        let pdir = self
+            .dirs
+            .get(parent)
+            .ok_or_else(|| io::Error::other("unknown parent"))?
+            .clone();
+        let dir = pdir.join(uuid);
+        let tdir = pdir.join("mdev_supported_types").join(type_id);
+        self.file(dir.join("remove"), "")?;
+        self.link(dir.join("mdev_type"), &tdir)?;
+        self.link(tdir.join("devices").join(uuid), &dir)?;
+        self.link(format!("sys/bus/mdev/devices/{uuid}"), &dir)?;
+        let gdir = PathBuf::from(format!("sys/kernel/iommu_groups/{group}"));
+        self.link(dir.join("iommu_group"), &gdir)?;
+        self.link(gdir.join("devices").join(uuid), &dir)?;
+        let ddir = PathBuf::from("sys/bus/mdev/drivers/vfio_mdev");
+        fs::create_dir_all(self.root.join(&ddir))?;
+        self.link(dir.join("driver"), &ddir)?;
+        self.file(format!("dev/vfio/{group}"), "")
+    }
+
+    /// NVIDIA vendor-VFIO vGPU profile files on a VF.
+    pub fn nvidia_vgpu(&self, vf: &PciAddress, creatable: &[(u32, &str)], current: u32) -> io::Result<()> {
+        let dir = self
+            .dirs
+            .get(vf)
+            .ok_or_else(|| io::Error::other("unknown vf"))?
+            .join("nvidia");
+        let mut t = String::from("ID    : vGPU Name\n");
+        for (id, name) in creatable {
+            t.push_str(&format!("{id:<5} : {name}\n"));
+        }
+        self.file(dir.join("creatable_vgpu_types"), &t)?;
+        self.file(dir.join("current_vgpu_type"), &format!("{current}\n"))
+    }
+
+    /// `/proc/driver/nvidia/gpus/<addr>/information`, as the native driver writes it.
+    pub fn nvidia_info(&self, addr: &PciAddress, minor: u32, model: &str, uuid: &str) -> io::Result<()> {
+        self.file(
+            format!("proc/driver/nvidia/gpus/{addr}/information"),
+            &format!(
+                "Model: \t\t {model}\nIRQ:   \t\t {}\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {addr}\nDevice Minor: \t {minor}\nGPU Firmware: \t 550.90.07\nGPU Excluded:\t No\n",
+                100 + minor
+            ),
+        )?;
+        self.file(format!("dev/nvidia{minor}"), "")
+    }
+
+    /// Kernel release, command line, loaded modules and device nodes for `gpupass check`.
+    pub fn kernel(&self, release: &str, cmdline: &str, modules: &[&str]) -> io::Result<()> {
+        self.file("proc/sys/kernel/osrelease", &format!("{release}\n"))?;
+        self.file("proc/cmdline", &format!("{cmdline}\n"))?;
+        for m in modules {
+            fs::create_dir_all(self.root.join("sys/module").join(m))?;
+        }
+        Ok(())
+    }
+
+    /// Mark groups as held by VFIO: `dev/vfio/vfio` and `dev/vfio/N`.
+    pub fn vfio_nodes(&self, groups: &[u32]) -> io::Result<()> {
+        self.file("dev/vfio/vfio", "")?;
+        for g in groups {
+            self.file(format!("dev/vfio/{g}"), "")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_links_match_the_kernel() {
+        assert_eq!(
+            relative(
+                Path::new("sys/bus/pci/devices/0000:01:00.0"),
+                Path::new("sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0")
+            ),
+            PathBuf::from("../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0")
+        );
+        assert_eq!(
+            relative(
+                Path::new("sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/iommu_group"),
+                Path::new("sys/kernel/iommu_groups/1")
+            ),
+            PathBuf::from("../../../../kernel/iommu_groups/1")
+        );
+    }
+}

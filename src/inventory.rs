@@ -1,0 +1,723 @@
+//! The inventory: one read-only pass over sysfs/procfs that fills the [`model`](crate::model).
+//!
+//! Kernel facts this module encodes:
+//! - `sys/bus/pci/devices/<addr>` is a symlink into `sys/devices/pci<dom>:<bus>/...`; the path
+//!   component above the device is its upstream bridge when that component is an address.
+//! - `vendor`, `device`, `subsystem_*`, `class`, `revision` hold `0x`-prefixed hex.
+//! - Line N of `resource` is `start end flags` in hex for resource N: 0-5 the BARs, 6 the
+//!   expansion ROM, 7-12 the SR-IOV VF BARs (bridges have 17 lines: 13-16 are their windows).
+//! - `driver` and `iommu_group` are symlinks whose last component is the driver name / group
+//!   number; `driver_override` reads `(null)` when unset; `numa_node` reads `-1` without NUMA.
+//! - `sys/kernel/iommu_groups/<N>/devices/` links every member, PCI functions and mdevs alike.
+//! - `proc/driver/nvidia/gpus/<addr>/information` carries `Device Minor:`, the N of
+//!   `/dev/nvidiaN`, which is *not* the enumeration index.
+//!
+//! Anything unreadable or garbled degrades to `null` for that field plus a warning; the listing
+//! never aborts because one attribute is bad.
+
+use crate::host::{self, dir_names, link_name, parse_hex, read_attr, HostRoot};
+use crate::model::*;
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::Path;
+
+/// Why the inventory could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error("cannot list PCI devices at {path}: {source}; is this a Linux host with sysfs mounted (or is --root right)?")]
+    NoPciBus {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read saved inventory {path}: {reason}")]
+    BadJson { path: String, reason: String },
+    #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
+    NoSuchDevice { addr: PciAddress },
+}
+
+/// Sysfs resource flags (include/linux/ioport.h).
+const IORESOURCE_IO: u64 = 0x0000_0100;
+const IORESOURCE_MEM: u64 = 0x0000_0200;
+const IORESOURCE_PREFETCH: u64 = 0x0000_2000;
+const IORESOURCE_MEM_64: u64 = 0x0010_0000;
+
+/// Parse sysfs `resource` into BARs (index, kind, start, size, flags). Unassigned lines
+/// (all zero) are skipped; garbled lines are reported in the error list.
+pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
+    let mut bars = Vec::new();
+    let mut errs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 3 {
+            errs.push(format!("line {i} has {} fields, expected 3", f.len()));
+            continue;
+        }
+        let (Some(start), Some(end), Some(flags)) = (parse_hex(f[0]), parse_hex(f[1]), parse_hex(f[2]))
+        else {
+            errs.push(format!("line {i} is not hex"));
+            continue;
+        };
+        if start == 0 && end == 0 {
+            continue;
+        }
+        if end < start {
+            errs.push(format!("line {i} ends before it starts"));
+            continue;
+        }
+        let kind = if flags & IORESOURCE_IO != 0 {
+            BarKind::Io
+        } else if flags & IORESOURCE_MEM != 0 {
+            BarKind::Memory
+        } else {
+            continue;
+        };
+        bars.push(Bar {
+            index: i as u32,
+            kind,
+            start,
+            size: end - start + 1,
+            is_64bit: flags & IORESOURCE_MEM_64 != 0,
+            prefetchable: flags & IORESOURCE_PREFETCH != 0,
+        });
+    }
+    (bars, errs)
+}
+
+/// Parse `/proc/driver/nvidia/gpus/<addr>/information` (`Key: value` lines).
+pub fn parse_nvidia_information(text: &str) -> NvidiaInfo {
+    let mut info = NvidiaInfo {
+        minor: None,
+        model: None,
+        uuid: None,
+    };
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let v = v.trim();
+        match k.trim() {
+            "Device Minor" => info.minor = v.parse().ok(),
+            "Model" if !v.is_empty() => info.model = Some(v.to_string()),
+            "GPU UUID" if !v.is_empty() => info.uuid = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    info
+}
+
+/// pci.ids names: (vendor, device, subsystem, class).
+fn names(
+    vendor: u16,
+    device: u16,
+    sub: Option<(u16, u16)>,
+    class: u32,
+) -> (Option<String>, Option<String>, Option<String>, Option<String>) {
+    use pci_ids::FromId;
+    let vname = pci_ids::Vendor::from_id(vendor).map(|v| v.name().to_string());
+    let dev = pci_ids::Device::from_vid_pid(vendor, device);
+    let dname = dev.map(|d| d.name().to_string());
+    let sname = match (dev, sub) {
+        (Some(d), Some((sv, sd))) => d
+            .subsystems()
+            .find(|s| s.subvendor() == sv && s.subdevice() == sd)
+            .map(|s| s.name().to_string()),
+        _ => None,
+    };
+    let base = (class >> 16) as u8;
+    let subc = (class >> 8) as u8;
+    let cname = pci_ids::Subclass::from_cid_sid(base, subc)
+        .map(|s| s.name().to_string())
+        .or_else(|| pci_ids::Class::from_id(base).map(|c| c.name().to_string()));
+    (vname, dname, sname, cname)
+}
+
+struct Reader<'a> {
+    host: &'a HostRoot,
+    warnings: Vec<String>,
+}
+
+impl Reader<'_> {
+    /// An optional attribute: missing is normal (`None`, no warning); unreadable warns.
+    fn opt(&mut self, dir: &Path, addr: &str, name: &str) -> Option<String> {
+        match read_attr(&dir.join(name)) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                self.warnings.push(format!("{addr}: cannot read {name}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// A hex ID attribute rendered as `width` lower-case hex digits.
+    fn hex_id(&mut self, dir: &Path, addr: &str, name: &str, width: usize, required: bool) -> Option<String> {
+        let raw = self.opt(dir, addr, name);
+        match raw.as_deref().map(parse_hex) {
+            Some(Some(v)) if width >= 16 || v < (1u64 << (4 * width)) => Some(format!("{v:0width$x}")),
+            Some(_) => {
+                self.warnings.push(format!(
+                    "{addr}: {name} holds {:?}, not a hex number",
+                    raw.unwrap_or_default()
+                ));
+                None
+            }
+            None => {
+                if required {
+                    self.warnings.push(format!("{addr}: {name} is missing"));
+                }
+                None
+            }
+        }
+    }
+
+    fn link(&mut self, dir: &Path, addr: &str, name: &str) -> Option<String> {
+        match link_name(&dir.join(name)) {
+            Ok(v) => v,
+            Err(e) => {
+                self.warnings
+                    .push(format!("{addr}: cannot read link {name}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn addr_link(&mut self, dir: &Path, addr: &str, name: &str) -> Option<PciAddress> {
+        self.link(dir, addr, name).and_then(|n| n.parse().ok())
+    }
+
+    fn mdev_types(&mut self, types_dir: &Path, addr: &str) -> Vec<MdevType> {
+        let mut out = Vec::new();
+        let ids = match dir_names(types_dir) {
+            Ok(v) => v,
+            Err(e) => {
+                self.warnings.push(format!(
+                    "{addr}: cannot list {}: {e}",
+                    self.host.display(types_dir)
+                ));
+                return out;
+            }
+        };
+        for id in ids {
+            let d = types_dir.join(&id);
+            let name = self.opt(&d, addr, "name");
+            let description = self.opt(&d, addr, "description");
+            let avail_raw = self.opt(&d, addr, "available_instances");
+            let available_instances = avail_raw.as_deref().and_then(|s| s.trim().parse().ok());
+            if avail_raw.is_some() && available_instances.is_none() {
+                self.warnings.push(format!(
+                    "{addr}: mdev type {id}: available_instances is not a number"
+                ));
+            }
+            let device_api = self.opt(&d, addr, "device_api");
+            out.push(MdevType {
+                id,
+                name,
+                description,
+                available_instances,
+                device_api,
+            });
+        }
+        out
+    }
+
+    fn device(&mut self, addr: PciAddress, link_target: Option<&Path>) -> PciDevice {
+        let a = addr.to_string();
+        let dir = self.host.pci_device(&addr);
+        let vendor_id = self
+            .hex_id(&dir, &a, "vendor", 4, true)
+            .unwrap_or_else(|| "ffff".into());
+        let device_id = self
+            .hex_id(&dir, &a, "device", 4, true)
+            .unwrap_or_else(|| "ffff".into());
+        let subsystem_vendor_id = self.hex_id(&dir, &a, "subsystem_vendor", 4, false);
+        let subsystem_device_id = self.hex_id(&dir, &a, "subsystem_device", 4, false);
+        let revision = self.hex_id(&dir, &a, "revision", 2, false);
+        let class = self
+            .hex_id(&dir, &a, "class", 6, true)
+            .unwrap_or_else(|| "ff0000".into());
+        let class_code = u32::from_str_radix(&class, 16).unwrap_or(0);
+        let vid = u16::from_str_radix(&vendor_id, 16).unwrap_or(0xffff);
+        let did = u16::from_str_radix(&device_id, 16).unwrap_or(0xffff);
+        let sub = match (&subsystem_vendor_id, &subsystem_device_id) {
+            (Some(v), Some(d)) => Some((
+                u16::from_str_radix(v, 16).unwrap_or(0),
+                u16::from_str_radix(d, 16).unwrap_or(0),
+            )),
+            _ => None,
+        };
+        let (vendor_name, device_name, subsystem_name, class_name) = names(vid, did, sub, class_code);
+
+        let iommu_group = self.link(&dir, &a, "iommu_group").and_then(|n| n.parse().ok());
+        let driver = self.link(&dir, &a, "driver");
+        let driver_override = self
+            .opt(&dir, &a, "driver_override")
+            .filter(|s| !s.is_empty() && s != "(null)");
+        let numa_node = match self.opt(&dir, &a, "numa_node") {
+            Some(s) => match s.trim().parse::<i32>() {
+                Ok(n) if n >= 0 => Some(n),
+                Ok(_) => None,
+                Err(_) => {
+                    self.warnings
+                        .push(format!("{a}: numa_node holds {s:?}, not a number"));
+                    None
+                }
+            },
+            None => None,
+        };
+        let local_cpulist = self.opt(&dir, &a, "local_cpulist");
+
+        let mut bars = Vec::new();
+        let mut rom = None;
+        let mut vf_bars = Vec::new();
+        if let Some(text) = self.opt(&dir, &a, "resource") {
+            let (parsed, errs) = parse_resource(&text);
+            for e in errs {
+                self.warnings.push(format!("{a}: resource: {e}"));
+            }
+            for b in parsed {
+                match b.index {
+                    0..=5 => bars.push(b),
+                    6 => rom = Some(b),
+                    7..=12 => vf_bars.push(b),
+                    _ => {}
+                }
+            }
+        }
+        let boot_vga = self.opt(&dir, &a, "boot_vga").map(|s| s.trim() == "1");
+        let reset_methods = self
+            .opt(&dir, &a, "reset_method")
+            .map(|s| s.split_whitespace().map(str::to_string).collect());
+        let base = (class_code >> 16) as u8;
+        let subc = (class_code >> 8) as u8;
+        let is_bridge = (base == 0x06 && matches!(subc, 0x04 | 0x09)) || dir.join("pci_bus").is_dir();
+        let parent = link_target.and_then(|t| {
+            t.parent()
+                .and_then(|p| p.file_name())
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse().ok())
+        });
+        let modalias = self.opt(&dir, &a, "modalias");
+
+        let sriov = match self.opt(&dir, &a, "sriov_totalvfs") {
+            Some(t) => {
+                let total_vfs = t.trim().parse().unwrap_or(0);
+                let num_vfs = self
+                    .opt(&dir, &a, "sriov_numvfs")
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut vfs: Vec<PciAddress> = Vec::new();
+                if let Ok(names) = dir_names(&dir) {
+                    let mut idx: Vec<(u32, String)> = names
+                        .into_iter()
+                        .filter_map(|n| {
+                            n.strip_prefix("virtfn")
+                                .and_then(|i| i.parse().ok())
+                                .map(|i| (i, n))
+                        })
+                        .collect();
+                    idx.sort();
+                    for (_, n) in idx {
+                        if let Some(v) = self.addr_link(&dir, &a, &n) {
+                            vfs.push(v);
+                        }
+                    }
+                }
+                Some(Sriov {
+                    total_vfs,
+                    num_vfs,
+                    vfs,
+                    vf_bars,
+                })
+            }
+            None => None,
+        };
+        let physfn = self.addr_link(&dir, &a, "physfn");
+        let mdev_types = {
+            let td = dir.join("mdev_supported_types");
+            if td.is_dir() {
+                self.mdev_types(&td, &a)
+            } else {
+                Vec::new()
+            }
+        };
+        let (vgpu_types, current_vgpu_type) = self.nvidia_vgpu(&dir, &a);
+        let nvidia = {
+            let p = self.host.nvidia_gpus_proc().join(&a).join("information");
+            match host::read_bounded(&p, host::ATTR_LIMIT) {
+                Ok(t) => Some(parse_nvidia_information(&t)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    self.warnings
+                        .push(format!("{a}: cannot read {}: {e}", self.host.display(&p)));
+                    None
+                }
+            }
+        };
+        let vfio_cdev = dir_names(&dir.join("vfio-dev"))
+            .ok()
+            .and_then(|v| v.into_iter().find(|n| n.starts_with("vfio")));
+        let persistent_driver = read_attr(&self.host.driverctl_dir().join(format!("pci-{a}")))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+
+        PciDevice {
+            address: addr,
+            vendor_id,
+            device_id,
+            subsystem_vendor_id,
+            subsystem_device_id,
+            revision,
+            class,
+            class_name,
+            vendor_name,
+            device_name,
+            subsystem_name,
+            iommu_group,
+            driver,
+            driver_override,
+            numa_node,
+            local_cpulist,
+            bars,
+            rom,
+            boot_vga,
+            reset_methods,
+            is_bridge,
+            parent,
+            modalias,
+            sriov,
+            physfn,
+            mdev_types,
+            vgpu_types,
+            current_vgpu_type,
+            nvidia,
+            vfio_cdev,
+            persistent_driver,
+        }
+    }
+
+    /// NVIDIA vendor-VFIO vGPU (kernel 6.8+, vGPU 17+): `nvidia/creatable_vgpu_types` lists
+    /// `ID : Name` rows after a header; `nvidia/current_vgpu_type` holds the active id (0 = none).
+    fn nvidia_vgpu(&mut self, dir: &Path, a: &str) -> (Vec<MdevType>, Option<String>) {
+        let nd = dir.join("nvidia");
+        let Some(text) = self.opt(&nd, a, "creatable_vgpu_types") else {
+            return (Vec::new(), None);
+        };
+        let types = parse_creatable_vgpu_types(&text);
+        let current = self
+            .opt(&nd, a, "current_vgpu_type")
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s != "0");
+        (types, current)
+    }
+}
+
+/// Parse NVIDIA's `creatable_vgpu_types` table: a header line (`ID    : vGPU Name`) then one
+/// `<id> : <name>` row per profile that can be created on this VF now.
+pub fn parse_creatable_vgpu_types(text: &str) -> Vec<MdevType> {
+    text.lines()
+        .filter_map(|l| {
+            let (id, name) = l.split_once(':')?;
+            let id = id.trim();
+            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some(MdevType {
+                id: id.to_string(),
+                name: Some(name.trim().to_string()),
+                description: None,
+                available_instances: Some(1),
+                device_api: Some("vfio-pci".to_string()),
+            })
+        })
+        .collect()
+}
+
+/// Order devices for display: GPUs (and accelerators) first, then everything else, each by
+/// address.
+pub fn sort_devices(devices: &mut [PciDevice]) {
+    devices.sort_by_key(|d| (!d.is_gpu(), d.address));
+}
+
+/// Read the whole host.
+pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
+    let bus = host.sys_bus_pci_devices();
+    let names = std::fs::read_dir(&bus).map_err(|e| InventoryError::NoPciBus {
+        path: host.display(&bus),
+        source: e,
+    })?;
+    let mut warnings = Vec::new();
+    let mut entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = Vec::new();
+    for e in names {
+        let e = match e {
+            Ok(e) => e,
+            Err(err) => {
+                warnings.push(format!("listing {}: {err}", host.display(&bus)));
+                continue;
+            }
+        };
+        let name = e.file_name().to_string_lossy().into_owned();
+        match name.parse::<PciAddress>() {
+            Ok(a) => entries.push((a, std::fs::read_link(e.path()).ok())),
+            Err(_) => warnings.push(format!(
+                "ignoring {name:?} in {}: not a PCI address",
+                host.display(&bus)
+            )),
+        }
+    }
+    entries.sort();
+
+    let devices = read_devices(host, &entries, &mut warnings);
+    let mut devices: Vec<PciDevice> = devices;
+    sort_devices(&mut devices);
+
+    let mdevs = read_mdevs(host, &mut warnings);
+    let groups = read_groups(host, &devices, &mdevs, &mut warnings);
+    let kernel = read_attr(&host.path("proc/sys/kernel/osrelease")).ok();
+    Ok(Inventory {
+        schema_version: SCHEMA_VERSION,
+        kernel,
+        devices,
+        groups,
+        mdevs,
+        vfio_container_present: host.dev_vfio().join("vfio").exists(),
+        iommufd_present: host.dev().join("iommu").exists(),
+        warnings,
+    })
+}
+
+/// Read devices, spread over the machine's cores (each device is independent).
+fn read_devices(
+    host: &HostRoot,
+    entries: &[(PciAddress, Option<std::path::PathBuf>)],
+    warnings: &mut Vec<String>,
+) -> Vec<PciDevice> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8);
+    let chunk = entries.len().div_ceil(threads).max(64);
+    let results: Vec<(Vec<PciDevice>, Vec<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = entries
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    let mut r = Reader {
+                        host,
+                        warnings: Vec::new(),
+                    };
+                    let devs: Vec<PciDevice> = part
+                        .iter()
+                        .filter(|(a, _)| host.pci_device(a).exists())
+                        .map(|(a, t)| r.device(*a, t.as_deref()))
+                        .collect();
+                    (devs, r.warnings)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| (Vec::new(), vec!["a reader thread failed".into()]))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(entries.len());
+    for (d, w) in results {
+        out.extend(d);
+        warnings.extend(w);
+    }
+    out
+}
+
+fn read_mdevs(host: &HostRoot, warnings: &mut Vec<String>) -> Vec<MdevInstance> {
+    let dir = host.mdev_devices();
+    let names = match dir_names(&dir) {
+        Ok(n) => n,
+        Err(e) => {
+            warnings.push(format!("cannot list {}: {e}", host.display(&dir)));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for uuid in names {
+        let p = dir.join(&uuid);
+        let parent = std::fs::read_link(&p)
+            .ok()
+            .and_then(|t| {
+                t.parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_default();
+        let type_id = link_name(&p.join("mdev_type")).ok().flatten();
+        let iommu_group = link_name(&p.join("iommu_group"))
+            .ok()
+            .flatten()
+            .and_then(|n| n.parse().ok());
+        let driver = link_name(&p.join("driver")).ok().flatten();
+        out.push(MdevInstance {
+            uuid,
+            parent,
+            type_id,
+            iommu_group,
+            driver,
+        });
+    }
+    out
+}
+
+fn read_groups(
+    host: &HostRoot,
+    devices: &[PciDevice],
+    mdevs: &[MdevInstance],
+    warnings: &mut Vec<String>,
+) -> Vec<IommuGroup> {
+    let by_addr: HashMap<PciAddress, &PciDevice> = devices.iter().map(|d| (d.address, d)).collect();
+    let gdir = host.iommu_groups();
+    let mut numbers: Vec<u32> = match dir_names(&gdir) {
+        Ok(n) => n.iter().filter_map(|s| s.parse().ok()).collect(),
+        Err(e) => {
+            warnings.push(format!("cannot list {}: {e}", host.display(&gdir)));
+            Vec::new()
+        }
+    };
+    // Groups named by devices but missing from sys/kernel/iommu_groups (a partial tree).
+    let mut from_devices: BTreeMap<u32, Vec<PciAddress>> = BTreeMap::new();
+    for d in devices {
+        if let Some(g) = d.iommu_group {
+            from_devices.entry(g).or_default().push(d.address);
+        }
+    }
+    for g in from_devices.keys() {
+        if !numbers.contains(g) {
+            numbers.push(*g);
+        }
+    }
+    numbers.sort_unstable();
+    numbers.dedup();
+
+    let mut out = Vec::new();
+    for n in numbers {
+        let names = dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default();
+        let mut members: Vec<PciAddress> = Vec::new();
+        let mut mdev_members = Vec::new();
+        for name in names {
+            match name.parse::<PciAddress>() {
+                Ok(a) => members.push(a),
+                Err(_) => mdev_members.push(name),
+            }
+        }
+        for a in from_devices.get(&n).into_iter().flatten() {
+            if !members.contains(a) {
+                members.push(*a);
+            }
+        }
+        for m in mdevs.iter().filter(|m| m.iommu_group == Some(n)) {
+            if !mdev_members.contains(&m.uuid) {
+                mdev_members.push(m.uuid.clone());
+            }
+        }
+        members.sort();
+        let blockers: Vec<Blocker> = members
+            .iter()
+            .filter_map(|a| {
+                let d = by_addr.get(a)?;
+                if d.is_bridge || driver_allows_vfio(d.driver.as_deref()) {
+                    None
+                } else {
+                    Some(Blocker {
+                        address: *a,
+                        driver: d.driver.clone().unwrap_or_default(),
+                    })
+                }
+            })
+            .collect();
+        let node = host.dev_vfio().join(n.to_string());
+        out.push(IommuGroup {
+            number: n,
+            viable: blockers.is_empty(),
+            blockers,
+            vfio_node: format!("/dev/vfio/{n}"),
+            vfio_node_present: node.exists(),
+            members,
+            mdev_members,
+        });
+    }
+    out
+}
+
+/// Load an inventory saved with `--json`.
+pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
+    let text = host::read_bounded(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let inv: Inventory = serde_json::from_str(&text).map_err(|e| InventoryError::BadJson {
+        path: path.display().to_string(),
+        reason: format!("{e} (expected the output of `gpupass list --all --json`)"),
+    })?;
+    if inv.schema_version > SCHEMA_VERSION {
+        return Err(InventoryError::BadJson {
+            path: path.display().to_string(),
+            reason: format!(
+                "schema_version {} is newer than this gpupass understands ({SCHEMA_VERSION})",
+                inv.schema_version
+            ),
+        });
+    }
+    Ok(inv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_lines() {
+        let text = "0x00000000fd000000 0x00000000fdffffff 0x0000000000040200\n\
+                    0x00000000e0000000 0x00000000efffffff 0x000000000014220c\n\
+                    0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+                    0x000000000000e000 0x000000000000e07f 0x0000000000040101\n\
+                    0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+                    0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+                    0x00000000fe000000 0x00000000fe07ffff 0x0000000000046200\n";
+        let (bars, errs) = parse_resource(text);
+        assert!(errs.is_empty());
+        assert_eq!(bars.len(), 4);
+        assert_eq!(bars[0].size, 16 << 20);
+        assert!(!bars[0].prefetchable && !bars[0].is_64bit);
+        assert_eq!(bars[1].index, 1);
+        assert!(bars[1].prefetchable && bars[1].is_64bit);
+        assert_eq!(bars[2].kind, BarKind::Io);
+        assert_eq!(bars[2].size, 0x80);
+        assert_eq!(bars[3].index, 6);
+    }
+
+    #[test]
+    fn resource_garbage_is_reported_not_fatal() {
+        let (bars, errs) = parse_resource("zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n");
+        assert!(bars.is_empty());
+        assert_eq!(errs.len(), 3);
+    }
+
+    #[test]
+    fn nvidia_information() {
+        let t = "Model: \t\t NVIDIA H200\nIRQ:   \t\t 310\nGPU UUID: \t GPU-0b1c\nBus Location: \t 0000:18:00.0\nDevice Minor: \t 2\n";
+        let i = parse_nvidia_information(t);
+        assert_eq!(i.minor, Some(2));
+        assert_eq!(i.model.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(i.uuid.as_deref(), Some("GPU-0b1c"));
+    }
+
+    #[test]
+    fn creatable_vgpu_types_table() {
+        let t = "ID    : vGPU Name\n1043  : NVIDIA H200-1-18C\n1044  : NVIDIA H200-2-35C\n";
+        let v = parse_creatable_vgpu_types(t);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].id, "1044");
+        assert_eq!(v[1].name.as_deref(), Some("NVIDIA H200-2-35C"));
+    }
+}

@@ -1,0 +1,32 @@
+//! gpupass: move GPUs and other PCI devices from a Linux host into VMs and containers.
+//!
+//! # The kernel objects gpupass works with
+//!
+//! - **PCI functions** live under `/sys/bus/pci/devices/<domain:bus:device.function>`; each has
+//!   a vendor/device ID, a class, BARs (`resource`), a bound `driver` and a `driver_override`.
+//! - **IOMMU groups** (`/sys/kernel/iommu_groups/N`) are the smallest sets of devices the IOMMU
+//!   can isolate from each other. VFIO hands a VM a whole group: the group is *viable* only
+//!   when every member is driverless, bound to a VFIO driver or `pci-stub`, or is a bridge.
+//!   A GPU and its HDMI audio function usually share one group, so both must move together.
+//! - **Binding** moves a function between drivers: write the driver name to
+//!   `driver_override`, unbind from the current driver, write the address to
+//!   `/sys/bus/pci/drivers_probe`, then verify the `driver` link (the probe reports success
+//!   even when nothing bound).
+//! - **Mediated devices** (mdev) split one parent into instances: a parent under
+//!   `/sys/class/mdev_bus` offers types; writing a UUID to a type's `create` makes an instance
+//!   that VFIO opens by UUID.
+//!
+//! # Data flow
+//!
+//! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
+//! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
+
+pub mod check;
+pub mod cli;
+pub mod fixtures;
+pub mod host;
+pub mod hostgen;
+pub mod inventory;
+pub mod model;
+pub mod output;
+pub mod snapshot;

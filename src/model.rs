@@ -1,0 +1,430 @@
+//! The data model: plain serde types that *are* the JSON schema (`docs/json.md`).
+//!
+//! Nothing here touches the host. The inventory fills these types from sysfs; every renderer
+//! (tables, libvirt XML, QEMU arguments, CDI, device-plugin responses) reads them, so an
+//! inventory saved as JSON on one host renders identically on another.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Version of the JSON document layout. Bumped only on incompatible changes; new optional
+/// fields do not bump it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A PCI function address: `domain:bus:device.function`, printed as `0000:01:00.0`.
+///
+/// The kernel prints the domain with `%04x`, so VMD domains (`10000:00:00.0`) have five digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PciAddress {
+    pub domain: u32,
+    pub bus: u8,
+    pub device: u8,
+    pub function: u8,
+}
+
+/// Why an address string was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid PCI address {input:?}: {reason}; expected DDDD:BB:DD.F like 0000:01:00.0, or BB:DD.F like 01:00.0")]
+pub struct AddressError {
+    pub input: String,
+    pub reason: &'static str,
+}
+
+impl PciAddress {
+    pub const fn new(domain: u32, bus: u8, device: u8, function: u8) -> Self {
+        PciAddress {
+            domain,
+            bus,
+            device,
+            function,
+        }
+    }
+
+    /// The same slot (domain, bus, device): functions of one multifunction card.
+    pub fn same_slot(&self, other: &PciAddress) -> bool {
+        self.domain == other.domain && self.bus == other.bus && self.device == other.device
+    }
+
+    /// `0000:01:00` — the slot without the function.
+    pub fn slot_string(&self) -> String {
+        format!("{:04x}:{:02x}:{:02x}", self.domain, self.bus, self.device)
+    }
+}
+
+impl fmt::Display for PciAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+fn hex_field(s: &str, max_len: usize, input: &str, what: &'static str) -> Result<u32, AddressError> {
+    let err = |reason| AddressError {
+        input: input.to_string(),
+        reason,
+    };
+    if s.is_empty() {
+        return Err(err(what));
+    }
+    if s.len() > max_len || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(err(what));
+    }
+    u32::from_str_radix(s, 16).map_err(|_| err(what))
+}
+
+impl FromStr for PciAddress {
+    type Err = AddressError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let err = |reason| AddressError {
+            input: input.to_string(),
+            reason,
+        };
+        let s = input.trim();
+        if s.is_empty() {
+            return Err(err("it is empty"));
+        }
+        if s.contains('/') || s.contains('\\') {
+            return Err(err("it contains a path separator"));
+        }
+        let (head, func) = s
+            .rsplit_once('.')
+            .ok_or_else(|| err("the function number after '.' is missing"))?;
+        let parts: Vec<&str> = head.split(':').collect();
+        let (domain, bus, dev) = match parts.as_slice() {
+            [b, d] => (0, *b, *d),
+            [dom, b, d] => (
+                hex_field(dom, 8, input, "the domain is not 1-8 hex digits")?,
+                *b,
+                *d,
+            ),
+            _ => return Err(err("it has the wrong number of ':'-separated fields")),
+        };
+        let bus = hex_field(bus, 2, input, "the bus is not 1-2 hex digits")?;
+        let dev = hex_field(dev, 2, input, "the device is not 1-2 hex digits")?;
+        if dev > 0x1f {
+            return Err(err("the device number is above 1f"));
+        }
+        if func.len() != 1 {
+            return Err(err("the function is not a single digit 0-7"));
+        }
+        let func = hex_field(func, 1, input, "the function is not a single digit 0-7")?;
+        if func > 7 {
+            return Err(err("the function is not a single digit 0-7"));
+        }
+        Ok(PciAddress::new(domain, bus as u8, dev as u8, func as u8))
+    }
+}
+
+impl Serialize for PciAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PciAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Whether a BAR decodes memory or I/O port space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BarKind {
+    Memory,
+    Io,
+}
+
+/// One base address register (or the expansion ROM), from a line of sysfs `resource`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bar {
+    /// Line number in `resource`: 0-5 standard BARs, 6 the ROM, 7-12 SR-IOV VF BARs.
+    pub index: u32,
+    pub kind: BarKind,
+    /// Host physical start address.
+    pub start: u64,
+    /// Size in bytes.
+    pub size: u64,
+    pub is_64bit: bool,
+    pub prefetchable: bool,
+}
+
+/// SR-IOV state of a physical function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Sriov {
+    pub total_vfs: u32,
+    pub num_vfs: u32,
+    /// Addresses of the enabled virtual functions (`virtfnN` links).
+    pub vfs: Vec<PciAddress>,
+    /// VF BARs (per-VF size), from `resource` lines 7-12.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vf_bars: Vec<Bar>,
+}
+
+/// A mediated device type offered by a parent (`mdev_supported_types/<id>`), or an NVIDIA
+/// vendor-VFIO vGPU profile (`nvidia/creatable_vgpu_types`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdevType {
+    /// Directory name, e.g. `mbochs-small` or `nvidia-1043`.
+    pub id: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub available_instances: Option<u32>,
+    pub device_api: Option<String>,
+}
+
+/// Facts from `/proc/driver/nvidia/gpus/<address>/information` (native NVIDIA driver).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvidiaInfo {
+    /// "Device Minor:": the N of `/dev/nvidiaN`. Never the enumeration index.
+    pub minor: Option<u32>,
+    pub model: Option<String>,
+    pub uuid: Option<String>,
+}
+
+/// One PCI function and everything the kernel says about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PciDevice {
+    pub address: PciAddress,
+    /// Four lower-case hex digits, no `0x` (`10de`).
+    pub vendor_id: String,
+    pub device_id: String,
+    pub subsystem_vendor_id: Option<String>,
+    pub subsystem_device_id: Option<String>,
+    /// Two hex digits.
+    pub revision: Option<String>,
+    /// Six hex digits: base class, subclass, programming interface (`030000`).
+    pub class: String,
+    /// pci.ids name of the class/subclass ("VGA compatible controller").
+    pub class_name: Option<String>,
+    pub vendor_name: Option<String>,
+    pub device_name: Option<String>,
+    pub subsystem_name: Option<String>,
+    pub iommu_group: Option<u32>,
+    /// Bound driver name, `null` when none.
+    pub driver: Option<String>,
+    /// `driver_override`, `null` when unset (the kernel prints `(null)`).
+    pub driver_override: Option<String>,
+    /// NUMA node; `null` when the platform has none (the kernel prints -1).
+    pub numa_node: Option<i32>,
+    pub local_cpulist: Option<String>,
+    pub bars: Vec<Bar>,
+    pub rom: Option<Bar>,
+    pub boot_vga: Option<bool>,
+    /// `reset_method` (kernel 5.15+), in the kernel's order; `null` when the file is absent.
+    pub reset_methods: Option<Vec<String>>,
+    pub is_bridge: bool,
+    /// The upstream bridge (root port, switch port), `null` on a root bus.
+    pub parent: Option<PciAddress>,
+    pub modalias: Option<String>,
+    pub sriov: Option<Sriov>,
+    /// For a virtual function: its physical function.
+    pub physfn: Option<PciAddress>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mdev_types: Vec<MdevType>,
+    /// NVIDIA vendor-VFIO vGPU profiles this VF can take (`nvidia/creatable_vgpu_types`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vgpu_types: Vec<MdevType>,
+    /// The active NVIDIA vendor-VFIO vGPU profile id (`nvidia/current_vgpu_type`), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_vgpu_type: Option<String>,
+    pub nvidia: Option<NvidiaInfo>,
+    /// The VFIO character device (`vfio-dev/vfioN`) when the kernel has the VFIO cdev.
+    pub vfio_cdev: Option<String>,
+    /// Driver pinned by driverctl (`/etc/driverctl.d/pci-<address>`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_driver: Option<String>,
+}
+
+impl PciDevice {
+    pub fn class_code(&self) -> u32 {
+        u32::from_str_radix(&self.class, 16).unwrap_or(0)
+    }
+
+    pub fn base_class(&self) -> u8 {
+        (self.class_code() >> 16) as u8
+    }
+
+    pub fn subclass(&self) -> u8 {
+        (self.class_code() >> 8) as u8
+    }
+
+    /// Display controllers (class 03) and processing accelerators (class 12).
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.base_class(), 0x03 | 0x12)
+    }
+
+    /// Multimedia audio / HD audio (class 04 01 or 04 03): the HDMI audio of a GPU.
+    pub fn is_audio(&self) -> bool {
+        self.base_class() == 0x04 && matches!(self.subclass(), 0x01 | 0x03)
+    }
+
+    pub fn vendor_id_u16(&self) -> u16 {
+        u16::from_str_radix(&self.vendor_id, 16).unwrap_or(0)
+    }
+
+    pub fn device_id_u16(&self) -> u16 {
+        u16::from_str_radix(&self.device_id, 16).unwrap_or(0)
+    }
+
+    /// A short human name: the pci.ids device name, else `vendor:device`.
+    pub fn display_name(&self) -> String {
+        match (&self.vendor_name, &self.device_name) {
+            (Some(v), Some(d)) => format!("{v} {d}"),
+            (Some(v), None) => format!("{v} device {}", self.device_id),
+            _ => format!("[{}:{}]", self.vendor_id, self.device_id),
+        }
+    }
+}
+
+/// Whether a driver name is a VFIO driver (vfio-pci or a variant such as `mlx5_vfio_pci`).
+pub fn is_vfio_driver(driver: &str) -> bool {
+    let d = driver.replace('-', "_");
+    d == "vfio_pci" || d.ends_with("_vfio_pci") || d.starts_with("vfio_")
+}
+
+/// Whether a bound driver keeps a group viable for VFIO (kernel `vfio_dev_driver_allowed`).
+pub fn driver_allows_vfio(driver: Option<&str>) -> bool {
+    match driver {
+        None => true,
+        Some(d) => is_vfio_driver(d) || d == "pci-stub" || d == "pci_stub",
+    }
+}
+
+/// A member of an IOMMU group that keeps it from being viable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocker {
+    pub address: PciAddress,
+    pub driver: String,
+}
+
+/// An IOMMU group: the unit of isolation, and so the unit VFIO hands to a VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IommuGroup {
+    pub number: u32,
+    /// PCI functions in the group, in address order.
+    pub members: Vec<PciAddress>,
+    /// Mediated devices (by UUID) that the kernel put in this group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mdev_members: Vec<String>,
+    /// Every member is driverless, on a VFIO driver or pci-stub, or a bridge: VFIO can open it.
+    pub viable: bool,
+    /// Members that make it not viable, with their drivers.
+    pub blockers: Vec<Blocker>,
+    /// `/dev/vfio/<number>`, present when a VFIO driver holds the group.
+    pub vfio_node: String,
+    pub vfio_node_present: bool,
+}
+
+/// An active mediated device instance (`/sys/bus/mdev/devices/<uuid>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdevInstance {
+    pub uuid: String,
+    /// The parent device name (a PCI address for PCI parents).
+    pub parent: String,
+    pub type_id: Option<String>,
+    pub iommu_group: Option<u32>,
+    pub driver: Option<String>,
+}
+
+/// The whole host, as read at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub schema_version: u32,
+    /// Kernel release (`proc/sys/kernel/osrelease`), when readable.
+    pub kernel: Option<String>,
+    /// PCI functions, GPUs first, then by address.
+    pub devices: Vec<PciDevice>,
+    pub groups: Vec<IommuGroup>,
+    #[serde(default)]
+    pub mdevs: Vec<MdevInstance>,
+    /// Whether `/dev/vfio/vfio` (legacy container) exists.
+    #[serde(default)]
+    pub vfio_container_present: bool,
+    /// Whether `/dev/iommu` (iommufd) exists.
+    #[serde(default)]
+    pub iommufd_present: bool,
+    /// Things that could not be read; the fields concerned are `null`.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+impl Inventory {
+    pub fn device(&self, addr: &PciAddress) -> Option<&PciDevice> {
+        self.devices.iter().find(|d| &d.address == addr)
+    }
+
+    pub fn group(&self, number: u32) -> Option<&IommuGroup> {
+        self.groups.iter().find(|g| g.number == number)
+    }
+
+    /// The group of a device, if it has one.
+    pub fn group_of(&self, addr: &PciAddress) -> Option<&IommuGroup> {
+        self.device(addr)
+            .and_then(|d| d.iommu_group)
+            .and_then(|n| self.group(n))
+    }
+
+    pub fn mdev(&self, uuid: &str) -> Option<&MdevInstance> {
+        self.mdevs.iter().find(|m| m.uuid.eq_ignore_ascii_case(uuid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_full_and_short_addresses() {
+        let a: PciAddress = "0000:01:00.0".parse().unwrap();
+        assert_eq!(a, PciAddress::new(0, 1, 0, 0));
+        let b: PciAddress = "01:00.1".parse().unwrap();
+        assert_eq!(b, PciAddress::new(0, 1, 0, 1));
+        let c: PciAddress = "10000:e1:1F.7".parse().unwrap();
+        assert_eq!(c.to_string(), "10000:e1:1f.7");
+    }
+
+    #[test]
+    fn rejects_bad_addresses_with_reason() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("01:00", "function"),
+            ("0g:00.0", "bus"),
+            ("0000:01:00:00.0", "number of"),
+            ("../01:00.0", "path separator"),
+            ("01:20.0", "above 1f"),
+            ("01:00.8", "function"),
+            ("01:00.10", "function"),
+            ("123:00.0", "bus"),
+        ] {
+            let e = bad.parse::<PciAddress>().unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+            assert!(e.to_string().contains("expected"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn address_round_trips_through_json() {
+        let a = PciAddress::new(0, 0x65, 0x1f, 3);
+        let j = serde_json::to_string(&a).unwrap();
+        assert_eq!(j, "\"0000:65:1f.3\"");
+        assert_eq!(serde_json::from_str::<PciAddress>(&j).unwrap(), a);
+    }
+
+    #[test]
+    fn vfio_driver_names() {
+        assert!(is_vfio_driver("vfio-pci"));
+        assert!(is_vfio_driver("mlx5_vfio_pci"));
+        assert!(is_vfio_driver("nvgrace_gpu_vfio_pci"));
+        assert!(!is_vfio_driver("nvidia"));
+        assert!(driver_allows_vfio(None));
+        assert!(driver_allows_vfio(Some("pci-stub")));
+        assert!(!driver_allows_vfio(Some("snd_hda_intel")));
+    }
+}

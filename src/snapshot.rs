@@ -1,0 +1,366 @@
+//! `gpupass snapshot OUT`: copy the part of sysfs/procfs/devfs gpupass reads into a tree that
+//! `--root OUT` replays, symlinks preserved verbatim (they are relative in sysfs, so they
+//! stay valid inside the copy). Users attach it to bug reports; the tests replay captured
+//! trees from real kernels.
+//!
+//! Nothing is followed out of the tree: directories are walked with `symlink_metadata`, every
+//! read is bounded, and device nodes become empty regular files (only their existence matters).
+
+use crate::host::{dir_names, HostRoot};
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
+
+/// Attributes of a PCI function directory that are copied.
+const DEVICE_ATTRS: &[&str] = &[
+    "vendor",
+    "device",
+    "subsystem_vendor",
+    "subsystem_device",
+    "class",
+    "revision",
+    "numa_node",
+    "local_cpulist",
+    "driver_override",
+    "resource",
+    "boot_vga",
+    "reset_method",
+    "modalias",
+    "sriov_totalvfs",
+    "sriov_numvfs",
+    "enable",
+    "irq",
+    "current_link_speed",
+    "current_link_width",
+    "max_link_speed",
+    "max_link_width",
+    "config",
+    "uevent",
+];
+/// Write-only or presence-only attributes: copied as empty files.
+const PRESENCE_ATTRS: &[&str] = &["reset", "remove", "rescan"];
+const LINK_NAMES: &[&str] = &["driver", "iommu_group", "physfn", "mdev_type"];
+const FILE_LIMIT: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot target {path} exists and is not empty; choose a new directory")]
+    NotEmpty { path: String },
+    #[error("cannot write snapshot at {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot list PCI devices at {path}: {source}")]
+    NoPciBus {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Lexically join a relative link target onto the directory holding the link.
+fn resolve(dir: &Path, target: &Path) -> PathBuf {
+    let mut out: Vec<Component> = dir.components().collect();
+    for c in target.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out.iter().collect()
+}
+
+struct Copier<'a> {
+    src: &'a HostRoot,
+    out: PathBuf,
+    files: usize,
+}
+
+impl Copier<'_> {
+    fn werr(&self, p: &Path, e: io::Error) -> SnapshotError {
+        SnapshotError::Write {
+            path: p.display().to_string(),
+            source: e,
+        }
+    }
+
+    fn ensure_dir(&self, rel: &Path) -> Result<(), SnapshotError> {
+        let p = self.out.join(rel);
+        fs::create_dir_all(&p).map_err(|e| self.werr(&p, e))
+    }
+
+    /// Copy a regular file (bounded); unreadable files are skipped (sysfs has many).
+    fn copy_file(&mut self, rel: &Path) -> Result<(), SnapshotError> {
+        let src = self.src.root().join(rel);
+        let Ok(meta) = fs::symlink_metadata(&src) else {
+            return Ok(());
+        };
+        if !meta.is_file() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        if let Ok(f) = fs::File::open(&src) {
+            if f.take(FILE_LIMIT).read_to_end(&mut buf).is_err() {
+                return Ok(());
+            }
+        } else {
+            return Ok(());
+        }
+        self.write(rel, &buf)
+    }
+
+    fn write(&mut self, rel: &Path, data: &[u8]) -> Result<(), SnapshotError> {
+        let p = self.out.join(rel);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d).map_err(|e| self.werr(d, e))?;
+        }
+        fs::write(&p, data).map_err(|e| self.werr(&p, e))?;
+        self.files += 1;
+        Ok(())
+    }
+
+    /// Recreate a symlink with the same (relative) text. Absolute targets are kept out.
+    fn copy_link(&mut self, rel: &Path) -> Result<Option<PathBuf>, SnapshotError> {
+        let src = self.src.root().join(rel);
+        let Ok(target) = fs::read_link(&src) else {
+            return Ok(None);
+        };
+        if target.is_absolute() {
+            return Ok(None);
+        }
+        let p = self.out.join(rel);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d).map_err(|e| self.werr(d, e))?;
+        }
+        let _ = fs::remove_file(&p);
+        std::os::unix::fs::symlink(&target, &p).map_err(|e| self.werr(&p, e))?;
+        self.files += 1;
+        Ok(Some(target))
+    }
+
+    fn copy_if_exists_empty(&mut self, rel: &Path) -> Result<(), SnapshotError> {
+        if fs::symlink_metadata(self.src.root().join(rel)).is_ok() {
+            self.write(rel, b"")?;
+        }
+        Ok(())
+    }
+
+    /// Every regular file directly in a directory (bounded), plus subdirectories to `depth`.
+    fn copy_tree(&mut self, rel: &Path, depth: u32) -> Result<(), SnapshotError> {
+        let src = self.src.root().join(rel);
+        for name in dir_names(&src).unwrap_or_default() {
+            let r = rel.join(&name);
+            let Ok(m) = fs::symlink_metadata(self.src.root().join(&r)) else {
+                continue;
+            };
+            if m.file_type().is_symlink() {
+                self.copy_link(&r)?;
+            } else if m.is_dir() {
+                self.ensure_dir(&r)?;
+                if depth > 0 {
+                    self.copy_tree(&r, depth - 1)?;
+                }
+            } else if m.is_file() {
+                self.copy_file(&r)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn device(&mut self, dir: &Path) -> Result<(), SnapshotError> {
+        self.ensure_dir(dir)?;
+        for a in DEVICE_ATTRS {
+            self.copy_file(&dir.join(a))?;
+        }
+        for a in PRESENCE_ATTRS {
+            self.copy_if_exists_empty(&dir.join(a))?;
+        }
+        let names = dir_names(&self.src.root().join(dir)).unwrap_or_default();
+        for name in &names {
+            let r = dir.join(name);
+            if LINK_NAMES.contains(&name.as_str()) || name.starts_with("virtfn") {
+                if let Some(t) = self.copy_link(&r)? {
+                    if name == "driver" {
+                        // The driver directory and its back link.
+                        let ddir = resolve(dir, &t);
+                        self.ensure_dir(&ddir)?;
+                        if let Some(addr) = dir.file_name() {
+                            let back = ddir.join(addr);
+                            self.copy_link(&back)?;
+                        }
+                    }
+                }
+            }
+        }
+        for sub in ["mdev_supported_types", "nvidia", "vfio-dev"] {
+            let r = dir.join(sub);
+            if self.src.root().join(&r).is_dir() {
+                self.ensure_dir(&r)?;
+                self.copy_tree(&r, 2)?;
+            }
+        }
+        if self.src.root().join(dir).join("pci_bus").is_dir() {
+            self.ensure_dir(&dir.join("pci_bus"))?;
+        }
+        // Active mdev instances live under their parent as <uuid>/.
+        for name in names.iter().filter(|n| is_uuid(n)) {
+            let r = dir.join(name);
+            self.ensure_dir(&r)?;
+            for l in ["mdev_type", "iommu_group", "driver"] {
+                self.copy_link(&r.join(l))?;
+            }
+            self.copy_if_exists_empty(&r.join("remove"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A canonical 8-4-4-4-12 UUID (mdev instance names).
+pub fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// Summary of what was written.
+pub struct SnapshotReport {
+    pub devices: usize,
+    pub files: usize,
+}
+
+pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotError> {
+    if out.exists() && fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        return Err(SnapshotError::NotEmpty {
+            path: out.display().to_string(),
+        });
+    }
+    let mut c = Copier {
+        src,
+        out: out.to_path_buf(),
+        files: 0,
+    };
+    let bus_rel = PathBuf::from("sys/bus/pci/devices");
+    let bus = src.root().join(&bus_rel);
+    let names = fs::read_dir(&bus)
+        .map_err(|e| SnapshotError::NoPciBus {
+            path: src.display(&bus),
+            source: e,
+        })?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect::<Vec<_>>();
+    c.ensure_dir(&bus_rel)?;
+    c.ensure_dir(Path::new("sys/bus/pci/drivers"))?;
+    let mut devices = 0;
+    for name in &names {
+        let link = bus_rel.join(name);
+        if let Some(t) = c.copy_link(&link)? {
+            let dir = resolve(&bus_rel, &t);
+            if dir.starts_with("sys/devices") {
+                c.device(&dir)?;
+                devices += 1;
+            }
+        }
+    }
+    for rel in [
+        "sys/kernel/iommu_groups",
+        "sys/bus/mdev/devices",
+        "sys/class/mdev_bus",
+    ] {
+        let r = Path::new(rel);
+        if src.root().join(r).is_dir() {
+            c.ensure_dir(r)?;
+            c.copy_tree(r, 3)?;
+        }
+    }
+    // Loaded modules: names only, plus the VFIO interrupt knob.
+    for m in dir_names(&src.root().join("sys/module")).unwrap_or_default() {
+        c.ensure_dir(&Path::new("sys/module").join(m))?;
+    }
+    c.copy_file(Path::new(
+        "sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts",
+    ))?;
+    for t in ["DMAR", "IVRS"] {
+        c.copy_if_exists_empty(&Path::new("sys/firmware/acpi/tables").join(t))?;
+    }
+    for f in ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/interrupts"] {
+        c.copy_file(Path::new(f))?;
+    }
+    let nv = Path::new("proc/driver/nvidia/gpus");
+    for g in dir_names(&src.root().join(nv)).unwrap_or_default() {
+        c.copy_file(&nv.join(&g).join("information"))?;
+    }
+    // Device nodes: presence only.
+    for d in ["dev/vfio", "dev/vfio/devices", "dev/dri"] {
+        for n in dir_names(&src.root().join(d)).unwrap_or_default() {
+            let r = Path::new(d).join(&n);
+            if !src.root().join(&r).is_dir() {
+                c.copy_if_exists_empty(&r)?;
+            }
+        }
+    }
+    for n in dir_names(&src.dev()).unwrap_or_default() {
+        if n == "kvm" || n == "iommu" || n.starts_with("nvidia") {
+            c.copy_if_exists_empty(&Path::new("dev").join(n))?;
+        }
+    }
+    for d in ["etc/driverctl.d", "etc/mdevctl.d"] {
+        if src.root().join(d).is_dir() {
+            c.copy_tree(Path::new(d), 2)?;
+        }
+    }
+    // The kernel's module tables, cut to what gpupass looks up (VFIO variants, availability).
+    if let Ok(rel) = crate::host::read_attr(&src.path("proc/sys/kernel/osrelease")) {
+        let mdir = Path::new("lib/modules").join(rel.trim());
+        for (table, keep) in [
+            ("modules.alias", &["vfio_pci:"][..]),
+            ("modules.dep", &["vfio", "mdev", "kvm"][..]),
+            ("modules.builtin", &["vfio", "mdev", "kvm"][..]),
+        ] {
+            let p = src.root().join(&mdir).join(table);
+            if let Ok(text) = crate::host::read_bounded(&p, 64 << 20) {
+                let lines: String = text
+                    .lines()
+                    .filter(|l| keep.iter().any(|k| l.contains(k)))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                c.write(&mdir.join(table), lines.as_bytes())?;
+            }
+        }
+    }
+    Ok(SnapshotReport {
+        devices,
+        files: c.files,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lexical_resolution() {
+        assert_eq!(
+            resolve(
+                Path::new("sys/bus/pci/devices"),
+                Path::new("../../../devices/pci0000:00/0000:00:02.0")
+            ),
+            PathBuf::from("sys/devices/pci0000:00/0000:00:02.0")
+        );
+    }
+
+    #[test]
+    fn uuids() {
+        assert!(is_uuid("2f3e4d5c-6b7a-4988-8776-655443322110"));
+        assert!(!is_uuid("2f3e4d5c-6b7a-4988-8776-65544332211"));
+        assert!(!is_uuid("0000:00:02.0"));
+    }
+}

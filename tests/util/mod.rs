@@ -1,0 +1,108 @@
+//! Shared helpers of the integration tests: run the real binary, compare with golden files.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A shipped fixture host tree.
+pub fn host(name: &str) -> PathBuf {
+    manifest_dir().join("tests/fixtures/hosts").join(name)
+}
+
+/// Run `gpupass ARGS` (the real binary) with GPUPASS_ROOT cleared.
+pub fn gpupass(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpupass"))
+        .args(args)
+        .env_remove("GPUPASS_ROOT")
+        .output()
+        .expect("run gpupass")
+}
+
+/// Run against a fixture host: `gpupass --root <host> ARGS`.
+pub fn on_host(host_name: &str, args: &[&str]) -> Output {
+    let root = host(host_name);
+    let mut all = vec!["--root", root.to_str().unwrap()];
+    all.extend_from_slice(args);
+    gpupass(&all)
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Assert success and return stdout; print both streams on failure.
+pub fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "gpupass failed with {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+    assert_ne!(o.status.code(), Some(101), "gpupass panicked: {}", stderr(o));
+    stdout(o)
+}
+
+/// Compare `actual` with `tests/golden/<name>`; `GPUPASS_REGENERATE=1` rewrites the file.
+pub fn golden(name: &str, actual: &str) {
+    let p = manifest_dir().join("tests/golden").join(name);
+    if std::env::var_os("GPUPASS_REGENERATE").is_some() {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&p).unwrap_or_else(|_| {
+        panic!(
+            "golden file {} missing; run with GPUPASS_REGENERATE=1 to create it",
+            p.display()
+        )
+    });
+    if expected != actual {
+        let diff: Vec<String> = expected
+            .lines()
+            .zip(actual.lines())
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .take(5)
+            .map(|(i, (a, b))| format!("line {}:\n  golden: {a}\n  actual: {b}", i + 1))
+            .collect();
+        panic!(
+            "output differs from {} ({} vs {} lines)\n{}\n(GPUPASS_REGENERATE=1 rewrites it)",
+            p.display(),
+            expected.lines().count(),
+            actual.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
+
+/// Copy a fixture host into a temp dir (symlinks preserved) so a test may change it.
+pub fn scratch_host(name: &str) -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    copy_tree(&host(name), t.path());
+    t
+}
+
+pub fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let (s, d) = (e.path(), dst.join(e.file_name()));
+        let ft = e.file_type().unwrap();
+        if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&s).unwrap(), &d).unwrap();
+        } else if ft.is_dir() {
+            copy_tree(&s, &d);
+        } else {
+            std::fs::copy(&s, &d).unwrap();
+        }
+    }
+}
