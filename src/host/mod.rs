@@ -8,6 +8,8 @@
 //! Reads are bounded (sysfs attributes are at most a page; a hostile or broken tree must not
 //! make gpupass read forever) and return `None`/errors instead of panicking.
 
+pub mod ops;
+
 use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
