@@ -60,6 +60,14 @@ pub enum Command {
         /// New or empty directory
         out: PathBuf,
     },
+    /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
+    Bind(crate::bind::cmd::BindArgs),
+    /// Give functions on VFIO back to the drivers they had before gpupass bound them
+    Unbind(crate::bind::cmd::UnbindArgs),
+    /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
+    Recover(crate::bind::cmd::RecoverArgs),
+    /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
+    Persist(crate::bind::cmd::PersistArgs),
 }
 
 /// Shared state of one invocation.
@@ -100,6 +108,17 @@ fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
 /// Run a parsed command line; returns the exit status.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
     let ctx = Ctx::from_cli(&cli);
+    let changes = matches!(
+        cli.command,
+        Command::Bind(_) | Command::Unbind(_) | Command::Recover(_)
+    );
+    if changes && ctx.from_json.is_some() {
+        anyhow::bail!("bind/unbind/recover change the live host; they cannot run from --from-json");
+    }
+    if !changes && ctx.from_json.is_none() {
+        // A crash between two writes of a bind leaves a plan open in the journal: say so.
+        crate::bind::cmd::warn_unfinished(&ctx.host);
+    }
     match cli.command {
         Command::List { all } => {
             let inv = ctx.inventory()?;
@@ -160,6 +179,15 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 dir.display()
             )?;
             Ok(0)
+        }
+        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),
+        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(&ctx.host, a, ctx.json, out)?),
+        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(&ctx.host, a, ctx.json, out)?),
+        Command::Persist(a) => {
+            if ctx.from_json.is_some() {
+                anyhow::bail!("persist reads and writes the live host; it cannot run from --from-json");
+            }
+            Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?)
         }
     }
 }

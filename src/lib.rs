@@ -21,6 +21,7 @@
 //! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
+pub mod bind;
 pub mod check;
 pub mod cli;
 pub mod fixtures;
