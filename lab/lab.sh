@@ -125,7 +125,8 @@ resolve_kernel() {
 
 # apt-get download PKG=VER... into the current directory.
 download_debs() {
-  apt-get -o DPkg::Lock::Timeout=300 download -qq "$@" >&2
+  # Sandbox user root: the cache dir is not readable by _apt.
+  apt-get -o DPkg::Lock::Timeout=300 -o APT::Sandbox::User=root download -qq "$@" >&2
 }
 
 prepare_kernel() {
