@@ -212,6 +212,8 @@ struct Reader<'a> {
     present: std::collections::HashSet<String>,
     /// The device directory being read, open.
     cur: Option<host::AttrDir>,
+    /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
+    cpulists: HashMap<i32, String>,
 }
 
 impl Reader<'_> {
@@ -403,7 +405,19 @@ impl Reader<'_> {
             },
             None => None,
         };
-        let local_cpulist = self.attr(&dir, &a, "local_cpulist");
+        // The kernel prints cpumask_of_node(node) here (all online CPUs without a node), so
+        // every device of one node has the same list: read it once per node.
+        let node_key = numa_node.unwrap_or(-1);
+        let local_cpulist = match self.cpulists.get(&node_key) {
+            Some(v) if self.present.contains("local_cpulist") => Some(v.clone()),
+            _ => {
+                let v = self.attr(&dir, &a, "local_cpulist");
+                if let Some(v) = &v {
+                    self.cpulists.insert(node_key, v.clone());
+                }
+                v
+            }
+        };
 
         let mut bars = Vec::new();
         let mut rom = None;
@@ -656,6 +670,7 @@ fn read_devices(
                         warnings: Vec::new(),
                         present: Default::default(),
                         cur: None,
+                        cpulists: HashMap::new(),
                     };
                     // A device that vanished since the listing (hot unplug) is skipped.
                     let devs: Vec<PciDevice> = part
