@@ -24,6 +24,7 @@
 pub mod bind;
 pub mod check;
 pub mod cli;
+pub mod events;
 pub mod fixtures;
 pub mod host;
 pub mod hostgen;

@@ -382,7 +382,10 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         });
     for fb in dir_names(&host.sys_class("graphics")).unwrap_or_default() {
         // fbN only (`fbcon` is the console driver's own entry).
-        if !fb.strip_prefix("fb").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+        if !fb
+            .strip_prefix("fb")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
             continue;
         }
         let Some(a) = idx.owner_of_link(&host.sys_class("graphics").join(&fb).join("device")) else {
