@@ -317,7 +317,12 @@ fn parse_slot(s: &str) -> Result<u8, String> {
         Some(h) => u8::from_str_radix(h, 16),
         None => t.parse::<u8>(),
     };
-    v.map_err(|_| format!("{s:?} is not a slot number (0x01-0x1e)"))
+    match v {
+        Ok(n @ 0x01..=0x1e) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)"
+        )),
+    }
 }
 
 fn print_notes(notes: &[String]) {
