@@ -113,6 +113,19 @@ fn vm_exit(r: Result<i32, crate::vmout::VmOutError>) -> Result<i32> {
     }
 }
 
+/// `show --json`: the device and its group, fields in schema order.
+#[derive(serde::Serialize)]
+struct ShowJson<'a> {
+    device: &'a crate::model::PciDevice,
+    group: Option<&'a crate::model::IommuGroup>,
+}
+
+/// `groups --json`.
+#[derive(serde::Serialize)]
+struct GroupsJson<'a> {
+    groups: &'a [crate::model::IommuGroup],
+}
+
 fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
@@ -142,7 +155,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 .ok_or(inventory::InventoryError::NoSuchDevice { addr: address })?;
             if ctx.json {
                 let group = d.iommu_group.and_then(|n| inv.group(n));
-                write_json(out, &serde_json::json!({ "device": d, "group": group }))?;
+                write_json(out, &ShowJson { device: d, group })?;
             } else {
                 out.write_all(table::show(&inv, d).as_bytes())?;
             }
@@ -151,7 +164,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Groups => {
             let inv = ctx.inventory()?;
             if ctx.json {
-                write_json(out, &serde_json::json!({ "groups": inv.groups }))?;
+                write_json(out, &GroupsJson { groups: &inv.groups })?;
             } else {
                 out.write_all(table::groups(&inv).as_bytes())?;
             }

@@ -34,7 +34,15 @@ fn attach_to_the_persistent_definition_of_test_default() {
     // mdev hostdevs attach the same way.
     let o = on_host(
         "mdev-t4",
-        &["attach", "--connect", "test:///default", "--domain", "test", "--config", "2f3e4d5c-6b7a-4988-8776-655443322110"],
+        &[
+            "attach",
+            "--connect",
+            "test:///default",
+            "--domain",
+            "test",
+            "--config",
+            "2f3e4d5c-6b7a-4988-8776-655443322110",
+        ],
     );
     assert!(ok(&o).contains("attached 2f3e4d5c-6b7a-4988-8776-655443322110"));
 }
@@ -45,20 +53,35 @@ fn live_attach_passes_libvirts_error_through() {
     let o = attach("test:///default", "test", &["01:00.0", "--managed"]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
-    assert!(err.contains("this function is not supported by the connection driver: virDomainAttachDeviceFlags"), "{err}");
+    assert!(
+        err.contains("this function is not supported by the connection driver: virDomainAttachDeviceFlags"),
+        "{err}"
+    );
     assert!(err.contains("attaching 0000:01:00.0 to domain \"test\""), "{err}");
     assert!(err.contains("retry with --config"), "{err}");
-    assert_eq!(err.matches("not supported").count(), 1, "libvirt's error printed once: {err}");
+    assert_eq!(
+        err.matches("not supported").count(),
+        1,
+        "libvirt's error printed once: {err}"
+    );
 }
 
 #[test]
 fn connection_and_domain_errors_are_libvirts() {
     let o = attach("test:///default", "no-such-vm", &["01:00.0", "--managed"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("no domain \"no-such-vm\" on test:///default: Domain not found"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no domain \"no-such-vm\" on test:///default: Domain not found"),
+        "{}",
+        stderr(&o)
+    );
     let o = attach("bogus:///nowhere", "test", &["01:00.0", "--managed"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("cannot connect to bogus:///nowhere"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot connect to bogus:///nowhere"),
+        "{}",
+        stderr(&o)
+    );
     // The driver check comes before libvirt is contacted.
     let o = attach("test:///default", "test", &["01:00.0"]);
     assert_eq!(o.status.code(), Some(1));
@@ -88,22 +111,46 @@ fn node_with_gpu() -> (tempfile::TempDir, String) {
 fn detach_from_a_domain_that_has_the_gpu() {
     let (_d, uri) = node_with_gpu();
     let out = ok(&detach(&uri, "vm1", &["01:00.0", "--config"]));
-    assert!(out.starts_with("detached 0000:01:00.0, 0000:01:00.1 from domain vm1"), "{out}");
+    assert!(
+        out.starts_with("detached 0000:01:00.0, 0000:01:00.1 from domain vm1"),
+        "{out}"
+    );
     let out = ok(&detach(&uri, "vm1", &["01:00.1", "--only", "--config"]));
     assert!(out.starts_with("detached 0000:01:00.1 from domain vm1"), "{out}");
     // Attaching what is already there is refused before libvirt is asked.
     let o = on_host(
         "workstation",
-        &["attach", "--connect", &uri, "--domain", "vm1", "01:00.0", "--managed", "--config"],
+        &[
+            "attach",
+            "--connect",
+            &uri,
+            "--domain",
+            "vm1",
+            "01:00.0",
+            "--managed",
+            "--config",
+        ],
     );
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("0000:01:00.0 is already in the persistent definition"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("0000:01:00.0 is already in the persistent definition"),
+        "{}",
+        stderr(&o)
+    );
     // Detaching what is not there changes nothing and says so.
     let o = detach("test:///default", "test", &["01:00.0", "--config"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("not attached to the persistent definition of domain \"test\""), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not attached to the persistent definition of domain \"test\""),
+        "{}",
+        stderr(&o)
+    );
     // Live detach on a driver without hot-unplug: libvirt's error.
     let o = detach(&uri, "vm1", &["01:00.0", "--live"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("virDomainDetachDeviceFlags"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("virDomainDetachDeviceFlags"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -47,11 +47,20 @@ fn run_root(root: &Path, args: &[&str]) -> Output {
 /// Assert a failure with `code` that mentions every one of `needles`; no panic.
 fn fails(o: &Output, code: i32, needles: &[&str]) -> String {
     let err = stderr(o);
-    assert_eq!(o.status.code(), Some(code), "stdout:\n{}\nstderr:\n{err}", stdout(o));
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{err}",
+        stdout(o)
+    );
     for n in needles {
         assert!(err.contains(n), "stderr lacks {n:?}:\n{err}");
     }
-    assert!(stdout(o).is_empty(), "nothing may be rendered on failure: {}", stdout(o));
+    assert!(
+        stdout(o).is_empty(),
+        "nothing may be rendered on failure: {}",
+        stdout(o)
+    );
     err
 }
 
@@ -118,24 +127,40 @@ fn hostdev_xml_for_a_vfio_bound_gpu_group() {
     assert_eq!(xml.matches("<hostdev ").count(), 2);
     assert!(xml.contains("managed=\"no\""));
     let err = stderr(&o);
-    assert!(err.contains("added 0000:01:00.1") && err.contains("--only"), "{err}");
+    assert!(
+        err.contains("added 0000:01:00.1") && err.contains("--only"),
+        "{err}"
+    );
     assert!(err.contains("--guest-address"), "{err}");
     libvirt_accepts(&wrap_hostdevs(&xml), "hostdev 01:00.0");
 
     // One multifunction guest slot: function 0 flagged, the sibling in the same slot.
     let xml = ok(&run_root(
         h.path(),
-        &["xml", "hostdev", "01:00.1", "--guest-address", "0000:05:00.0", "--rom-bar", "off"],
+        &[
+            "xml",
+            "hostdev",
+            "01:00.1",
+            "--guest-address",
+            "0000:05:00.0",
+            "--rom-bar",
+            "off",
+        ],
     ));
     golden("workstation/xml-hostdev-guest-address.xml", &xml);
     assert!(xml.contains(
         "<address type=\"pci\" domain=\"0x0000\" bus=\"0x05\" slot=\"0x00\" function=\"0x0\" multifunction=\"on\"/>"
     ));
-    assert!(xml.contains("<address type=\"pci\" domain=\"0x0000\" bus=\"0x05\" slot=\"0x00\" function=\"0x1\"/>"));
+    assert!(
+        xml.contains("<address type=\"pci\" domain=\"0x0000\" bus=\"0x05\" slot=\"0x00\" function=\"0x1\"/>")
+    );
     // --rom-bar goes to the function named (01:00.1), not to its companion.
     assert_eq!(xml.matches("<rom bar=\"off\"/>").count(), 1);
     let audio = xml.split("</hostdev>").nth(1).unwrap();
-    assert!(audio.contains("function=\"0x1\"/>\n  </source>\n  <rom bar=\"off\"/>"), "{xml}");
+    assert!(
+        audio.contains("function=\"0x1\"/>\n  </source>\n  <rom bar=\"off\"/>"),
+        "{xml}"
+    );
     libvirt_accepts(&wrap_hostdevs(&xml), "hostdev with guest address");
 
     // --only: just the named function, with a warning about the group.
@@ -144,19 +169,32 @@ fn hostdev_xml_for_a_vfio_bound_gpu_group() {
     let list = v["hostdevs"].as_array().unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!(list[0]["device"], "0000:01:00.0");
-    assert!(list[0]["xml"].as_str().unwrap().starts_with("<hostdev mode=\"subsystem\" type=\"pci\""));
+    assert!(list[0]["xml"]
+        .as_str()
+        .unwrap()
+        .starts_with("<hostdev mode=\"subsystem\" type=\"pci\""));
 }
 
 #[test]
 fn hostdev_xml_managed_on_the_unbound_fixture_with_rom_file() {
     let o = on_host(
         "workstation",
-        &["xml", "hostdev", "0000:01:00.0", "--managed", "--rom-file", "/var/lib/roms/a&b \"4090\".rom"],
+        &[
+            "xml",
+            "hostdev",
+            "0000:01:00.0",
+            "--managed",
+            "--rom-file",
+            "/var/lib/roms/a&b \"4090\".rom",
+        ],
     );
     let xml = ok(&o);
     golden("workstation/xml-hostdev-managed.xml", &xml);
     assert_eq!(xml.matches("managed=\"yes\"").count(), 2);
-    assert!(xml.contains("file=\"/var/lib/roms/a&amp;b &quot;4090&quot;.rom\""), "{xml}");
+    assert!(
+        xml.contains("file=\"/var/lib/roms/a&amp;b &quot;4090&quot;.rom\""),
+        "{xml}"
+    );
     libvirt_accepts(&wrap_hostdevs(&xml), "managed hostdev with rom file");
 }
 
@@ -164,12 +202,21 @@ fn hostdev_xml_managed_on_the_unbound_fixture_with_rom_file() {
 fn mdev_hostdev_with_display() {
     let xml = ok(&on_host("mdev-t4", &["xml", "hostdev", T4_MDEV, "--display"]));
     golden("mdev-t4/xml-hostdev-mdev.xml", &xml);
-    assert!(xml.contains("type=\"mdev\" model=\"vfio-pci\" display=\"on\""), "{xml}");
+    assert!(
+        xml.contains("type=\"mdev\" model=\"vfio-pci\" display=\"on\""),
+        "{xml}"
+    );
     assert!(xml.contains(&format!("<address uuid=\"{T4_MDEV}\"/>")));
-    assert!(!xml.contains("managed"), "mdev hostdevs take no managed attribute: {xml}");
+    assert!(
+        !xml.contains("managed"),
+        "mdev hostdevs take no managed attribute: {xml}"
+    );
     libvirt_accepts(&wrap_hostdevs(&xml), "mdev hostdev");
     // Upper-case UUIDs resolve too.
-    let upper = ok(&on_host("mdev-t4", &["xml", "hostdev", &T4_MDEV.to_uppercase(), "--display"]));
+    let upper = ok(&on_host(
+        "mdev-t4",
+        &["xml", "hostdev", &T4_MDEV.to_uppercase(), "--display"],
+    ));
     assert_eq!(upper, xml);
 }
 
@@ -178,7 +225,20 @@ fn domain_xml_is_complete_and_libvirt_defines_it() {
     let h = vfio_host("workstation", WS_GPU);
     let xml = ok(&run_root(
         h.path(),
-        &["xml", "domain", "--name", "gpu-vm", "--memory", "16G", "--vcpus", "8", "--device", "01:00.0", "--disk", "/var/lib/libvirt/images/gpu-vm.qcow2"],
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "gpu-vm",
+            "--memory",
+            "16G",
+            "--vcpus",
+            "8",
+            "--device",
+            "01:00.0",
+            "--disk",
+            "/var/lib/libvirt/images/gpu-vm.qcow2",
+        ],
     ));
     golden("workstation/xml-domain.xml", &xml);
     for want in [
@@ -205,7 +265,23 @@ fn domain_xml_is_complete_and_libvirt_defines_it() {
     let h = vfio_host("hgx-8gpu", &["0000:03:00.0", "0000:04:00.0"]);
     let xml = ok(&run_root(
         h.path(),
-        &["xml", "domain", "--name", "train", "--memory", "512GiB", "--vcpus", "64", "--device", "03:00.0", "04:00.0", "--viommu", "--locked", "--firmware", "bios"],
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "train",
+            "--memory",
+            "512GiB",
+            "--vcpus",
+            "64",
+            "--device",
+            "03:00.0",
+            "04:00.0",
+            "--viommu",
+            "--locked",
+            "--firmware",
+            "bios",
+        ],
     ));
     golden("hgx-8gpu/xml-domain-2gpu.xml", &xml);
     assert!(xml.contains("<ioapic driver=\"qemu\"/>") && xml.contains("<iommu model=\"intel\">"));
@@ -217,7 +293,19 @@ fn domain_xml_is_complete_and_libvirt_defines_it() {
 
     let xml = ok(&on_host(
         "mdev-t4",
-        &["xml", "domain", "--name", "vgpu", "--memory", "4096", "--vcpus", "2", "--device", T4_MDEV, "--display"],
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "vgpu",
+            "--memory",
+            "4096",
+            "--vcpus",
+            "2",
+            "--device",
+            T4_MDEV,
+            "--display",
+        ],
     ));
     golden("mdev-t4/xml-domain-vgpu.xml", &xml);
     assert!(xml.contains("display=\"on\"") && xml.contains("<graphics type=\"vnc\""));
@@ -230,23 +318,56 @@ fn names_and_paths_are_escaped_into_valid_xml() {
     let disk = "/srv/vm images/a&b<'c\">.img";
     let xml = ok(&on_host(
         "workstation",
-        &["xml", "domain", "--name", name, "--memory", "2G", "--vcpus", "1", "--device", "01:00.0", "--managed", "--disk", disk],
+        &[
+            "xml",
+            "domain",
+            "--name",
+            name,
+            "--memory",
+            "2G",
+            "--vcpus",
+            "1",
+            "--device",
+            "01:00.0",
+            "--managed",
+            "--disk",
+            disk,
+        ],
     ));
     golden("workstation/xml-domain-escaped.xml", &xml);
-    assert!(xml.contains("<name>a&lt;b&amp;c &quot;quoted&quot; &apos;single&apos; ü → 日本</name>"), "{xml}");
+    assert!(
+        xml.contains("<name>a&lt;b&amp;c &quot;quoted&quot; &apos;single&apos; ü → 日本</name>"),
+        "{xml}"
+    );
     libvirt_accepts(&xml, "domain with an awkward name");
     // libvirt reads back exactly the name that was asked for.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("d.xml");
     std::fs::write(&f, &xml).unwrap();
-    let d = tool("virsh").args(["-c", "test:///default", "define"]).arg(&f).output().unwrap();
+    let d = tool("virsh")
+        .args(["-c", "test:///default", "define"])
+        .arg(&f)
+        .output()
+        .unwrap();
     let said = String::from_utf8_lossy(&d.stdout);
     assert!(said.contains(&format!("Domain '{name}' defined")), "{said}");
     // Names libvirt would refuse are usage errors.
     for bad in ["a/b", "a\nb", ""] {
         let o = on_host(
             "workstation",
-            &["xml", "domain", "--name", bad, "--memory", "1G", "--vcpus", "1", "--device", "01:00.0", "--managed"],
+            &[
+                "xml",
+                "domain",
+                "--name",
+                bad,
+                "--memory",
+                "1G",
+                "--vcpus",
+                "1",
+                "--device",
+                "01:00.0",
+                "--managed",
+            ],
         );
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
     }
@@ -292,19 +413,42 @@ fn qemu_properties(dev: &str) -> BTreeSet<String> {
 /// Every `-device` argument gpupass renders for the fixture hosts.
 fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
     let ws = vfio_host("workstation", WS_GPU);
-    let hgx = vfio_host("hgx-8gpu", &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"]);
+    let hgx = vfio_host(
+        "hgx-8gpu",
+        &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"],
+    );
     let lb = vfio_host("legacy-bridge", &["0000:05:00.0", "0000:05:01.0"]);
     let runs: Vec<(PathBuf, Vec<&str>)> = vec![
-        (ws.path().into(), vec!["qemu-args", "01:00.0", "--rom-bar", "off", "--rom-file", "/roms/a,b.rom"]),
-        (ws.path().into(), vec!["qemu-args", "01:00.1", "--only", "--rom-bar", "on"]),
-        (hgx.path().into(), vec!["qemu-args", "03:00.0", "04:00.0", "05:00.0", "06:00.0"]),
-        (lb.path().into(), vec!["qemu-args", "05:00.0", "--first-slot", "0x1c"]),
+        (
+            ws.path().into(),
+            vec![
+                "qemu-args",
+                "01:00.0",
+                "--rom-bar",
+                "off",
+                "--rom-file",
+                "/roms/a,b.rom",
+            ],
+        ),
+        (
+            ws.path().into(),
+            vec!["qemu-args", "01:00.1", "--only", "--rom-bar", "on"],
+        ),
+        (
+            hgx.path().into(),
+            vec!["qemu-args", "03:00.0", "04:00.0", "05:00.0", "06:00.0"],
+        ),
+        (
+            lb.path().into(),
+            vec!["qemu-args", "05:00.0", "--first-slot", "0x1c"],
+        ),
         (host("mdev-t4"), vec!["qemu-args", T4_MDEV, "--display"]),
         (host("sriov-vgpu"), vec!["qemu-args", "41:00.4"]),
     ];
     let mut out = Vec::new();
     for (root, args) in runs {
-        let v: serde_json::Value = serde_json::from_str(&ok(&run_root(&root, &[&args[..], &["--json"]].concat()))).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&run_root(&root, &[&args[..], &["--json"]].concat()))).unwrap();
         let argv: Vec<String> = v["args"]
             .as_array()
             .unwrap()
@@ -394,15 +538,25 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
             .collect();
         for dev in argv.chunks(2).filter(|p| p[1].starts_with("vfio-pci,")) {
             let mut cmd = tool("qemu-system-x86_64");
-            cmd.args(["-machine", "q35,accel=tcg", "-nodefaults", "-display", "none", "-S"])
-                .args(["-monitor", "none", "-serial", "none"]);
+            cmd.args([
+                "-machine",
+                "q35,accel=tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+                "-S",
+            ])
+            .args(["-monitor", "none", "-serial", "none"]);
             for p in &ports {
                 cmd.args(["-device", p]);
             }
             cmd.args(["-device", &dev[1]]);
             let o = cmd.output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
-            assert!(!o.status.success(), "QEMU started with a VFIO device that cannot exist here");
+            assert!(
+                !o.status.success(),
+                "QEMU started with a VFIO device that cannot exist here"
+            );
             // QEMU 7.2: "vfio /sys/bus/pci/devices/0000:01:00.0: no such host device".
             assert!(
                 err.contains("vfio /sys/bus/") && !err.contains("not found") && !err.contains("Parameter"),
@@ -420,18 +574,37 @@ fn kubevirt_snippets_golden() {
     let h = vfio_host("workstation", WS_GPU);
     let y = ok(&run_root(h.path(), &["kubevirt", "01:00.0"]));
     golden("workstation/kubevirt.yaml", &y);
-    assert!(y.contains("pciVendorSelector: \"10DE:2684\"\n          resourceName: \"nvidia.com/AD102_GEFORCE_RTX_4090\""), "{y}");
+    assert!(
+        y.contains(
+            "pciVendorSelector: \"10DE:2684\"\n          resourceName: \"nvidia.com/AD102_GEFORCE_RTX_4090\""
+        ),
+        "{y}"
+    );
     assert!(y.contains("\"10DE:22BA\""));
-    let j: serde_json::Value = serde_json::from_str(&ok(&run_root(h.path(), &["kubevirt", "01:00.0", "--json", "--external-provider"]))).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&ok(&run_root(
+        h.path(),
+        &["kubevirt", "01:00.0", "--json", "--external-provider"],
+    )))
+    .unwrap();
     let pci = &j["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"];
     assert_eq!(pci[0]["pciVendorSelector"], "10DE:2684");
     assert_eq!(pci[0]["resourceName"], "nvidia.com/AD102_GEFORCE_RTX_4090");
     assert_eq!(pci[0]["externalResourceProvider"], true);
-    assert_eq!(pci[1]["resourceName"], "nvidia.com/AD102_HIGH_DEFINITION_AUDIO_CONTROLLER");
+    assert_eq!(
+        pci[1]["resourceName"],
+        "nvidia.com/AD102_HIGH_DEFINITION_AUDIO_CONTROLLER"
+    );
 
     // Eight identical H100s are one entry.
     let all: Vec<&str> = vec![
-        "0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0", "0000:83:00.0", "0000:84:00.0", "0000:85:00.0", "0000:86:00.0",
+        "0000:03:00.0",
+        "0000:04:00.0",
+        "0000:05:00.0",
+        "0000:06:00.0",
+        "0000:83:00.0",
+        "0000:84:00.0",
+        "0000:85:00.0",
+        "0000:86:00.0",
     ];
     let h = vfio_host("hgx-8gpu", &all);
     let mut args = vec!["kubevirt"];
@@ -443,23 +616,47 @@ fn kubevirt_snippets_golden() {
 
     let y = ok(&on_host("mdev-t4", &["kubevirt", T4_MDEV]));
     golden("mdev-t4/kubevirt.yaml", &y);
-    assert!(y.contains("mdevNameSelector: \"GRID T4-1B\"\n          resourceName: \"nvidia.com/GRID_T4-1B\""), "{y}");
+    assert!(
+        y.contains("mdevNameSelector: \"GRID T4-1B\"\n          resourceName: \"nvidia.com/GRID_T4-1B\""),
+        "{y}"
+    );
 }
 
 #[test]
 fn devices_not_on_vfio_are_refused_with_the_fix() {
     // xml: the bind command and the --managed alternative.
     let o = on_host("workstation", &["xml", "hostdev", "01:00.0"]);
-    let err = fails(&o, 1, &["0000:01:00.0 (nvidia)", "0000:01:00.1 (snd_hda_intel)", "gpupass bind 0000:01:00.0", "--managed"]);
-    assert_eq!(err.matches("gpupass bind").count(), 1, "one bind per IOMMU group: {err}");
+    let err = fails(
+        &o,
+        1,
+        &[
+            "0000:01:00.0 (nvidia)",
+            "0000:01:00.1 (snd_hda_intel)",
+            "gpupass bind 0000:01:00.0",
+            "--managed",
+        ],
+    );
+    assert_eq!(
+        err.matches("gpupass bind").count(),
+        1,
+        "one bind per IOMMU group: {err}"
+    );
     // qemu-args and kubevirt: the bind command only (--managed means nothing to them).
     for cmd in ["qemu-args", "kubevirt"] {
-        let err = fails(&on_host("workstation", &[cmd, "01:00.0"]), 1, &["gpupass bind 0000:01:00.0"]);
+        let err = fails(
+            &on_host("workstation", &[cmd, "01:00.0"]),
+            1,
+            &["gpupass bind 0000:01:00.0"],
+        );
         assert!(!err.contains("--managed"), "{cmd}: {err}");
     }
     // Half-bound group: only the function still on its host driver is named.
     let h = vfio_host("workstation", &["0000:01:00.0"]);
-    let err = fails(&run_root(h.path(), &["qemu-args", "01:00.0"]), 1, &["0000:01:00.1 (snd_hda_intel) is not bound"]);
+    let err = fails(
+        &run_root(h.path(), &["qemu-args", "01:00.0"]),
+        1,
+        &["0000:01:00.1 (snd_hda_intel) is not bound"],
+    );
     assert!(!err.contains("0000:01:00.0 (vfio-pci)"), "{err}");
     // A vfio variant driver counts as VFIO.
     let h = scratch_host("workstation");
@@ -469,7 +666,11 @@ fn devices_not_on_vfio_are_refused_with_the_fix() {
     let o = on_host("sriov-vgpu", &["xml", "hostdev", "41:00.4"]);
     assert!(ok(&o).contains("function=\"0x4\""));
     assert!(stderr(&o).contains("vGPU profile 1044"), "{}", stderr(&o));
-    fails(&on_host("sriov-vgpu", &["xml", "hostdev", "41:00.5"]), 1, &["0000:41:00.5 (nvidia)", "gpupass bind 0000:41:00.5"]);
+    fails(
+        &on_host("sriov-vgpu", &["xml", "hostdev", "41:00.5"]),
+        1,
+        &["0000:41:00.5 (nvidia)", "gpupass bind 0000:41:00.5"],
+    );
 }
 
 #[test]
@@ -480,18 +681,77 @@ fn bad_input_is_a_usage_error_and_missing_devices_a_host_error() {
         (vec!["xml", "hostdev", "2f3e4d5c-6b7a-4988-8776"], 2, "mdev UUID"),
         (vec!["qemu-args", "../01:00.0"], 2, "invalid device"),
         (vec!["xml", "hostdev"], 2, "required"),
-        (vec!["xml", "hostdev", "01:00.0", "--managed", "--unmanaged"], 2, "cannot be used with"),
-        (vec!["xml", "hostdev", "01:00.0", "--rom-bar", "maybe"], 2, "invalid value"),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--managed", "--unmanaged"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--rom-bar", "maybe"],
+            2,
+            "invalid value",
+        ),
         (vec!["xml", "hostdev", "09:00.0"], 1, "no PCI device 0000:09:00.0"),
         (vec!["xml", "hostdev", "00:01.0"], 1, "is a PCI bridge"),
-        (vec!["xml", "hostdev", "11111111-2222-3333-4444-555555555555"], 1, "no mediated device"),
-        (vec!["xml", "hostdev", "01:00.0", "03:00.0", "--managed", "--guest-address", "0000:05:00.0"], 2, "--guest-address places one device"),
-        (vec!["xml", "hostdev", "01:00.0", "--managed", "--guest-address", "0000:05:00.1"], 2, "must start at function 0"),
-        (vec!["xml", "hostdev", "01:00.0", "--managed", "--display"], 1, "display-capable"),
-        (vec!["xml", "domain", "--name", "x", "--memory", "lots", "--vcpus", "1", "--device", "01:00.0"], 2, "not a size"),
-        (vec!["xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "0", "--device", "01:00.0"], 2, "vcpus"),
-        (vec!["xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "1"], 2, "--device"),
-        (vec!["qemu-args", "01:00.0", "--first-slot", "0x1f"], 2, "not a usable pcie.0 slot"),
+        (
+            vec!["xml", "hostdev", "11111111-2222-3333-4444-555555555555"],
+            1,
+            "no mediated device",
+        ),
+        (
+            vec![
+                "xml",
+                "hostdev",
+                "01:00.0",
+                "03:00.0",
+                "--managed",
+                "--guest-address",
+                "0000:05:00.0",
+            ],
+            2,
+            "--guest-address places one device",
+        ),
+        (
+            vec![
+                "xml",
+                "hostdev",
+                "01:00.0",
+                "--managed",
+                "--guest-address",
+                "0000:05:00.1",
+            ],
+            2,
+            "must start at function 0",
+        ),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--managed", "--display"],
+            1,
+            "display-capable",
+        ),
+        (
+            vec![
+                "xml", "domain", "--name", "x", "--memory", "lots", "--vcpus", "1", "--device", "01:00.0",
+            ],
+            2,
+            "not a size",
+        ),
+        (
+            vec![
+                "xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "0", "--device", "01:00.0",
+            ],
+            2,
+            "vcpus",
+        ),
+        (
+            vec!["xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "1"],
+            2,
+            "--device",
+        ),
+        (
+            vec!["qemu-args", "01:00.0", "--first-slot", "0x1f"],
+            2,
+            "not a usable pcie.0 slot",
+        ),
     ] {
         let o = on_host("workstation", &args);
         let err = stderr(&o);
@@ -499,13 +759,22 @@ fn bad_input_is_a_usage_error_and_missing_devices_a_host_error() {
         assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
     }
     // No IOMMU groups at all: the nvidia-minors host has none.
-    fails(&on_host("nvidia-minors", &["xml", "hostdev", "07:00.0", "--managed"]), 1, &["no IOMMU group", "gpupass check"]);
+    fails(
+        &on_host("nvidia-minors", &["xml", "hostdev", "07:00.0", "--managed"]),
+        1,
+        &["no IOMMU group", "gpupass check"],
+    );
 }
 
 #[test]
 fn legacy_bridge_group_spans_two_slots() {
     let h = vfio_host("legacy-bridge", &["0000:05:00.0", "0000:05:01.0"]);
-    let o = run_root(h.path(), &["xml", "domain", "--name", "old", "--memory", "2G", "--vcpus", "2", "--device", "05:00.0"]);
+    let o = run_root(
+        h.path(),
+        &[
+            "xml", "domain", "--name", "old", "--memory", "2G", "--vcpus", "2", "--device", "05:00.0",
+        ],
+    );
     let xml = ok(&o);
     golden("legacy-bridge/xml-domain.xml", &xml);
     // The NIC shares the group but sits in another slot: its own root port, function 0.
@@ -528,7 +797,13 @@ fn saved_inventory_renders_the_same() {
     std::fs::write(&saved_t4, t4).unwrap();
     for (root, file, args) in [
         (h.path().to_path_buf(), &saved, vec!["xml", "hostdev", "01:00.0"]),
-        (h.path().to_path_buf(), &saved, vec!["xml", "domain", "--name", "v", "--memory", "1G", "--vcpus", "1", "--device", "01:00.0"]),
+        (
+            h.path().to_path_buf(),
+            &saved,
+            vec![
+                "xml", "domain", "--name", "v", "--memory", "1G", "--vcpus", "1", "--device", "01:00.0",
+            ],
+        ),
         (h.path().to_path_buf(), &saved, vec!["qemu-args", "01:00.0"]),
         (h.path().to_path_buf(), &saved, vec!["kubevirt", "01:00.0"]),
         (host("mdev-t4"), &saved_t4, vec!["qemu-args", T4_MDEV]),
@@ -546,7 +821,15 @@ fn saved_inventory_renders_the_same() {
 fn attach_without_the_feature_explains_how_to_get_it() {
     let o = on_host(
         "workstation",
-        &["attach", "--connect", "test:///default", "--domain", "test", "01:00.0", "--managed"],
+        &[
+            "attach",
+            "--connect",
+            "test:///default",
+            "--domain",
+            "test",
+            "01:00.0",
+            "--managed",
+        ],
     );
     fails(&o, 1, &["--features libvirt", "virsh attach-device"]);
 }
