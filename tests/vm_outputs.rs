@@ -557,9 +557,16 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
                 !o.status.success(),
                 "QEMU started with a VFIO device that cannot exist here"
             );
-            // QEMU 7.2: "vfio /sys/bus/pci/devices/0000:01:00.0: no such host device".
+            // QEMU 7.2 prefixes realize errors with "vfio <device>: " ("no such host device",
+            // or "no iommu_group found" where the address exists); a bad property, bus or
+            // address fails earlier with "Property '..'", "Bus '..' not found", "Parameter '..'"
+            // or a PCI slot complaint.
             assert!(
-                err.contains("vfio /sys/bus/") && !err.contains("not found") && !err.contains("Parameter"),
+                err.contains(": vfio ")
+                    && !err.contains("Property '")
+                    && !err.contains("Bus '")
+                    && !err.contains("Parameter '")
+                    && !err.contains("PCI: "),
                 "QEMU rejected {} before opening the device:\n{err}",
                 dev[1]
             );
@@ -783,6 +790,41 @@ fn legacy_bridge_group_spans_two_slots() {
     assert!(!xml.contains("multifunction"));
     assert!(stderr(&o).contains("added 0000:05:01.0"));
     libvirt_accepts(&xml, "legacy bridge domain");
+}
+
+/// The tree captured from the lab's real kernel: a multifunction slot (VGA 00:05.0 + HD audio
+/// 00:05.1 in IOMMU group 4), as a GPU and its audio function look.
+#[test]
+fn lab_captured_multifunction_slot() {
+    let o = on_host(
+        "qemu-lab",
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "lab",
+            "--memory",
+            "1G",
+            "--vcpus",
+            "1",
+            "--device",
+            "00:05.1",
+            "--managed",
+        ],
+    );
+    let xml = ok(&o);
+    golden("qemu-lab/xml-domain.xml", &xml);
+    assert!(
+        xml.contains("bus=\"0x01\" slot=\"0x00\" function=\"0x0\" multifunction=\"on\"/>"),
+        "{xml}"
+    );
+    assert!(xml.contains("bus=\"0x01\" slot=\"0x00\" function=\"0x1\"/>"));
+    assert!(stderr(&o).contains("added 0000:00:05.0"));
+    libvirt_accepts(&xml, "lab multifunction domain");
+    let h = vfio_host("qemu-lab", &["0000:00:05.0", "0000:00:05.1"]);
+    let args = ok(&run_root(h.path(), &["qemu-args", "00:05.0"]));
+    golden("qemu-lab/qemu-args.txt", &args);
+    assert!(args.contains("host=0000:00:05.0,id=hostdev1,bus=rp1,addr=0x0.0,multifunction=on"));
 }
 
 #[test]
