@@ -60,7 +60,7 @@ pub enum Command {
         /// New or empty directory
         out: PathBuf,
     },
-    /// libvirt XML: <hostdev> elements or a complete q35 domain for passthrough
+    /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
     #[command(subcommand)]
     Xml(crate::vmout::XmlCommand),
     /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35

@@ -2,9 +2,9 @@
 //! the `libvirt` cargo feature) `attach` / `detach`.
 //!
 //! Each command: resolve the DEVICE arguments against the inventory
-//! ([`selection`](crate::output::selection)), render with a pure renderer in
-//! [`output`](crate::output), write the result to `out` and notes to stderr. `cli.rs` only
-//! loads the inventory and dispatches here.
+//! ([`crate::output::selection`]), render with a pure renderer in [`crate::output`], write
+//! the result to `out` and notes to stderr. `cli.rs` only loads the inventory and dispatches
+//! here.
 
 pub mod attach;
 pub mod domxml;
@@ -124,7 +124,7 @@ impl LibvirtDeviceArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum XmlCommand {
-    /// <hostdev> elements for PCI functions (with their IOMMU-group companions) and mdevs
+    /// libvirt hostdev elements for PCI functions (with their IOMMU-group companions) and mdevs
     Hostdev(HostdevArgs),
     /// A complete q35 KVM domain with the devices behind their own pcie-root-ports
     Domain(DomainArgs),
@@ -163,11 +163,11 @@ pub struct DomainArgs {
     /// Guest firmware: efi (OVMF; sizes the MMIO window for large GPU BARs) or bios (SeaBIOS)
     #[arg(long, value_enum, default_value = "efi")]
     pub firmware: FirmwareArg,
-    /// Give the guest an emulated Intel IOMMU (<iommu model='intel'>, split I/O APIC), for
+    /// Give the guest an emulated Intel IOMMU (iommu model intel, split I/O APIC), for
     /// VFIO or DPDK inside the guest; plain GPU passthrough does not need it
     #[arg(long)]
     pub viommu: bool,
-    /// <memoryBacking><locked/>: lock all guest memory (libvirt already raises the memlock
+    /// Lock all guest memory (memoryBacking/locked) (libvirt already raises the memlock
     /// limit for VFIO by itself)
     #[arg(long)]
     pub locked: bool,
