@@ -18,8 +18,6 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn time(cmd: &mut dyn FnMut() -> Command, runs: usize) -> Vec<Duration> {
-    // One warm-up run so both tools see a warm dentry/page cache.
-    let _ = cmd().stdout(Stdio::null()).stderr(Stdio::null()).status();
     (0..runs)
         .map(|_| {
             let t = Instant::now();
@@ -61,59 +59,70 @@ fn main() {
     let pci = Path::new(&root).join("sys/bus/pci");
     let pci = pci.to_str().unwrap().to_string();
 
-    let gp = time(
-        &mut || {
-            let mut c = Command::new(bin);
-            c.args(["--root", &root, "list", "--all", "--json"]);
-            c
-        },
-        runs,
-    );
     let have_lspci = Command::new("lspci")
         .arg("--version")
         .stdout(Stdio::null())
         .status()
         .is_ok();
-    println!("synthetic host: {n} PCI functions, {runs} runs each, medians");
-    println!("| command | median | min |");
-    println!("|---|---|---|");
-    let gm = median(gp.clone());
-    println!(
-        "| gpupass list --all --json | {} | {} |",
-        ms(gm),
-        ms(*gp.iter().min().unwrap())
-    );
     if !have_lspci {
         println!("lspci not installed (apt-get install pciutils): no comparison");
+    }
+    let sysfs_path = format!("sysfs.path={pci}");
+    let mut cmds: Vec<(&str, Vec<&str>, &str)> = vec![(
+        "gpupass list --all --json",
+        vec!["--root", &root, "list", "--all", "--json"],
+        bin,
+    )];
+    if have_lspci {
+        cmds.push((
+            "lspci -nnk (linux-sysfs)",
+            vec!["-nnk", "-A", "linux-sysfs", "-O", &sysfs_path],
+            "lspci",
+        ));
+        cmds.push((
+            "lspci -nnvk (linux-sysfs)",
+            vec!["-nnvk", "-A", "linux-sysfs", "-O", &sysfs_path],
+            "lspci",
+        ));
+    }
+    // Interleave the commands run by run, so a change in machine load hits all of them alike.
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cmds.len()];
+    for (prog, args) in cmds.iter().map(|(_, a, p)| (p, a)) {
+        let _ = Command::new(prog)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    for _ in 0..runs {
+        for (i, (_, args, prog)) in cmds.iter().enumerate() {
+            times[i].extend(time(
+                &mut || {
+                    let mut c = Command::new(prog);
+                    c.args(args);
+                    c
+                },
+                1,
+            ));
+        }
+    }
+    println!("synthetic host: {n} PCI functions, {runs} interleaved runs each");
+    println!("| command | median | min |");
+    println!("|---|---|---|");
+    for (i, (name, _, _)) in cmds.iter().enumerate() {
+        println!(
+            "| {name} | {} | {} |",
+            ms(median(times[i].clone())),
+            ms(*times[i].iter().min().unwrap())
+        );
+    }
+    if !have_lspci {
         return;
     }
-    let lp = time(
-        &mut || {
-            let mut c = Command::new("lspci");
-            c.args(["-nnk", "-A", "linux-sysfs", "-O", &format!("sysfs.path={pci}")]);
-            c
-        },
-        runs,
-    );
-    let lm = median(lp.clone());
-    println!(
-        "| lspci -nnk (linux-sysfs) | {} | {} |",
-        ms(lm),
-        ms(*lp.iter().min().unwrap())
-    );
-    let lvp = time(
-        &mut || {
-            let mut c = Command::new("lspci");
-            c.args(["-nnvk", "-A", "linux-sysfs", "-O", &format!("sysfs.path={pci}")]);
-            c
-        },
-        runs,
-    );
-    let lvm = median(lvp.clone());
-    println!(
-        "| lspci -nnvk (linux-sysfs) | {} | {} |",
-        ms(lvm),
-        ms(*lvp.iter().min().unwrap())
+    let (gm, lm, lvm) = (
+        median(times[0].clone()),
+        median(times[1].clone()),
+        median(times[2].clone()),
     );
     println!(
         "ratio gpupass/lspci -nnk: {:.2} (goal <= 0.5); gpupass/lspci -nnvk: {:.2}",

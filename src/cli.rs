@@ -55,6 +55,15 @@ pub enum Command {
     Groups,
     /// Host readiness for passthrough (IOMMU, interrupt remapping, modules, device nodes)
     Check,
+    /// Watch kernel uevents for PCI and mdev changes (add, remove, bind, unbind) and print them
+    Events {
+        /// Stop after this many events
+        #[arg(long)]
+        count: Option<usize>,
+        /// Stop after this many seconds without exiting non-zero
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<f64>,
+    },
     /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
     Snapshot {
         /// New or empty directory
@@ -182,6 +191,26 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.write_all(table::check(&r).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Events { count, timeout } => {
+            let sock = crate::events::UeventSocket::open()
+                .context("cannot subscribe to kernel uevents (NETLINK_KOBJECT_UEVENT)")?;
+            let deadline =
+                timeout.map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.max(0.0)));
+            let mut seen = 0usize;
+            while count.is_none_or(|c| seen < c) {
+                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+                let Some(ev) = sock.next(left)? else { break };
+                if ctx.json {
+                    serde_json::to_writer(&mut *out, &ev)?;
+                    writeln!(out)?;
+                } else {
+                    writeln!(out, "{}", ev.line())?;
+                }
+                out.flush()?;
+                seen += 1;
+            }
+            Ok(0)
         }
         Command::Snapshot { out: dir } => {
             let rep = crate::snapshot::snapshot(&ctx.host, &dir)

@@ -335,6 +335,10 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
             }
         }
     }
+    crate::host::keep_empty_dirs(out).map_err(|e| SnapshotError::Write {
+        path: out.display().to_string(),
+        source: e,
+    })?;
     Ok(SnapshotReport {
         devices,
         files: c.files,

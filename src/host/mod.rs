@@ -132,7 +132,8 @@ impl AttrDir {
         while let Some(e) = dir.next() {
             let e = e?;
             let n = e.file_name().to_bytes();
-            if n != b"." && n != b".." {
+            // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
+            if !n.starts_with(b".") {
                 out.push(String::from_utf8_lossy(n).into_owned());
             }
         }
@@ -222,6 +223,24 @@ pub fn join_link(dir: &Path, target: &Path) -> PathBuf {
     out
 }
 
+/// Put an empty `.keep` file in every empty directory under `dir` (not following links), so a
+/// fixture or snapshot tree keeps its empty directories (`sys/module/<name>`, `pci_bus`) through
+/// git, which stores no empty directories. Listings skip dot-files.
+pub fn keep_empty_dirs(dir: &Path) -> io::Result<()> {
+    let mut empty = true;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        empty = false;
+        if e.file_type()?.is_dir() {
+            keep_empty_dirs(&e.path())?;
+        }
+    }
+    if empty {
+        fs::write(dir.join(".keep"), "")?;
+    }
+    Ok(())
+}
+
 /// Parse a sysfs hex attribute like `0x10de`.
 pub fn parse_hex(s: &str) -> Option<u64> {
     let t = s.trim();
@@ -241,7 +260,11 @@ pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
     };
     let mut v = Vec::new();
     for e in rd {
-        v.push(e?.file_name().to_string_lossy().into_owned());
+        let n = e?.file_name().to_string_lossy().into_owned();
+        // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
+        if !n.starts_with('.') {
+            v.push(n);
+        }
     }
     v.sort();
     Ok(v)
