@@ -60,6 +60,10 @@ pub enum Command {
         /// New or empty directory
         out: PathBuf,
     },
+    /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
+    /// definitions (docs/mdev.md)
+    #[command(subcommand)]
+    Mdev(crate::mdev::cli::MdevCommand),
 }
 
 /// Shared state of one invocation.
@@ -147,6 +151,26 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.write_all(table::check(&r).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Mdev(cmd) => {
+            let load = || -> Result<Inventory, crate::mdev::MdevError> {
+                let inv = match &ctx.from_json {
+                    Some(p) => inventory::load_json(p)?,
+                    None => inventory::scan(&ctx.host)?,
+                };
+                for w in &inv.warnings {
+                    eprintln!("warning: {w}");
+                }
+                Ok(inv)
+            };
+            match crate::mdev::cli::run(&ctx.host, ctx.from_json.as_deref(), ctx.json, cmd, &load, out) {
+                Ok(code) => Ok(code),
+                Err(e) if e.is_usage() => {
+                    eprintln!("gpupass: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e.into()),
+            }
         }
         Command::Snapshot { out: dir } => {
             let rep = crate::snapshot::snapshot(&ctx.host, &dir)

@@ -270,6 +270,17 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
             }
         }
     }
+    // Virtual mdev parents (the sample drivers mbochs/mdpy/mtty live under
+    // sys/devices/virtual/<drv>/<drv>): their types and active instances.
+    let class = Path::new("sys/class/mdev_bus");
+    for name in dir_names(&src.root().join(class)).unwrap_or_default() {
+        if let Ok(t) = fs::read_link(src.root().join(class).join(&name)) {
+            let dir = resolve(class, &t);
+            if dir.starts_with("sys/devices/virtual") {
+                c.device(&dir)?;
+            }
+        }
+    }
     for rel in [
         "sys/kernel/iommu_groups",
         "sys/bus/mdev/devices",
