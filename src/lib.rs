@@ -23,6 +23,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod events;
 pub mod fixtures;
 pub mod host;
 pub mod hostgen;

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Every scenario the tests below assert on, run in one boot, in this order.
-const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo"];
+const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events"];
 
 struct LabRun {
     status: Option<i32>,
@@ -107,4 +107,9 @@ fn lab_snapshot() {
 #[test]
 fn lab_demo() {
     assert_scenario("demo");
+}
+
+#[test]
+fn lab_events() {
+    assert_scenario("events");
 }

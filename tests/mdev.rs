@@ -90,7 +90,7 @@ fn read(root: &Path, rel: &str) -> String {
 
 #[test]
 fn types_and_list_match_golden() {
-    for h in ["mdev-t4", "mdev-lab", "sriov-vgpu", "workstation"] {
+    for h in ["mdev-t4", "mdev-lab", "sriov-vgpu", "workstation", "qemu-lab"] {
         golden(
             &format!("mdev/{h}/types.txt"),
             &ok(&on_host(h, &["mdev", "types"])),

@@ -207,7 +207,7 @@ pub fn find<'a>(
 ) -> Result<&'a Definition, MdevError> {
     let hits: Vec<&Definition> = defs
         .iter()
-        .filter(|d| d.uuid == uuid.as_str() && parent.map_or(true, |p| p == d.parent))
+        .filter(|d| d.uuid == uuid.as_str() && parent.is_none_or(|p| p == d.parent))
         .collect();
     match hits.as_slice() {
         [] => Err(MdevError::NotDefined(uuid.to_string())),
