@@ -73,6 +73,17 @@ pub enum Command {
     /// definitions (docs/mdev.md)
     #[command(subcommand)]
     Mdev(crate::mdev::cli::MdevCommand),
+    /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
+    #[command(subcommand)]
+    Xml(crate::vmout::XmlCommand),
+    /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
+    QemuArgs(crate::vmout::QemuArgsArgs),
+    /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
+    Kubevirt(crate::vmout::KubevirtArgs),
+    /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
+    Attach(crate::vmout::AttachArgs),
+    /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
+    Detach(crate::vmout::DetachArgs),
 }
 
 /// Shared state of one invocation.
@@ -101,6 +112,17 @@ impl Ctx {
             eprintln!("warning: {w}");
         }
         Ok(inv)
+    }
+}
+
+/// VM-output errors: usage errors print and exit 2, the rest go up as host errors (exit 1).
+fn vm_exit(r: Result<i32, crate::vmout::VmOutError>) -> Result<i32> {
+    match r {
+        Err(e) if e.is_usage() => {
+            eprintln!("gpupass: {e}");
+            Ok(2)
+        }
+        r => Ok(r?),
     }
 }
 
@@ -227,5 +249,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             )?;
             Ok(0)
         }
+        Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
+        Command::QemuArgs(a) => vm_exit(crate::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),
+        Command::Detach(a) => vm_exit(crate::vmout::run_detach(&ctx.inventory()?, &a, out)),
     }
 }

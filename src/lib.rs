@@ -30,5 +30,7 @@ pub mod hostgen;
 pub mod inventory;
 pub mod mdev;
 pub mod model;
+pub mod naming;
 pub mod output;
 pub mod snapshot;
+pub mod vmout;

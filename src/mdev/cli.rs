@@ -66,7 +66,7 @@ pub enum MdevCommand {
     /// Remove an active instance (UUID, or the PCI address of an NVIDIA vGPU VF); refuses while
     /// a process holds it open
     Remove { instance: InstanceRef },
-    /// Define a persistent instance in mdevctl's format (etc/mdevctl.d/<parent>/<uuid>); with
+    /// Define a persistent instance in mdevctl's format (etc/mdevctl.d/PARENT/UUID); with
     /// only --uuid, copies an active instance's parent and type
     Define {
         #[arg(long, short = 'p')]
