@@ -77,6 +77,10 @@ pub enum Command {
     Recover(crate::bind::cmd::RecoverArgs),
     /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
     Persist(crate::bind::cmd::PersistArgs),
+    /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
+    /// definitions (docs/mdev.md)
+    #[command(subcommand)]
+    Mdev(crate::mdev::cli::MdevCommand),
     /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
     #[command(subcommand)]
     Xml(crate::vmout::XmlCommand),
@@ -210,6 +214,26 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.write_all(table::check(&r).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Mdev(cmd) => {
+            let load = || -> Result<Inventory, crate::mdev::MdevError> {
+                let inv = match &ctx.from_json {
+                    Some(p) => inventory::load_json(p)?,
+                    None => inventory::scan(&ctx.host)?,
+                };
+                for w in &inv.warnings {
+                    eprintln!("warning: {w}");
+                }
+                Ok(inv)
+            };
+            match crate::mdev::cli::run(&ctx.host, ctx.from_json.as_deref(), ctx.json, cmd, &load, out) {
+                Ok(code) => Ok(code),
+                Err(e) if e.is_usage() => {
+                    eprintln!("gpupass: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e.into()),
+            }
         }
         Command::Events { count, timeout } => {
             let sock = crate::events::UeventSocket::open()

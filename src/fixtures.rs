@@ -18,6 +18,7 @@ pub const NAMES: &[&str] = &[
     "mdev-t4",
     "nvidia-minors",
     "legacy-bridge",
+    "mdev-lab",
 ];
 
 pub fn build(name: &str, root: &Path) -> io::Result<()> {
@@ -28,6 +29,7 @@ pub fn build(name: &str, root: &Path) -> io::Result<()> {
         "mdev-t4" => mdev_t4(root),
         "nvidia-minors" => nvidia_minors(root),
         "legacy-bridge" => legacy_bridge(root),
+        "mdev-lab" => mdev_lab(root),
         _ => Err(io::Error::other(format!("unknown fixture {name}"))),
     }
 }
@@ -506,6 +508,120 @@ fn legacy_bridge(root: &Path) -> io::Result<()> {
     h.vtconsole(0, "(S) dummy device", false)?;
     h.vtconsole(1, "(M) frame buffer device", true)?;
     h.net_iface(&"05:01.0".parse().unwrap(), "enp5s1", true)?;
+    Ok(())
+}
+
+/// The QEMU lab guest's mdev side: the kernel's sample drivers mbochs, mdpy and mtty are
+/// *virtual* parents (`sys/devices/virtual/<drv>/<drv>`, listed in `sys/class/mdev_bus`), with
+/// the types and counts of `modprobe mbochs count=128` (MB), mdpy and mtty on Debian's 6.1
+/// kernel; one mbochs instance is active and held open by a QEMU process; two mdevctl
+/// definitions exist (one auto, one manual).
+fn mdev_lab(root: &Path) -> io::Result<()> {
+    let mut h = HostBuilder::new(root)?;
+    h.kernel(
+        "6.1.0-57-amd64",
+        "console=ttyS0 panic=-1 quiet intel_iommu=on iommu=pt",
+        &[
+            "vfio",
+            "vfio_pci",
+            "vfio_iommu_type1",
+            "mdev",
+            "mbochs",
+            "mdpy",
+            "mtty",
+            "bochs",
+        ],
+    )?;
+    h.file("sys/firmware/acpi/tables/DMAR", "")?;
+    h.file("dev/vfio/vfio", "")?;
+    h.add(
+        &DevSpec::new("00:00.0", INTEL, 0x29c0, 0x060000)
+            .group(0)
+            .reset(None),
+    )?;
+    h.add(
+        &DevSpec::new("00:02.0", 0x1234, 0x1111, 0x030000)
+            .group(1)
+            .driver("bochs-drm")
+            .boot_vga(true)
+            .res(0, 0xfd00_0000, 16 << 20, MEM_PREF)
+            .res(2, 0xfebf_0000, 4 << 10, MEM)
+            .reset(None),
+    )?;
+    h.virtual_mdev_parent(
+        "mbochs",
+        "mbochs",
+        &[
+            (
+                "mbochs-small",
+                "mbochs-small",
+                Some("virtual display, 4 MB video memory"),
+                31,
+                "vfio-pci",
+            ),
+            (
+                "mbochs-medium",
+                "mbochs-medium",
+                Some("virtual display, 16 MB video memory"),
+                7,
+                "vfio-pci",
+            ),
+            (
+                "mbochs-large",
+                "mbochs-large",
+                Some("virtual display, 64 MB video memory"),
+                1,
+                "vfio-pci",
+            ),
+        ],
+    )?;
+    h.virtual_mdev_parent(
+        "mdpy",
+        "mdpy",
+        &[
+            (
+                "mdpy-vga",
+                "mdpy-vga",
+                Some("virtual display, 640x480 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+            (
+                "mdpy-xga",
+                "mdpy-xga",
+                Some("virtual display, 1024x768 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+            (
+                "mdpy-hd",
+                "mdpy-hd",
+                Some("virtual display, 1920x1080 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+        ],
+    )?;
+    h.virtual_mdev_parent(
+        "mtty",
+        "mtty",
+        &[
+            ("mtty-1", "Single port serial", None, 24, "vfio-pci"),
+            ("mtty-2", "Dual port serial", None, 12, "vfio-pci"),
+        ],
+    )?;
+    let busy = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001";
+    h.virtual_mdev_instance("mbochs", "mbochs", "mbochs-small", busy, 12)?;
+    h.process_fd(4242, "qemu-system-x86", 23, "/dev/vfio/12")?;
+    h.process_fd(4242, "qemu-system-x86", 22, "/dev/vfio/vfio")?;
+    h.file(
+        format!("etc/mdevctl.d/mbochs/{busy}"),
+        "{\n  \"mdev_type\": \"mbochs-small\",\n  \"start\": \"auto\",\n  \"attrs\": []\n}",
+    )?;
+    h.file(
+        "etc/mdevctl.d/mdpy/5e1a3b9c-0d2f-4e6a-8b7c-9d0e1f2a3b4c",
+        "{\n  \"mdev_type\": \"mdpy-xga\",\n  \"start\": \"manual\",\n  \"attrs\": []\n}",
+    )?;
     Ok(())
 }
 

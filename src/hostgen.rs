@@ -393,6 +393,48 @@ impl HostBuilder {
             .get(parent)
             .ok_or_else(|| io::Error::other("unknown parent"))?
             .clone();
+        self.instance_under(&pdir, type_id, uuid, group)
+    }
+
+    /// A virtual mdev parent (the kernel's sample drivers: `sys/devices/virtual/<class>/<name>`
+    /// linked from `sys/class/mdev_bus/<name>`) with its types
+    /// `(id, name, description or None, available, device_api)`.
+    pub fn virtual_mdev_parent(
+        &self,
+        class: &str,
+        name: &str,
+        types: &[(&str, &str, Option<&str>, u32, &str)],
+    ) -> io::Result<()> {
+        let dir = PathBuf::from(format!("sys/devices/virtual/{class}/{name}"));
+        self.file(dir.join("uevent"), &format!("MAJOR=0\nMINOR=0\nDEVNAME={name}\n"))?;
+        for (id, tname, desc, avail, api) in types {
+            let t = dir.join("mdev_supported_types").join(id);
+            self.file(t.join("name"), &format!("{tname}\n"))?;
+            if let Some(d) = desc {
+                self.file(t.join("description"), &format!("{d}\n"))?;
+            }
+            self.file(t.join("available_instances"), &format!("{avail}\n"))?;
+            self.file(t.join("device_api"), &format!("{api}\n"))?;
+            self.file(t.join("create"), "")?;
+            fs::create_dir_all(self.root.join(t.join("devices")))?;
+        }
+        self.link(format!("sys/class/mdev_bus/{name}"), &dir)
+    }
+
+    /// An active instance under a virtual parent made by [`Self::virtual_mdev_parent`].
+    pub fn virtual_mdev_instance(
+        &self,
+        class: &str,
+        name: &str,
+        type_id: &str,
+        uuid: &str,
+        group: u32,
+    ) -> io::Result<()> {
+        let pdir = PathBuf::from(format!("sys/devices/virtual/{class}/{name}"));
+        self.instance_under(&pdir, type_id, uuid, group)
+    }
+
+    fn instance_under(&self, pdir: &Path, type_id: &str, uuid: &str, group: u32) -> io::Result<()> {
         let dir = pdir.join(uuid);
         let tdir = pdir.join("mdev_supported_types").join(type_id);
         self.file(dir.join("remove"), "")?;
@@ -406,6 +448,16 @@ impl HostBuilder {
         fs::create_dir_all(self.root.join(&ddir))?;
         self.link(dir.join("driver"), &ddir)?;
         self.file(format!("dev/vfio/{group}"), "")
+    }
+
+    /// A process (`proc/<pid>/comm`) holding `target` open as fd `fd` (`proc/<pid>/fd/<fd>`
+    /// is a symlink whose text is the path the process opened, e.g. `/dev/vfio/12`).
+    pub fn process_fd(&self, pid: u32, comm: &str, fd: u32, target: &str) -> io::Result<()> {
+        self.file(format!("proc/{pid}/comm"), &format!("{comm}\n"))?;
+        let l = self.root.join(format!("proc/{pid}/fd/{fd}"));
+        fs::create_dir_all(l.parent().unwrap_or(&self.root))?;
+        let _ = fs::remove_file(&l);
+        std::os::unix::fs::symlink(target, l)
     }
 
     /// NVIDIA vendor-VFIO vGPU profile files on a VF.

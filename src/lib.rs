@@ -29,6 +29,7 @@ pub mod fixtures;
 pub mod host;
 pub mod hostgen;
 pub mod inventory;
+pub mod mdev;
 pub mod model;
 pub mod naming;
 pub mod output;

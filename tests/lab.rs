@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Every scenario the tests below assert on, run in one boot, in this order.
-const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events", "bind"];
+const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events", "bind", "mdev"];
 
 struct LabRun {
     status: Option<i32>,
@@ -117,4 +117,9 @@ fn lab_events() {
 #[test]
 fn lab_bind() {
     assert_scenario("bind");
+}
+
+#[test]
+fn lab_mdev() {
+    assert_scenario("mdev");
 }
