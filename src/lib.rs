@@ -21,6 +21,9 @@
 //! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod boot;
 pub mod check;
 pub mod cli;
 pub mod fixtures;
@@ -30,3 +33,5 @@ pub mod inventory;
 pub mod model;
 pub mod output;
 pub mod snapshot;
+pub mod vfio_dev;
+pub mod vmm;
