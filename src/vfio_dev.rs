@@ -60,13 +60,13 @@ pub enum VfioDevError {
     NoNode { node: String },
     #[error("VFIO needs the live host: vfio-ioctls opens /dev/vfio itself, so `--root {root}` cannot be used with --device/--mdev (the checks above passed against that root)")]
     NotLiveRoot { root: String },
-    #[error("opening {what} through VFIO failed: {source}")]
+    #[error("opening {what} through VFIO failed")]
     Open {
         what: String,
         #[source]
         source: vfio_ioctls::VfioError,
     },
-    #[error("VFIO DMA map of guest RAM at {gpa:#x} ({len:#x} bytes) failed: {source}; is RLIMIT_MEMLOCK large enough (`ulimit -l`)?")]
+    #[error("VFIO DMA map of guest RAM at {gpa:#x} ({len:#x} bytes) failed (is RLIMIT_MEMLOCK large enough? `ulimit -l`)")]
     DmaMap {
         gpa: u64,
         len: u64,
@@ -195,13 +195,19 @@ impl Drop for VfioSession {
     }
 }
 
-/// Open a resolved target. `vm` gets a KVM VFIO device for the group when KVM offers one.
-pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, VfioDevError> {
+/// vfio-ioctls opens `/dev/vfio/...` itself: refuse any other root before opening.
+pub fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
     if host.root() != Path::new("/") {
         return Err(VfioDevError::NotLiveRoot {
             root: host.root().display().to_string(),
         });
     }
+    Ok(())
+}
+
+/// Open a resolved target. `vm` gets a KVM VFIO device for the group when KVM offers one.
+pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, VfioDevError> {
+    check_live_root(host)?;
     let mut kvm_dev = kvm_bindings::kvm_create_device {
         type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
         fd: 0,

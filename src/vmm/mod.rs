@@ -12,6 +12,7 @@
 
 pub mod bars;
 pub mod emulated;
+pub mod floor;
 pub mod memory;
 pub mod pci;
 pub mod report;
@@ -34,17 +35,21 @@ pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
+    #[error(
+        "{path} is not a character device (is --root a snapshot or fixture tree? KVM needs the live host)"
+    )]
+    KvmNotDevice { path: String },
     #[error("{path} does not exist: KVM is not available here; load it (`modprobe kvm_intel` or `modprobe kvm_amd`), enable VT-x/AMD-V in the firmware setup, or use a VM with nested virtualization")]
     KvmMissing { path: String },
     #[error("permission denied opening {path}: run as root, or add your user to the `kvm` group (`usermod -aG kvm $USER`, then log in again)")]
     KvmPermission { path: String },
-    #[error("cannot open {path}: {source}")]
+    #[error("cannot open {path}")]
     KvmOpen {
         path: String,
         #[source]
         source: kvm_ioctls::Error,
     },
-    #[error("KVM {what} failed: {source}")]
+    #[error("KVM {what} failed")]
     Kvm {
         what: &'static str,
         #[source]
@@ -54,7 +59,7 @@ pub enum VmmError {
     Memory(String),
     #[error("firmware is {size} bytes; it must be 1 to {max} bytes (it is loaded at 0x1000 and must end below 0x80000)")]
     FirmwareSize { size: u64, max: u64 },
-    #[error("cannot read firmware {path}: {source}")]
+    #[error("cannot read firmware {path}")]
     FirmwareRead {
         path: String,
         #[source]
@@ -70,11 +75,13 @@ pub enum VmmError {
     Timeout { secs: f64, regs: String },
     #[error("the guest triple-faulted (KVM_EXIT_SHUTDOWN); vCPU registers:\n{regs}")]
     TripleFault { regs: String },
+    #[error("KVM could not run the guest (KVM_EXIT_INTERNAL_ERROR: an instruction it could not emulate or an event it could not deliver; kvm_pvm reports a triple fault this way); vCPU registers:\n{regs}")]
+    InternalError { regs: String },
     #[error("the guest halted (HLT) without writing a status to port 0x501; vCPU registers:\n{regs}")]
     Halted { regs: String },
     #[error("unexpected VM exit {exit}; vCPU registers:\n{regs}")]
     UnexpectedExit { exit: String, regs: String },
-    #[error("KVM_RUN failed: {source}; vCPU registers:\n{regs}")]
+    #[error("KVM_RUN failed; vCPU registers:\n{regs}")]
     Run {
         #[source]
         source: kvm_ioctls::Error,
@@ -191,8 +198,12 @@ impl SlotOps for KvmSlots<'_> {
 pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
     let path = host.path("dev/kvm");
     let shown = host.display(&path);
-    if !path.exists() {
-        return Err(VmmError::KvmMissing { path: shown });
+    match std::fs::metadata(&path) {
+        Err(_) => return Err(VmmError::KvmMissing { path: shown }),
+        Ok(m) if !std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => {
+            return Err(VmmError::KvmNotDevice { path: shown })
+        }
+        Ok(_) => {}
     }
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| VmmError::KvmMissing { path: shown.clone() })?;
@@ -248,7 +259,9 @@ pub fn boot(
         Target::Vfio(t) => {
             let inv =
                 inv.ok_or_else(|| VmmError::Memory("internal: VFIO boot without an inventory".into()))?;
-            Some(vfio_dev::resolve(host, inv, t)?)
+            let r = vfio_dev::resolve(host, inv, t)?;
+            vfio_dev::check_live_root(host)?;
+            Some(r)
         }
     };
 

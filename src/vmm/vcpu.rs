@@ -292,6 +292,7 @@ impl<'a> Machine<'a> {
 /// Why the loop stopped without an exit-port write.
 enum Fault {
     Shutdown,
+    Internal,
     Halted,
     Unexpected(String),
     Run(kvm_ioctls::Error),
@@ -339,6 +340,10 @@ pub fn run_loop(
                 m.exits.count("shutdown");
                 Err(Fault::Shutdown)
             }
+            Ok(VcpuExit::InternalError) => {
+                m.exits.count("internal-error");
+                Err(Fault::Internal)
+            }
             Ok(other) => {
                 m.exits.count("other");
                 Err(Fault::Unexpected(format!("{other:?}")))
@@ -356,6 +361,7 @@ pub fn run_loop(
                 let regs = vcpu.dump();
                 return Err(match f {
                     Fault::Shutdown => VmmError::TripleFault { regs },
+                    Fault::Internal => VmmError::InternalError { regs },
                     Fault::Halted => VmmError::Halted { regs },
                     Fault::Unexpected(exit) => VmmError::UnexpectedExit { exit, regs },
                     Fault::Run(source) => VmmError::Run { source, regs },
