@@ -26,6 +26,7 @@
 pub mod boot;
 pub mod check;
 pub mod cli;
+pub mod events;
 pub mod fixtures;
 pub mod host;
 pub mod hostgen;
