@@ -3,8 +3,8 @@
 //! 16550 register facts used here: offset 0 is the transmit holding register (or the divisor
 //! latch low byte while LCR bit 7, DLAB, is set), offset 3 the line control register, offset 5
 //! the line status register whose bits 5 and 6 (THR empty, transmitter empty) tell a driver it
-//! may send. This UART is always ready, so firmware need not poll it (and costs one VM exit per
-//! byte instead of two).
+//! may send. This UART is always ready, so firmware need not poll it (one VM exit per byte
+//! instead of two).
 
 use std::io::Write;
 

@@ -196,8 +196,16 @@ impl<'a> Machine<'a> {
         };
         if Serial::claims(port) {
             self.exits.count("io-serial");
-            for (i, b) in data.iter().enumerate() {
-                self.serial.write(port + i as u16, *b);
+            if port == super::serial::COM1 {
+                // Several bytes at the data register (a wider `out`, or string PIO that KVM
+                // hands over at once): each byte is sent.
+                for b in data {
+                    self.serial.write(port, *b);
+                }
+            } else {
+                for (i, b) in data.iter().enumerate() {
+                    self.serial.write(port + i as u16, *b);
+                }
             }
         } else if PciBus::claims(port) {
             self.exits.count("io-pci-config");
@@ -561,6 +569,13 @@ mod tests {
         assert_eq!(o.result.unwrap(), 7);
         assert_eq!(o.console, b"h\n");
         assert_eq!(exits.total, 3);
+        // Several bytes at the data register in one exit: all are sent.
+        let o = run(vec![
+            Step::Out(0x3f8, b"FW a\n".to_vec()),
+            Step::Out(PORT_EXIT, vec![0]),
+        ]);
+        assert_eq!(o.console, b"FW a\n");
+        assert_eq!(o.exits.by_kind["io-serial"], 1);
         assert_eq!(exits.by_kind["io-serial"], 2);
         assert_eq!(exits.by_kind["io-exit"], 1);
     }
