@@ -196,7 +196,7 @@ impl SlotOps for KvmSlots<'_> {
 
 /// Open `<root>/dev/kvm` with errors that say how to fix them.
 pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
-    let path = host.path("dev/kvm");
+    let path = host.dev_kvm();
     let shown = host.display(&path);
     match std::fs::metadata(&path) {
         Err(_) => return Err(VmmError::KvmMissing { path: shown }),
@@ -207,14 +207,16 @@ pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
     }
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| VmmError::KvmMissing { path: shown.clone() })?;
-    Kvm::new_with_path(&c).map_err(|e| match e.errno() {
-        libc::EACCES | libc::EPERM => VmmError::KvmPermission { path: shown },
-        libc::ENOENT | libc::ENXIO | libc::ENODEV => VmmError::KvmMissing { path: shown },
-        _ => VmmError::KvmOpen {
-            path: shown,
-            source: e,
-        },
-    })
+    Kvm::new_with_path(&c).map_err(|e| open_error(e, shown))
+}
+
+/// The error for a failed open of `/dev/kvm`, by errno.
+fn open_error(e: kvm_ioctls::Error, path: String) -> VmmError {
+    match e.errno() {
+        libc::EACCES | libc::EPERM => VmmError::KvmPermission { path },
+        libc::ENOENT | libc::ENXIO | libc::ENODEV => VmmError::KvmMissing { path },
+        _ => VmmError::KvmOpen { path, source: e },
+    }
 }
 
 fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
@@ -367,4 +369,19 @@ pub fn boot(
         console: text.lines().map(str::to_string).collect(),
         console_truncated: m.serial.truncated(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_open_errors_name_the_fix() {
+        let e = open_error(kvm_ioctls::Error::new(libc::EACCES), "/dev/kvm".into());
+        assert!(e.to_string().contains("usermod -aG kvm"), "{e}");
+        let e = open_error(kvm_ioctls::Error::new(libc::ENXIO), "/dev/kvm".into());
+        assert!(e.to_string().contains("modprobe kvm_intel"), "{e}");
+        assert!(!VmmError::KvmPermission { path: String::new() }.is_usage());
+        assert!(VmmError::FirmwareSize { size: 0, max: 1 }.is_usage());
+    }
 }
