@@ -69,6 +69,25 @@ pub enum Command {
         /// New or empty directory
         out: PathBuf,
     },
+    /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
+    Bind(crate::bind::cmd::BindArgs),
+    /// Give functions on VFIO back to the drivers they had before gpupass bound them
+    Unbind(crate::bind::cmd::UnbindArgs),
+    /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
+    Recover(crate::bind::cmd::RecoverArgs),
+    /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
+    Persist(crate::bind::cmd::PersistArgs),
+    /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
+    #[command(subcommand)]
+    Xml(crate::vmout::XmlCommand),
+    /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
+    QemuArgs(crate::vmout::QemuArgsArgs),
+    /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
+    Kubevirt(crate::vmout::KubevirtArgs),
+    /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
+    Attach(crate::vmout::AttachArgs),
+    /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
+    Detach(crate::vmout::DetachArgs),
     /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
     #[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
     Boot {
@@ -141,6 +160,17 @@ impl Ctx {
     }
 }
 
+/// VM-output errors: usage errors print and exit 2, the rest go up as host errors (exit 1).
+fn vm_exit(r: Result<i32, crate::vmout::VmOutError>) -> Result<i32> {
+    match r {
+        Err(e) if e.is_usage() => {
+            eprintln!("gpupass: {e}");
+            Ok(2)
+        }
+        r => Ok(r?),
+    }
+}
+
 /// `show --json`: the device and its group, fields in schema order.
 #[derive(serde::Serialize)]
 struct ShowJson<'a> {
@@ -163,6 +193,17 @@ fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
 /// Run a parsed command line; returns the exit status.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
     let ctx = Ctx::from_cli(&cli);
+    let changes = matches!(
+        cli.command,
+        Command::Bind(_) | Command::Unbind(_) | Command::Recover(_)
+    );
+    if changes && ctx.from_json.is_some() {
+        anyhow::bail!("bind/unbind/recover change the live host; they cannot run from --from-json");
+    }
+    if !changes && ctx.from_json.is_none() {
+        // A crash between two writes of a bind leaves a plan open in the journal: say so.
+        crate::bind::cmd::warn_unfinished(&ctx.host);
+    }
     match cli.command {
         Command::List { all } => {
             let inv = ctx.inventory()?;
@@ -282,5 +323,19 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             )?;
             Ok(0)
         }
+        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),
+        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(&ctx.host, a, ctx.json, out)?),
+        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(&ctx.host, a, ctx.json, out)?),
+        Command::Persist(a) => {
+            if ctx.from_json.is_some() {
+                anyhow::bail!("persist reads and writes the live host; it cannot run from --from-json");
+            }
+            Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?)
+        }
+        Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
+        Command::QemuArgs(a) => vm_exit(crate::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),
+        Command::Detach(a) => vm_exit(crate::vmout::run_detach(&ctx.inventory()?, &a, out)),
     }
 }

@@ -149,6 +149,26 @@ fn workstation(root: &Path) -> io::Result<()> {
             .res(3, 0x84300000, 16 << 10, MEM)
             .reset(Some("flr bus")),
     )?;
+    // What the host uses: the root filesystem on the NVMe disk, the NIC up, the iGPU driving
+    // the console (fbcon on its framebuffer) and the desktop (Xorg has card1 open); the RTX
+    // 4090 has DRM nodes but nothing holds them.
+    let nvme: crate::model::PciAddress = "02:00.0".parse().unwrap();
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", None, "259:0")?;
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", Some("nvme0n1p1"), "259:1")?;
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", Some("nvme0n1p2"), "259:2")?;
+    h.mount("259:2", "/dev/nvme0n1p2", "/", "ext4")?;
+    h.mount("259:1", "/dev/nvme0n1p1", "/boot/efi", "vfat")?;
+    h.net_iface(&"03:00.0".parse().unwrap(), "enp3s0", true)?;
+    let igpu: crate::model::PciAddress = "00:02.0".parse().unwrap();
+    let rtx: crate::model::PciAddress = "01:00.0".parse().unwrap();
+    h.drm_node(&rtx, "card0")?;
+    h.drm_node(&rtx, "renderD128")?;
+    h.drm_node(&igpu, "card1")?;
+    h.drm_node(&igpu, "renderD129")?;
+    h.framebuffer(&igpu, "fb0")?;
+    h.vtconsole(0, "(S) dummy device", false)?;
+    h.vtconsole(1, "(M) frame buffer device", true)?;
+    h.open_fd(1337, "Xorg", 14, "/dev/dri/card1")?;
     h.add(
         &DevSpec::new("00:1f.3", INTEL, 0x7a50, 0x040300)
             .group(7)
@@ -481,6 +501,11 @@ fn legacy_bridge(root: &Path) -> io::Result<()> {
             .res(0, 0xfe9c_0000, 128 << 10, MEM)
             .reset(None),
     )?;
+    // The Radeon is the boot VGA with the framebuffer console; the NIC carries the network.
+    h.framebuffer(&"05:00.0".parse().unwrap(), "fb0")?;
+    h.vtconsole(0, "(S) dummy device", false)?;
+    h.vtconsole(1, "(M) frame buffer device", true)?;
+    h.net_iface(&"05:01.0".parse().unwrap(), "enp5s1", true)?;
     Ok(())
 }
 

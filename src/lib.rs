@@ -23,6 +23,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod bind;
 pub mod boot;
 pub mod check;
 pub mod cli;
@@ -32,7 +33,9 @@ pub mod host;
 pub mod hostgen;
 pub mod inventory;
 pub mod model;
+pub mod naming;
 pub mod output;
 pub mod snapshot;
 pub mod vfio_dev;
 pub mod vmm;
+pub mod vmout;

@@ -50,7 +50,7 @@ pub enum VfioDevError {
     },
     #[error("{what} has no IOMMU group; enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line) — `gpupass check` says what is missing")]
     NoGroup { what: String },
-    #[error("IOMMU group {group} is not viable: it also holds {blockers}; bind those to vfio-pci too (`gpupass bind` each) or unbind them, then rerun")]
+    #[error("IOMMU group {group} is not viable: it also holds {blockers}; `gpupass bind` (without --only) binds the whole group, or unbind those members, then rerun")]
     NotViable { group: u32, blockers: String },
     #[error("invalid mdev UUID {input:?}: expected 8-4-4-4-12 hex digits like 2f3e4d5c-6b7a-4988-8776-655443322110")]
     BadUuid { input: String },

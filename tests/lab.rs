@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Every scenario the tests below assert on, run in one boot, in this order.
-const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events", "boot"];
+const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events", "bind", "boot"];
 
 struct LabRun {
     status: Option<i32>,
@@ -112,6 +112,11 @@ fn lab_demo() {
 #[test]
 fn lab_events() {
     assert_scenario("events");
+}
+
+#[test]
+fn lab_bind() {
+    assert_scenario("bind");
 }
 
 #[test]

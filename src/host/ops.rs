@@ -173,13 +173,29 @@ impl FakeHost {
         std::os::unix::fs::symlink(target, link)
     }
 
+    /// Whether a marker file in the device directory lists `driver` (one name per line).
+    fn marked(&self, addr: &str, marker: &str, driver: &str) -> bool {
+        super::read_attr(&self.dev_dir(addr).join(marker))
+            .map(|t| t.lines().any(|l| l.trim() == driver || l.trim() == "*"))
+            .unwrap_or(false)
+    }
+
     /// Bind `addr` to `driver`: both links, and the VFIO group node.
+    ///
+    /// Like the kernel, a driver's probe can refuse a device: vfio-pci refuses bridges
+    /// (non-endpoint headers), and a fixture can make any driver refuse by listing it in
+    /// `<dev>/.fake_refuse_bind` (as vfio-pci refuses NVIDIA vGPU VFs with EINVAL).
     fn do_bind(&self, addr: &str, driver: &str) -> io::Result<()> {
         let ddir = self.root.sys_bus_pci_drivers().join(driver);
         if !ddir.is_dir() {
             return Err(io::Error::from_raw_os_error(19)); // ENODEV: no such driver loaded
         }
         let dev = self.dev_dir(addr);
+        if self.marked(addr, ".fake_refuse_bind", driver)
+            || (is_vfio_driver(driver) && dev.join("pci_bus").is_dir())
+        {
+            return Err(io::Error::from_raw_os_error(22)); // EINVAL from the driver's probe
+        }
         let real = fs::canonicalize(&dev)?;
         let rel_dev = real
             .strip_prefix(fs::canonicalize(self.root.root())?)
@@ -204,9 +220,14 @@ impl FakeHost {
         Ok(())
     }
 
+    /// Unbind; `<dev>/.fake_refuse_unbind` listing the driver makes the write fail with EBUSY
+    /// (a driver whose remove path cannot let go, or a sysfs write interrupted by a signal).
     fn do_unbind(&self, addr: &str, driver: &str) -> io::Result<()> {
         if self.current_driver(addr).as_deref() != Some(driver) {
             return Err(io::Error::from_raw_os_error(19)); // ENODEV
+        }
+        if self.marked(addr, ".fake_refuse_unbind", driver) {
+            return Err(io::Error::from_raw_os_error(16)); // EBUSY
         }
         let _ = fs::remove_file(self.dev_dir(addr).join("driver"));
         let _ = fs::remove_file(self.root.sys_bus_pci_drivers().join(driver).join(addr));
