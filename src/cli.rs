@@ -92,6 +92,47 @@ pub enum Command {
     Attach(crate::vmout::AttachArgs),
     /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
     Detach(crate::vmout::DetachArgs),
+    /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
+    Boot {
+        /// PCI function bound to vfio-pci (`gpupass bind` it first)
+        #[arg(long, value_name = "ADDRESS")]
+        device: Option<PciAddress>,
+        /// Mediated device UUID
+        #[arg(long, value_name = "UUID", value_parser = parse_uuid_arg)]
+        mdev: Option<String>,
+        /// A small display device emulated inside gpupass (no VFIO needed)
+        #[arg(long)]
+        emulated: bool,
+        /// Guest RAM (1M..3G, e.g. 64M)
+        #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::vmm::memory::parse_memory_size)]
+        memory: u64,
+        /// Guest firmware flat binary (default: the built-in one, see docs/vmm.md)
+        #[arg(long, value_name = "FILE")]
+        firmware: Option<PathBuf>,
+        /// Seconds before the VM is stopped
+        #[arg(long, value_name = "S", default_value = "10", value_parser = parse_timeout)]
+        timeout: std::time::Duration,
+        /// After enumeration, the firmware reads a BAR this many times (exit counting)
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        read_loop: u32,
+        /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
+        #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
+        read_bar: Option<u8>,
+    },
+}
+
+fn parse_uuid_arg(s: &str) -> Result<String, String> {
+    crate::vfio_dev::parse_uuid(s).map_err(|e| e.to_string())
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "invalid timeout {s:?}: expected seconds, more than 0 and at most 86400"
+        )),
+    }
 }
 
 /// Shared state of one invocation.
@@ -228,6 +269,44 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             };
             match crate::mdev::cli::run(&ctx.host, ctx.from_json.as_deref(), ctx.json, cmd, &load, out) {
                 Ok(code) => Ok(code),
+                Err(e) if e.is_usage() => {
+                    eprintln!("gpupass: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Command::Boot {
+            device,
+            mdev,
+            emulated: _,
+            memory,
+            firmware,
+            timeout,
+            read_loop,
+            read_bar,
+        } => {
+            use crate::vfio_dev::VfioTarget;
+            use crate::vmm::{BootOptions, Target};
+            let target = match (device, mdev) {
+                (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
+                (None, Some(u)) => Target::Vfio(VfioTarget::Mdev(u)),
+                (None, None) => Target::Emulated,
+            };
+            let inv = match target {
+                Target::Emulated => None,
+                Target::Vfio(_) => Some(ctx.inventory()?),
+            };
+            let opts = BootOptions {
+                target,
+                memory,
+                firmware,
+                timeout,
+                read_loop,
+                read_bar,
+            };
+            match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, out) {
+                Ok(status) => Ok(status),
                 Err(e) if e.is_usage() => {
                     eprintln!("gpupass: {e}");
                     Ok(2)

@@ -21,7 +21,10 @@
 //! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod bind;
+pub mod boot;
 pub mod check;
 pub mod cli;
 pub mod events;
@@ -34,4 +37,6 @@ pub mod model;
 pub mod naming;
 pub mod output;
 pub mod snapshot;
+pub mod vfio_dev;
+pub mod vmm;
 pub mod vmout;

@@ -12,7 +12,16 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Every scenario the tests below assert on, run in one boot, in this order.
-const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events", "bind", "mdev"];
+const SCENARIOS: &[&str] = &[
+    "smoke",
+    "inventory",
+    "snapshot",
+    "demo",
+    "events",
+    "bind",
+    "mdev",
+    "boot",
+];
 
 struct LabRun {
     status: Option<i32>,
@@ -122,4 +131,9 @@ fn lab_bind() {
 #[test]
 fn lab_mdev() {
     assert_scenario("mdev");
+}
+
+#[test]
+fn lab_boot() {
+    assert_scenario("boot");
 }

@@ -83,6 +83,10 @@ impl HostRoot {
     pub fn dev_vfio(&self) -> PathBuf {
         self.path("dev/vfio")
     }
+    /// `/dev/kvm`, which `gpupass boot` opens.
+    pub fn dev_kvm(&self) -> PathBuf {
+        self.path("dev/kvm")
+    }
     pub fn nvidia_gpus_proc(&self) -> PathBuf {
         self.path("proc/driver/nvidia/gpus")
     }
