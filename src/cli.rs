@@ -146,6 +146,13 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS")]
         timeout: Option<f64>,
     },
+    /// Boot-time entry point (contrib/systemd/gpupass-startup.service): bind every function whose
+    /// driverctl override names a VFIO driver, then start every `auto` mdev definition
+    Startup {
+        /// Print what would be done; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Print a shell completion script (bash, zsh, fish) generated from the command definitions
     Completions { shell: Shell },
     /// Print the man page (roff) generated from the command definitions
@@ -423,6 +430,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Startup { dry_run } => crate::startup::run(&ctx.host, dry_run, out),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();

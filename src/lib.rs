@@ -37,6 +37,7 @@ pub mod model;
 pub mod naming;
 pub mod output;
 pub mod snapshot;
+pub mod startup;
 pub mod vfio_dev;
 pub mod vmm;
 pub mod vmout;

@@ -93,3 +93,68 @@ fn color_choice() {
     let col = ok(&on_host("workstation", &["--color", "always", "check"]));
     assert!(col.contains("\u{1b}[1;32mPASS\u{1b}[0m"));
 }
+
+#[test]
+fn startup_reapplies_persistent_binds_and_is_idempotent() {
+    let t = scratch_host("workstation");
+    let root = t.path().to_str().unwrap();
+    let dir = t.path().join("etc/driverctl.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    for a in ["0000:01:00.0", "0000:01:00.1"] {
+        std::fs::write(dir.join(format!("pci-{a}")), "vfio-pci\n").unwrap();
+    }
+    // A non-VFIO override is driverctl's business, not a bind.
+    std::fs::write(dir.join("pci-0000:03:00.0"), "igc\n").unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
+            .args(args)
+            .env("GPUPASS_FAKE_KERNEL", "1")
+            .env_remove("GPUPASS_ROOT")
+            .output()
+            .unwrap()
+    };
+    let out = ok(&run(&["--root", root, "startup"]));
+    assert!(
+        out.contains("persistent binds to vfio-pci: 0000:01:00.0 0000:01:00.1"),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&run(&["--root", root, "groups", "--json"]))).unwrap();
+    let g1 = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["number"] == 1)
+        .unwrap();
+    assert_eq!(g1["viable"], true, "{g1}");
+    let again = ok(&run(&["--root", root, "startup"]));
+    assert!(again.contains("persistent binds: nothing to do"), "{again}");
+}
+
+#[test]
+fn install_script_places_unit_rule_man_and_completion() {
+    let d = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("bash")
+        .arg(manifest_dir().join("contrib/install.sh"))
+        .env("DESTDIR", d.path())
+        .env("PREFIX", "/usr")
+        .env("NO_BUILD", "1")
+        .env("GPUPASS_BIN_PATH", env!("CARGO_BIN_EXE_gpupass"))
+        .output()
+        .unwrap();
+    ok(&o);
+    let unit = std::fs::read_to_string(d.path().join("etc/systemd/system/gpupass-startup.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/gpupass startup"), "{unit}");
+    let rule = std::fs::read_to_string(d.path().join("etc/udev/rules.d/90-gpupass.rules")).unwrap();
+    assert!(
+        rule.contains("RUN+=\"/usr/bin/gpupass startup\"") && !rule.contains("@BINDIR@"),
+        "{rule}"
+    );
+    assert!(d.path().join("usr/bin/gpupass").exists());
+    let man = std::fs::read_to_string(d.path().join("usr/share/man/man1/gpupass.1")).unwrap();
+    assert!(man.contains("EXIT STATUS"));
+    assert!(d
+        .path()
+        .join("usr/share/bash-completion/completions/gpupass")
+        .exists());
+}
