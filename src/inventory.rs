@@ -65,6 +65,11 @@ pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
             errs.push(format!("line {i} ends before it starts"));
             continue;
         }
+        // Found by fuzzing: 0..=u64::MAX has no u64 size.
+        let Some(size) = (end - start).checked_add(1) else {
+            errs.push(format!("line {i} spans the whole 64-bit address space"));
+            continue;
+        };
         let kind = if flags & IORESOURCE_IO != 0 {
             BarKind::Io
         } else if flags & IORESOURCE_MEM != 0 {
@@ -76,7 +81,7 @@ pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
             index: i as u32,
             kind,
             start,
-            size: end - start + 1,
+            size,
             is_64bit: flags & IORESOURCE_MEM_64 != 0,
             prefetchable: flags & IORESOURCE_PREFETCH != 0,
         });
@@ -915,9 +920,11 @@ mod tests {
 
     #[test]
     fn resource_garbage_is_reported_not_fatal() {
-        let (bars, errs) = parse_resource("zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n");
+        let (bars, errs) = parse_resource(
+            "zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n0x0 0xffffffffffffffff 0x200\n",
+        );
         assert!(bars.is_empty());
-        assert_eq!(errs.len(), 3);
+        assert_eq!(errs.len(), 4);
     }
 
     #[test]
