@@ -21,12 +21,17 @@
 //! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
+pub mod cdi;
 pub mod check;
 pub mod cli;
+pub mod container;
+pub mod deviceplugin;
 pub mod fixtures;
 pub mod host;
 pub mod hostgen;
 pub mod inventory;
 pub mod model;
+pub mod naming;
+pub mod oci_hook;
 pub mod output;
 pub mod snapshot;
