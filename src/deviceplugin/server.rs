@@ -118,8 +118,24 @@ impl DevicePlugin for PluginService {
             .cdi_on
             .load(Ordering::Relaxed)
             .then_some(&self.shared.cfg.cdi_kind);
+        let known = self.state.borrow().clone();
         let mut out = Vec::new();
         for c in req.into_inner().container_requests {
+            // IDs the kubelet was never told about (another model, a function on a host
+            // driver) are unknown; listed ones that went away fail in `allocate`.
+            for id in &c.devices_ids {
+                if !known.devices.iter().any(|d| &d.id == id) {
+                    let e = if id.parse::<PciAddress>().is_ok() || crate::snapshot::is_uuid(id) {
+                        super::AllocError::Unknown {
+                            id: id.clone(),
+                            resource: self.resource.clone(),
+                        }
+                    } else {
+                        super::AllocError::Malformed { id: id.clone() }
+                    };
+                    return Err(e.to_status());
+                }
+            }
             let resp = allocate(&inv, &self.resource, &c.devices_ids, kind).map_err(|e| e.to_status())?;
             // The inventory may be one poll old: check the driver link of each function now.
             for id in &c.devices_ids {
