@@ -177,7 +177,7 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
         .await;
     let l40s = regs.iter().find(|r| r.resource_name == L40S).unwrap().clone();
     assert_eq!(l40s.version, "v1beta1");
-    let opts = l40s.options.clone().unwrap();
+    let opts = l40s.options.unwrap();
     assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
     let sock = dir.join(&l40s.endpoint);
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
