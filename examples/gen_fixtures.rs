@@ -14,6 +14,7 @@ fn main() -> std::io::Result<()> {
             std::fs::remove_dir_all(&dir)?;
         }
         gpupass::fixtures::build(name, &dir)?;
+        gpupass::host::keep_empty_dirs(&dir)?;
         println!("wrote {}", dir.display());
     }
     Ok(())

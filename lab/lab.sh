@@ -31,6 +31,7 @@ TARGET_TRIPLE=x86_64-unknown-linux-gnu
 # kernel's sample mdev drivers; then kvm-amd for nested VMM tests.
 BASE_MODULES=(
   "bochs"
+  "virtio_pci"
   "virtio-gpu"
   "snd-hda-intel"
   "vfio"
@@ -124,7 +125,8 @@ resolve_kernel() {
 
 # apt-get download PKG=VER... into the current directory.
 download_debs() {
-  apt-get -o DPkg::Lock::Timeout=300 download -qq "$@" >&2
+  # Sandbox user root: the cache dir is not readable by _apt.
+  apt-get -o DPkg::Lock::Timeout=300 -o APT::Sandbox::User=root download -qq "$@" >&2
 }
 
 prepare_kernel() {
@@ -161,7 +163,8 @@ _prepare_kernel_locked() {
 }
 
 _prepare_kernel() {
-  local xy=${KVER%%.*}.$(cut -d. -f2 <<<"$KVER")
+  local xy
+  xy=$(cut -d. -f1,2 <<<"$KVER")
   local abi=${KREL%-amd64}
   local scratch=$KDIR/scratch
   rm -rf "$scratch"
@@ -196,9 +199,10 @@ _prepare_kernel() {
   rm -rf "$KDIR/modules"
   # The package ships no modules.dep (dpkg's postinst runs depmod): make one.
   depmod -b "$scratch/img" "$KREL" || return 1
+  local wanted; mapfile -t wanted < <(all_wanted_module_names)
   python3 "$LAB_DIR/tools/labtool.py" modules \
     --src "$scratch/img/lib/modules/$KREL" --dst "$KDIR/modules/lib/modules/$KREL" \
-    -- $(all_wanted_module_names) || return 1
+    -- "${wanted[@]}" || return 1
   # Keep the image package: a later scenario may want more modules.
 
   log "building sample mdev drivers (${SAMPLE_MODULES[*]})"
@@ -250,15 +254,16 @@ ensure_module_pool() {
     flock 9
     local scratch=$KDIR/scratch-mod deb
     rm -rf "$scratch"
-    deb=$(ls "$KDIR/debs/linux-image-${KREL}_${KVER}"_*.deb 2>/dev/null | head -1)
+    deb=$(compgen -G "$KDIR/debs/linux-image-${KREL}_${KVER}_*.deb" | head -1)
     if [[ -z $deb ]]; then
       mkdir -p "$KDIR/debs"; (cd "$KDIR/debs" && download_debs "linux-image-$KREL=$KVER")
-      deb=$(ls "$KDIR/debs/linux-image-${KREL}_${KVER}"_*.deb | head -1)
+      deb=$(compgen -G "$KDIR/debs/linux-image-${KREL}_${KVER}_*.deb" | head -1)
     fi
     dpkg -x "$deb" "$scratch"
     depmod -b "$scratch" "$KREL"
+    local wanted; mapfile -t wanted < <(all_wanted_module_names)
     python3 "$LAB_DIR/tools/labtool.py" modules --src "$scratch/lib/modules/$KREL" \
-      --dst "$KDIR/modules/lib/modules/$KREL" -- $(all_wanted_module_names) "$@"
+      --dst "$KDIR/modules/lib/modules/$KREL" -- "${wanted[@]}" "$@"
     rm -rf "$scratch"
   ) 9>"$KDIR.lock" || die "could not extract modules $missing"
 }
@@ -357,6 +362,7 @@ build_initramfs() { # WORK SCENARIOS...
 
 qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   local work=$1 append=$2; shift 2
+  # shellcheck disable=SC2054  # commas are QEMU's option syntax
   QEMU=(qemu-system-x86_64 -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
     -nodefaults -display none -no-reboot
     -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
@@ -397,12 +403,14 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     case $a in
       --update-fixture) export GPUPASS_LAB_UPDATE_FIXTURE=1 ;;
       -*) die "unknown option $a" ;;
-      *) [[ -f $(scenario_file "$a") ]] || die "no scenario '$a' (have: $(cd "$LAB_DIR/scenarios" && ls *.sh | sed 's/\.sh$//' | tr '\n' ' '))"
+      *) [[ -f $(scenario_file "$a") ]] || die "no scenario '$a' (have: $(list_scenarios | awk '{printf "%s ", $1}'))"
         scen+=("$a") ;;
     esac
   done
   ((${#scen[@]})) || die "usage: lab/lab.sh run SCENARIO [SCENARIO...]"
   local t0; t0=$(now)
+  # Clear old results first, so nothing stale survives a failed preparation.
+  for a in "${scen[@]}"; do rm -rf "${OUT_ROOT:?}/$a"; mkdir -p "$OUT_ROOT/$a"; done
   ensure_packages
   prepare_kernel
   build_gpupass
@@ -419,7 +427,6 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   build_initramfs "$work" "${scen[@]}"
   log "initramfs $(du -h "$work/initramfs.cpio.gz" | cut -f1), prepared in $(elapsed "$t0") s"
 
-  for a in "${scen[@]}"; do rm -rf "${OUT_ROOT:?}/$a"; mkdir -p "$OUT_ROOT/$a"; done
   qemu_cmd "$work" "" "${scen[@]}"
   local data=$work/data.log console=$work/console.log tmo rc
   QEMU+=(-serial stdio -serial "file:$data")
@@ -451,6 +458,8 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   for a in "${scen[@]}"; do
     local chk=$LAB_DIR/scenarios/$a.check
     [[ -f $chk ]] || continue
+    # Only for scenarios that ran to their end; the report already fails the rest.
+    grep -qa "^LAB-END $a " "$data" || continue
     log "host check $a"
     set +e
     LAB_SCENARIO=$a LAB_OUT=$OUT_ROOT/$a LAB_REPO=$REPO LAB_GPUPASS=$GPUPASS_BIN \
@@ -488,7 +497,7 @@ cmd_prepare() {
   ensure_packages
   prepare_kernel
   build_gpupass
-  [[ -n $GPUPASS_BIN ]] && log "gpupass: $GPUPASS_BIN" || log "gpupass: not available: $GPUPASS_WHY"
+  if [[ -n $GPUPASS_BIN ]]; then log "gpupass: $GPUPASS_BIN"; else log "gpupass: not available: $GPUPASS_WHY"; fi
   log "cache: $KDIR ($(du -sh "$KDIR" | cut -f1))"
 }
 

@@ -55,6 +55,15 @@ pub enum Command {
     Groups,
     /// Host readiness for passthrough (IOMMU, interrupt remapping, modules, device nodes)
     Check,
+    /// Watch kernel uevents for PCI and mdev changes (add, remove, bind, unbind) and print them
+    Events {
+        /// Stop after this many events
+        #[arg(long)]
+        count: Option<usize>,
+        /// Stop after this many seconds without exiting non-zero
+        #[arg(long, value_name = "SECONDS")]
+        timeout: Option<f64>,
+    },
     /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
     Snapshot {
         /// New or empty directory
@@ -158,6 +167,19 @@ impl Ctx {
     }
 }
 
+/// `show --json`: the device and its group, fields in schema order.
+#[derive(serde::Serialize)]
+struct ShowJson<'a> {
+    device: &'a crate::model::PciDevice,
+    group: Option<&'a crate::model::IommuGroup>,
+}
+
+/// `groups --json`.
+#[derive(serde::Serialize)]
+struct GroupsJson<'a> {
+    groups: &'a [crate::model::IommuGroup],
+}
+
 fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
@@ -187,7 +209,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 .ok_or(inventory::InventoryError::NoSuchDevice { addr: address })?;
             if ctx.json {
                 let group = d.iommu_group.and_then(|n| inv.group(n));
-                write_json(out, &serde_json::json!({ "device": d, "group": group }))?;
+                write_json(out, &ShowJson { device: d, group })?;
             } else {
                 out.write_all(table::show(&inv, d).as_bytes())?;
             }
@@ -196,7 +218,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Groups => {
             let inv = ctx.inventory()?;
             if ctx.json {
-                write_json(out, &serde_json::json!({ "groups": inv.groups }))?;
+                write_json(out, &GroupsJson { groups: &inv.groups })?;
             } else {
                 out.write_all(table::groups(&inv).as_bytes())?;
             }
@@ -214,6 +236,26 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.write_all(table::check(&r).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Events { count, timeout } => {
+            let sock = crate::events::UeventSocket::open()
+                .context("cannot subscribe to kernel uevents (NETLINK_KOBJECT_UEVENT)")?;
+            let deadline =
+                timeout.map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.max(0.0)));
+            let mut seen = 0usize;
+            while count.is_none_or(|c| seen < c) {
+                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+                let Some(ev) = sock.next(left)? else { break };
+                if ctx.json {
+                    serde_json::to_writer(&mut *out, &ev)?;
+                    writeln!(out)?;
+                } else {
+                    writeln!(out, "{}", ev.line())?;
+                }
+                out.flush()?;
+                seen += 1;
+            }
+            Ok(0)
         }
         Command::Snapshot { out: dir } => {
             let rep = crate::snapshot::snapshot(&ctx.host, &dir)

@@ -76,7 +76,7 @@ fn workstation(root: &Path) -> io::Result<()> {
             .group(1)
             .driver("pcieport")
             .reset(None)
-            .numa(-1, "0-23"),
+            .numa(-1, "0-15"),
     )?;
     h.add(
         &DevSpec::new("00:02.0", INTEL, 0xa780, 0x030000)
@@ -89,7 +89,7 @@ fn workstation(root: &Path) -> io::Result<()> {
             .res(2, 0x4000000000, 256 << 20, MEM64_PREF)
             .res(4, 0x4000, 64, IO)
             .reset(Some("flr bus"))
-            .numa(-1, "0-23"),
+            .numa(-1, "0-15"),
     )?;
     h.add(
         &DevSpec::new("01:00.0", NVIDIA, 0x2684, 0x030000)
@@ -104,7 +104,7 @@ fn workstation(root: &Path) -> io::Result<()> {
             .res(5, 0x3000, 128, IO)
             .res(6, 0x85000000, 512 << 10, ROM)
             .reset(Some("bus"))
-            .numa(-1, "0-23"),
+            .numa(-1, "0-15"),
     )?;
     h.add(
         &DevSpec::new("01:00.1", NVIDIA, 0x22ba, 0x040300)
@@ -114,7 +114,7 @@ fn workstation(root: &Path) -> io::Result<()> {
             .sub(0x1043, 0x889c)
             .res(0, 0x85080000, 16 << 10, MEM)
             .reset(Some("bus"))
-            .numa(-1, "0-23"),
+            .numa(-1, "0-15"),
     )?;
     h.nvidia_info(
         &"01:00.0".parse().unwrap(),

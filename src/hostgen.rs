@@ -117,6 +117,58 @@ impl DevSpec {
     }
 }
 
+/// The first 256 bytes of configuration space, consistent with the other attributes: IDs,
+/// command (memory + I/O decode, bus master), revision, class, header type (1 for bridges, with
+/// the multifunction bit on function 0 of a slot that has more), subsystem IDs, BAR registers
+/// with their type bits, and for bridges the bus numbers.
+fn config_space(s: &DevSpec, sv: u16, sd: u16) -> Vec<u8> {
+    let mut c = vec![0u8; 256];
+    c[0..2].copy_from_slice(&s.vendor.to_le_bytes());
+    c[2..4].copy_from_slice(&s.device.to_le_bytes());
+    c[4..6].copy_from_slice(&0x0007u16.to_le_bytes());
+    c[6..8].copy_from_slice(&0x0010u16.to_le_bytes()); // capability list present
+    c[8] = s.revision;
+    c[9] = s.class as u8;
+    c[10] = (s.class >> 8) as u8;
+    c[11] = (s.class >> 16) as u8;
+    let bridge = s.class >> 8 == 0x0604;
+    c[0x0e] = if bridge { 1 } else { 0 };
+    if !bridge {
+        c[0x2c..0x2e].copy_from_slice(&sv.to_le_bytes());
+        c[0x2e..0x30].copy_from_slice(&sd.to_le_bytes());
+        let mut i = 0;
+        while i < 6 {
+            let reg = 0x10 + 4 * i;
+            if let Some(&(_, start, _, flags)) = s.resources.iter().find(|r| r.0 == i as u32) {
+                let io = flags & IO & 0x100 != 0;
+                let is64 = flags & 0x0010_0000 != 0;
+                let pref = flags & 0x2000 != 0;
+                let low = if io {
+                    (start as u32 & !0x3) | 1
+                } else {
+                    (start as u32 & !0xf) | if is64 { 4 } else { 0 } | if pref { 8 } else { 0 }
+                };
+                c[reg..reg + 4].copy_from_slice(&low.to_le_bytes());
+                if is64 && i < 5 {
+                    c[reg + 4..reg + 8].copy_from_slice(&((start >> 32) as u32).to_le_bytes());
+                    i += 1;
+                }
+            }
+            i += 1;
+        }
+    } else {
+        c[0x18] = s.addr.bus;
+        c[0x19] = s.addr.bus.wrapping_add(1);
+        c[0x1a] = s.addr.bus.wrapping_add(1);
+    }
+    c[0x34] = 0x40;
+    // One PCI Express capability so tools that look for it find a well-formed list end.
+    c[0x40] = 0x10;
+    c[0x41] = 0x00;
+    c[0x42] = 0x02;
+    c
+}
+
 /// Relative link target from the directory holding `link` to `target` (both root-relative).
 fn relative(link: &Path, target: &Path) -> PathBuf {
     let from: Vec<Component> = link.parent().unwrap_or(Path::new("")).components().collect();
@@ -170,6 +222,15 @@ impl HostBuilder {
         fs::write(p, content)
     }
 
+    /// Write a root-relative binary file.
+    pub fn bytes(&self, rel: impl AsRef<Path>, content: &[u8]) -> io::Result<()> {
+        let p = self.root.join(rel);
+        if let Some(d) = p.parent() {
+            fs::create_dir_all(d)?;
+        }
+        fs::write(p, content)
+    }
+
     /// A relative symlink at root-relative `link` pointing at root-relative `target`.
     pub fn link(&self, link: impl AsRef<Path>, target: impl AsRef<Path>) -> io::Result<()> {
         let (link, target) = (link.as_ref(), target.as_ref());
@@ -209,6 +270,7 @@ impl HostBuilder {
         self.file(dir.join("local_cpulist"), &format!("{}\n", s.cpulist))?;
         self.file(dir.join("driver_override"), "(null)\n")?;
         self.file(dir.join("enable"), "1\n")?;
+        self.file(dir.join("irq"), "16\n")?;
         let modalias = format!(
             "pci:v{:08X}d{:08X}sv{:08X}sd{:08X}bc{:02X}sc{:02X}i{:02X}",
             s.vendor,
@@ -235,6 +297,7 @@ impl HostBuilder {
             }
         }
         self.file(dir.join("resource"), &res)?;
+        self.bytes(dir.join("config"), &config_space(s, sv, sd))?;
         if let Some(b) = s.boot_vga {
             self.file(dir.join("boot_vga"), if b { "1\n" } else { "0\n" })?;
         }

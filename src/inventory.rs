@@ -84,6 +84,48 @@ pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
     (bars, errs)
 }
 
+/// IDs from a PCI `modalias` (`pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModaliasIds {
+    pub vendor: u16,
+    pub device: u16,
+    pub subvendor: u16,
+    pub subdevice: u16,
+    pub class: u32,
+}
+
+/// Parse a PCI modalias; `None` when it is not exactly the kernel's format.
+pub fn parse_pci_modalias(s: &str) -> Option<ModaliasIds> {
+    let s = s.trim().strip_prefix("pci:")?;
+    let mut rest = s;
+    let mut field = |tag: &str, digits: usize| -> Option<u32> {
+        let r = rest.strip_prefix(tag)?;
+        let (h, tail) = (r.get(..digits)?, r.get(digits..)?);
+        if !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        rest = tail;
+        u32::from_str_radix(h, 16).ok()
+    };
+    let vendor = field("v", 8)?;
+    let device = field("d", 8)?;
+    let subvendor = field("sv", 8)?;
+    let subdevice = field("sd", 8)?;
+    let bc = field("bc", 2)?;
+    let sc = field("sc", 2)?;
+    let pi = field("i", 2)?;
+    if !rest.is_empty() || [vendor, device, subvendor, subdevice].iter().any(|v| *v > 0xffff) {
+        return None;
+    }
+    Some(ModaliasIds {
+        vendor: vendor as u16,
+        device: device as u16,
+        subvendor: subvendor as u16,
+        subdevice: subdevice as u16,
+        class: (bc << 16) | (sc << 8) | pi,
+    })
+}
+
 /// Parse `/proc/driver/nvidia/gpus/<addr>/information` (`Key: value` lines).
 pub fn parse_nvidia_information(text: &str) -> NvidiaInfo {
     let mut info = NvidiaInfo {
@@ -132,12 +174,65 @@ fn names(
     (vname, dname, sname, cname)
 }
 
+/// Host-wide tables read once per scan rather than once per device.
+#[derive(Default)]
+struct HostTables {
+    /// `etc/driverctl.d/pci-<addr>` contents.
+    driverctl: HashMap<String, String>,
+    /// Addresses with a `proc/driver/nvidia/gpus/<addr>` directory.
+    nvidia_gpus: std::collections::HashSet<String>,
+}
+
+impl HostTables {
+    fn read(host: &HostRoot) -> Self {
+        let mut t = HostTables::default();
+        for n in dir_names(&host.driverctl_dir()).unwrap_or_default() {
+            if let Some(addr) = n.strip_prefix("pci-") {
+                if let Ok(v) = read_attr(&host.driverctl_dir().join(&n)) {
+                    let v = v.trim().to_string();
+                    if !v.is_empty() {
+                        t.driverctl.insert(addr.to_string(), v);
+                    }
+                }
+            }
+        }
+        t.nvidia_gpus = dir_names(&host.nvidia_gpus_proc())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        t
+    }
+}
+
 struct Reader<'a> {
     host: &'a HostRoot,
+    tables: &'a HostTables,
     warnings: Vec<String>,
+    /// Entries of the device directory being read: attributes that are absent are not opened.
+    present: std::collections::HashSet<String>,
+    /// The device directory being read, open.
+    cur: Option<host::AttrDir>,
+    /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
+    cpulists: HashMap<i32, String>,
 }
 
 impl Reader<'_> {
+    /// An attribute of the current device directory (see `present`).
+    fn attr(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
+        if !self.present.contains(name) {
+            return None;
+        }
+        let r = self.cur.as_ref()?.read(name, host::ATTR_LIMIT as usize);
+        match r {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                self.warnings.push(format!("{addr}: cannot read {name}: {e}"));
+                None
+            }
+        }
+    }
+
     /// An optional attribute: missing is normal (`None`, no warning); unreadable warns.
     fn opt(&mut self, dir: &Path, addr: &str, name: &str) -> Option<String> {
         match read_attr(&dir.join(name)) {
@@ -150,9 +245,16 @@ impl Reader<'_> {
         }
     }
 
-    /// A hex ID attribute rendered as `width` lower-case hex digits.
-    fn hex_id(&mut self, dir: &Path, addr: &str, name: &str, width: usize, required: bool) -> Option<String> {
-        let raw = self.opt(dir, addr, name);
+    /// A hex ID attribute of the device directory rendered as `width` lower-case hex digits.
+    fn hex_id_attr(
+        &mut self,
+        dir: &Path,
+        addr: &str,
+        name: &str,
+        width: usize,
+        required: bool,
+    ) -> Option<String> {
+        let raw = self.attr(dir, addr, name);
         match raw.as_deref().map(parse_hex) {
             Some(Some(v)) if width >= 16 || v < (1u64 << (4 * width)) => Some(format!("{v:0width$x}")),
             Some(_) => {
@@ -171,8 +273,12 @@ impl Reader<'_> {
         }
     }
 
-    fn link(&mut self, dir: &Path, addr: &str, name: &str) -> Option<String> {
-        match link_name(&dir.join(name)) {
+    /// A link of the current device directory (see `present`).
+    fn dev_link(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
+        if !self.present.contains(name) {
+            return None;
+        }
+        match self.cur.as_ref()?.link_name(name) {
             Ok(v) => v,
             Err(e) => {
                 self.warnings
@@ -183,7 +289,7 @@ impl Reader<'_> {
     }
 
     fn addr_link(&mut self, dir: &Path, addr: &str, name: &str) -> Option<PciAddress> {
-        self.link(dir, addr, name).and_then(|n| n.parse().ok())
+        self.dev_link(dir, addr, name).and_then(|n| n.parse().ok())
     }
 
     fn mdev_types(&mut self, types_dir: &Path, addr: &str) -> Vec<MdevType> {
@@ -223,19 +329,51 @@ impl Reader<'_> {
 
     fn device(&mut self, addr: PciAddress, link_target: Option<&Path>) -> PciDevice {
         let a = addr.to_string();
-        let dir = self.host.pci_device(&addr);
-        let vendor_id = self
-            .hex_id(&dir, &a, "vendor", 4, true)
-            .unwrap_or_else(|| "ffff".into());
-        let device_id = self
-            .hex_id(&dir, &a, "device", 4, true)
-            .unwrap_or_else(|| "ffff".into());
-        let subsystem_vendor_id = self.hex_id(&dir, &a, "subsystem_vendor", 4, false);
-        let subsystem_device_id = self.hex_id(&dir, &a, "subsystem_device", 4, false);
-        let revision = self.hex_id(&dir, &a, "revision", 2, false);
-        let class = self
-            .hex_id(&dir, &a, "class", 6, true)
-            .unwrap_or_else(|| "ff0000".into());
+        // Resolve the bus link once (lexically: sysfs links are relative and the bus directory
+        // is real), so each attribute open does not walk the symlink again.
+        let dir = match link_target {
+            Some(t) => host::join_link(&self.host.sys_bus_pci_devices(), t),
+            None => self.host.pci_device(&addr),
+        };
+        self.cur = None;
+        self.present = match host::AttrDir::open(&dir).and_then(|d| {
+            let names = d.names()?;
+            self.cur = Some(d);
+            Ok(names)
+        }) {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => {
+                if e.kind() != io::ErrorKind::NotFound {
+                    self.warnings
+                        .push(format!("{a}: cannot list its sysfs directory: {e}"));
+                }
+                Default::default()
+            }
+        };
+        // One read of `modalias` gives vendor, device, subsystem and class; the separate
+        // attributes are the fallback when it is missing or garbled.
+        let modalias = self.attr(&dir, &a, "modalias");
+        let ids = modalias.as_deref().and_then(parse_pci_modalias);
+        let (vendor_id, device_id, subsystem_vendor_id, subsystem_device_id, class) = match ids {
+            Some(m) => (
+                format!("{:04x}", m.vendor),
+                format!("{:04x}", m.device),
+                Some(format!("{:04x}", m.subvendor)),
+                Some(format!("{:04x}", m.subdevice)),
+                format!("{:06x}", m.class),
+            ),
+            None => (
+                self.hex_id_attr(&dir, &a, "vendor", 4, true)
+                    .unwrap_or_else(|| "ffff".into()),
+                self.hex_id_attr(&dir, &a, "device", 4, true)
+                    .unwrap_or_else(|| "ffff".into()),
+                self.hex_id_attr(&dir, &a, "subsystem_vendor", 4, false),
+                self.hex_id_attr(&dir, &a, "subsystem_device", 4, false),
+                self.hex_id_attr(&dir, &a, "class", 6, true)
+                    .unwrap_or_else(|| "ff0000".into()),
+            ),
+        };
+        let revision = self.hex_id_attr(&dir, &a, "revision", 2, false);
         let class_code = u32::from_str_radix(&class, 16).unwrap_or(0);
         let vid = u16::from_str_radix(&vendor_id, 16).unwrap_or(0xffff);
         let did = u16::from_str_radix(&device_id, 16).unwrap_or(0xffff);
@@ -248,12 +386,14 @@ impl Reader<'_> {
         };
         let (vendor_name, device_name, subsystem_name, class_name) = names(vid, did, sub, class_code);
 
-        let iommu_group = self.link(&dir, &a, "iommu_group").and_then(|n| n.parse().ok());
-        let driver = self.link(&dir, &a, "driver");
+        let iommu_group = self
+            .dev_link(&dir, &a, "iommu_group")
+            .and_then(|n| n.parse().ok());
+        let driver = self.dev_link(&dir, &a, "driver");
         let driver_override = self
-            .opt(&dir, &a, "driver_override")
+            .attr(&dir, &a, "driver_override")
             .filter(|s| !s.is_empty() && s != "(null)");
-        let numa_node = match self.opt(&dir, &a, "numa_node") {
+        let numa_node = match self.attr(&dir, &a, "numa_node") {
             Some(s) => match s.trim().parse::<i32>() {
                 Ok(n) if n >= 0 => Some(n),
                 Ok(_) => None,
@@ -265,12 +405,24 @@ impl Reader<'_> {
             },
             None => None,
         };
-        let local_cpulist = self.opt(&dir, &a, "local_cpulist");
+        // The kernel prints cpumask_of_node(node) here (all online CPUs without a node), so
+        // every device of one node has the same list: read it once per node.
+        let node_key = numa_node.unwrap_or(-1);
+        let local_cpulist = match self.cpulists.get(&node_key) {
+            Some(v) if self.present.contains("local_cpulist") => Some(v.clone()),
+            _ => {
+                let v = self.attr(&dir, &a, "local_cpulist");
+                if let Some(v) = &v {
+                    self.cpulists.insert(node_key, v.clone());
+                }
+                v
+            }
+        };
 
         let mut bars = Vec::new();
         let mut rom = None;
         let mut vf_bars = Vec::new();
-        if let Some(text) = self.opt(&dir, &a, "resource") {
+        if let Some(text) = self.attr(&dir, &a, "resource") {
             let (parsed, errs) = parse_resource(&text);
             for e in errs {
                 self.warnings.push(format!("{a}: resource: {e}"));
@@ -284,22 +436,21 @@ impl Reader<'_> {
                 }
             }
         }
-        let boot_vga = self.opt(&dir, &a, "boot_vga").map(|s| s.trim() == "1");
+        let boot_vga = self.attr(&dir, &a, "boot_vga").map(|s| s.trim() == "1");
         let reset_methods = self
             .opt(&dir, &a, "reset_method")
             .map(|s| s.split_whitespace().map(str::to_string).collect());
         let base = (class_code >> 16) as u8;
         let subc = (class_code >> 8) as u8;
-        let is_bridge = (base == 0x06 && matches!(subc, 0x04 | 0x09)) || dir.join("pci_bus").is_dir();
+        let is_bridge = (base == 0x06 && matches!(subc, 0x04 | 0x09)) || self.present.contains("pci_bus");
         let parent = link_target.and_then(|t| {
             t.parent()
                 .and_then(|p| p.file_name())
                 .and_then(|n| n.to_str())
                 .and_then(|n| n.parse().ok())
         });
-        let modalias = self.opt(&dir, &a, "modalias");
 
-        let sriov = match self.opt(&dir, &a, "sriov_totalvfs") {
+        let sriov = match self.attr(&dir, &a, "sriov_totalvfs") {
             Some(t) => {
                 let total_vfs = t.trim().parse().unwrap_or(0);
                 let num_vfs = self
@@ -307,9 +458,11 @@ impl Reader<'_> {
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
                 let mut vfs: Vec<PciAddress> = Vec::new();
-                if let Ok(names) = dir_names(&dir) {
-                    let mut idx: Vec<(u32, String)> = names
-                        .into_iter()
+                {
+                    let mut idx: Vec<(u32, String)> = self
+                        .present
+                        .iter()
+                        .cloned()
                         .filter_map(|n| {
                             n.strip_prefix("virtfn")
                                 .and_then(|i| i.parse().ok())
@@ -335,14 +488,16 @@ impl Reader<'_> {
         let physfn = self.addr_link(&dir, &a, "physfn");
         let mdev_types = {
             let td = dir.join("mdev_supported_types");
-            if td.is_dir() {
+            if self.present.contains("mdev_supported_types") {
                 self.mdev_types(&td, &a)
             } else {
                 Vec::new()
             }
         };
         let (vgpu_types, current_vgpu_type) = self.nvidia_vgpu(&dir, &a);
-        let nvidia = {
+        let nvidia = if !self.tables.nvidia_gpus.contains(&a) {
+            None
+        } else {
             let p = self.host.nvidia_gpus_proc().join(&a).join("information");
             match host::read_bounded(&p, host::ATTR_LIMIT) {
                 Ok(t) => Some(parse_nvidia_information(&t)),
@@ -354,13 +509,14 @@ impl Reader<'_> {
                 }
             }
         };
-        let vfio_cdev = dir_names(&dir.join("vfio-dev"))
-            .ok()
-            .and_then(|v| v.into_iter().find(|n| n.starts_with("vfio")));
-        let persistent_driver = read_attr(&self.host.driverctl_dir().join(format!("pci-{a}")))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty());
+        let vfio_cdev = if self.present.contains("vfio-dev") {
+            dir_names(&dir.join("vfio-dev"))
+                .ok()
+                .and_then(|v| v.into_iter().find(|n| n.starts_with("vfio")))
+        } else {
+            None
+        };
+        let persistent_driver = self.tables.driverctl.get(&a).cloned();
 
         PciDevice {
             address: addr,
@@ -400,6 +556,9 @@ impl Reader<'_> {
     /// NVIDIA vendor-VFIO vGPU (kernel 6.8+, vGPU 17+): `nvidia/creatable_vgpu_types` lists
     /// `ID : Name` rows after a header; `nvidia/current_vgpu_type` holds the active id (0 = none).
     fn nvidia_vgpu(&mut self, dir: &Path, a: &str) -> (Vec<MdevType>, Option<String>) {
+        if !self.present.contains("nvidia") {
+            return (Vec::new(), None);
+        }
         let nd = dir.join("nvidia");
         let Some(text) = self.opt(&nd, a, "creatable_vgpu_types") else {
             return (Vec::new(), None);
@@ -493,6 +652,8 @@ fn read_devices(
     entries: &[(PciAddress, Option<std::path::PathBuf>)],
     warnings: &mut Vec<String>,
 ) -> Vec<PciDevice> {
+    let tables = HostTables::read(host);
+    let tables = &tables;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -505,12 +666,19 @@ fn read_devices(
                 s.spawn(move || {
                     let mut r = Reader {
                         host,
+                        tables,
                         warnings: Vec::new(),
+                        present: Default::default(),
+                        cur: None,
+                        cpulists: HashMap::new(),
                     };
+                    // A device that vanished since the listing (hot unplug) is skipped.
                     let devs: Vec<PciDevice> = part
                         .iter()
-                        .filter(|(a, _)| host.pci_device(a).exists())
-                        .map(|(a, t)| r.device(*a, t.as_deref()))
+                        .filter_map(|(a, t)| {
+                            let d = r.device(*a, t.as_deref());
+                            (!r.present.is_empty()).then_some(d)
+                        })
                         .collect();
                     (devs, r.warnings)
                 })
@@ -701,6 +869,25 @@ mod tests {
         let (bars, errs) = parse_resource("zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n");
         assert!(bars.is_empty());
         assert_eq!(errs.len(), 3);
+    }
+
+    #[test]
+    fn modalias_ids() {
+        let m = parse_pci_modalias("pci:v000010DEd00002684sv00001043sd0000889Cbc03sc00i00\n").unwrap();
+        assert_eq!(
+            (m.vendor, m.device, m.subvendor, m.subdevice, m.class),
+            (0x10de, 0x2684, 0x1043, 0x889c, 0x030000)
+        );
+        for bad in [
+            "",
+            "usb:v1d2",
+            "pci:v000010DEd00002684sv00001043sd0000889Cbc03sc00",
+            "pci:v000010DEd00002684sv00001043sd0000889Cbc03sc00i00x",
+            "pci:v0001_0DEd00002684sv00001043sd0000889Cbc03sc00i00",
+            "pci:v100010DEd00002684sv00001043sd0000889Cbc03sc00i00",
+        ] {
+            assert_eq!(parse_pci_modalias(bad), None, "{bad}");
+        }
     }
 
     #[test]

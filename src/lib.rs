@@ -26,6 +26,7 @@ pub mod check;
 pub mod cli;
 pub mod container;
 pub mod deviceplugin;
+pub mod events;
 pub mod fixtures;
 pub mod host;
 pub mod hostgen;

@@ -9,7 +9,7 @@
 use crate::host::{dir_names, HostRoot};
 use std::fs;
 use std::io::{self, Read};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 /// Attributes of a PCI function directory that are copied.
 const DEVICE_ATTRS: &[&str] = &[
@@ -60,20 +60,7 @@ pub enum SnapshotError {
     },
 }
 
-/// Lexically join a relative link target onto the directory holding the link.
-fn resolve(dir: &Path, target: &Path) -> PathBuf {
-    let mut out: Vec<Component> = dir.components().collect();
-    for c in target.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out.iter().collect()
-}
+use crate::host::join_link as resolve;
 
 struct Copier<'a> {
     src: &'a HostRoot,
@@ -270,6 +257,18 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
             }
         }
     }
+    // mdev parents that are not PCI functions (the kernel's sample drivers, some vendors'
+    // virtual parents): copy their types and instances too.
+    let mdev_bus = Path::new("sys/class/mdev_bus");
+    for name in dir_names(&src.root().join(mdev_bus)).unwrap_or_default() {
+        let link = mdev_bus.join(&name);
+        if let Some(t) = c.copy_link(&link)? {
+            let dir = resolve(mdev_bus, &t);
+            if dir.starts_with("sys/devices") && !c.out.join(&dir).join("mdev_supported_types").exists() {
+                c.device(&dir)?;
+            }
+        }
+    }
     for rel in [
         "sys/kernel/iommu_groups",
         "sys/bus/mdev/devices",
@@ -336,6 +335,10 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
             }
         }
     }
+    crate::host::keep_empty_dirs(out).map_err(|e| SnapshotError::Write {
+        path: out.display().to_string(),
+        source: e,
+    })?;
     Ok(SnapshotReport {
         devices,
         files: c.files,

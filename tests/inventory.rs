@@ -11,6 +11,9 @@ const HOSTS: &[&str] = &[
     "mdev-t4",
     "nvidia-minors",
     "legacy-bridge",
+    // Captured from the QEMU lab's real kernel with `gpupass snapshot` (lab/lab.sh run snapshot
+    // --update-fixture): VGA+HDA sharing a group, a device behind a root port, mdev parents.
+    "qemu-lab",
 ];
 
 #[test]
@@ -39,6 +42,8 @@ fn show_matches_golden() {
         ("sriov-vgpu", "41:00.5"),
         ("mdev-t4", "3b:00.0"),
         ("legacy-bridge", "05:00.0"),
+        ("qemu-lab", "00:05.0"),
+        ("qemu-lab", "01:00.0"),
     ] {
         golden(&format!("{h}/show-{a}.txt"), &ok(&on_host(h, &["show", a])));
         golden(
@@ -236,6 +241,8 @@ fn garbled_attributes_degrade_with_warnings() {
     let dev = t.path().join("sys/bus/pci/devices/0000:01:00.0");
     std::fs::write(dev.join("numa_node"), "banana\n").unwrap();
     std::fs::write(dev.join("resource"), "\u{0}\u{ff}garbage\n").unwrap();
+    // A garbled modalias makes gpupass fall back to the separate ID attributes.
+    std::fs::write(dev.join("modalias"), "pci:vZZZZ\n").unwrap();
     std::fs::write(dev.join("vendor"), [0xff, 0xfe, 0x00]).unwrap();
     std::fs::remove_file(dev.join("class")).unwrap();
     let o = gpupass(&["--root", t.path().to_str().unwrap(), "list", "--all", "--json"]);
@@ -293,4 +300,33 @@ fn snapshot_replays_identically() {
     let o = on_host("workstation", &["snapshot", t.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("not empty"));
+}
+
+#[test]
+fn captured_lab_host_has_the_real_kernel_layout() {
+    let v = json(&on_host("qemu-lab", &["groups", "--json"]));
+    let groups = v["groups"].as_array().unwrap();
+    // The VGA+HDA multifunction pair shares one group, like a GPU with HDMI audio.
+    let pair = groups
+        .iter()
+        .find(|g| {
+            g["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m == "0000:00:05.0")
+        })
+        .unwrap();
+    assert_eq!(
+        pair["members"],
+        serde_json::json!(["0000:00:05.0", "0000:00:05.1"])
+    );
+    assert_eq!(pair["viable"], false);
+    let d = json(&on_host("qemu-lab", &["show", "00:02.0", "--json"]));
+    assert_eq!(d["device"]["boot_vga"], true);
+    assert_eq!(d["device"]["driver"], "bochs-drm");
+    // Behind the root port, in its own group apart from the port.
+    let d = json(&on_host("qemu-lab", &["show", "01:00.0", "--json"]));
+    assert_eq!(d["device"]["parent"], "0000:00:08.0");
+    assert_eq!(d["group"]["members"], serde_json::json!(["0000:01:00.0"]));
 }

@@ -14,6 +14,7 @@ lab_expect vga-id "0x1234 0x1111" "$(cat /sys/bus/pci/devices/0000:00:02.0/vendo
 g0=$(lab_group 0000:00:05.0); g1=$(lab_group 0000:00:05.1)
 if [ -n "$g0" ] && [ "$g0" = "$g1" ]; then lab_pass vga-hda-group "00:05.0 and 00:05.1 in group $g0"
 else lab_fail vga-hda-group "00:05.0 group '$g0', 00:05.1 group '$g1'"; fi
+lab_expect virtio-gpu-driver virtio-pci "$(lab_driver 0000:00:04.0)"
 lab_expect hda-driver snd_hda_intel "$(lab_driver 0000:00:05.1)"
 n=$(ls /sys/class/mdev_bus 2>/dev/null | wc -l)
 if [ "$n" -ge 3 ]; then lab_pass mdev-parents "$(ls /sys/class/mdev_bus | tr '\n' ' ')"; else lab_fail mdev-parents "$n parents"; fi

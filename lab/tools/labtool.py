@@ -282,18 +282,41 @@ def cmd_collect(a):
 PANIC_RE = re.compile(r"Kernel panic[^\r\n]*")
 
 
+def load_json(path, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def boot_failures(a, g, console):
+    """Failures of the boot as a whole (they fail every scenario of it)."""
+    out = []
+    for r in g.get("boot", []):
+        if r["status"] != "PASS":
+            out.append(f"boot/{r['step']}: {r['detail']}")
+    m = PANIC_RE.search(console)
+    if m:
+        out.append(f"KERNEL PANIC: {m.group(0).strip()}")
+    if a.qemu_rc in (124, 137):
+        out.append(f"TIMEOUT after {a.timeout} s; scenario running: {g.get('last_scenario_begun') or '(none started)'}")
+    elif a.qemu_rc != 0:
+        out.append(f"qemu exited with status {a.qemu_rc}")
+    elif not g.get("done"):
+        out.append("guest did not report LAB-DONE (crashed or powered off early)")
+    return out
+
+
 def cmd_report(a):
     failures = []
     lines = []
     total_steps = 0
-    boot_reported = False
+    boot_fail = None
     for s in a.scenarios:
         d = os.path.join(a.out, s)
-        try:
-            with open(os.path.join(d, "guest.json")) as f:
-                g = json.load(f)
-        except OSError:
-            g = {"done": False, "boot": [], "begun": False, "end_rc": None, "results": [], "kernel": None}
+        g = load_json(os.path.join(d, "guest.json"),
+                      {"done": False, "boot": [], "begun": False, "end_rc": None, "results": [], "kernel": None})
         console = ""
         try:
             with open(os.path.join(d, "console.log"), "rb") as f:
@@ -310,29 +333,17 @@ def cmd_report(a):
         except OSError:
             pass
 
-        sf = []  # this scenario's failures
-        if not boot_reported:
-            boot_reported = True
+        if boot_fail is None:
+            boot_fail = boot_failures(a, g, console)
             lines.append(f"== boot: kernel {g.get('kernel') or '?'}, qemu exit {a.qemu_rc}, "
                          f"boot {a.boot_seconds} s, total {a.total_seconds} s")
-            for r in g.get("boot", []):
-                if r["status"] != "PASS":
-                    lines.append(f"  {r['status']:4} boot/{r['step']}  {r['detail']}")
-                    sf.append(f"boot/{r['step']}: {r['detail']}")
             nb = len(g.get("boot", []))
             lines.append(f"  {nb} boot steps ({sum(1 for r in g.get('boot', []) if r['status'] == 'PASS')} passed)")
-            m = PANIC_RE.search(console)
-            if m:
-                sf.append(f"KERNEL PANIC: {m.group(0).strip()}")
-            if a.qemu_rc in (124, 137):
-                last = g.get("last_scenario_begun") or "(none started)"
-                steps = g.get("results") or []
-                sf.append(f"TIMEOUT after {a.timeout} s; scenario running: {last}")
-            elif a.qemu_rc != 0:
-                sf.append(f"qemu exited with status {a.qemu_rc}")
-            if not g.get("done") and a.qemu_rc not in (124, 137):
-                sf.append("guest did not report LAB-DONE (crashed or powered off early)")
+            for f in boot_fail:
+                lines.append(f"  FAIL {f}")
+            failures += boot_fail
 
+        sf = []  # this scenario's own failures
         lines.append(f"== scenario {s}")
         for r in g.get("results", []):
             lines.append(f"  {r['status']:4} {r['step']}  {r['detail']}")
@@ -353,7 +364,10 @@ def cmd_report(a):
             sf.append(f"{s}: scenario script exited {g['end_rc']}")
         if not res:
             sf.append(f"{s}: no result lines")
-        lines.append(f"== {s}: {'FAIL' if sf else 'PASS'} ({len(res)} steps)  console: {os.path.join(d, 'console.log')}")
+        verdict = "FAIL" if sf or boot_fail else "PASS"
+        lines.append(f"== {s}: {verdict} ({len(res)} steps)  console: {os.path.join(d, 'console.log')}")
+        with open(os.path.join(d, "verdict"), "w") as f:
+            f.write(verdict + "\n" + "".join(x + "\n" for x in boot_fail + sf))
         failures += sf
     print("\n".join(lines))
     if failures:

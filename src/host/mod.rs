@@ -135,6 +135,82 @@ impl HostRoot {
     }
 }
 
+/// An open sysfs directory: attributes are opened relative to it (`openat`), so reading the
+/// twenty-odd attributes of a device walks its path once instead of twenty times, and a device
+/// that disappears mid-read fails consistently instead of half-way through a new path walk.
+pub struct AttrDir {
+    fd: rustix::fd::OwnedFd,
+}
+
+impl AttrDir {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(AttrDir { fd })
+    }
+
+    /// Names of the entries, unsorted, without `.` and `..` (getdents on the open descriptor).
+    pub fn names(&self) -> io::Result<Vec<String>> {
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+        let mut dir = rustix::fs::RawDir::new(&self.fd, &mut buf);
+        let mut out = Vec::new();
+        while let Some(e) = dir.next() {
+            let e = e?;
+            let n = e.file_name().to_bytes();
+            // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
+            if !n.starts_with(b".") {
+                out.push(String::from_utf8_lossy(n).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Read at most `limit` bytes of an attribute (lossy UTF-8, trailing newline trimmed).
+    ///
+    /// A sysfs attribute's `show()` fills its whole page on the first read, so a read shorter
+    /// than the buffer is the end of the file; this saves the second, empty read per attribute.
+    pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::openat(&self.fd, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        let mut buf = vec![0u8; 4096.min(limit)];
+        let mut len = 0;
+        loop {
+            if len == buf.len() {
+                if len >= limit {
+                    break;
+                }
+                buf.resize((len * 2).min(limit), 0);
+            }
+            let want = buf.len() - len;
+            let n = rustix::io::read(&fd, &mut buf[len..])?;
+            len += n;
+            if n == 0 || n < want {
+                break;
+            }
+        }
+        buf.truncate(len);
+        let s = String::from_utf8_lossy(&buf);
+        Ok(s.trim_end_matches(['\n', '\0']).to_string())
+    }
+
+    /// The last component of a symlink's target, `None` when it does not exist.
+    pub fn link_name(&self, name: &str) -> io::Result<Option<String>> {
+        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
+            Ok(t) => {
+                let b = t.to_bytes();
+                let last = b.rsplit(|c| *c == b'/').next().unwrap_or(b);
+                Ok(Some(String::from_utf8_lossy(last).into_owned()))
+            }
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 /// Read at most `limit` bytes of a file as UTF-8 (lossy), trimmed of the trailing newline.
 pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
     let f = fs::File::open(path)?;
@@ -167,6 +243,41 @@ pub fn link_name(path: &Path) -> io::Result<Option<String>> {
     }
 }
 
+/// Lexically join a relative symlink target onto the directory holding the link
+/// (`sys/bus/pci/devices` + `../../../devices/pci0000:00/X` = `sys/devices/pci0000:00/X`).
+/// Valid for sysfs, whose link directories are real directories.
+pub fn join_link(dir: &Path, target: &Path) -> PathBuf {
+    let mut out = dir.to_path_buf();
+    for c in target.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Put an empty `.keep` file in every empty directory under `dir` (not following links), so a
+/// fixture or snapshot tree keeps its empty directories (`sys/module/<name>`, `pci_bus`) through
+/// git, which stores no empty directories. Listings skip dot-files.
+pub fn keep_empty_dirs(dir: &Path) -> io::Result<()> {
+    let mut empty = true;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        empty = false;
+        if e.file_type()?.is_dir() {
+            keep_empty_dirs(&e.path())?;
+        }
+    }
+    if empty {
+        fs::write(dir.join(".keep"), "")?;
+    }
+    Ok(())
+}
+
 /// Parse a sysfs hex attribute like `0x10de`.
 pub fn parse_hex(s: &str) -> Option<u64> {
     let t = s.trim();
@@ -186,7 +297,11 @@ pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
     };
     let mut v = Vec::new();
     for e in rd {
-        v.push(e?.file_name().to_string_lossy().into_owned());
+        let n = e?.file_name().to_string_lossy().into_owned();
+        // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
+        if !n.starts_with('.') {
+            v.push(n);
+        }
     }
     v.sort();
     Ok(v)
