@@ -281,8 +281,8 @@ fn config_allows(config: &serde_json::Value, n: &Node) -> bool {
         let min = r["minor"].as_u64();
         let access = r["access"].as_str().unwrap_or("rwm");
         if (ty == "a" || ty == "c")
-            && maj.map_or(true, |m| m == n.major)
-            && min.map_or(true, |m| m == n.minor)
+            && !matches!(maj, Some(m) if m != n.major)
+            && !matches!(min, Some(m) if m != n.minor)
             && access.contains('r')
             && access.contains('w')
         {
