@@ -364,7 +364,23 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
     }
 
     // 1. Everything is checked before anything changes.
-    let inv = crate::inventory::scan(host).map_err(|e| HookError::Unknown { what: e.to_string() })?;
+    // Only the requested devices and groups are read: the hook runs on every container start.
+    let addrs: Vec<PciAddress> = reqs
+        .iter()
+        .filter_map(|r| match r {
+            Request::Device(a) => Some(*a),
+            Request::Group(_) => None,
+        })
+        .collect();
+    let groups: Vec<u32> = reqs
+        .iter()
+        .filter_map(|r| match r {
+            Request::Group(g) => Some(*g),
+            Request::Device(_) => None,
+        })
+        .collect();
+    let inv = crate::inventory::scan_groups(host, &addrs, &groups)
+        .map_err(|e| HookError::Unknown { what: e.to_string() })?;
     let paths = plan(&inv, &reqs)?;
     let nodes: Vec<Node> = paths
         .iter()
@@ -454,6 +470,28 @@ mod tests {
         for bad in ["", "x", "0000:17:00.0,", "99999999999", "../1"] {
             assert!(parse_request(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The partial scan the hook uses agrees with the full inventory on what it reads.
+    #[test]
+    fn partial_scan_matches_the_full_one() {
+        let host = HostRoot::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hosts/vfio-numa"
+        ));
+        let full = crate::inventory::scan(&host).unwrap();
+        let part = crate::inventory::scan_groups(&host, &["17:00.0".parse().unwrap()], &[42, 999]).unwrap();
+        let nums: Vec<u32> = part.groups.iter().map(|g| g.number).collect();
+        assert_eq!(nums, [40, 42]);
+        for g in &part.groups {
+            assert_eq!(Some(g), full.group(g.number));
+        }
+        assert_eq!(part.devices.len(), 3);
+        for d in &part.devices {
+            assert_eq!(Some(d), full.device(&d.address));
+        }
+        let reqs = parse_request("0000:17:00.0,42").unwrap();
+        assert_eq!(plan(&part, &reqs).unwrap(), plan(&full, &reqs).unwrap());
     }
 
     #[test]
