@@ -327,3 +327,96 @@ fn symlinks_in_the_rootfs_are_not_followed() {
         );
     }
 }
+
+/// podman runs the hook from a hooks directory (OCI hooks 1.0.0, stage createRuntime) for a
+/// container with the annotation, on runc with the containers.conf these machines need.
+#[test]
+fn podman_runs_the_hook_from_a_hooks_dir() {
+    if !need_tool("podman") || !need_tool("runc") {
+        return;
+    }
+    let host = hook_host();
+    let work = tempfile::tempdir().unwrap();
+    let conf = work.path().join("containers.conf");
+    std::fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n\n[engine]\nruntime = \"runc\"\n",
+    )
+    .unwrap();
+    // Image: a busybox rootfs imported under a tag of its own.
+    let rootfs = work.path().join("rootfs");
+    busybox_rootfs(&rootfs);
+    let tar = work.path().join("rootfs.tar");
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    let tag = "localhost/gpupass-hook-busybox:latest";
+    let o = Command::new("podman")
+        .args(["import", "--change", "CMD [\"/bin/sh\"]"])
+        .arg(&tar)
+        .arg(tag)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let hooks = work.path().join("hooks.d");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook = serde_json::json!({
+        "version": "1.0.0",
+        "hook": {"path": env!("CARGO_BIN_EXE_gpupass"), "args": ["gpupass", "oci-hook"],
+                 "env": [format!("GPUPASS_ROOT={}", host.path().display())]},
+        "when": {"annotations": {"^gpupass\\.dev/devices$": ".+"}},
+        "stages": ["createRuntime"]
+    });
+    std::fs::write(hooks.join("gpupass.json"), hook.to_string()).unwrap();
+    let run = |annotation: Option<&str>| {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", &conf)
+            .arg("--hooks-dir")
+            .arg(&hooks)
+            .args(["run", "--rm"]);
+        if let Some(a) = annotation {
+            c.args(["--annotation", &format!("gpupass.dev/devices={a}")]);
+        }
+        c.args([
+            tag,
+            "sh",
+            "-c",
+            "stat -c '%n %t %T' /dev/vfio/vfio /dev/vfio/41; cat /dev/vfio/41; echo end",
+        ]);
+        c.output().unwrap()
+    };
+    let o = run(Some("0000:31:00.0"));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(all.contains("/dev/vfio/41 f0 29"), "{all}");
+    assert!(
+        all.contains("No such device or address"),
+        "the cgroup must allow it: {all}"
+    );
+    assert!(all.contains("end"));
+    // Without the annotation the hook does not run: no VFIO nodes.
+    let o = run(None);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!all.contains("/dev/vfio/41 f0"), "{all}");
+    // A device on a host driver: podman fails to start the container, with the hook's reason.
+    let o = run(Some("0000:b1:00.0"));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!o.status.success() && !all.contains("end"), "{all}");
+}
