@@ -85,7 +85,7 @@ pub enum Command {
     /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
     /// and mdevs, one resource per device model / mdev type
     DevicePlugin {
-        /// Directory of kubelet.sock and the plugin sockets [default: <root>/var/lib/kubelet/device-plugins]
+        /// Directory of kubelet.sock and the plugin sockets [default: ROOT/var/lib/kubelet/device-plugins]
         #[arg(long, value_name = "DIR")]
         socket_dir: Option<PathBuf>,
         /// How often to check device health and the kubelet socket, in milliseconds
@@ -109,7 +109,7 @@ pub enum CdiCommand {
         /// Write the spec to FILE (atomically) instead of standard output
         #[arg(long, value_name = "FILE", conflicts_with = "write")]
         output: Option<PathBuf>,
-        /// Write it to <root>/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
+        /// Write it to ROOT/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
         #[arg(long)]
         write: bool,
         /// Pin cdiVersion (default: the lowest version the spec's fields need)

@@ -16,7 +16,7 @@
 //!    `devices.allow` of the cgroup named in `/proc/<pid>/cgroup`). On cgroup v2 device access
 //!    is an eBPF program the runtime attaches from `linux.resources.devices` in config.json;
 //!    the hook cannot change it and says so unless config.json already allows the nodes;
-//! 3. joins the container's mount namespace (`setns` on `/proc/<pid>/ns/mnt`, see [`ns`]) and
+//! 3. joins the container's mount namespace (`setns` on `/proc/<pid>/ns/mnt`, see `ns.rs`) and
 //!    creates the nodes under the rootfs with the host nodes' type, numbers, mode and owner,
 //!    walking the path one component at a time with `O_NOFOLLOW`, so a symlink planted in the
 //!    image (`/dev -> /host`) can never redirect it out of the rootfs.
