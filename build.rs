@@ -1,8 +1,59 @@
-//! Compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with protox,
-//! a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates the
-//! messages and both the client and server stubs into OUT_DIR.
+//! Builds the guest firmware (`firmware/`) into a flat binary in OUT_DIR, and the tiny test
+//! guests of `firmware/tests/` next to it (used by tests/boot.rs and the floor benchmark).
+//!
+//! GNU as and gcc (through the `cc` crate, so `CC` is honoured) compile the sources as 32-bit
+//! freestanding code; the same compiler driver links them straight to a flat binary
+//! (`--oformat=binary`, load address 0x1000), so neither objcopy nor a 32-bit libc is needed.
+//! `src/vmm/mod.rs` embeds `firmware.bin`.
+//!
+//! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
+//! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
+//! the messages and both the client and server stubs into OUT_DIR (`src/deviceplugin`).
 
-fn main() {
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TEST_GUESTS: &[&str] = &["halt", "spin", "status", "triple"];
+
+fn base_build() -> cc::Build {
+    let mut b = cc::Build::new();
+    b.include("firmware")
+        .cargo_metadata(false)
+        .opt_level_str("s")
+        .debug(false)
+        .pic(false)
+        .warnings(true)
+        .extra_warnings(true)
+        .flag("-m32")
+        .flag("-march=i686")
+        .flag("-mgeneral-regs-only")
+        .flag("-ffreestanding")
+        .flag("-fno-builtin")
+        .flag("-fno-stack-protector")
+        .flag("-fno-asynchronous-unwind-tables")
+        .flag("-fno-pie")
+        .flag("-std=gnu11");
+    b
+}
+
+/// Link `objects` into the flat binary `out` with the compiler driver.
+fn link(build: &cc::Build, objects: &[PathBuf], layout: &[&str], out: &Path) {
+    // Only the compiler's path: cc's default flags (-m64, -fPIC...) must not reach this link.
+    let status = Command::new(build.get_compiler().path())
+        .args(["-m32", "-nostdlib", "-static", "-no-pie"])
+        .args(layout)
+        .arg("-Wl,--oformat=binary")
+        .arg("-Wl,--build-id=none")
+        .arg("-o")
+        .arg(out)
+        .args(objects)
+        .status()
+        .expect("running the C compiler to link the firmware (is gcc installed?)");
+    assert!(status.success(), "linking {} failed: {status}", out.display());
+}
+
+/// The kubelet device-plugin API: messages, client and server stubs.
+fn compile_protos() {
     let proto = "proto/deviceplugin/v1beta1/api.proto";
     println!("cargo:rerun-if-changed={proto}");
     let fds = protox::compile([proto], ["proto"]).unwrap_or_else(|e| panic!("{proto}: {e}"));
@@ -11,4 +62,35 @@ fn main() {
         .build_server(true)
         .compile_fds(fds)
         .unwrap_or_else(|e| panic!("generating code for {proto}: {e}"));
+}
+
+fn main() {
+    compile_protos();
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    for f in ["entry.S", "main.c", "protocol.h", "firmware.ld"] {
+        println!("cargo:rerun-if-changed=firmware/{f}");
+    }
+    let mut fw = base_build();
+    fw.file("firmware/entry.S").file("firmware/main.c");
+    let objects = fw.compile_intermediates();
+    link(
+        &fw,
+        &objects,
+        &["-Wl,-T,firmware/firmware.ld"],
+        &out.join("firmware.bin"),
+    );
+
+    for name in TEST_GUESTS {
+        let src = format!("firmware/tests/{name}.S");
+        println!("cargo:rerun-if-changed={src}");
+        let mut b = base_build();
+        b.file(&src);
+        let objects = b.compile_intermediates();
+        link(
+            &b,
+            &objects,
+            &["-Wl,-Ttext=0x1000", "-Wl,-e,_start"],
+            &out.join(format!("test-{name}.bin")),
+        );
+    }
 }

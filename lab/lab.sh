@@ -287,7 +287,7 @@ build_gpupass() {
   command -v cargo >/dev/null || { GPUPASS_WHY="cargo not found"; return; }
   local t0; t0=$(now)
   log "building static gpupass (cargo build --release --target $TARGET_TRIPLE --target-dir target/lab)"
-  if (cd "$REPO" && RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
+  if (cd "$REPO" && RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
     cargo build --release --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass >&2); then
     GPUPASS_BIN=$REPO/target/lab/$TARGET_TRIPLE/release/gpupass
     log "gpupass built in $(elapsed "$t0") s"
@@ -338,6 +338,15 @@ build_initramfs() { # WORK SCENARIOS...
       seen+="$name "; echo "$m" >>"$root/lab/modules.list"; mods+=("$name")
     done < <(scenario_decl "$s" modules)
     cp "$(scenario_file "$s")" "$root/lab/scenarios/$s.sh"
+    # "# lab-files: /usr/bin/x": host binaries a scenario runs in the guest, with their libraries.
+    local f lib
+    for f in $(scenario_decl "$s" files); do
+      [[ -f $f ]] || die "scenario $s needs $f on the host (lab-files; install its Debian package)"
+      cp -L --parents "$f" "$root"
+      for lib in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*'); do
+        [[ -e $root$lib ]] || cp -L --parents "$lib" "$root"
+      done
+    done
   done
   ensure_module_pool "${mods[@]}"
   python3 "$LAB_DIR/tools/labtool.py" closure --pool "$KDIR/modules/lib/modules/$KREL" \
@@ -366,7 +375,7 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   QEMU=(qemu-system-x86_64 -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
     -nodefaults -display none -no-reboot
     -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
-    -append "console=ttyS0 panic=-1 quiet intel_iommu=on iommu=pt $append"
+    -append "console=ttyS0 panic=-1 quiet no_timer_check intel_iommu=on iommu=pt $append"
     -device intel-iommu,intremap=on,caching-mode=on
     -device VGA,bus=pcie.0,addr=0x2
     -device bochs-display,bus=pcie.0,addr=0x3

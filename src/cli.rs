@@ -99,6 +99,57 @@ pub enum Command {
         #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
         cdi_kind: crate::cdi::Kind,
     },
+    /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
+    Bind(crate::bind::cmd::BindArgs),
+    /// Give functions on VFIO back to the drivers they had before gpupass bound them
+    Unbind(crate::bind::cmd::UnbindArgs),
+    /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
+    Recover(crate::bind::cmd::RecoverArgs),
+    /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
+    Persist(crate::bind::cmd::PersistArgs),
+    /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
+    /// definitions (docs/mdev.md)
+    #[command(subcommand)]
+    Mdev(crate::mdev::cli::MdevCommand),
+    /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
+    #[command(subcommand)]
+    Xml(crate::vmout::XmlCommand),
+    /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
+    QemuArgs(crate::vmout::QemuArgsArgs),
+    /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
+    Kubevirt(crate::vmout::KubevirtArgs),
+    /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
+    Attach(crate::vmout::AttachArgs),
+    /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
+    Detach(crate::vmout::DetachArgs),
+    /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
+    Boot {
+        /// PCI function bound to vfio-pci (`gpupass bind` it first)
+        #[arg(long, value_name = "ADDRESS")]
+        device: Option<PciAddress>,
+        /// Mediated device UUID
+        #[arg(long, value_name = "UUID", value_parser = parse_uuid_arg)]
+        mdev: Option<String>,
+        /// A small display device emulated inside gpupass (no VFIO needed)
+        #[arg(long)]
+        emulated: bool,
+        /// Guest RAM (1M..3G, e.g. 64M)
+        #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::vmm::memory::parse_memory_size)]
+        memory: u64,
+        /// Guest firmware flat binary (default: the built-in one, see docs/vmm.md)
+        #[arg(long, value_name = "FILE")]
+        firmware: Option<PathBuf>,
+        /// Seconds before the VM is stopped
+        #[arg(long, value_name = "S", default_value = "10", value_parser = parse_timeout)]
+        timeout: std::time::Duration,
+        /// After enumeration, the firmware reads a BAR this many times (exit counting)
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        read_loop: u32,
+        /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
+        #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
+        read_bar: Option<u8>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,6 +189,19 @@ pub enum ContainerCommand {
     },
 }
 
+fn parse_uuid_arg(s: &str) -> Result<String, String> {
+    crate::vfio_dev::parse_uuid(s).map_err(|e| e.to_string())
+}
+
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "invalid timeout {s:?}: expected seconds, more than 0 and at most 86400"
+        )),
+    }
+}
+
 /// Shared state of one invocation.
 pub struct Ctx {
     pub host: HostRoot,
@@ -167,6 +231,17 @@ impl Ctx {
     }
 }
 
+/// VM-output errors: usage errors print and exit 2, the rest go up as host errors (exit 1).
+fn vm_exit(r: Result<i32, crate::vmout::VmOutError>) -> Result<i32> {
+    match r {
+        Err(e) if e.is_usage() => {
+            eprintln!("gpupass: {e}");
+            Ok(2)
+        }
+        r => Ok(r?),
+    }
+}
+
 /// `show --json`: the device and its group, fields in schema order.
 #[derive(serde::Serialize)]
 struct ShowJson<'a> {
@@ -189,6 +264,17 @@ fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
 /// Run a parsed command line; returns the exit status.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
     let ctx = Ctx::from_cli(&cli);
+    let changes = matches!(
+        cli.command,
+        Command::Bind(_) | Command::Unbind(_) | Command::Recover(_)
+    );
+    if changes && ctx.from_json.is_some() {
+        anyhow::bail!("bind/unbind/recover change the live host; they cannot run from --from-json");
+    }
+    if !changes && ctx.from_json.is_none() {
+        // A crash between two writes of a bind leaves a plan open in the journal: say so.
+        crate::bind::cmd::warn_unfinished(&ctx.host);
+    }
     match cli.command {
         Command::List { all } => {
             let inv = ctx.inventory()?;
@@ -236,6 +322,64 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.write_all(table::check(&r).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
+        }
+        Command::Mdev(cmd) => {
+            let load = || -> Result<Inventory, crate::mdev::MdevError> {
+                let inv = match &ctx.from_json {
+                    Some(p) => inventory::load_json(p)?,
+                    None => inventory::scan(&ctx.host)?,
+                };
+                for w in &inv.warnings {
+                    eprintln!("warning: {w}");
+                }
+                Ok(inv)
+            };
+            match crate::mdev::cli::run(&ctx.host, ctx.from_json.as_deref(), ctx.json, cmd, &load, out) {
+                Ok(code) => Ok(code),
+                Err(e) if e.is_usage() => {
+                    eprintln!("gpupass: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Command::Boot {
+            device,
+            mdev,
+            emulated: _,
+            memory,
+            firmware,
+            timeout,
+            read_loop,
+            read_bar,
+        } => {
+            use crate::vfio_dev::VfioTarget;
+            use crate::vmm::{BootOptions, Target};
+            let target = match (device, mdev) {
+                (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
+                (None, Some(u)) => Target::Vfio(VfioTarget::Mdev(u)),
+                (None, None) => Target::Emulated,
+            };
+            let inv = match target {
+                Target::Emulated => None,
+                Target::Vfio(_) => Some(ctx.inventory()?),
+            };
+            let opts = BootOptions {
+                target,
+                memory,
+                firmware,
+                timeout,
+                read_loop,
+                read_bar,
+            };
+            match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, out) {
+                Ok(status) => Ok(status),
+                Err(e) if e.is_usage() => {
+                    eprintln!("gpupass: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e.into()),
+            }
         }
         Command::Events { count, timeout } => {
             let sock = crate::events::UeventSocket::open()
@@ -359,5 +503,19 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             crate::deviceplugin::server::run(cfg)?;
             Ok(0)
         }
+        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),
+        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(&ctx.host, a, ctx.json, out)?),
+        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(&ctx.host, a, ctx.json, out)?),
+        Command::Persist(a) => {
+            if ctx.from_json.is_some() {
+                anyhow::bail!("persist reads and writes the live host; it cannot run from --from-json");
+            }
+            Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?)
+        }
+        Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
+        Command::QemuArgs(a) => vm_exit(crate::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),
+        Command::Detach(a) => vm_exit(crate::vmout::run_detach(&ctx.inventory()?, &a, out)),
     }
 }

@@ -19,6 +19,7 @@ pub const NAMES: &[&str] = &[
     "nvidia-minors",
     "legacy-bridge",
     "vfio-numa",
+    "mdev-lab",
 ];
 
 pub fn build(name: &str, root: &Path) -> io::Result<()> {
@@ -30,6 +31,7 @@ pub fn build(name: &str, root: &Path) -> io::Result<()> {
         "nvidia-minors" => nvidia_minors(root),
         "legacy-bridge" => legacy_bridge(root),
         "vfio-numa" => vfio_numa(root),
+        "mdev-lab" => mdev_lab(root),
         _ => Err(io::Error::other(format!("unknown fixture {name}"))),
     }
 }
@@ -151,6 +153,26 @@ fn workstation(root: &Path) -> io::Result<()> {
             .res(3, 0x84300000, 16 << 10, MEM)
             .reset(Some("flr bus")),
     )?;
+    // What the host uses: the root filesystem on the NVMe disk, the NIC up, the iGPU driving
+    // the console (fbcon on its framebuffer) and the desktop (Xorg has card1 open); the RTX
+    // 4090 has DRM nodes but nothing holds them.
+    let nvme: crate::model::PciAddress = "02:00.0".parse().unwrap();
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", None, "259:0")?;
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", Some("nvme0n1p1"), "259:1")?;
+    h.block_dev(&nvme, "nvme/nvme0", "nvme0n1", Some("nvme0n1p2"), "259:2")?;
+    h.mount("259:2", "/dev/nvme0n1p2", "/", "ext4")?;
+    h.mount("259:1", "/dev/nvme0n1p1", "/boot/efi", "vfat")?;
+    h.net_iface(&"03:00.0".parse().unwrap(), "enp3s0", true)?;
+    let igpu: crate::model::PciAddress = "00:02.0".parse().unwrap();
+    let rtx: crate::model::PciAddress = "01:00.0".parse().unwrap();
+    h.drm_node(&rtx, "card0")?;
+    h.drm_node(&rtx, "renderD128")?;
+    h.drm_node(&igpu, "card1")?;
+    h.drm_node(&igpu, "renderD129")?;
+    h.framebuffer(&igpu, "fb0")?;
+    h.vtconsole(0, "(S) dummy device", false)?;
+    h.vtconsole(1, "(M) frame buffer device", true)?;
+    h.open_fd(1337, "Xorg", 14, "/dev/dri/card1")?;
     h.add(
         &DevSpec::new("00:1f.3", INTEL, 0x7a50, 0x040300)
             .group(7)
@@ -485,6 +507,125 @@ fn legacy_bridge(root: &Path) -> io::Result<()> {
             .driver("e1000")
             .res(0, 0xfe9c_0000, 128 << 10, MEM)
             .reset(None),
+    )?;
+    // The Radeon is the boot VGA with the framebuffer console; the NIC carries the network.
+    h.framebuffer(&"05:00.0".parse().unwrap(), "fb0")?;
+    h.vtconsole(0, "(S) dummy device", false)?;
+    h.vtconsole(1, "(M) frame buffer device", true)?;
+    h.net_iface(&"05:01.0".parse().unwrap(), "enp5s1", true)?;
+    Ok(())
+}
+
+/// The QEMU lab guest's mdev side: the kernel's sample drivers mbochs, mdpy and mtty are
+/// *virtual* parents (`sys/devices/virtual/<drv>/<drv>`, listed in `sys/class/mdev_bus`), with
+/// the types and counts of `modprobe mbochs count=128` (MB), mdpy and mtty on Debian's 6.1
+/// kernel; one mbochs instance is active and held open by a QEMU process; two mdevctl
+/// definitions exist (one auto, one manual).
+fn mdev_lab(root: &Path) -> io::Result<()> {
+    let mut h = HostBuilder::new(root)?;
+    h.kernel(
+        "6.1.0-57-amd64",
+        "console=ttyS0 panic=-1 quiet intel_iommu=on iommu=pt",
+        &[
+            "vfio",
+            "vfio_pci",
+            "vfio_iommu_type1",
+            "mdev",
+            "mbochs",
+            "mdpy",
+            "mtty",
+            "bochs",
+        ],
+    )?;
+    h.file("sys/firmware/acpi/tables/DMAR", "")?;
+    h.file("dev/vfio/vfio", "")?;
+    h.add(
+        &DevSpec::new("00:00.0", INTEL, 0x29c0, 0x060000)
+            .group(0)
+            .reset(None),
+    )?;
+    h.add(
+        &DevSpec::new("00:02.0", 0x1234, 0x1111, 0x030000)
+            .group(1)
+            .driver("bochs-drm")
+            .boot_vga(true)
+            .res(0, 0xfd00_0000, 16 << 20, MEM_PREF)
+            .res(2, 0xfebf_0000, 4 << 10, MEM)
+            .reset(None),
+    )?;
+    h.virtual_mdev_parent(
+        "mbochs",
+        "mbochs",
+        &[
+            (
+                "mbochs-small",
+                "mbochs-small",
+                Some("virtual display, 4 MB video memory"),
+                31,
+                "vfio-pci",
+            ),
+            (
+                "mbochs-medium",
+                "mbochs-medium",
+                Some("virtual display, 16 MB video memory"),
+                7,
+                "vfio-pci",
+            ),
+            (
+                "mbochs-large",
+                "mbochs-large",
+                Some("virtual display, 64 MB video memory"),
+                1,
+                "vfio-pci",
+            ),
+        ],
+    )?;
+    h.virtual_mdev_parent(
+        "mdpy",
+        "mdpy",
+        &[
+            (
+                "mdpy-vga",
+                "mdpy-vga",
+                Some("virtual display, 640x480 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+            (
+                "mdpy-xga",
+                "mdpy-xga",
+                Some("virtual display, 1024x768 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+            (
+                "mdpy-hd",
+                "mdpy-hd",
+                Some("virtual display, 1920x1080 framebuffer"),
+                4,
+                "vfio-pci",
+            ),
+        ],
+    )?;
+    h.virtual_mdev_parent(
+        "mtty",
+        "mtty",
+        &[
+            ("mtty-1", "Single port serial", None, 24, "vfio-pci"),
+            ("mtty-2", "Dual port serial", None, 12, "vfio-pci"),
+        ],
+    )?;
+    let busy = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001";
+    h.virtual_mdev_instance("mbochs", "mbochs", "mbochs-small", busy, 12)?;
+    h.process_fd(4242, "qemu-system-x86", 23, "/dev/vfio/12")?;
+    h.process_fd(4242, "qemu-system-x86", 22, "/dev/vfio/vfio")?;
+    h.file(
+        format!("etc/mdevctl.d/mbochs/{busy}"),
+        "{\n  \"mdev_type\": \"mbochs-small\",\n  \"start\": \"auto\",\n  \"attrs\": []\n}",
+    )?;
+    h.file(
+        "etc/mdevctl.d/mdpy/5e1a3b9c-0d2f-4e6a-8b7c-9d0e1f2a3b4c",
+        "{\n  \"mdev_type\": \"mdpy-xga\",\n  \"start\": \"manual\",\n  \"attrs\": []\n}",
     )?;
     Ok(())
 }

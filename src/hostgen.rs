@@ -393,6 +393,48 @@ impl HostBuilder {
             .get(parent)
             .ok_or_else(|| io::Error::other("unknown parent"))?
             .clone();
+        self.instance_under(&pdir, type_id, uuid, group)
+    }
+
+    /// A virtual mdev parent (the kernel's sample drivers: `sys/devices/virtual/<class>/<name>`
+    /// linked from `sys/class/mdev_bus/<name>`) with its types
+    /// `(id, name, description or None, available, device_api)`.
+    pub fn virtual_mdev_parent(
+        &self,
+        class: &str,
+        name: &str,
+        types: &[(&str, &str, Option<&str>, u32, &str)],
+    ) -> io::Result<()> {
+        let dir = PathBuf::from(format!("sys/devices/virtual/{class}/{name}"));
+        self.file(dir.join("uevent"), &format!("MAJOR=0\nMINOR=0\nDEVNAME={name}\n"))?;
+        for (id, tname, desc, avail, api) in types {
+            let t = dir.join("mdev_supported_types").join(id);
+            self.file(t.join("name"), &format!("{tname}\n"))?;
+            if let Some(d) = desc {
+                self.file(t.join("description"), &format!("{d}\n"))?;
+            }
+            self.file(t.join("available_instances"), &format!("{avail}\n"))?;
+            self.file(t.join("device_api"), &format!("{api}\n"))?;
+            self.file(t.join("create"), "")?;
+            fs::create_dir_all(self.root.join(t.join("devices")))?;
+        }
+        self.link(format!("sys/class/mdev_bus/{name}"), &dir)
+    }
+
+    /// An active instance under a virtual parent made by [`Self::virtual_mdev_parent`].
+    pub fn virtual_mdev_instance(
+        &self,
+        class: &str,
+        name: &str,
+        type_id: &str,
+        uuid: &str,
+        group: u32,
+    ) -> io::Result<()> {
+        let pdir = PathBuf::from(format!("sys/devices/virtual/{class}/{name}"));
+        self.instance_under(&pdir, type_id, uuid, group)
+    }
+
+    fn instance_under(&self, pdir: &Path, type_id: &str, uuid: &str, group: u32) -> io::Result<()> {
         let dir = pdir.join(uuid);
         let tdir = pdir.join("mdev_supported_types").join(type_id);
         self.file(dir.join("remove"), "")?;
@@ -406,6 +448,16 @@ impl HostBuilder {
         fs::create_dir_all(self.root.join(&ddir))?;
         self.link(dir.join("driver"), &ddir)?;
         self.file(format!("dev/vfio/{group}"), "")
+    }
+
+    /// A process (`proc/<pid>/comm`) holding `target` open as fd `fd` (`proc/<pid>/fd/<fd>`
+    /// is a symlink whose text is the path the process opened, e.g. `/dev/vfio/12`).
+    pub fn process_fd(&self, pid: u32, comm: &str, fd: u32, target: &str) -> io::Result<()> {
+        self.file(format!("proc/{pid}/comm"), &format!("{comm}\n"))?;
+        let l = self.root.join(format!("proc/{pid}/fd/{fd}"));
+        fs::create_dir_all(l.parent().unwrap_or(&self.root))?;
+        let _ = fs::remove_file(&l);
+        std::os::unix::fs::symlink(target, l)
     }
 
     /// NVIDIA vendor-VFIO vGPU profile files on a VF.
@@ -514,6 +566,124 @@ impl HostBuilder {
             fs::write(p, crate::container::ldcache::write(&entries))?;
         }
         Ok(())
+    }
+
+    /// A block device under a function: `<dev>/<sub>/<disk>[/<part>]`, with its
+    /// `sys/class/block/<name>` and `sys/dev/block/<major:minor>` links. `sub` is the
+    /// controller path (`nvme/nvme0`), `disk` the whole disk; `part` a partition of it.
+    pub fn block_dev(
+        &self,
+        owner: &PciAddress,
+        sub: &str,
+        disk: &str,
+        part: Option<&str>,
+        majmin: &str,
+    ) -> io::Result<()> {
+        let dir = self
+            .dirs
+            .get(owner)
+            .ok_or_else(|| io::Error::other("unknown device"))?
+            .join(sub)
+            .join(disk);
+        let (dir, name) = match part {
+            Some(p) => (dir.join(p), p),
+            None => (dir, disk),
+        };
+        self.file(dir.join("dev"), &format!("{majmin}\n"))?;
+        fs::create_dir_all(self.root.join(&dir).join("slaves"))?;
+        self.link(format!("sys/class/block/{name}"), &dir)?;
+        self.link(format!("sys/dev/block/{majmin}"), &dir)
+    }
+
+    /// A mounted filesystem: a line in `proc/self/mountinfo` and `proc/self/mounts`.
+    pub fn mount(&self, majmin: &str, source: &str, mountpoint: &str, fstype: &str) -> io::Result<()> {
+        use std::io::Write;
+        fs::create_dir_all(self.root.join("proc/self"))?;
+        let id = fs::read_to_string(self.root.join("proc/self/mountinfo"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+            + 20;
+        let mut mi = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("proc/self/mountinfo"))?;
+        writeln!(
+            mi,
+            "{id} 1 {majmin} / {mountpoint} rw,relatime shared:1 - {fstype} {source} rw"
+        )?;
+        let mut m = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("proc/self/mounts"))?;
+        writeln!(m, "{source} {mountpoint} {fstype} rw,relatime 0 0")
+    }
+
+    /// A network interface on a function (`<dev>/net/<name>`, `sys/class/net/<name>`).
+    pub fn net_iface(&self, owner: &PciAddress, name: &str, up: bool) -> io::Result<()> {
+        let fdir = self
+            .dirs
+            .get(owner)
+            .ok_or_else(|| io::Error::other("unknown device"))?
+            .clone();
+        let dir = fdir.join("net").join(name);
+        self.file(dir.join("operstate"), if up { "up\n" } else { "down\n" })?;
+        self.file(dir.join("flags"), if up { "0x1003\n" } else { "0x1002\n" })?;
+        self.link(dir.join("device"), &fdir)?;
+        self.link(format!("sys/class/net/{name}"), &dir)
+    }
+
+    /// A DRM node (`card0`, `renderD128`) on a function.
+    pub fn drm_node(&self, owner: &PciAddress, name: &str) -> io::Result<()> {
+        let fdir = self
+            .dirs
+            .get(owner)
+            .ok_or_else(|| io::Error::other("unknown device"))?
+            .clone();
+        let dir = fdir.join("drm").join(name);
+        self.file(dir.join("dev"), "226:0\n")?;
+        self.link(dir.join("device"), &fdir)?;
+        self.link(format!("sys/class/drm/{name}"), &dir)?;
+        self.file(format!("dev/dri/{name}"), "")
+    }
+
+    /// A framebuffer (`fb0`) on a function.
+    pub fn framebuffer(&self, owner: &PciAddress, fb: &str) -> io::Result<()> {
+        let fdir = self
+            .dirs
+            .get(owner)
+            .ok_or_else(|| io::Error::other("unknown device"))?
+            .clone();
+        let dir = fdir.join("graphics").join(fb);
+        self.file(dir.join("name"), "drmfb\n")?;
+        self.link(dir.join("device"), &fdir)?;
+        self.link(format!("sys/class/graphics/{fb}"), &dir)
+    }
+
+    /// A virtual console driver: `sys/class/vtconsole/vtconN/{name,bind}`.
+    pub fn vtconsole(&self, n: u32, name: &str, bound: bool) -> io::Result<()> {
+        let dir = PathBuf::from(format!("sys/devices/virtual/vtconsole/vtcon{n}"));
+        self.file(dir.join("name"), &format!("{name}\n"))?;
+        self.file(dir.join("bind"), if bound { "1\n" } else { "0\n" })?;
+        self.link(format!("sys/class/vtconsole/vtcon{n}"), &dir)
+    }
+
+    /// An open file of a process: `proc/<pid>/fd/<fd> -> <target>` (absolute, as the kernel
+    /// shows it) and `proc/<pid>/comm`.
+    pub fn open_fd(&self, pid: u32, comm: &str, fd: u32, target: &str) -> io::Result<()> {
+        self.file(format!("proc/{pid}/comm"), &format!("{comm}\n"))?;
+        let l = self.root.join(format!("proc/{pid}/fd/{fd}"));
+        fs::create_dir_all(l.parent().unwrap_or(&self.root))?;
+        let _ = fs::remove_file(&l);
+        std::os::unix::fs::symlink(target, l)
+    }
+
+    /// `lib/modules/<release>/modules.alias` lines (`alias <pattern> <module>`).
+    pub fn modules_alias(&self, release: &str, lines: &[(&str, &str)]) -> io::Result<()> {
+        let mut t = String::from("# Aliases extracted from modules themselves.\n");
+        for (p, m) in lines {
+            t.push_str(&format!("alias {p} {m}\n"));
+        }
+        self.file(format!("lib/modules/{release}/modules.alias"), &t)
     }
 
     /// Mark groups as held by VFIO: `dev/vfio/vfio` and `dev/vfio/N`.

@@ -632,6 +632,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     sort_devices(&mut devices);
 
     let mdevs = read_mdevs(host, &mut warnings);
+    let mdev_parents = read_virtual_mdev_parents(host, &devices, &mut warnings);
     let groups = read_groups(host, &devices, &mdevs, &mut warnings);
     let kernel = read_attr(&host.path("proc/sys/kernel/osrelease")).ok();
     Ok(Inventory {
@@ -640,6 +641,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         devices,
         groups,
         mdevs,
+        mdev_parents,
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
         warnings,
@@ -732,6 +734,53 @@ fn read_mdevs(host: &HostRoot, warnings: &mut Vec<String>) -> Vec<MdevInstance> 
             type_id,
             iommu_group,
             driver,
+        });
+    }
+    out
+}
+
+/// mdev parents under `sys/class/mdev_bus` that are not PCI functions of `devices` (the
+/// kernel's sample drivers mbochs/mdpy/mtty live under `sys/devices/virtual/<drv>/<drv>`).
+fn read_virtual_mdev_parents(
+    host: &HostRoot,
+    devices: &[PciDevice],
+    warnings: &mut Vec<String>,
+) -> Vec<MdevParent> {
+    let class = host.mdev_bus_class();
+    let names = match dir_names(&class) {
+        Ok(n) => n,
+        Err(e) => {
+            warnings.push(format!("cannot list {}: {e}", host.display(&class)));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for name in names {
+        if let Ok(a) = name.parse::<PciAddress>() {
+            if devices.iter().any(|d| d.address == a) {
+                continue;
+            }
+        }
+        let link = class.join(&name);
+        let sysfs_path = std::fs::canonicalize(&link).ok().and_then(|real| {
+            let root = std::fs::canonicalize(host.root()).ok()?;
+            real.strip_prefix(root).ok().map(|r| format!("/{}", r.display()))
+        });
+        let tables = HostTables::default();
+        let mut r = Reader {
+            host,
+            tables: &tables,
+            warnings: Vec::new(),
+            present: Default::default(),
+            cur: None,
+            cpulists: HashMap::new(),
+        };
+        let mdev_types = r.mdev_types(&link.join("mdev_supported_types"), &name);
+        warnings.extend(r.warnings);
+        out.push(MdevParent {
+            name,
+            sysfs_path,
+            mdev_types,
         });
     }
     out
@@ -890,6 +939,7 @@ pub fn scan_groups(
         devices,
         groups,
         mdevs: Vec::new(),
+        mdev_parents: Vec::new(),
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
         warnings,

@@ -21,6 +21,10 @@
 //! `host` (one root for every path) → `inventory` (read-only model in `model`) → renderers
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod bind;
+pub mod boot;
 pub mod cdi;
 pub mod check;
 pub mod cli;
@@ -31,8 +35,12 @@ pub mod fixtures;
 pub mod host;
 pub mod hostgen;
 pub mod inventory;
+pub mod mdev;
 pub mod model;
 pub mod naming;
 pub mod oci_hook;
 pub mod output;
 pub mod snapshot;
+pub mod vfio_dev;
+pub mod vmm;
+pub mod vmout;

@@ -333,6 +333,19 @@ pub struct MdevInstance {
     pub driver: Option<String>,
 }
 
+/// An mdev parent that is not a PCI function (listed under `sys/class/mdev_bus` but living
+/// elsewhere, e.g. the kernel's sample drivers under `sys/devices/virtual/mbochs/mbochs`, or
+/// s390 CCW/AP devices). PCI parents carry their types in [`PciDevice::mdev_types`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MdevParent {
+    /// The name under `sys/class/mdev_bus` (`mbochs`), which is also the parent name mdevctl
+    /// and `/sys/bus/mdev/devices/<uuid>` use.
+    pub name: String,
+    /// Where the device lives, as the user knows it (`/sys/devices/virtual/mbochs/mbochs`).
+    pub sysfs_path: Option<String>,
+    pub mdev_types: Vec<MdevType>,
+}
+
 /// The whole host, as read at one moment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
@@ -344,6 +357,9 @@ pub struct Inventory {
     pub groups: Vec<IommuGroup>,
     #[serde(default)]
     pub mdevs: Vec<MdevInstance>,
+    /// mdev parents that are not PCI functions (virtual devices); empty on most hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mdev_parents: Vec<MdevParent>,
     /// Whether `/dev/vfio/vfio` (legacy container) exists.
     #[serde(default)]
     pub vfio_container_present: bool,

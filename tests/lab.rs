@@ -12,7 +12,16 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Every scenario the tests below assert on, run in one boot, in this order.
-const SCENARIOS: &[&str] = &["smoke", "inventory", "snapshot", "demo", "events"];
+const SCENARIOS: &[&str] = &[
+    "smoke",
+    "inventory",
+    "snapshot",
+    "demo",
+    "events",
+    "bind",
+    "mdev",
+    "boot",
+];
 
 struct LabRun {
     status: Option<i32>,
@@ -112,4 +121,19 @@ fn lab_demo() {
 #[test]
 fn lab_events() {
     assert_scenario("events");
+}
+
+#[test]
+fn lab_bind() {
+    assert_scenario("bind");
+}
+
+#[test]
+fn lab_mdev() {
+    assert_scenario("mdev");
+}
+
+#[test]
+fn lab_boot() {
+    assert_scenario("boot");
 }

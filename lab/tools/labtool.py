@@ -232,11 +232,15 @@ def parse_channel(path):
         elif tag == "LAB-BEGIN" and len(parts) >= 2:
             rec(parts[1])["begun"] = True
             st["last_scen"] = parts[1]
+            st["inside"] = parts[1]
         elif tag == "LAB-END" and len(parts) >= 3:
             rec(parts[1])["end_rc"] = int(parts[2]) if parts[2].lstrip("-").isdigit() else -1
+            st["inside"] = None
         elif tag == "LAB-RESULT" and len(parts) >= 4:
             r = {"step": parts[2], "status": parts[3], "detail": parts[4] if len(parts) > 4 else ""}
-            if parts[1] == "boot":
+            # "boot" results outside LAB-BEGIN/LAB-END are the init's own (modprobe) steps;
+            # inside, they belong to a scenario named "boot" (lab/scenarios/boot.sh).
+            if parts[1] == "boot" and st.get("inside") != "boot":
                 st["boot"].append(r)
             else:
                 rec(parts[1])["results"].append(r)

@@ -83,6 +83,10 @@ impl HostRoot {
     pub fn dev_vfio(&self) -> PathBuf {
         self.path("dev/vfio")
     }
+    /// `/dev/kvm`, which `gpupass boot` opens.
+    pub fn dev_kvm(&self) -> PathBuf {
+        self.path("dev/kvm")
+    }
     pub fn nvidia_gpus_proc(&self) -> PathBuf {
         self.path("proc/driver/nvidia/gpus")
     }
@@ -117,13 +121,42 @@ impl HostRoot {
     pub fn kubelet_device_plugins(&self) -> PathBuf {
         self.path("var/lib/kubelet/device-plugins")
     }
-    /// `proc/<pid>`.
-    pub fn proc_pid(&self, pid: u32) -> PathBuf {
-        self.proc_dir().join(pid.to_string())
-    }
     /// `sys/fs/cgroup`: the cgroup hierarchies (v1 controllers in subdirectories, or v2).
     pub fn cgroup_root(&self) -> PathBuf {
         self.path("sys/fs/cgroup")
+    }
+    /// `sys/bus/pci/drivers/<name>` (a loaded PCI driver).
+    pub fn pci_driver(&self, name: &str) -> PathBuf {
+        self.sys_bus_pci_drivers().join(name)
+    }
+    /// `sys/bus/pci/drivers_probe`: writing an address asks the bus to probe it.
+    pub fn drivers_probe(&self) -> PathBuf {
+        self.path("sys/bus/pci/drivers_probe")
+    }
+    /// `run/gpupass`: journal and lock of the commands that change drivers.
+    pub fn run_gpupass(&self) -> PathBuf {
+        self.path("run/gpupass")
+    }
+    pub fn proc_self_mountinfo(&self) -> PathBuf {
+        self.path("proc/self/mountinfo")
+    }
+    pub fn proc_self_mounts(&self) -> PathBuf {
+        self.path("proc/self/mounts")
+    }
+    pub fn proc_swaps(&self) -> PathBuf {
+        self.path("proc/swaps")
+    }
+    /// `sys/class/<class>` (block, net, drm, graphics, vtconsole).
+    pub fn sys_class(&self, class: &str) -> PathBuf {
+        self.path("sys/class").join(class)
+    }
+    /// `sys/dev/block/<major:minor>`.
+    pub fn sys_dev_block(&self, majmin: &str) -> PathBuf {
+        self.path("sys/dev/block").join(majmin)
+    }
+    /// `proc/<pid>` of one process.
+    pub fn proc_pid(&self, pid: u32) -> PathBuf {
+        self.proc_dir().join(pid.to_string())
     }
 
     /// Show a path as the user knows it: relative to the root, with a leading `/`.

@@ -28,6 +28,50 @@ pub trait HostOps: Send + Sync {
     fn load_module(&self, name: &str) -> io::Result<()>;
     /// Writes done so far (path, value), for dry-run output and tests.
     fn writes(&self) -> Vec<(PathBuf, String)>;
+
+    /// Create or replace a configuration file (not sysfs: `etc/mdevctl.d/...`) atomically: the
+    /// content goes to a temporary file in the same directory, which is then renamed over
+    /// `path`, so a crash leaves the old or the new file, never half of one. Directories are
+    /// created as needed; the file gets mode 0644 like mdevctl's.
+    fn write_file(&self, path: &Path, contents: &str) -> io::Result<()> {
+        let dir = path
+            .parent()
+            .ok_or_else(|| io::Error::other("no parent directory"))?;
+        fs::create_dir_all(dir)?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::other("no file name"))?
+            .to_string_lossy();
+        let tmp = dir.join(format!(".{name}.gpupass-tmp"));
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644)
+                .open(&tmp)?;
+            io::Write::write_all(&mut f, contents.as_bytes())?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, path)
+    }
+
+    /// Remove a configuration file; a missing file is not an error. An emptied parent
+    /// directory is removed too when `prune_dir` is set.
+    fn remove_file(&self, path: &Path, prune_dir: bool) -> io::Result<()> {
+        match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if prune_dir {
+            if let Some(d) = path.parent() {
+                let _ = fs::remove_dir(d); // fails (and is kept) when not empty
+            }
+        }
+        Ok(())
+    }
 }
 
 fn env_usize(name: &str) -> Option<usize> {
@@ -173,13 +217,29 @@ impl FakeHost {
         std::os::unix::fs::symlink(target, link)
     }
 
+    /// Whether a marker file in the device directory lists `driver` (one name per line).
+    fn marked(&self, addr: &str, marker: &str, driver: &str) -> bool {
+        super::read_attr(&self.dev_dir(addr).join(marker))
+            .map(|t| t.lines().any(|l| l.trim() == driver || l.trim() == "*"))
+            .unwrap_or(false)
+    }
+
     /// Bind `addr` to `driver`: both links, and the VFIO group node.
+    ///
+    /// Like the kernel, a driver's probe can refuse a device: vfio-pci refuses bridges
+    /// (non-endpoint headers), and a fixture can make any driver refuse by listing it in
+    /// `<dev>/.fake_refuse_bind` (as vfio-pci refuses NVIDIA vGPU VFs with EINVAL).
     fn do_bind(&self, addr: &str, driver: &str) -> io::Result<()> {
         let ddir = self.root.sys_bus_pci_drivers().join(driver);
         if !ddir.is_dir() {
             return Err(io::Error::from_raw_os_error(19)); // ENODEV: no such driver loaded
         }
         let dev = self.dev_dir(addr);
+        if self.marked(addr, ".fake_refuse_bind", driver)
+            || (is_vfio_driver(driver) && dev.join("pci_bus").is_dir())
+        {
+            return Err(io::Error::from_raw_os_error(22)); // EINVAL from the driver's probe
+        }
         let real = fs::canonicalize(&dev)?;
         let rel_dev = real
             .strip_prefix(fs::canonicalize(self.root.root())?)
@@ -204,9 +264,14 @@ impl FakeHost {
         Ok(())
     }
 
+    /// Unbind; `<dev>/.fake_refuse_unbind` listing the driver makes the write fail with EBUSY
+    /// (a driver whose remove path cannot let go, or a sysfs write interrupted by a signal).
     fn do_unbind(&self, addr: &str, driver: &str) -> io::Result<()> {
         if self.current_driver(addr).as_deref() != Some(driver) {
             return Err(io::Error::from_raw_os_error(19)); // ENODEV
+        }
+        if self.marked(addr, ".fake_refuse_unbind", driver) {
+            return Err(io::Error::from_raw_os_error(16)); // EBUSY
         }
         let _ = fs::remove_file(self.dev_dir(addr).join("driver"));
         let _ = fs::remove_file(self.root.sys_bus_pci_drivers().join(driver).join(addr));
@@ -289,6 +354,7 @@ impl FakeHost {
                 )
             }
             [.., "mdev_supported_types", ty, "create"] => self.mdev_create(rel, ty, v),
+            ["sys", "bus", "pci", "devices", addr, "nvidia", "current_vgpu_type"] => self.vgpu_set(addr, v),
             ["sys", "bus", "mdev", "devices", uuid, "remove"] => self.mdev_remove(uuid),
             _ => {
                 let full = self.root.root().join(rel);
@@ -363,6 +429,47 @@ impl FakeHost {
         self.link(&bus.join(uuid), &Path::new("../../..").join(&under_sys))?;
         fs::create_dir_all(self.root.dev_vfio())?;
         fs::write(self.root.dev_vfio().join(next.to_string()), "")
+    }
+
+    /// NVIDIA vendor-VFIO vGPU: a type id written to `<VF>/nvidia/current_vgpu_type` must be
+    /// in the VF's `creatable_vgpu_types` (else EINVAL) and the VF must have no type yet (else
+    /// EBUSY); once set, the VF's creatable list is empty (header only), as the real driver
+    /// shows a VF whose capacity is taken. `0` clears the type and restores the list (kept in
+    /// `nvidia/.fake_creatable_vgpu_types` meanwhile).
+    fn vgpu_set(&self, addr: &str, v: &str) -> io::Result<()> {
+        let nd = self.dev_dir(addr).join("nvidia");
+        let cur_f = nd.join("current_vgpu_type");
+        let list_f = nd.join("creatable_vgpu_types");
+        let saved_f = nd.join(".fake_creatable_vgpu_types");
+        if !cur_f.exists() {
+            return Err(io::Error::from_raw_os_error(2));
+        }
+        let cur = super::read_attr(&cur_f)?.trim().to_string();
+        let set = !cur.is_empty() && cur != "0";
+        let id: u64 = v.parse().map_err(|_| io::Error::from_raw_os_error(22))?;
+        if id == 0 {
+            if set {
+                if let Ok(saved) = fs::read_to_string(&saved_f) {
+                    fs::write(&list_f, saved)?;
+                    let _ = fs::remove_file(&saved_f);
+                }
+            }
+            return fs::write(&cur_f, "0\n");
+        }
+        if set {
+            return Err(io::Error::from_raw_os_error(16)); // EBUSY
+        }
+        let list = fs::read_to_string(&list_f).unwrap_or_default();
+        let offered = crate::inventory::parse_creatable_vgpu_types(&list)
+            .iter()
+            .any(|t| t.id == id.to_string());
+        if !offered {
+            return Err(io::Error::from_raw_os_error(22)); // EINVAL
+        }
+        fs::write(&saved_f, &list)?;
+        let header = list.lines().next().unwrap_or("ID    : vGPU Name");
+        fs::write(&list_f, format!("{header}\n"))?;
+        fs::write(&cur_f, format!("{id}\n"))
     }
 
     fn mdev_remove(&self, uuid: &str) -> io::Result<()> {
@@ -528,6 +635,48 @@ mod tests {
             .unwrap();
         f.write(&r.sys_bus_pci().join("drivers_probe"), a).unwrap();
         assert_eq!(f.current_driver(a), None);
+    }
+
+    #[test]
+    fn vgpu_type_set_and_clear() {
+        let t = tempfile::tempdir().unwrap();
+        let mut h = HostBuilder::new(t.path()).unwrap();
+        h.add(
+            &DevSpec::new("41:00.0", 0x10de, 0x2335, 0x030200)
+                .group(1)
+                .sriov(4),
+        )
+        .unwrap();
+        h.add(
+            &DevSpec::new("41:00.4", 0x10de, 0x2335, 0x030200)
+                .vf_of("41:00.0")
+                .group(2),
+        )
+        .unwrap();
+        let vf: PciAddress = "41:00.4".parse().unwrap();
+        h.nvidia_vgpu(
+            &vf,
+            &[(1043, "NVIDIA H200-1-18C"), (1044, "NVIDIA H200-2-35C")],
+            0,
+        )
+        .unwrap();
+        let f = FakeHost::new(HostRoot::new(t.path()));
+        let nd = f.root().pci_device(&vf).join("nvidia");
+        let cur = nd.join("current_vgpu_type");
+        let types = |f: &FakeHost| {
+            let _ = f;
+            crate::inventory::parse_creatable_vgpu_types(
+                &fs::read_to_string(nd.join("creatable_vgpu_types")).unwrap(),
+            )
+        };
+        assert_eq!(f.write(&cur, "999").unwrap_err().raw_os_error(), Some(22));
+        f.write(&cur, "1044").unwrap();
+        assert_eq!(fs::read_to_string(&cur).unwrap(), "1044\n");
+        assert!(types(&f).is_empty());
+        assert_eq!(f.write(&cur, "1043").unwrap_err().raw_os_error(), Some(16));
+        f.write(&cur, "0").unwrap();
+        assert_eq!(fs::read_to_string(&cur).unwrap(), "0\n");
+        assert_eq!(types(&f).len(), 2);
     }
 
     #[test]

@@ -1,0 +1,35 @@
+/*
+ * The I/O-port and memory protocol between the gpupass VMM and this firmware.
+ * Mirrored in src/vmm/mod.rs (`layout`, `ports`); docs/vmm.md is the reference.
+ */
+#ifndef GPUPASS_FW_PROTOCOL_H
+#define GPUPASS_FW_PROTOCOL_H
+
+#define FW_LOAD          0x1000u   /* flat binary load and entry address (CS:IP 0:0x1000) */
+#define FW_BOOT_INFO     0x0500u   /* struct boot_info, written by the VMM */
+#define FW_BOOT_MAGIC    0x49425047u /* "GPBI" */
+
+#define PORT_SERIAL      0x3f8     /* 16550 THR: one byte of console output */
+#define PORT_EXIT        0x501     /* out8: end the VM with this status */
+#define PORT_MARK        0x502     /* out32: phase marker (1 = read loop begins, 2 = ends) */
+#define PORT_PCI_ADDR    0xcf8     /* PCI configuration mechanism #1 */
+#define PORT_PCI_DATA    0xcfc
+
+#define MARK_LOOP_BEGIN  1
+#define MARK_LOOP_END    2
+
+#define LOOP_BAR_AUTO    0xffu
+
+struct boot_info {
+	unsigned int magic;      /* FW_BOOT_MAGIC */
+	unsigned int version;    /* 1 */
+	unsigned int ram_size;   /* bytes of guest RAM at GPA 0 */
+	unsigned int mmio_base;  /* 32-bit MMIO hole for BARs: [mmio_base, mmio_limit] */
+	unsigned int mmio_limit;
+	unsigned int io_base;    /* I/O port window for I/O BARs: [io_base, io_limit] */
+	unsigned int io_limit;
+	unsigned int loop_count; /* read loop: number of reads (0 = no loop) */
+	unsigned int loop_bar;   /* BAR to read in the loop, LOOP_BAR_AUTO = pick */
+};
+
+#endif

@@ -1,0 +1,10 @@
+//! Kernel uevent datagrams from the netlink socket.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(ev) = gpupass::events::parse_uevent(data) {
+        let _ = ev.is_relevant();
+        let _ = ev.line();
+    }
+});

@@ -1,0 +1,125 @@
+# lab-about: gpupass bind/unbind/recover/persist on the real kernel: VGA+HDA group 00:05.x, --only, boot VGA refusal, crash at every write + recover
+# lab-needs: gpupass
+# lab-timeout: 240
+# Real driver moves on the guest kernel (never on the host). 00:05.0 (VGA, bochs-drm) and
+# 00:05.1 (ICH9 HDA, snd_hda_intel) share one IOMMU group, like a GPU and its HDMI audio.
+VGA=0000:00:05.0
+HDA=0000:00:05.1
+BOOT=0000:00:02.0
+G=$(lab_group $VGA)
+
+drivers() { echo "$(lab_driver $VGA) $(lab_driver $HDA)"; }
+overrides() { echo "$(cat /sys/bus/pci/devices/$VGA/driver_override) $(cat /sys/bus/pci/devices/$HDA/driver_override)"; }
+viable() { # GROUP -> true|false from gpupass groups --json
+  gpupass groups --json 2>/dev/null | tr -d ' \n' | sed 's/},{/}\n{/g' | grep "\"number\":$1," | grep -o '"viable":[a-z]*' | cut -d: -f2
+}
+
+lab_expect start-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+lab_expect same-group "$G" "$(lab_group $HDA)"
+
+# 1. The plan, as --dry-run prints it; nothing changes.
+lab_run dry-run plan.txt gpupass bind --dry-run 00:05.0
+lab_expect dry-run-changes-nothing "bochs-drm snd_hda_intel" "$(drivers)"
+
+# 2. Naming one function binds the group; both on vfio-pci, /dev/vfio/G, viable.
+lab_run bind bind.txt gpupass bind 00:05.0
+lab_expect bind-drivers "vfio-pci vfio-pci" "$(drivers)"
+if [ -c /dev/vfio/$G ]; then lab_pass bind-node "/dev/vfio/$G is a character device"; else lab_fail bind-node "no /dev/vfio/$G"; fi
+lab_expect bind-viable true "$(viable $G)"
+lab_run bind-again bind-again.txt gpupass bind 00:05.1
+if grep -q "already on vfio-pci, nothing to do" bind-again.txt; then lab_pass bind-noop "second bind is a no-op"; else lab_fail bind-noop "$(head -1 bind-again.txt)"; fi
+
+# 3. Unbind restores the drivers gpupass recorded; the group node goes away.
+lab_run unbind unbind.txt gpupass unbind 00:05.0
+lab_expect unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+lab_expect unbind-overrides "(null) (null)" "$(overrides)"
+if [ -e /dev/vfio/$G ]; then lab_fail unbind-node "/dev/vfio/$G still there"; else lab_pass unbind-node "/dev/vfio/$G gone"; fi
+
+# 4. --only: said up front that the group will not be viable, and which member blocks it.
+gpupass bind --only 00:05.0 > only.txt 2> only.err
+rc=$?
+cat only.txt only.err
+lab_file only.err only.err
+if [ $rc = 0 ] && grep -q "will not be viable" only.err && grep -q "$HDA (snd_hda_intel" only.err; then
+  lab_pass only-warning "$(grep -o 'group [0-9]* will not be viable[^;]*' only.err | head -1)"
+else
+  lab_fail only-warning "rc=$rc $(tail -1 only.err)"
+fi
+lab_expect only-drivers "vfio-pci snd_hda_intel" "$(drivers)"
+lab_expect only-not-viable false "$(viable $G)"
+lab_run only-unbind only-unbind.txt gpupass unbind 00:05.0
+lab_expect only-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+
+# 5. The boot VGA with the framebuffer console is refused without --force.
+ls -l /sys/class/graphics/ /sys/class/vtconsole/ > consoles.txt 2>&1
+for v in /sys/class/vtconsole/*; do echo "$v $(cat $v/name) bind=$(cat $v/bind)"; done >> consoles.txt
+for f in /sys/class/graphics/fb*; do echo "$f -> $(readlink -f $f/device)"; done >> consoles.txt
+lab_file consoles.txt consoles.txt
+gpupass bind 00:02.0 > bootvga.txt 2> bootvga.err
+rc=$?
+cat bootvga.err
+lab_file bootvga.err bootvga.err
+if [ $rc = 1 ] && grep -q "boot VGA" bootvga.err && grep -q -- "--force" bootvga.err; then
+  lab_pass bootvga-refused "$(grep -o 'is the boot VGA[^;]*' bootvga.err | head -1)"
+else
+  lab_fail bootvga-refused "rc=$rc $(tail -1 bootvga.err)"
+fi
+lab_expect bootvga-untouched bochs-drm "$(lab_driver $BOOT)"
+lab_run bootvga-force-dry-run bootvga-force.txt gpupass bind --force --dry-run 00:02.0
+lab_expect bootvga-still-untouched bochs-drm "$(lab_driver $BOOT)"
+
+# 6. Rollback: a failing write at every position leaves everything as it was.
+n=1
+while [ $n -le 6 ]; do
+  GPUPASS_FAIL_WRITE=$n gpupass bind 00:05.0 > fail.txt 2> fail.err
+  rc=$?
+  d=$(drivers); o=$(overrides)
+  if [ $rc = 1 ] && grep -q "rolled back" fail.err && [ "$d" = "bochs-drm snd_hda_intel" ] && [ "$o" = "(null) (null)" ]; then
+    lab_pass rollback-$n "write $n failed, rolled back: $d"
+  else
+    lab_fail rollback-$n "rc=$rc drivers='$d' overrides='$o' :: $(tail -1 fail.err)"
+  fi
+  n=$((n + 1))
+done
+
+# 7. Crash after each write of a bind; the next command warns; recover restores every time.
+n=1
+while [ $n -le 6 ]; do
+  GPUPASS_CRASH_AFTER_WRITE=$n gpupass bind 00:05.0 > crash.txt 2> crash.err
+  rc=$?
+  mid="$(drivers) / $(overrides)"
+  gpupass list > /dev/null 2> warn.err
+  if grep -q "unfinished gpupass bind" warn.err; then w=warned; else w=silent; fi
+  gpupass recover > recover.txt 2> recover.err
+  rrc=$?
+  d=$(drivers); o=$(overrides)
+  if [ $rc -ge 128 ] && [ $w = warned ] && [ $rrc = 0 ] && [ "$d" = "bochs-drm snd_hda_intel" ] && [ "$o" = "(null) (null)" ]; then
+    lab_pass crash-$n "rc=$rc mid-state '$mid', list $w, recover -> $d"
+  else
+    lab_fail crash-$n "rc=$rc mid='$mid' list=$w recover-rc=$rrc drivers='$d' overrides='$o' :: $(tail -1 recover.err)"
+  fi
+  n=$((n + 1))
+done
+cp /run/gpupass/journal.jsonl journal.jsonl 2>/dev/null && lab_file journal.jsonl journal.jsonl
+# A crash then recover --continue completes the bind instead.
+GPUPASS_CRASH_AFTER_WRITE=3 gpupass bind 00:05.0 > /dev/null 2>&1
+lab_run recover-continue recover-continue.txt gpupass recover --continue
+lab_expect continue-drivers "vfio-pci vfio-pci" "$(drivers)"
+lab_run continue-unbind continue-unbind.txt gpupass unbind --all
+lab_expect continue-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+
+# 8. persist: driverctl files (read back by Debian's driverctl in bind.check on the host).
+lab_run persist persist.txt gpupass persist 00:05.0
+lab_expect persist-file vfio-pci "$(cat /etc/driverctl.d/pci-$VGA 2>/dev/null)"
+lab_expect persist-file-hda vfio-pci "$(cat /etc/driverctl.d/pci-$HDA 2>/dev/null)"
+if grep -q "softdep bochs pre: vfio-pci" persist.txt && grep -q "vfio-pci.ids=1234:1111,8086:293e" persist.txt; then
+  lab_pass persist-lines "$(grep -o 'vfio-pci.ids=[^ ]*' persist.txt)"
+else
+  lab_fail persist-lines "$(tr '\n' '|' < persist.txt)"
+fi
+rm -rf /tmp/snap
+gpupass snapshot /tmp/snap > /dev/null && mkdir -p /tmp/snap/etc && cp -r /etc/driverctl.d /tmp/snap/etc/
+tar -C /tmp/snap -czf persist-tree.tar.gz . && lab_file persist-tree.tar.gz persist-tree.tar.gz
+lab_run persist-remove persist-remove.txt gpupass persist --remove 00:05.0
+if [ -e /etc/driverctl.d/pci-$VGA ] || [ -e /etc/driverctl.d/pci-$HDA ]; then lab_fail persist-removed "files remain"; else lab_pass persist-removed "no driverctl files"; fi
+lab_expect end-drivers "bochs-drm snd_hda_intel" "$(drivers)"

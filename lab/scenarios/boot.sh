@@ -1,0 +1,137 @@
+# lab-about: gpupass boot: the VMM in nested KVM with a VFIO bochs-display (mmapped BAR) and an mbochs mdev (trapped BAR)
+# lab-needs: gpupass
+# lab-timeout: 300
+#
+# Binding uses `gpupass bind` / `gpupass unbind`; should they fail, plain sysfs writes
+# (driver_override + unbind + drivers_probe) keep the boot checks running, and the console
+# says so.
+
+T=120          # gpupass boot --timeout (nested KVM under TCG is slow)
+LOOP=100000    # reads in the exit-counting loops
+
+# json_get FILE KEY: first number after "KEY": in a pretty-printed JSON file.
+json_get() { grep -m1 "\"$2\":" "$1" | sed 's/.*: *//; s/,$//'; }
+
+# loop_exits FILE: exits counted between the firmware's loop marks.
+loop_exits() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 '"total":' | sed 's/.*: *//; s/,$//'; }
+
+# bind_vfio ADDR [--only] / restore_driver ADDR
+bind_vfio() {
+  if gpupass bind --help >/dev/null 2>&1; then
+    gpupass bind $2 "$1" > "bind-$1.txt" 2>&1 && return 0
+    echo "gpupass bind $2 $1 failed: $(tail -1 "bind-$1.txt"); falling back to sysfs writes"
+  fi
+  _d=/sys/bus/pci/devices/$1
+  echo vfio-pci > "$_d/driver_override"
+  _cur=$(lab_driver "$1")
+  [ -n "$_cur" ] && echo "$1" > "/sys/bus/pci/drivers/$_cur/unbind"
+  echo "$1" > /sys/bus/pci/drivers_probe
+  [ "$(lab_driver "$1")" = vfio-pci ]
+}
+restore_driver() {
+  if gpupass unbind --help >/dev/null 2>&1; then
+    gpupass unbind "$1" > "unbind-$1.txt" 2>&1 && return 0
+    echo "gpupass unbind $1 failed: $(tail -1 "unbind-$1.txt"); falling back to sysfs writes"
+  fi
+  _d=/sys/bus/pci/devices/$1
+  echo > "$_d/driver_override"
+  [ -n "$(lab_driver "$1")" ] && echo "$1" > "/sys/bus/pci/drivers/$(lab_driver "$1")/unbind"
+  echo "$1" > /sys/bus/pci/drivers_probe
+}
+
+lab_check dev-kvm test -c /dev/kvm
+if gpupass bind --help >/dev/null 2>&1; then lab_pass binder "gpupass bind"; else lab_pass binder "sysfs writes (gpupass bind not in this build)"; fi
+
+# ---- 1. emulated device under nested KVM
+lab_run emulated emulated.txt gpupass boot --emulated --timeout $T
+lab_expect emulated-dispi "FW dispi 00:01.0 0xb0c5" "$(grep '^FW dispi' emulated.txt)"
+gpupass boot --emulated --timeout $T --json > emulated.json 2> emulated.err
+lab_expect emulated-json-status 0 "$(json_get emulated.json status)"
+lab_pass emulated-timing "total_us=$(json_get emulated.json total_us) run_us=$(json_get emulated.json run_us) setup_us=$(json_get emulated.json setup_us) exits=$(json_get emulated.json total)"
+lab_file emulated.json emulated.json
+
+# ---- 2. bochs-display 00:03.0 through VFIO (BAR2 mmappable -> KVM slot)
+D=0000:00:03.0
+orig=$(lab_driver $D)
+gpupass boot --device $D --timeout $T > notbound.txt 2> notbound.err
+rc=$?
+if [ $rc = 1 ] && grep -q "run \`gpupass bind $D\` first" notbound.err; then
+  lab_pass refuses-unbound "$(cat notbound.err)"
+else
+  lab_fail refuses-unbound "rc=$rc $(cat notbound.err)"
+fi
+if bind_vfio $D; then lab_pass bind "$D -> vfio-pci"; else lab_fail bind "$D is on '$(lab_driver $D)'"; fi
+lab_run vfio vfio.txt gpupass boot --device $D --timeout $T
+lab_expect vfio-dev "1234:1111" "$(grep "^FW dev 00:01.0" vfio.txt | cut -d" " -f4)"
+lab_expect vfio-dispi "FW dispi 00:01.0 0xb0c5" "$(grep '^FW dispi' vfio.txt)"
+if grep -q '^gpupass: BAR2 +0x0 (4 KiB) mapped as KVM slot' vfio.txt.stderr; then
+  lab_pass vfio-bar2-slot "$(grep '^gpupass: BAR2' vfio.txt.stderr | head -1)"
+else
+  lab_fail vfio-bar2-slot "BAR2 not a KVM slot: $(tr '\n' ' ' < vfio.txt.stderr)"
+fi
+gpupass boot --device $D --timeout $T --json --read-loop $LOOP --read-bar 2 > vfio-loop.json 2> vfio-loop.err
+rc=$?
+lab_expect vfio-loop-rc 0 "$rc"
+lab_expect vfio-loop-exits-mmapped 0 "$(loop_exits vfio-loop.json)"
+lab_pass vfio-timing "total_us=$(json_get vfio-loop.json total_us) setup_us=$(json_get vfio-loop.json setup_us) dma_mapped=$(json_get vfio-loop.json dma_mapped) loop_ns=$(json_get vfio-loop.json nanos)"
+lab_file vfio-loop.json vfio-loop.json
+for i in 1 2 3; do
+  gpupass boot --device $D --timeout $T --json > vfio-t$i.json 2>/dev/null
+  lab_pass vfio-timing-$i "total_us=$(json_get vfio-t$i.json total_us) setup_us=$(json_get vfio-t$i.json setup_us) run_us=$(json_get vfio-t$i.json run_us)"
+done
+restore_driver $D
+lab_expect restored "$orig" "$(lab_driver $D)"
+
+# ---- 3. a group with one function on vfio-pci is refused with the member that blocks it
+V=0000:00:05.0
+vorig=$(lab_driver $V)
+bind_vfio $V --only
+gpupass boot --device $V --timeout $T > nv.txt 2> nv.err
+rc=$?
+if [ $rc = 1 ] && grep -q "not viable: it also holds 0000:00:05.1 (snd_hda_intel)" nv.err; then
+  lab_pass group-not-viable "$(cat nv.err)"
+else
+  lab_fail group-not-viable "rc=$rc $(cat nv.err)"
+fi
+restore_driver $V
+lab_expect vga-restored "$vorig" "$(lab_driver $V)"
+
+# ---- 4. mbochs mdev (BAR2 not mmappable -> trapped, forwarded with region reads)
+U=6b8f3c2e-5a1d-4e7b-9c0a-1f2e3d4c5b6a
+t=$(ls -d /sys/class/mdev_bus/*/mdev_supported_types/mbochs-small 2>/dev/null | head -1)
+if [ -n "$t" ] && echo $U > "$t/create"; then lab_pass mdev-create "$U on $(basename "$(dirname "$(dirname "$t")")")"; else lab_fail mdev-create "no mbochs-small type"; fi
+lab_run mdev mdev.txt gpupass boot --mdev $U --timeout $T
+lab_expect mdev-dev "1234:1111" "$(grep "^FW dev 00:01.0" mdev.txt | cut -d" " -f4)"
+lab_expect mdev-dispi "FW dispi 00:01.0 0xb0c5" "$(grep '^FW dispi' mdev.txt)"
+if grep -q '^gpupass: BAR2 trapped: VFIO region is not mmappable' mdev.txt.stderr; then
+  lab_pass mdev-bar2-trapped "$(grep '^gpupass: BAR' mdev.txt.stderr | tr '\n' ' ')"
+else
+  lab_fail mdev-bar2-trapped "$(tr '\n' ' ' < mdev.txt.stderr)"
+fi
+gpupass boot --mdev $U --timeout $T --json --read-loop $LOOP --read-bar 2 > mdev-loop.json 2> mdev-loop.err
+lab_expect mdev-loop-rc 0 "$?"
+lab_expect mdev-loop-exits-trapped $LOOP "$(loop_exits mdev-loop.json)"
+lab_pass mdev-timing "total_us=$(json_get mdev-loop.json total_us) loop_ns=$(json_get mdev-loop.json nanos)"
+lab_file mdev-loop.json mdev-loop.json
+echo 1 > /sys/bus/mdev/devices/$U/remove
+lab_check mdev-removed test ! -e /sys/bus/mdev/devices/$U
+
+# ---- 5. faults under real (nested SVM) KVM: a triple fault is KVM_EXIT_SHUTDOWN here, and a
+# spinning guest is stopped by --timeout. The bytes are firmware/tests/{triple,spin}.S as
+# build.rs assembles them (the initramfs carries only /bin/gpupass).
+printf '\372\061\300\216\330\146\017\001\026\110\020\017\040\300\146\203\310\001\017\042\300\146\352\035\020\000\000\010\000\146\270\020\000\216\330\216\320\017\001\035\116\020\000\000\314\364\146\220\000\000\000\000\000\000\000\000\377\377\000\000\000\232\317\000\377\377\000\000\000\222\317\000\027\000\060\020\000\000\000\000\000\000\000\000' > triple.bin
+gpupass boot --emulated --timeout $T --firmware triple.bin > triple.txt 2> triple.err
+rc=$?
+if [ $rc = 1 ] && grep -q "triple-faulted (KVM_EXIT_SHUTDOWN)" triple.err; then
+  lab_pass triple-fault "$(head -1 triple.err)"
+else
+  lab_fail triple-fault "rc=$rc $(tr '\n' ' ' < triple.err)"
+fi
+printf '\353\376' > spin.bin
+gpupass boot --emulated --timeout 2 --firmware spin.bin > spin.txt 2> spin.err
+rc=$?
+if [ $rc = 1 ] && grep -q "did not finish within 2 s" spin.err; then
+  lab_pass timeout "$(head -1 spin.err)"
+else
+  lab_fail timeout "rc=$rc $(tr '\n' ' ' < spin.err)"
+fi

@@ -1,0 +1,482 @@
+//! In-use detection and the other host facts a bind plan needs beyond the inventory.
+//!
+//! Kernel facts:
+//! - `proc/self/mountinfo` field 3 is the `major:minor` of the mounted block device;
+//!   `sys/dev/block/<major:minor>` links into the device tree, so a partition of an NVMe disk
+//!   resolves to a path *under* the NVMe controller's PCI function. Device-mapper and md
+//!   devices list what they sit on in `sys/class/block/<dev>/slaves/`.
+//! - `sys/class/net/<if>/device` and `sys/class/drm/{cardN,renderDN}/device` link to the PCI
+//!   function; an interface is up when `operstate` is `up` or bit 0 (IFF_UP) of `flags` is set.
+//! - `proc/<pid>/fd/*` are links whose text is the opened path (`/dev/dri/renderD128`,
+//!   `/dev/vfio/12`), readable for other users' processes only by root.
+//! - `sys/class/graphics/fbN/device` links to the GPU a framebuffer lives on;
+//!   `sys/class/vtconsole/vtconN/{name,bind}` say whether the framebuffer console ("frame
+//!   buffer device") is bound.
+//! - `lib/modules/<release>/modules.alias` lines `alias vfio_pci:v...d...sv*sd*bc*sc*i* mod`
+//!   name VFIO variant drivers; the device's `modalias` prefixed with `vfio_` is matched against
+//!   them and the pattern with the fewest wildcards wins.
+
+use crate::host::{dir_names, link_name, read_attr, read_bounded, HostRoot};
+use crate::model::{Inventory, PciAddress};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Something on the host that uses a PCI function right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Use {
+    Mount {
+        block: String,
+        mountpoint: String,
+        fstype: String,
+    },
+    Swap {
+        block: String,
+    },
+    NetUp {
+        iface: String,
+    },
+    DrmOpen {
+        node: String,
+        pid: u32,
+        comm: String,
+    },
+    /// A framebuffer; `console` names the bound framebuffer vtconsole, if any.
+    Framebuffer {
+        fb: String,
+        console: Option<String>,
+    },
+}
+
+/// The facts the planner needs, read once.
+#[derive(Debug, Clone, Default)]
+pub struct HostFacts {
+    pub uses: BTreeMap<PciAddress, Vec<Use>>,
+    /// Names under `sys/bus/pci/drivers`.
+    pub loaded_drivers: BTreeSet<String>,
+    /// Driver name -> module name (`drivers/<d>/module` link), where known.
+    pub driver_modules: BTreeMap<String, String>,
+    /// Best VFIO variant driver per device, from modules.alias.
+    pub variants: BTreeMap<PciAddress, String>,
+    /// Group -> processes holding `/dev/vfio/<group>` open.
+    pub vfio_open: BTreeMap<u32, Vec<(u32, String)>>,
+    /// What could not be inspected (processes not readable...).
+    pub warnings: Vec<String>,
+}
+
+impl HostFacts {
+    pub fn uses_of(&self, a: &PciAddress) -> &[Use] {
+        self.uses.get(a).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// Glob match with `*` (any run) and `?` (one byte), as modules.alias uses.
+pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    let (mut p, mut i) = (0usize, 0usize);
+    let (mut star, mut mark) = (None::<usize>, 0usize);
+    while i < s.len() {
+        if p < pat.len() && (pat[p] == b'?' || pat[p] == s[i]) {
+            p += 1;
+            i += 1;
+        } else if p < pat.len() && pat[p] == b'*' {
+            star = Some(p);
+            mark = i;
+            p += 1;
+        } else if let Some(sp) = star {
+            p = sp + 1;
+            mark += 1;
+            i = mark;
+        } else {
+            return false;
+        }
+    }
+    while p < pat.len() && pat[p] == b'*' {
+        p += 1;
+    }
+    p == pat.len()
+}
+
+/// `(pattern, module)` of every `alias vfio_pci:...` line.
+pub fn parse_vfio_aliases(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == "alias").then_some(())?;
+            let pat = f.next()?;
+            let module = f.next()?;
+            pat.starts_with("vfio_pci:")
+                .then(|| (pat.to_string(), module.to_string()))
+        })
+        .collect()
+}
+
+/// The variant driver for a modalias: the matching `vfio_pci:` alias with the fewest
+/// wildcards (libvirt's rule); `None` when no variant claims the device.
+pub fn best_variant(aliases: &[(String, String)], modalias: &str) -> Option<String> {
+    let key = format!("vfio_{modalias}");
+    aliases
+        .iter()
+        .filter(|(p, _)| glob_match(p.as_bytes(), key.as_bytes()))
+        .min_by_key(|(p, _)| p.bytes().filter(|&b| b == b'*' || b == b'?').count())
+        .map(|(_, m)| m.clone())
+}
+
+fn canon(p: &Path) -> Option<PathBuf> {
+    fs::canonicalize(p).ok()
+}
+
+/// Maps canonical sysfs paths to the PCI function whose directory is their nearest ancestor.
+struct FnIndex {
+    by_path: HashMap<PathBuf, PciAddress>,
+}
+
+impl FnIndex {
+    fn new(host: &HostRoot, inv: &Inventory) -> Self {
+        let mut by_path = HashMap::new();
+        for d in &inv.devices {
+            if let Some(c) = canon(&host.pci_device(&d.address)) {
+                by_path.insert(c, d.address);
+            }
+        }
+        FnIndex { by_path }
+    }
+
+    /// The nearest PCI function at or above `p` (canonical).
+    fn owner(&self, p: &Path) -> Option<PciAddress> {
+        let mut cur = Some(p);
+        while let Some(c) = cur {
+            if let Some(a) = self.by_path.get(c) {
+                return Some(*a);
+            }
+            cur = c.parent();
+        }
+        None
+    }
+
+    fn owner_of_link(&self, link: &Path) -> Option<PciAddress> {
+        canon(link).and_then(|c| self.owner(&c))
+    }
+}
+
+/// Block devices a mounted `sys/class/block/<name>`-style device stands on: itself and,
+/// through `slaves/`, what device-mapper/md builds it from (depth-bounded).
+fn block_closure(host: &HostRoot, dev_dir: &Path, out: &mut Vec<PathBuf>, depth: u32) {
+    let Some(c) = canon(dev_dir) else { return };
+    if out.contains(&c) || depth > 8 {
+        return;
+    }
+    out.push(c.clone());
+    for s in dir_names(&c.join("slaves")).unwrap_or_default() {
+        block_closure(host, &host.sys_class("block").join(s), out, depth + 1);
+    }
+}
+
+/// Read every fact the planner needs.
+pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
+    let mut f = HostFacts::default();
+    let idx = FnIndex::new(host, inv);
+
+    // Drivers loaded, and their modules.
+    for d in dir_names(&host.sys_bus_pci_drivers()).unwrap_or_default() {
+        if let Ok(Some(m)) = link_name(&host.pci_driver(&d).join("module")) {
+            f.driver_modules.insert(d.clone(), m);
+        }
+        f.loaded_drivers.insert(d);
+    }
+
+    // Mounted filesystems.
+    let add = |f: &mut HostFacts, a: PciAddress, u: Use| {
+        let v = f.uses.entry(a).or_default();
+        if !v.contains(&u) {
+            v.push(u);
+        }
+    };
+    let mounts_from_info = read_bounded(&host.proc_self_mountinfo(), 16 << 20).ok();
+    if let Some(text) = &mounts_from_info {
+        for line in text.lines() {
+            let (pre, post) = match line.split_once(" - ") {
+                Some(x) => x,
+                None => continue,
+            };
+            let fields: Vec<&str> = pre.split_whitespace().collect();
+            let post: Vec<&str> = post.split_whitespace().collect();
+            if fields.len() < 5 {
+                continue;
+            }
+            let majmin = fields[2];
+            if majmin.starts_with("0:") {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_dev_block(majmin), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    let block = c
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    add(
+                        &mut f,
+                        a,
+                        Use::Mount {
+                            block,
+                            mountpoint: unescape_mount(fields[4]),
+                            fstype: post.first().unwrap_or(&"?").to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    } else if let Ok(text) = read_bounded(&host.proc_self_mounts(), 16 << 20) {
+        for line in text.lines() {
+            let fl: Vec<&str> = line.split_whitespace().collect();
+            if fl.len() < 3 {
+                continue;
+            }
+            let Some(name) = fl[0].strip_prefix("/dev/") else {
+                continue;
+            };
+            if name.contains('/') {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    let block = c
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    add(
+                        &mut f,
+                        a,
+                        Use::Mount {
+                            block,
+                            mountpoint: unescape_mount(fl[1]),
+                            fstype: fl[2].to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    if let Ok(text) = read_bounded(&host.proc_swaps(), 1 << 20) {
+        for line in text.lines().skip(1) {
+            let Some(name) = line
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.strip_prefix("/dev/"))
+            else {
+                continue;
+            };
+            if name.contains('/') {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    add(
+                        &mut f,
+                        a,
+                        Use::Swap {
+                            block: name.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    // Network interfaces that are up.
+    for ifc in dir_names(&host.sys_class("net")).unwrap_or_default() {
+        let d = host.sys_class("net").join(&ifc);
+        let Some(a) = idx.owner_of_link(&d.join("device")) else {
+            continue;
+        };
+        let oper = read_attr(&d.join("operstate")).unwrap_or_default();
+        let flags = read_attr(&d.join("flags"))
+            .ok()
+            .and_then(|s| crate::host::parse_hex(&s))
+            .unwrap_or(0);
+        if oper.trim() == "up" || flags & 1 != 0 {
+            add(&mut f, a, Use::NetUp { iface: ifc });
+        }
+    }
+
+    // Open file descriptors: DRM nodes and VFIO groups.
+    let mut dri_open: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+    let mut unreadable = 0usize;
+    for name in dir_names(&host.proc_dir()).unwrap_or_default() {
+        let Ok(pid) = name.parse::<u32>() else { continue };
+        let fd_dir = host.proc_pid(pid).join("fd");
+        let fds = match fs::read_dir(&fd_dir) {
+            Ok(rd) => rd,
+            Err(_) => {
+                unreadable += 1;
+                continue;
+            }
+        };
+        let mut comm: Option<String> = None;
+        let comm_of = |comm: &mut Option<String>| {
+            comm.get_or_insert_with(|| {
+                read_attr(&host.proc_pid(pid).join("comm")).unwrap_or_else(|_| "?".into())
+            })
+            .clone()
+        };
+        for e in fds.flatten() {
+            let Ok(t) = fs::read_link(e.path()) else { continue };
+            let t = t.to_string_lossy();
+            if let Some(node) = t.strip_prefix("/dev/dri/") {
+                let c = comm_of(&mut comm);
+                let v = dri_open.entry(node.to_string()).or_default();
+                if !v.iter().any(|(p, _)| *p == pid) {
+                    v.push((pid, c));
+                }
+            } else if let Some(g) = t.strip_prefix("/dev/vfio/").and_then(|g| g.parse::<u32>().ok()) {
+                let c = comm_of(&mut comm);
+                let v = f.vfio_open.entry(g).or_default();
+                if !v.iter().any(|(p, _)| *p == pid) {
+                    v.push((pid, c));
+                }
+            }
+        }
+    }
+    if unreadable > 0 {
+        f.warnings.push(format!(
+            "could not inspect the open files of {unreadable} processes (gpupass needs root for that)"
+        ));
+    }
+    for node in dir_names(&host.sys_class("drm")).unwrap_or_default() {
+        let is_node = node
+            .strip_prefix("card")
+            .or_else(|| node.strip_prefix("renderD"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_node {
+            continue;
+        }
+        let Some(a) = idx.owner_of_link(&host.sys_class("drm").join(&node).join("device")) else {
+            continue;
+        };
+        for (pid, comm) in dri_open.get(&node).into_iter().flatten() {
+            add(
+                &mut f,
+                a,
+                Use::DrmOpen {
+                    node: node.clone(),
+                    pid: *pid,
+                    comm: comm.clone(),
+                },
+            );
+        }
+    }
+
+    // Framebuffers, and whether the framebuffer console is bound.
+    let fbcon = dir_names(&host.sys_class("vtconsole"))
+        .unwrap_or_default()
+        .into_iter()
+        .find(|v| {
+            let d = host.sys_class("vtconsole").join(v);
+            read_attr(&d.join("name")).is_ok_and(|n| n.contains("frame buffer"))
+                && read_attr(&d.join("bind")).is_ok_and(|b| b.trim() == "1")
+        });
+    for fb in dir_names(&host.sys_class("graphics")).unwrap_or_default() {
+        // fbN only (`fbcon` is the console driver's own entry).
+        if !fb
+            .strip_prefix("fb")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let Some(a) = idx.owner_of_link(&host.sys_class("graphics").join(&fb).join("device")) else {
+            continue;
+        };
+        add(
+            &mut f,
+            a,
+            Use::Framebuffer {
+                fb,
+                console: fbcon.clone(),
+            },
+        );
+    }
+
+    // VFIO variant drivers.
+    if let Some(rel) = &inv.kernel {
+        let p = host.modules_dir(rel).join("modules.alias");
+        if let Ok(text) = read_bounded(&p, 64 << 20) {
+            let aliases = parse_vfio_aliases(&text);
+            if !aliases.is_empty() {
+                for d in &inv.devices {
+                    if let Some(m) = d.modalias.as_deref().and_then(|ma| best_variant(&aliases, ma)) {
+                        // vfio_pci itself has no `vfio_pci:` aliases; anything else is a variant.
+                        if m != "vfio_pci" {
+                            f.variants.insert(d.address, m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    f
+}
+
+/// Mount points escape space, tab, newline and backslash as octal (`\040`).
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(
+            b"vfio_pci:v000010DEd00002342sv*sd*bc*sc*i*",
+            b"vfio_pci:v000010DEd00002342sv000010DEsd000016C1bc03sc02i00"
+        ));
+        assert!(!glob_match(
+            b"vfio_pci:v000010DEd00002342sv*",
+            b"vfio_pci:v000010DEd00002330sv000010DE"
+        ));
+        assert!(glob_match(b"a?c*", b"abcdef"));
+        assert!(glob_match(b"*", b""));
+        assert!(!glob_match(b"a", b""));
+    }
+
+    #[test]
+    fn fewest_wildcards_wins() {
+        let t = "alias pci:v000010DEd*sv*sd*bc03sc*i* nvidia\n\
+                 alias vfio_pci:v000010DEd*sv*sd*bc*sc*i* broad_vfio_pci\n\
+                 alias vfio_pci:v000010DEd00002342sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci\n\
+                 garbage line\n";
+        let a = parse_vfio_aliases(t);
+        assert_eq!(a.len(), 2);
+        let m = "pci:v000010DEd00002342sv000010DEsd000016C1bc03sc02i00";
+        assert_eq!(best_variant(&a, m).as_deref(), Some("nvgrace_gpu_vfio_pci"));
+        let other = "pci:v000010DEd00002330sv000010DEsd000016C1bc03sc02i00";
+        assert_eq!(best_variant(&a, other).as_deref(), Some("broad_vfio_pci"));
+        assert_eq!(best_variant(&a, "pci:v00008086d00001234sv0sd0bc03sc00i00"), None);
+    }
+
+    #[test]
+    fn mount_escapes() {
+        assert_eq!(unescape_mount("/mnt/my\\040disk"), "/mnt/my disk");
+        assert_eq!(unescape_mount("/plain"), "/plain");
+        assert_eq!(unescape_mount("/trail\\04"), "/trail\\04");
+    }
+}

@@ -1,0 +1,565 @@
+//! The journal and the lock of the commands that change drivers.
+//!
+//! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` and
+//! `fdatasync`ed before the change it announces is made:
+//!
+//! ```text
+//! {"v":1,"op":"begin","txn":"4242-1732871234123","time":1732871234,"pid":4242,"action":"bind",
+//!  "groups":[1],"functions":[{"address":"0000:01:00.1","group":1,
+//!  "before":{"driver":"snd_hda_intel","module":"snd_hda_intel","driver_override":null},
+//!  "after":{"driver":"vfio-pci","module":"vfio_pci","driver_override":"vfio-pci"}}, ...],"writes":6}
+//! {"v":1,"op":"step","txn":"4242-...","n":1,"path":"/sys/bus/pci/devices/0000:01:00.1/driver_override","value":"vfio-pci"}
+//! ...
+//! {"v":1,"op":"commit","txn":"4242-..."}
+//! ```
+//!
+//! A transaction ends with `commit`, `rolled_back` (a failure undone) or `recovered`
+//! (`gpupass recover` restored `before`, or with `--continue` reached `after`). A `begin`
+//! without an end is an unfinished plan: the process died between two writes. Replaying the
+//! committed transactions gives the functions gpupass has bound and the driver each had
+//! before, which `unbind` restores. The journal lives under `/run` (tmpfs) on purpose: after a
+//! reboot the kernel's driver state is fresh and so is the journal.
+//!
+//! `run/gpupass/lock` is `flock`ed exclusively by every command that changes drivers, from
+//! before it reads the host until its journal entry is closed, so two gpupass processes never
+//! plan from the same stale view or interleave writes on one group.
+
+use super::{Action, BindError, BoundState, DriverState, FuncPlan};
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, PciAddress};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const VERSION: u32 = 1;
+/// Rewrite the journal as one `state` record once it grows past this and nothing is open.
+const COMPACT_AT: u64 = 256 * 1024;
+
+/// One journal line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Record {
+    Begin {
+        txn: String,
+        time: u64,
+        pid: u32,
+        action: Action,
+        groups: Vec<u32>,
+        functions: Vec<FuncPlan>,
+        writes: usize,
+    },
+    /// Written *before* write number `n` (1-based) of the transaction.
+    Step {
+        txn: String,
+        n: usize,
+        path: String,
+        value: String,
+    },
+    /// Written before each write that undoes (rollback) or repairs (recover) a transaction.
+    Undo {
+        txn: String,
+        path: String,
+        value: String,
+    },
+    Commit {
+        txn: String,
+    },
+    RolledBack {
+        txn: String,
+        error: String,
+    },
+    Recovered {
+        txn: String,
+        /// `before` (restored) or `after` (completed with --continue).
+        to: String,
+    },
+    /// Compacted journal: the functions bound by gpupass and their previous state.
+    State {
+        bound: Vec<(PciAddress, DriverState)>,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Line {
+    v: u32,
+    #[serde(flatten)]
+    rec: Record,
+}
+
+/// A transaction that began and never ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenTxn {
+    pub txn: String,
+    pub pid: u32,
+    pub action: Action,
+    pub groups: Vec<u32>,
+    pub functions: Vec<FuncPlan>,
+    pub writes: usize,
+    /// Last write announced (0: none); it may or may not have happened.
+    pub at: usize,
+    pub at_path: Option<String>,
+}
+
+impl OpenTxn {
+    pub fn describe(&self) -> String {
+        let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
+        format!(
+            "{} of IOMMU group {} (txn {}, pid {}) stopped at write {} of {}{}",
+            self.action,
+            groups.join(", "),
+            self.txn,
+            self.pid,
+            self.at,
+            self.writes,
+            self.at_path
+                .as_ref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// What the journal says.
+#[derive(Debug, Clone, Default)]
+pub struct Replay {
+    pub bound: BoundState,
+    pub open: Vec<OpenTxn>,
+    /// Lines that could not be parsed (a torn last line after a crash mid-append).
+    pub bad_lines: usize,
+    pub size: u64,
+}
+
+pub fn journal_path(host: &HostRoot) -> PathBuf {
+    host.run_gpupass().join("journal.jsonl")
+}
+
+pub fn lock_path(host: &HostRoot) -> PathBuf {
+    host.run_gpupass().join("lock")
+}
+
+fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> BindError {
+    let p = host.display(path);
+    move |source| BindError::Journal {
+        path: p.clone(),
+        source,
+    }
+}
+
+/// Replay the journal (a missing journal is an empty one).
+pub fn read(host: &HostRoot) -> Result<Replay, BindError> {
+    let path = journal_path(host);
+    let text = match crate::host::read_bounded(&path, 64 << 20) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Replay::default()),
+        Err(e) => return Err(jerr(&path, host)(e)),
+    };
+    let mut r = replay(&text);
+    r.size = text.len() as u64;
+    Ok(r)
+}
+
+/// Replay journal text.
+pub fn replay(text: &str) -> Replay {
+    let mut r = Replay::default();
+    let mut open: Vec<OpenTxn> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec = match serde_json::from_str::<Line>(line) {
+            Ok(l) if l.v <= VERSION => l.rec,
+            _ => {
+                r.bad_lines += 1;
+                continue;
+            }
+        };
+        match rec {
+            Record::Begin {
+                txn,
+                pid,
+                action,
+                groups,
+                functions,
+                writes,
+                ..
+            } => open.push(OpenTxn {
+                txn,
+                pid,
+                action,
+                groups,
+                functions,
+                writes,
+                at: 0,
+                at_path: None,
+            }),
+            Record::Step { txn, n, path, .. } => {
+                if let Some(t) = open.iter_mut().find(|t| t.txn == txn) {
+                    t.at = n;
+                    t.at_path = Some(path);
+                }
+            }
+            Record::Undo { .. } => {}
+            Record::Commit { txn } => {
+                if let Some(i) = open.iter().position(|t| t.txn == txn) {
+                    let t = open.remove(i);
+                    settle(&mut r.bound, &t.functions, t.action);
+                }
+            }
+            Record::RolledBack { txn, .. } => open.retain(|t| t.txn != txn),
+            Record::Recovered { txn, to } => {
+                if let Some(i) = open.iter().position(|t| t.txn == txn) {
+                    let t = open.remove(i);
+                    if to == "after" {
+                        settle(&mut r.bound, &t.functions, t.action);
+                    }
+                }
+            }
+            Record::State { bound } => r.bound = bound.into_iter().collect(),
+        }
+    }
+    r.open = open;
+    r
+}
+
+/// Apply a completed transaction to the "bound by gpupass" state.
+fn settle(bound: &mut BoundState, functions: &[FuncPlan], action: Action) {
+    for f in functions {
+        match action {
+            Action::Bind => {
+                if f.after.driver.as_deref().is_some_and(is_vfio_driver) {
+                    // Keep the oldest "before": a rebind between VFIO drivers must not make
+                    // gpupass forget the native driver.
+                    let prev = bound.get(&f.address).cloned();
+                    let keep = match prev {
+                        Some(p) if f.before.driver.as_deref().is_some_and(is_vfio_driver) => p,
+                        _ => f.before.clone(),
+                    };
+                    bound.insert(f.address, keep);
+                }
+            }
+            Action::Unbind => {
+                bound.remove(&f.address);
+            }
+        }
+    }
+}
+
+/// The exclusive lock; released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+fn holder(path: &Path) -> String {
+    crate::host::read_attr(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn open_lock_file(host: &HostRoot) -> Result<File, BindError> {
+    let dir = host.run_gpupass();
+    fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
+    let path = lock_path(host);
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(jerr(&path, host))
+}
+
+fn try_flock(f: &File) -> io::Result<bool> {
+    match rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK || e == rustix::io::Errno::INTR => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
+    }
+}
+
+/// How long to wait for another gpupass: `GPUPASS_LOCK_TIMEOUT` seconds, default 30.
+pub fn lock_timeout() -> Duration {
+    let s = std::env::var("GPUPASS_LOCK_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .unwrap_or(30.0);
+    Duration::from_secs_f64(s.min(86_400.0))
+}
+
+/// Take the lock, waiting up to `wait` for another gpupass to finish.
+pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
+    let mut f = open_lock_file(host)?;
+    let path = lock_path(host);
+    let start = Instant::now();
+    let mut told = false;
+    loop {
+        if try_flock(&f).map_err(jerr(&path, host))? {
+            break;
+        }
+        if start.elapsed() >= wait {
+            return Err(BindError::Locked {
+                path: host.display(&path),
+                holder: holder(&path),
+                waited_s: wait.as_secs(),
+            });
+        }
+        if !told {
+            eprintln!(
+                "gpupass: waiting for another gpupass (pid {}) to finish changing devices",
+                holder(&path)
+            );
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Say who holds it, for the message of the one that waits.
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(Lock { _file: f })
+}
+
+/// The open journal, for appending.
+pub struct Journal {
+    path: PathBuf,
+    display: String,
+    file: File,
+}
+
+impl Journal {
+    /// Open (create) the journal; call with the lock held. Compacts it when it is large and
+    /// nothing is open.
+    pub fn open(host: &HostRoot, _lock: &Lock) -> Result<Journal, BindError> {
+        let dir = host.run_gpupass();
+        fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
+        let path = journal_path(host);
+        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if size > COMPACT_AT {
+            let r = read(host)?;
+            if r.open.is_empty() {
+                compact(&path, &r.bound).map_err(jerr(&path, host))?;
+            }
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(jerr(&path, host))?;
+        Ok(Journal {
+            display: host.display(&path),
+            path,
+            file,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Append one record durably: one write of the whole line, then fdatasync.
+    pub fn append(&mut self, rec: Record) -> Result<(), BindError> {
+        let mut line = serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| BindError::Journal {
+            path: self.display.clone(),
+            source: io::Error::other(e),
+        })?;
+        line.push('\n');
+        let r = self
+            .file
+            .write_all(line.as_bytes())
+            .and_then(|_| self.file.sync_data());
+        r.map_err(|source| BindError::Journal {
+            path: self.display.clone(),
+            source,
+        })
+    }
+}
+
+fn compact(path: &Path, bound: &BoundState) -> io::Result<()> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut f = File::create(&tmp)?;
+    let line = serde_json::to_string(&Line {
+        v: VERSION,
+        rec: Record::State {
+            bound: bound.iter().map(|(a, s)| (*a, s.clone())).collect(),
+        },
+    })
+    .map_err(io::Error::other)?;
+    f.write_all(line.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        if let Ok(df) = File::open(d) {
+            let _ = df.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// A new transaction id: pid and time.
+pub fn new_txn() -> (String, u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (
+        format!("{}-{}", std::process::id(), now.as_millis()),
+        now.as_secs(),
+    )
+}
+
+/// For commands that do not change drivers: if an unfinished plan is in the journal and its
+/// process is gone (the lock is free), say so on stderr. Never fails.
+pub fn warn_unfinished(host: &HostRoot) {
+    let path = journal_path(host);
+    if !path.exists() {
+        return;
+    }
+    let Ok(r) = read(host) else { return };
+    if r.open.is_empty() {
+        return;
+    }
+    // Held by a running gpupass: its plan is in progress, not abandoned.
+    if let Ok(f) = OpenOptions::new().read(true).write(true).open(lock_path(host)) {
+        if let Ok(false) = try_flock(&f) {
+            return;
+        }
+    }
+    for t in &r.open {
+        eprintln!(
+            "warning: an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
+            t.describe(),
+            t.action
+        );
+    }
+}
+
+/// Read the whole lock file (tests).
+pub fn lock_holder(host: &HostRoot) -> Option<String> {
+    let mut s = String::new();
+    File::open(lock_path(host)).ok()?.read_to_string(&mut s).ok()?;
+    Some(s.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bind::FuncPlan;
+
+    fn fp(addr: &str, before: Option<&str>, after: Option<&str>) -> FuncPlan {
+        FuncPlan {
+            address: addr.parse().unwrap(),
+            group: Some(1),
+            before: DriverState {
+                driver: before.map(str::to_string),
+                module: None,
+                driver_override: None,
+            },
+            after: DriverState {
+                driver: after.map(str::to_string),
+                module: None,
+                driver_override: after.map(str::to_string),
+            },
+        }
+    }
+
+    fn line(rec: Record) -> String {
+        serde_json::to_string(&Line { v: 1, rec }).unwrap()
+    }
+
+    #[test]
+    fn replay_tracks_bound_and_open() {
+        let b = |txn: &str, action, f: Vec<FuncPlan>| Record::Begin {
+            txn: txn.into(),
+            time: 0,
+            pid: 1,
+            action,
+            groups: vec![1],
+            functions: f,
+            writes: 6,
+        };
+        let text = [
+            line(b(
+                "a",
+                Action::Bind,
+                vec![fp("01:00.0", Some("nvidia"), Some("vfio-pci"))],
+            )),
+            line(Record::Commit { txn: "a".into() }),
+            line(b(
+                "b",
+                Action::Bind,
+                vec![fp("02:00.0", Some("igc"), Some("vfio-pci"))],
+            )),
+            line(Record::RolledBack {
+                txn: "b".into(),
+                error: "x".into(),
+            }),
+            line(b(
+                "c",
+                Action::Bind,
+                vec![fp("03:00.0", Some("nvme"), Some("vfio-pci"))],
+            )),
+            line(Record::Step {
+                txn: "c".into(),
+                n: 2,
+                path: "/sys/x".into(),
+                value: "y".into(),
+            }),
+            "{\"v\":1,\"op\":\"comm".to_string(),
+        ]
+        .join("\n");
+        let r = replay(&text);
+        assert_eq!(r.bad_lines, 1);
+        assert_eq!(r.bound.len(), 1);
+        let a: PciAddress = "01:00.0".parse().unwrap();
+        assert_eq!(r.bound[&a].driver.as_deref(), Some("nvidia"));
+        assert_eq!(r.open.len(), 1);
+        assert_eq!(r.open[0].txn, "c");
+        assert_eq!(r.open[0].at, 2);
+        // An unbind commit forgets the function.
+        let text2 = format!(
+            "{text}\n{}\n{}\n",
+            line(b(
+                "d",
+                Action::Unbind,
+                vec![fp("01:00.0", Some("vfio-pci"), Some("nvidia"))]
+            )),
+            line(Record::Commit { txn: "d".into() })
+        );
+        assert!(replay(&text2).bound.is_empty());
+    }
+
+    #[test]
+    fn lock_excludes_and_compaction_keeps_state() {
+        let t = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(t.path());
+        let l = lock(&host, Duration::from_millis(0)).unwrap();
+        assert_eq!(lock_holder(&host), Some(std::process::id().to_string()));
+        // A second open file description cannot take it.
+        let e = lock(&host, Duration::from_millis(30)).unwrap_err();
+        assert!(e.to_string().contains("another gpupass"), "{e}");
+        let mut j = Journal::open(&host, &l).unwrap();
+        j.append(Record::Begin {
+            txn: "t".into(),
+            time: 0,
+            pid: 1,
+            action: Action::Bind,
+            groups: vec![1],
+            functions: vec![fp("01:00.0", Some("nvidia"), Some("vfio-pci"))],
+            writes: 3,
+        })
+        .unwrap();
+        j.append(Record::Commit { txn: "t".into() }).unwrap();
+        let r = read(&host).unwrap();
+        compact(&journal_path(&host), &r.bound).unwrap();
+        let r2 = read(&host).unwrap();
+        assert_eq!(r.bound, r2.bound);
+        assert_eq!(r2.bound.len(), 1);
+        drop(l);
+        assert!(lock(&host, Duration::from_millis(0)).is_ok());
+    }
+}

@@ -1,0 +1,260 @@
+//! `gpupass persist`: make a binding survive reboot, in driverctl's format.
+//!
+//! driverctl keeps one file per device, `/etc/driverctl.d/<bus>-<address>`, holding the driver
+//! name (it writes it with `echo "$drv" >`, so with a trailing newline). Its udev rule runs
+//! `driverctl load-override <dev>` when the device appears, which reads the file (`$(< file)`)
+//! and binds through `driver_override`, so the override is in place from the moment of
+//! discovery, before any native driver can take the device. gpupass writes those files for
+//! every function its bind would move, and prints the two older, global mechanisms for users
+//! who do not run driverctl: `vfio-pci.ids=` on the kernel command line (by vendor:device, so it
+//! also takes every other device with the same IDs) and `softdep <native> pre: vfio-pci` in
+//! modprobe.d, so vfio-pci is loaded before the native driver.
+
+use super::checks::HostFacts;
+use super::{select_functions, target_driver, Action, BindError, BindRequest, BoundState, Plan, Refusal};
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+
+/// One driverctl file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OverrideFile {
+    pub address: PciAddress,
+    /// As on the host: `/etc/driverctl.d/pci-0000:01:00.0`.
+    pub path: String,
+    pub driver: String,
+}
+
+/// What `persist` (or `persist --remove`) writes, removes and prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PersistPlan {
+    pub remove: bool,
+    pub files: Vec<OverrideFile>,
+    /// `vfio-pci.ids=vvvv:dddd,...` for the kernel command line, when vfio-pci is the driver.
+    pub cmdline: Option<String>,
+    /// modprobe.d lines: `softdep <native module> pre: vfio-pci`.
+    pub softdeps: Vec<String>,
+    pub refusals: Vec<Refusal>,
+    pub warnings: Vec<String>,
+}
+
+/// The driverctl file of a function.
+pub fn override_file(host: &HostRoot, a: &PciAddress) -> std::path::PathBuf {
+    host.driverctl_dir().join(format!("pci-{a}"))
+}
+
+/// Plan `persist`: pure over the inventory, host facts and journal state.
+pub fn plan_persist(
+    inv: &Inventory,
+    facts: &HostFacts,
+    bound: &BoundState,
+    req: &BindRequest,
+    remove: bool,
+) -> PersistPlan {
+    let mut sel = Plan {
+        action: Action::Bind,
+        groups: Vec::new(),
+        functions: Vec::new(),
+        steps: Vec::new(),
+        refusals: Vec::new(),
+        warnings: Vec::new(),
+        notes: Vec::new(),
+    };
+    let funcs: Vec<PciAddress> = if remove {
+        // Remove whatever overrides the selection's groups hold; no refusals about the group.
+        let mut set = BTreeSet::new();
+        for a in &req.addresses {
+            let Some(d) = inv.device(a) else {
+                sel.refusals.push(Refusal {
+                    address: *a,
+                    reason: "no such PCI device on this host".into(),
+                    fix: "`gpupass list --all` shows the devices there are".into(),
+                    forceable: false,
+                });
+                continue;
+            };
+            set.insert(*a);
+            if let (false, Some(g)) = (req.only, d.iommu_group.and_then(|g| inv.group(g))) {
+                set.extend(g.members.iter().copied());
+            }
+        }
+        set.into_iter()
+            .filter(|a| inv.device(a).is_some_and(|d| d.persistent_driver.is_some()))
+            .collect()
+    } else {
+        select_functions(inv, req, &mut sel)
+    };
+    let mut p = PersistPlan {
+        remove,
+        files: Vec::new(),
+        cmdline: None,
+        softdeps: Vec::new(),
+        refusals: sel.refusals,
+        warnings: Vec::new(),
+    };
+    let mut ids: BTreeSet<String> = BTreeSet::new();
+    let mut natives: BTreeSet<String> = BTreeSet::new();
+    for a in &funcs {
+        let Some(d) = inv.device(a) else { continue };
+        let driver = if remove {
+            d.persistent_driver.clone().unwrap_or_default()
+        } else {
+            target_driver(d, req.driver.as_deref(), facts)
+        };
+        if driver == "vfio-pci" {
+            ids.insert(format!("{}:{}", d.vendor_id, d.device_id));
+        }
+        let native = match &d.driver {
+            Some(cur) if !is_vfio_driver(cur) => Some(cur.clone()),
+            _ => bound.get(a).and_then(|s| s.driver.clone()),
+        };
+        if let Some(n) = native.filter(|n| !is_vfio_driver(n)) {
+            natives.insert(super::module_for_driver(&n, facts));
+        }
+        if let (false, Some(old)) = (remove, &d.persistent_driver) {
+            if old != &driver {
+                p.warnings.push(format!(
+                    "{a}: replacing the driverctl override {old} with {driver}"
+                ));
+            }
+        }
+        p.files.push(OverrideFile {
+            address: *a,
+            path: format!("/etc/driverctl.d/pci-{a}"),
+            driver,
+        });
+    }
+    if !ids.is_empty() {
+        let list: Vec<String> = ids.iter().cloned().collect();
+        p.cmdline = Some(format!("vfio-pci.ids={}", list.join(",")));
+        let others: Vec<String> = inv
+            .devices
+            .iter()
+            .filter(|d| !funcs.contains(&d.address))
+            .filter(|d| ids.contains(&format!("{}:{}", d.vendor_id, d.device_id)))
+            .map(|d| d.address.to_string())
+            .collect();
+        if !others.is_empty() && !remove {
+            p.warnings.push(format!(
+                "vfio-pci.ids= matches by vendor:device, so it would also take {} (same IDs); \
+                 use only the driverctl files for these",
+                others.join(", ")
+            ));
+        }
+    }
+    p.softdeps = natives
+        .into_iter()
+        .map(|m| format!("softdep {m} pre: vfio-pci"))
+        .collect();
+    p
+}
+
+impl PersistPlan {
+    pub fn render(&self, dry_run: bool) -> String {
+        let mut s = String::new();
+        for w in &self.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
+        let verb = match (self.remove, dry_run) {
+            (false, false) => "wrote",
+            (false, true) => "would write",
+            (true, false) => "removed",
+            (true, true) => "would remove",
+        };
+        if self.files.is_empty() {
+            let _ = writeln!(
+                s,
+                "{}",
+                if self.remove {
+                    "no driverctl override to remove"
+                } else {
+                    "nothing to persist"
+                }
+            );
+            return s;
+        }
+        for f in &self.files {
+            let _ = writeln!(s, "{verb} {} ({})", f.path, f.driver);
+        }
+        if self.remove {
+            let _ = writeln!(
+                s,
+                "The devices stay on their current driver until `gpupass unbind` or a reboot."
+            );
+            if let Some(c) = &self.cmdline {
+                let _ = writeln!(
+                    s,
+                    "If you added them, also remove `{c}` from the kernel command line"
+                );
+            }
+            for l in &self.softdeps {
+                let _ = writeln!(s, "and the modprobe.d line `{l}`");
+            }
+            return s;
+        }
+        let _ = writeln!(
+            s,
+            "driverctl's udev rule applies these when the devices appear at boot (install the driverctl \
+             package); `driverctl list-overrides` then shows them."
+        );
+        if let Some(c) = &self.cmdline {
+            let _ = writeln!(
+                s,
+                "Without driverctl, add to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub):\n  {c}"
+            );
+        }
+        if !self.softdeps.is_empty() {
+            let _ = writeln!(
+                s,
+                "and load vfio-pci before the native drivers (/etc/modprobe.d/gpupass-vfio.conf, then update-initramfs -u):"
+            );
+            for l in &self.softdeps {
+                let _ = writeln!(s, "  {l}");
+            }
+        }
+        s
+    }
+}
+
+/// Write (or remove) the driverctl files: each written to a temporary file, synced, renamed.
+pub fn apply_persist(host: &HostRoot, p: &PersistPlan) -> Result<(), BindError> {
+    let dir = host.driverctl_dir();
+    let werr = |path: &std::path::Path| {
+        let d = host.display(path);
+        move |source| BindError::Write {
+            path: d.clone(),
+            source,
+        }
+    };
+    if p.remove {
+        for f in &p.files {
+            let path = override_file(host, &f.address);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(werr(&path)(e)),
+            }
+        }
+        return Ok(());
+    }
+    fs::create_dir_all(&dir).map_err(werr(&dir))?;
+    for f in &p.files {
+        let path = override_file(host, &f.address);
+        let tmp = dir.join(format!(".pci-{}.gpupass-tmp", f.address));
+        let r = (|| {
+            let mut fh = fs::File::create(&tmp)?;
+            fh.write_all(format!("{}\n", f.driver).as_bytes())?;
+            fh.sync_all()?;
+            fs::rename(&tmp, &path)
+        })();
+        r.map_err(werr(&path))?;
+    }
+    if let Ok(d) = fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

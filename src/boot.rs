@@ -1,0 +1,97 @@
+//! `gpupass boot`: run the VMM ([`crate::vmm`]) and render its result.
+//!
+//! Without `--json` the guest's serial console is streamed to stdout as it is written and a
+//! summary goes to stderr; with `--json` stdout carries only the [`BootReport`]. The exit
+//! status is the firmware's (port 0x501).
+
+use crate::host::HostRoot;
+use crate::model::Inventory;
+use crate::vmm::{self, BootOptions, BootReport, VmmError};
+use std::io::Write;
+
+/// Boot and print; returns the firmware's status.
+pub fn run(
+    host: &HostRoot,
+    inv: Option<&Inventory>,
+    opts: &BootOptions,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, VmmError> {
+    let report = if json {
+        vmm::boot(host, inv, opts, None)?
+    } else {
+        vmm::boot(host, inv, opts, Some(out))?
+    };
+    if json {
+        let _ = serde_json::to_writer_pretty(&mut *out, &report);
+        let _ = writeln!(out);
+    } else {
+        let _ = out.flush();
+        eprint!("{}", summary(&report));
+    }
+    Ok(i32::from(report.status))
+}
+
+fn size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// The human summary printed after the console.
+pub fn summary(r: &BootReport) -> String {
+    let mut s = format!(
+        "gpupass: {}: firmware exited with status {} after {:.2} ms (setup {:.2} ms)\n",
+        r.device,
+        r.status,
+        r.timing.run_us as f64 / 1000.0,
+        r.timing.setup_us as f64 / 1000.0
+    );
+    let kinds: Vec<String> = r.exits.by_kind.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    s.push_str(&format!(
+        "gpupass: {} VM exits: {}\n",
+        r.exits.total,
+        kinds.join(", ")
+    ));
+    for sl in &r.slots {
+        match sl.gpa {
+            Some(g) => s.push_str(&format!(
+                "gpupass: BAR{} +{:#x} ({}) mapped as KVM slot {} at {g:#x}: guest accesses do not exit\n",
+                sl.bar,
+                sl.offset,
+                size(sl.size),
+                sl.slot
+            )),
+            None => s.push_str(&format!(
+                "gpupass: BAR{} +{:#x} ({}) not mapped (BAR not decoded)\n",
+                sl.bar,
+                sl.offset,
+                size(sl.size)
+            )),
+        }
+    }
+    for t in &r.trapped {
+        s.push_str(&format!("gpupass: BAR{} trapped: {}\n", t.bar, t.reason));
+    }
+    if let (Some(w), Some(l)) = (&r.read_loop, &r.firmware.read_loop) {
+        let per = if l.count > 0 {
+            w.exits.total as f64 / l.count as f64
+        } else {
+            0.0
+        };
+        s.push_str(&format!(
+            "gpupass: read loop: {} reads of BAR{} in {:.2} ms, {} VM exits ({per:.2} per read)\n",
+            l.count,
+            l.bar.map_or("?".to_string(), |b| b.to_string()),
+            w.nanos as f64 / 1e6,
+            w.exits.total
+        ));
+    }
+    if !r.firmware.done {
+        s.push_str("gpupass: warning: the firmware did not print `FW done`\n");
+    }
+    s
+}

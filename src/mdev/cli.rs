@@ -1,0 +1,445 @@
+//! `gpupass mdev ...`: clap arguments and the dispatch of each subcommand.
+
+use super::defs::{self, Definition, StartMode};
+use super::types::{self, ParentKind};
+use super::{list, ops, InstanceRef, MdevError, MdevUuid, OpenNodes};
+use crate::host::ops::for_root;
+use crate::host::HostRoot;
+use crate::model::Inventory;
+use clap::Subcommand;
+use serde_json::json;
+use std::io::Write;
+use std::path::Path;
+use std::str::FromStr;
+
+/// One `--attr NAME=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr(pub String, pub String);
+
+impl FromStr for Attr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (k, v) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+        if k.is_empty() || k.contains('/') || k == "." || k == ".." || k.contains('\0') {
+            return Err(format!("{k:?} is not an attribute name"));
+        }
+        Ok(Attr(k.to_string(), v.to_string()))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MdevCommand {
+    /// Types each parent offers: id, name, description, available instances, device API
+    Types {
+        /// Only this parent (name such as mbochs, or PCI address such as 01:00.0)
+        #[arg(long, short = 'p')]
+        parent: Option<String>,
+    },
+    /// Active instances (UUID or vGPU VF, parent, type, IOMMU group, /dev/vfio/N, in use), or
+    /// with --defined the persistent definitions
+    List {
+        /// Persistent definitions (etc/mdevctl.d) instead of active instances
+        #[arg(long, short = 'd')]
+        defined: bool,
+    },
+    /// Create instances now (not persistent; see `define`); prints the UUIDs (or, for NVIDIA
+    /// vendor-VFIO vGPU, the VF addresses)
+    Create {
+        /// Parent: name (mbochs) or PCI address (0000:01:00.0 or 01:00.0)
+        #[arg(long, short = 'p')]
+        parent: String,
+        /// Type id (nvidia-222, mbochs-small; for NVIDIA vGPU the id 1044 or the name)
+        #[arg(long = "type", short = 't')]
+        ty: String,
+        /// UUID of the instance (default: a random one)
+        #[arg(long, short = 'u')]
+        uuid: Option<MdevUuid>,
+        /// How many instances
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        count: u32,
+        /// Attribute to write after creating, in order (repeatable)
+        #[arg(long = "attr", value_name = "NAME=VALUE")]
+        attrs: Vec<Attr>,
+    },
+    /// Remove an active instance (UUID, or the PCI address of an NVIDIA vGPU VF); refuses while
+    /// a process holds it open
+    Remove { instance: InstanceRef },
+    /// Define a persistent instance in mdevctl's format (etc/mdevctl.d/PARENT/UUID); with
+    /// only --uuid, copies an active instance's parent and type
+    Define {
+        #[arg(long, short = 'p')]
+        parent: Option<String>,
+        #[arg(long = "type", short = 't')]
+        ty: Option<String>,
+        /// UUID (default: a random one)
+        #[arg(long, short = 'u')]
+        uuid: Option<MdevUuid>,
+        /// Start it automatically when the parent appears (mdevctl's udev rule, or
+        /// `gpupass mdev start --auto-all` from a boot unit)
+        #[arg(long, short = 'a', conflicts_with = "manual")]
+        auto: bool,
+        /// Start it only on request (the default)
+        #[arg(long)]
+        manual: bool,
+        /// Attribute to write after creating, in order (repeatable)
+        #[arg(long = "attr", value_name = "NAME=VALUE")]
+        attrs: Vec<Attr>,
+        /// Define even though the parent is not present now (or lacks the type)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete a persistent definition (an active instance keeps running)
+    Undefine {
+        uuid: MdevUuid,
+        #[arg(long, short = 'p')]
+        parent: Option<String>,
+    },
+    /// Start a defined instance (or every `auto` one whose parent is present, with --auto-all)
+    Start {
+        #[arg(required_unless_present = "auto_all", conflicts_with = "auto_all")]
+        uuid: Option<MdevUuid>,
+        #[arg(long, short = 'p')]
+        parent: Option<String>,
+        /// Start every definition with start=auto whose parent is present and that is not
+        /// running (for a boot unit)
+        #[arg(long)]
+        auto_all: bool,
+    },
+    /// Stop (remove) an active instance; its definition stays
+    Stop { uuid: MdevUuid },
+}
+
+fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), MdevError> {
+    serde_json::to_writer_pretty(&mut *out, v).map_err(std::io::Error::other)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn read_defs(host: &HostRoot) -> Vec<Definition> {
+    let (d, warnings) = defs::read_all(host);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    d
+}
+
+fn resolve_type<'a>(parent: &'a types::Parent, ty: &str) -> Result<&'a types::TypeInfo, MdevError> {
+    parent.find_type(ty).ok_or_else(|| {
+        // NVIDIA vGPU catalogs shrink with capacity: an empty one means "used up".
+        if parent.kind == ParentKind::NvidiaVgpu && parent.types.is_empty() {
+            MdevError::NoAvailable {
+                parent: parent.name.clone(),
+                ty: ty.to_string(),
+                available: 0,
+                wanted: 1,
+            }
+        } else {
+            MdevError::UnknownType {
+                parent: parent.name.clone(),
+                ty: ty.to_string(),
+                valid: parent.type_ids(),
+            }
+        }
+    })
+}
+
+/// Run one `gpupass mdev` subcommand. `inventory` reads the host (or the saved JSON); the
+/// mutating subcommands refuse a saved inventory.
+pub fn run(
+    host: &HostRoot,
+    from_json: Option<&Path>,
+    json: bool,
+    cmd: MdevCommand,
+    inventory: &dyn Fn() -> Result<Inventory, MdevError>,
+    out: &mut dyn Write,
+) -> Result<i32, MdevError> {
+    let live = from_json.is_none();
+    let mutating = !matches!(cmd, MdevCommand::Types { .. } | MdevCommand::List { .. });
+    if mutating && !live {
+        return Err(MdevError::Usage(
+            "this `gpupass mdev` subcommand changes the host; it cannot run from --from-json".into(),
+        ));
+    }
+    let inv = inventory()?;
+    let parents = types::parents(&inv);
+    match cmd {
+        MdevCommand::Types { parent } => {
+            let shown = match parent {
+                Some(p) => vec![types::resolve(&inv, &parents, &p)?],
+                None => parents,
+            };
+            if json {
+                json_out(out, &json!({ "parents": shown }))?;
+            } else {
+                out.write_all(types::render(&shown).as_bytes())?;
+            }
+            Ok(0)
+        }
+        MdevCommand::List { defined } => {
+            let defs = if live { read_defs(host) } else { Vec::new() };
+            if defined {
+                let rows = list::defined(&inv, &parents, &defs);
+                if json {
+                    json_out(out, &json!({ "defined": rows }))?;
+                } else {
+                    out.write_all(list::render_defined(&rows).as_bytes())?;
+                }
+            } else {
+                let open = if live {
+                    OpenNodes::scan(host)
+                } else {
+                    OpenNodes::default()
+                };
+                let facts = list::HostFacts {
+                    root: host,
+                    open: &open,
+                    defs: &defs,
+                };
+                let rows = list::active(&inv, &facts);
+                if json {
+                    json_out(out, &json!({ "active": rows }))?;
+                } else {
+                    out.write_all(list::render_active(&rows, open.unreadable).as_bytes())?;
+                }
+            }
+            Ok(0)
+        }
+        MdevCommand::Create {
+            parent,
+            ty,
+            uuid,
+            count,
+            attrs,
+        } => {
+            if uuid.is_some() && count > 1 {
+                return Err(MdevError::Usage(
+                    "--uuid names one instance; drop it to create --count N".into(),
+                ));
+            }
+            let p = types::resolve(&inv, &parents, &parent)?;
+            if p.kind == ParentKind::NvidiaVgpu && (uuid.is_some() || !attrs.is_empty()) {
+                return Err(MdevError::Usage(format!(
+                    "{} is an NVIDIA vendor-VFIO vGPU parent: its instances are SR-IOV VFs named by PCI address and take no --uuid or --attr",
+                    p.name
+                )));
+            }
+            let t = resolve_type(&p, &ty)?;
+            let ops = for_root(host.clone());
+            let attrs: Vec<(String, String)> = attrs.into_iter().map(|a| (a.0, a.1)).collect();
+            let made = ops::create(ops.as_ref(), &inv, &p, t, uuid.as_slice(), count, &attrs)?;
+            super::after_change(host);
+            if json {
+                json_out(
+                    out,
+                    &json!({ "created": made, "parent": p.name, "type": t.t.id, "kind": p.kind }),
+                )?;
+            } else {
+                for m in &made {
+                    writeln!(out, "{m}")?;
+                }
+                if p.kind == ParentKind::NvidiaVgpu {
+                    eprintln!(
+                        "note: NVIDIA vendor-VFIO vGPU: each line is an SR-IOV VF now carrying type {}; give the VF to a VM as a PCI device",
+                        t.t.id
+                    );
+                }
+            }
+            Ok(0)
+        }
+        MdevCommand::Remove { instance } => {
+            let ops = for_root(host.clone());
+            let open = OpenNodes::scan(host);
+            let (name, parent) = match &instance {
+                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(ops.as_ref(), &inv, &open, u)?),
+                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(ops.as_ref(), &inv, &open, a)?),
+            };
+            super::after_change(host);
+            if json {
+                json_out(out, &json!({ "removed": name, "parent": parent }))?;
+            } else {
+                writeln!(out, "removed {name} from {parent}")?;
+            }
+            Ok(0)
+        }
+        MdevCommand::Define {
+            parent,
+            ty,
+            uuid,
+            auto,
+            manual: _,
+            attrs,
+            force,
+        } => {
+            let defs = read_defs(host);
+            let uuid = match uuid {
+                Some(u) => u,
+                None => MdevUuid::random()?,
+            };
+            if let Some(d) = defs.iter().find(|d| d.uuid == uuid.as_str()) {
+                return Err(MdevError::AlreadyDefined {
+                    uuid: uuid.to_string(),
+                    parent: d.parent.clone(),
+                    path: host.display(&defs::path_of(host, &d.parent, &d.uuid)),
+                });
+            }
+            // With only --uuid: take parent and type from the running instance.
+            let (parent, ty) = match (parent, ty) {
+                (Some(p), Some(t)) => (p, t),
+                (None, None) => {
+                    let m = inv.mdev(uuid.as_str()).ok_or_else(|| {
+                        MdevError::Usage(format!(
+                            "define needs --parent and --type (or --uuid of an active mdev; {uuid} is not active)"
+                        ))
+                    })?;
+                    (m.parent.clone(), m.type_id.clone().unwrap_or_default())
+                }
+                _ => return Err(MdevError::Usage("define needs both --parent and --type".into())),
+            };
+            let parent_name = match types::resolve(&inv, &parents, &parent) {
+                Ok(p) => {
+                    if p.kind == ParentKind::NvidiaVgpu {
+                        return Err(MdevError::Usage(format!(
+                            "{} is an NVIDIA vendor-VFIO vGPU parent; mdevctl-format definitions describe mdev devices only (create the vGPU with `gpupass mdev create`)",
+                            p.name
+                        )));
+                    }
+                    if !force {
+                        resolve_type(&p, &ty)?;
+                    }
+                    p.name
+                }
+                // A parent that appears later: keep the name as given, in full PCI form.
+                Err(MdevError::UnknownParent { .. }) if force => parent
+                    .parse::<crate::model::PciAddress>()
+                    .map(|a| a.to_string())
+                    .unwrap_or(parent),
+                Err(MdevError::UnknownParent {
+                    input,
+                    suggestion,
+                    known,
+                    ..
+                }) => {
+                    return Err(MdevError::UnknownParent {
+                        input,
+                        suggestion,
+                        known,
+                        hint: Some(" (add --force to define it for a parent that appears later)"),
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            if parent_name.contains('/') || parent_name.starts_with('.') || parent_name == "scripts.d" {
+                return Err(MdevError::Usage(format!("{parent_name:?} is not a parent name")));
+            }
+            let d = Definition {
+                uuid: uuid.to_string(),
+                parent: parent_name,
+                mdev_type: ty,
+                start: if auto { StartMode::Auto } else { StartMode::Manual },
+                attrs: attrs.into_iter().map(|a| (a.0, a.1)).collect(),
+            };
+            let ops = for_root(host.clone());
+            defs::write(ops.as_ref(), &d)?;
+            if json {
+                json_out(out, &json!({ "defined": d }))?;
+            } else {
+                writeln!(out, "{}", d.uuid)?;
+            }
+            Ok(0)
+        }
+        MdevCommand::Undefine { uuid, parent } => {
+            let defs = read_defs(host);
+            let d = defs::find(&defs, &uuid, parent.as_deref())?.clone();
+            let ops = for_root(host.clone());
+            defs::remove(ops.as_ref(), &d)?;
+            if json {
+                json_out(out, &json!({ "undefined": d }))?;
+            } else {
+                writeln!(out, "undefined {} (parent {})", d.uuid, d.parent)?;
+            }
+            Ok(0)
+        }
+        MdevCommand::Start {
+            uuid,
+            parent,
+            auto_all,
+        } => {
+            let defs = read_defs(host);
+            let ops = for_root(host.clone());
+            let todo: Vec<Definition> = if auto_all {
+                defs.iter()
+                    .filter(|d| d.start == StartMode::Auto)
+                    .filter(|d| parents.iter().any(|p| p.name == d.parent))
+                    .filter(|d| inv.mdev(&d.uuid).is_none())
+                    .cloned()
+                    .collect()
+            } else {
+                let u = uuid.ok_or_else(|| MdevError::Usage("start needs a UUID or --auto-all".into()))?;
+                let d = defs::find(&defs, &u, parent.as_deref())?.clone();
+                if let Some(m) = inv.mdev(&d.uuid) {
+                    return Err(MdevError::AlreadyActive {
+                        uuid: d.uuid.clone(),
+                        parent: m.parent.clone(),
+                    });
+                }
+                vec![d]
+            };
+            let mut started = Vec::new();
+            let mut failed = Vec::new();
+            for d in &todo {
+                let r = (|| {
+                    let p = types::resolve(&inv, &parents, &d.parent).map_err(|_| MdevError::ParentGone {
+                        parent: d.parent.clone(),
+                        uuid: d.uuid.clone(),
+                    })?;
+                    let t = resolve_type(&p, &d.mdev_type)?;
+                    let u: MdevUuid = d.uuid.parse().map_err(MdevError::Usage)?;
+                    ops::create(ops.as_ref(), &inv, &p, t, &[u], 1, &d.attrs)
+                })();
+                match r {
+                    Ok(_) => started.push(d.clone()),
+                    Err(e) if !auto_all => return Err(e),
+                    Err(e) => failed.push((d.clone(), e.to_string())),
+                }
+            }
+            if !started.is_empty() {
+                super::after_change(host);
+            }
+            if json {
+                let f: Vec<_> = failed
+                    .iter()
+                    .map(|(d, e)| json!({ "uuid": d.uuid, "parent": d.parent, "error": e }))
+                    .collect();
+                json_out(out, &json!({ "started": started, "failed": f }))?;
+            } else {
+                for d in &started {
+                    writeln!(out, "started {} ({} on {})", d.uuid, d.mdev_type, d.parent)?;
+                }
+                for (d, e) in &failed {
+                    writeln!(out, "FAILED {} ({} on {}): {e}", d.uuid, d.mdev_type, d.parent)?;
+                }
+                if auto_all && todo.is_empty() {
+                    writeln!(
+                        out,
+                        "nothing to start (no auto definitions with a present parent that are not running)"
+                    )?;
+                }
+            }
+            Ok(if failed.is_empty() { 0 } else { 1 })
+        }
+        MdevCommand::Stop { uuid } => {
+            let ops = for_root(host.clone());
+            let open = OpenNodes::scan(host);
+            let parent = ops::remove_mdev(ops.as_ref(), &inv, &open, &uuid)?;
+            super::after_change(host);
+            if json {
+                json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;
+            } else {
+                writeln!(out, "stopped {uuid} (parent {parent})")?;
+            }
+            Ok(0)
+        }
+    }
+}

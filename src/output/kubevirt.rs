@@ -1,0 +1,177 @@
+//! KubeVirt `permittedHostDevices`: which host devices VMs may request, under which
+//! Kubernetes resource names.
+//!
+//! KubeVirt facts encoded here (kubevirt.io/api core/v1 types, KubeVirt host-devices docs):
+//! - `spec.configuration.permittedHostDevices.pciHostDevices[]` selects PCI functions by
+//!   `pciVendorSelector: "VVVV:DDDD"` (upper-case hex) node-wide and names them
+//!   `resourceName`; `externalResourceProvider: true` means another device plugin (NVIDIA's
+//!   kubevirt-gpu-device-plugin, gpupass's own) announces the resource instead of KubeVirt's.
+//! - `mediatedDevices[]` selects vGPUs by `mdevNameSelector` = the mdev type's `name`.
+//! - A VM asks for them by `deviceName` (= resourceName) under
+//!   `spec.domain.devices.gpus` (display devices, vGPUs) or `.hostDevices` (anything else).
+//! - Resource names come from [`crate::naming`], shared with gpupass's device plugin.
+
+use crate::naming;
+use crate::output::selection::Selection;
+use serde_json::{json, Value};
+
+/// One `pciHostDevices` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciEntry {
+    /// `10DE:2684`
+    pub selector: String,
+    pub resource_name: String,
+    /// A display or 3D controller (goes under `gpus` in a VM), else `hostDevices`.
+    pub gpu: bool,
+    /// The selected host functions it covers (informational).
+    pub addresses: Vec<String>,
+}
+
+/// One `mediatedDevices` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MdevEntry {
+    /// The mdev type's `name`, e.g. `GRID T4-1B`.
+    pub selector: String,
+    pub resource_name: String,
+    pub uuids: Vec<String>,
+}
+
+/// The permitted devices for a selection, one entry per distinct vendor:device or mdev type.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Permitted {
+    pub pci: Vec<PciEntry>,
+    pub mdev: Vec<MdevEntry>,
+}
+
+pub fn permitted(sel: &Selection) -> Permitted {
+    let mut p = Permitted::default();
+    for f in sel.functions() {
+        let d = &f.device;
+        let selector = format!("{}:{}", d.vendor_id.to_uppercase(), d.device_id.to_uppercase());
+        match p.pci.iter_mut().find(|e| e.selector == selector) {
+            Some(e) => e.addresses.push(d.address.to_string()),
+            None => p.pci.push(PciEntry {
+                selector,
+                resource_name: naming::pci_resource_name(d),
+                gpu: d.base_class() == 0x03,
+                addresses: vec![d.address.to_string()],
+            }),
+        }
+    }
+    for m in sel.mdevs() {
+        let name = m.type_name().unwrap_or("unknown").to_string();
+        let vendor = m.parent.as_ref().map(|p| p.vendor_id.as_str()).unwrap_or("0000");
+        match p.mdev.iter_mut().find(|e| e.selector == name) {
+            Some(e) => e.uuids.push(m.instance.uuid.clone()),
+            None => p.mdev.push(MdevEntry {
+                resource_name: naming::mdev_resource_name(vendor, &name),
+                selector: name,
+                uuids: vec![m.instance.uuid.clone()],
+            }),
+        }
+    }
+    p
+}
+
+/// The `permittedHostDevices` object.
+fn permitted_value(p: &Permitted, external: bool) -> Value {
+    let mut obj = serde_json::Map::new();
+    if !p.pci.is_empty() {
+        let list: Vec<Value> = p
+            .pci
+            .iter()
+            .map(|e| {
+                let mut v = json!({ "pciVendorSelector": e.selector, "resourceName": e.resource_name });
+                if external {
+                    v["externalResourceProvider"] = json!(true);
+                }
+                v
+            })
+            .collect();
+        obj.insert("pciHostDevices".into(), Value::Array(list));
+    }
+    if !p.mdev.is_empty() {
+        let list: Vec<Value> = p
+            .mdev
+            .iter()
+            .map(|e| {
+                let mut v = json!({ "mdevNameSelector": e.selector, "resourceName": e.resource_name });
+                if external {
+                    v["externalResourceProvider"] = json!(true);
+                }
+                v
+            })
+            .collect();
+        obj.insert("mediatedDevices".into(), Value::Array(list));
+    }
+    Value::Object(obj)
+}
+
+/// JSON form: a merge patch for the KubeVirt CR.
+pub fn json_patch(p: &Permitted, external: bool) -> Value {
+    json!({ "spec": { "configuration": { "permittedHostDevices": permitted_value(p, external) } } })
+}
+
+fn q(s: &str) -> String {
+    // A JSON string is a valid YAML double-quoted scalar: every escape is handled.
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// YAML form: the same merge patch, with comments on how to apply it and use it in a VM.
+pub fn yaml(p: &Permitted, external: bool) -> String {
+    let mut y = String::new();
+    y.push_str("# KubeVirt permittedHostDevices (gpupass kubevirt)\n");
+    y.push_str("# apply: kubectl patch kubevirt kubevirt -n kubevirt --type merge --patch-file THIS_FILE\n");
+    y.push_str("# (a merge patch replaces these lists: add the devices you already permit)\n");
+    y.push_str("spec:\n  configuration:\n    permittedHostDevices:\n");
+    if !p.pci.is_empty() {
+        y.push_str("      pciHostDevices:\n");
+        for e in &p.pci {
+            y.push_str(&format!("        # {}\n", e.addresses.join(", ")));
+            y.push_str(&format!("        - pciVendorSelector: {}\n", q(&e.selector)));
+            y.push_str(&format!("          resourceName: {}\n", q(&e.resource_name)));
+            if external {
+                y.push_str("          externalResourceProvider: true\n");
+            }
+        }
+    }
+    if !p.mdev.is_empty() {
+        y.push_str("      mediatedDevices:\n");
+        for e in &p.mdev {
+            y.push_str(&format!("        # {}\n", e.uuids.join(", ")));
+            y.push_str(&format!("        - mdevNameSelector: {}\n", q(&e.selector)));
+            y.push_str(&format!("          resourceName: {}\n", q(&e.resource_name)));
+            if external {
+                y.push_str("          externalResourceProvider: true\n");
+            }
+        }
+    }
+    // How a VM asks for them.
+    let gpus: Vec<&str> = p
+        .pci
+        .iter()
+        .filter(|e| e.gpu)
+        .map(|e| e.resource_name.as_str())
+        .chain(p.mdev.iter().map(|e| e.resource_name.as_str()))
+        .collect();
+    let others: Vec<&str> = p
+        .pci
+        .iter()
+        .filter(|e| !e.gpu)
+        .map(|e| e.resource_name.as_str())
+        .collect();
+    y.push_str("# in a VirtualMachine, spec.template.spec.domain.devices:\n");
+    if !gpus.is_empty() {
+        y.push_str("#   gpus:\n");
+        for (i, r) in gpus.iter().enumerate() {
+            y.push_str(&format!("#     - name: gpu{i}\n#       deviceName: {r}\n"));
+        }
+    }
+    if !others.is_empty() {
+        y.push_str("#   hostDevices:\n");
+        for (i, r) in others.iter().enumerate() {
+            y.push_str(&format!("#     - name: hostdev{i}\n#       deviceName: {r}\n"));
+        }
+    }
+    y
+}

@@ -1,0 +1,481 @@
+//! libvirt domain XML: `<hostdev>` elements and complete q35 domains for passthrough.
+//!
+//! Pure renderers over a [`Selection`]; every string goes through quick-xml's writer, which
+//! escapes `<`, `>`, `&`, `'` and `"` in text and attributes, so a domain named `a<b&c` or a
+//! disk path with quotes stays well-formed.
+//!
+//! libvirt facts encoded here (domaincommon.rng of libvirt 9.0, formatdomain docs):
+//! - `<hostdev mode='subsystem' type='pci' managed='yes|no'>` with
+//!   `<source><address domain= bus= slot= function=/></source>`; `managed='yes'` makes libvirt
+//!   detach the function from its host driver at VM start and reattach it at stop.
+//! - `<hostdev mode='subsystem' type='mdev' model='vfio-pci' [display='on']>` with
+//!   `<source><address uuid=/></source>`; mdevs take no `managed`.
+//! - `<rom bar='on|off' file=PATH/>` controls the expansion ROM the guest sees.
+//! - A guest `<address type='pci' .../>` on a hostdev puts it at that guest bus/slot/function;
+//!   the bus number is the `index` of a PCI controller. On q35 a `pcie-root-port` controller
+//!   provides one bus with one slot (0); `multifunction='on'` on function 0 lets functions 1-7
+//!   of the same slot exist.
+
+use crate::model::PciAddress;
+use crate::output::selection::{SelectedMdev, Selection, SlotGroup, Target};
+use quick_xml::events::{BytesDecl, BytesText, Event};
+use quick_xml::Writer;
+use std::io;
+
+/// Why XML could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum LibvirtError {
+    #[error("writing XML failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("--guest-address places one device or the functions of one slot, but {count} guest slots are selected ({list}); name fewer devices, or use `gpupass xml domain`, which places each behind its own pcie-root-port")]
+    GuestAddressTooMany { count: usize, list: String },
+    #[error("--guest-address {addr}: the functions of {host_slot} form one multifunction guest slot, which must start at function 0; use {base}")]
+    GuestAddressNotFunction0 {
+        addr: PciAddress,
+        host_slot: String,
+        base: String,
+    },
+    #[error("--display: none of the selected devices is a display-capable vGPU (an mdev of device_api vfio-pci on a display controller): {list}")]
+    NoDisplayCapable { list: String },
+}
+
+/// Options of a `<hostdev>` element.
+#[derive(Debug, Clone, Default)]
+pub struct HostdevOptions {
+    /// `managed='yes'`: libvirt binds the functions to vfio-pci at VM start.
+    pub managed: bool,
+    /// `<rom bar='on|off'/>` on the functions the user named.
+    pub rom_bar: Option<bool>,
+    /// `<rom file=.../>` on the functions the user named.
+    pub rom_file: Option<String>,
+    /// `display='on'` on display-capable mdevs.
+    pub display: bool,
+}
+
+/// Guest PCI address of one hostdev.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GuestPci {
+    domain: u32,
+    bus: u8,
+    slot: u8,
+    function: u8,
+    multifunction: bool,
+}
+
+/// One rendered device: a label (host address or mdev UUID) and its `<hostdev>` XML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostdevXml {
+    pub label: String,
+    pub xml: String,
+}
+
+type W = Writer<Vec<u8>>;
+
+fn hex2(v: u8) -> String {
+    format!("0x{v:02x}")
+}
+
+fn pci_address_attrs(a: &PciAddress) -> [(&'static str, String); 4] {
+    [
+        ("domain", format!("0x{:04x}", a.domain)),
+        ("bus", hex2(a.bus)),
+        ("slot", hex2(a.device)),
+        ("function", format!("0x{:x}", a.function)),
+    ]
+}
+
+fn write_guest_address(w: &mut W, g: &GuestPci) -> io::Result<()> {
+    let mut e = w
+        .create_element("address")
+        .with_attribute(("type", "pci"))
+        .with_attribute(("domain", format!("0x{:04x}", g.domain).as_str()))
+        .with_attribute(("bus", hex2(g.bus).as_str()))
+        .with_attribute(("slot", hex2(g.slot).as_str()))
+        .with_attribute(("function", format!("0x{:x}", g.function).as_str()));
+    if g.multifunction {
+        e = e.with_attribute(("multifunction", "on"));
+    }
+    e.write_empty()?;
+    Ok(())
+}
+
+fn write_pci_hostdev(
+    w: &mut W,
+    host: &PciAddress,
+    requested: bool,
+    opts: &HostdevOptions,
+    guest: Option<GuestPci>,
+) -> io::Result<()> {
+    w.create_element("hostdev")
+        .with_attribute(("mode", "subsystem"))
+        .with_attribute(("type", "pci"))
+        .with_attribute(("managed", if opts.managed { "yes" } else { "no" }))
+        .write_inner_content(|w| {
+            w.create_element("driver")
+                .with_attribute(("name", "vfio"))
+                .write_empty()?;
+            w.create_element("source").write_inner_content(|w| {
+                let attrs = pci_address_attrs(host);
+                w.create_element("address")
+                    .with_attributes(attrs.iter().map(|(k, v)| (*k, v.as_str())))
+                    .write_empty()?;
+                Ok(())
+            })?;
+            if requested && (opts.rom_bar.is_some() || opts.rom_file.is_some()) {
+                let mut e = w.create_element("rom");
+                if let Some(b) = opts.rom_bar {
+                    e = e.with_attribute(("bar", if b { "on" } else { "off" }));
+                }
+                if let Some(f) = &opts.rom_file {
+                    e = e.with_attribute(("file", f.as_str()));
+                }
+                e.write_empty()?;
+            }
+            if let Some(g) = guest {
+                write_guest_address(w, &g)?;
+            }
+            Ok(())
+        })?;
+    Ok(())
+}
+
+fn write_mdev_hostdev(
+    w: &mut W,
+    m: &SelectedMdev,
+    opts: &HostdevOptions,
+    guest: Option<GuestPci>,
+) -> io::Result<()> {
+    let mut e = w
+        .create_element("hostdev")
+        .with_attribute(("mode", "subsystem"))
+        .with_attribute(("type", "mdev"))
+        .with_attribute(("model", "vfio-pci"));
+    if opts.display && m.display_capable() {
+        e = e.with_attribute(("display", "on"));
+    }
+    e.write_inner_content(|w| {
+        w.create_element("source").write_inner_content(|w| {
+            w.create_element("address")
+                .with_attribute(("uuid", m.instance.uuid.as_str()))
+                .write_empty()?;
+            Ok(())
+        })?;
+        if let Some(g) = guest {
+            write_guest_address(w, &g)?;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn new_writer() -> W {
+    Writer::new_with_indent(Vec::new(), b' ', 2)
+}
+
+fn finish(w: W) -> String {
+    let mut s = String::from_utf8_lossy(&w.into_inner()).into_owned();
+    s.push('\n');
+    s
+}
+
+/// Guest addresses for one slot group placed at guest `bus`/`slot`.
+fn slot_guest_addresses(g: &SlotGroup, domain: u32, bus: u8, slot: u8) -> Vec<GuestPci> {
+    g.functions
+        .iter()
+        .map(|f| GuestPci {
+            domain,
+            bus,
+            slot,
+            function: f.guest_function,
+            multifunction: g.is_multifunction() && f.guest_function == 0,
+        })
+        .collect()
+}
+
+fn target_label(t: &Target) -> String {
+    match t {
+        Target::Slot(g) => g
+            .functions
+            .iter()
+            .map(|f| f.device.address.to_string())
+            .collect::<Vec<_>>()
+            .join("+"),
+        Target::Mdev(m) => m.instance.uuid.clone(),
+    }
+}
+
+/// Check `--display` against the selection: it must hit at least one display-capable mdev.
+/// Returns notes for the mdevs it does not apply to.
+pub fn check_display(sel: &Selection, opts: &HostdevOptions) -> Result<Vec<String>, LibvirtError> {
+    if !opts.display {
+        return Ok(Vec::new());
+    }
+    let (capable, not): (Vec<&SelectedMdev>, Vec<&SelectedMdev>) =
+        sel.mdevs().partition(|m| m.display_capable());
+    if capable.is_empty() {
+        let list = sel
+            .targets
+            .iter()
+            .map(target_label)
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(LibvirtError::NoDisplayCapable { list });
+    }
+    Ok(not
+        .iter()
+        .map(|m| {
+            format!(
+                "--display does not apply to {} (type {}): not a vfio-pci vGPU on a display controller",
+                m.instance.uuid,
+                m.type_name().unwrap_or("unknown")
+            )
+        })
+        .collect())
+}
+
+/// The `<hostdev>` elements for a selection, one per PCI function or mdev, in order.
+///
+/// With `guest` (only for a selection that fills one guest slot), the devices get that guest
+/// address: a multifunction slot group starts at function 0 and its siblings share the slot.
+/// Without it libvirt picks guest addresses (and may split a multifunction card across slots).
+pub fn hostdevs(
+    sel: &Selection,
+    opts: &HostdevOptions,
+    guest: Option<PciAddress>,
+) -> Result<Vec<HostdevXml>, LibvirtError> {
+    if let Some(ga) = guest {
+        if sel.targets.len() > 1 {
+            return Err(LibvirtError::GuestAddressTooMany {
+                count: sel.targets.len(),
+                list: sel
+                    .targets
+                    .iter()
+                    .map(target_label)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        if let Some(Target::Slot(g)) = sel.targets.first() {
+            if g.is_multifunction() && ga.function != 0 {
+                let base = PciAddress { function: 0, ..ga };
+                return Err(LibvirtError::GuestAddressNotFunction0 {
+                    addr: ga,
+                    host_slot: g.first().slot_string(),
+                    base: base.to_string(),
+                });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for t in &sel.targets {
+        match t {
+            Target::Slot(g) => {
+                let guests: Vec<Option<GuestPci>> = match guest {
+                    Some(ga) if !g.is_multifunction() => vec![Some(GuestPci {
+                        domain: ga.domain,
+                        bus: ga.bus,
+                        slot: ga.device,
+                        function: ga.function,
+                        multifunction: false,
+                    })],
+                    Some(ga) => slot_guest_addresses(g, ga.domain, ga.bus, ga.device)
+                        .into_iter()
+                        .map(Some)
+                        .collect(),
+                    None => vec![None; g.functions.len()],
+                };
+                for (f, ga) in g.functions.iter().zip(guests) {
+                    let mut w = new_writer();
+                    write_pci_hostdev(&mut w, &f.device.address, f.requested, opts, ga)?;
+                    out.push(HostdevXml {
+                        label: f.device.address.to_string(),
+                        xml: finish(w),
+                    });
+                }
+            }
+            Target::Mdev(m) => {
+                let ga = guest.map(|ga| GuestPci {
+                    domain: ga.domain,
+                    bus: ga.bus,
+                    slot: ga.device,
+                    function: ga.function,
+                    multifunction: false,
+                });
+                let mut w = new_writer();
+                write_mdev_hostdev(&mut w, m, opts, ga)?;
+                out.push(HostdevXml {
+                    label: m.instance.uuid.clone(),
+                    xml: finish(w),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Guest firmware of a rendered domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Firmware {
+    /// `<os firmware='efi'>`: OVMF, which sizes the 64-bit MMIO window for large GPU BARs
+    /// and gives modern GPUs their UEFI GOP console.
+    Efi,
+    /// SeaBIOS: libvirt's default; large 64-bit BARs may not get addresses.
+    Bios,
+}
+
+/// A complete domain for `gpupass xml domain`.
+#[derive(Debug, Clone)]
+pub struct DomainSpec {
+    pub name: String,
+    pub memory_kib: u64,
+    pub vcpus: u32,
+    /// Disk image path (virtio-blk `vda`); qcow2 when it ends in `.qcow2`, else raw.
+    pub disk: Option<String>,
+    pub firmware: Firmware,
+    /// Emulated Intel IOMMU in the guest (nested VFIO / DPDK in the guest).
+    pub viommu: bool,
+    /// `<memoryBacking><locked/>`: lock all guest memory (libvirt then lifts RLIMIT_MEMLOCK).
+    pub locked: bool,
+    pub hostdev: HostdevOptions,
+}
+
+fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
+    w.create_element(name)
+        .with_attributes(attrs.iter().copied())
+        .write_text_content(BytesText::new(text))?;
+    Ok(())
+}
+
+fn empty(w: &mut W, name: &str, attrs: &[(&str, &str)]) -> io::Result<()> {
+    w.create_element(name)
+        .with_attributes(attrs.iter().copied())
+        .write_empty()?;
+    Ok(())
+}
+
+/// A q35/KVM domain with one `pcie-root-port` per guest slot (controller index 1, 2, ...)
+/// and each hostdev placed on its root port's bus, slot 0.
+pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError> {
+    let mut w = new_writer();
+    w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
+    let uses_display = spec.hostdev.display && sel.mdevs().any(|m| m.display_capable());
+    w.create_element("domain")
+        .with_attribute(("type", "kvm"))
+        .write_inner_content(|w| {
+            text_element(w, "name", &[], &spec.name)?;
+            text_element(w, "memory", &[("unit", "KiB")], &spec.memory_kib.to_string())?;
+            text_element(
+                w,
+                "currentMemory",
+                &[("unit", "KiB")],
+                &spec.memory_kib.to_string(),
+            )?;
+            if spec.locked {
+                w.create_element("memoryBacking")
+                    .write_inner_content(|w| empty(w, "locked", &[]))?;
+            }
+            text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?;
+            let mut os = w.create_element("os");
+            if spec.firmware == Firmware::Efi {
+                os = os.with_attribute(("firmware", "efi"));
+            }
+            os.write_inner_content(|w| {
+                text_element(w, "type", &[("arch", "x86_64"), ("machine", "q35")], "hvm")?;
+                empty(w, "boot", &[("dev", "hd")])
+            })?;
+            w.create_element("features").write_inner_content(|w| {
+                empty(w, "acpi", &[])?;
+                empty(w, "apic", &[])?;
+                if spec.viommu {
+                    // Interrupt remapping in the vIOMMU needs the split (QEMU) I/O APIC.
+                    empty(w, "ioapic", &[("driver", "qemu")])?;
+                }
+                Ok(())
+            })?;
+            empty(w, "cpu", &[("mode", "host-passthrough"), ("check", "none")])?;
+            empty(w, "clock", &[("offset", "utc")])?;
+            text_element(w, "on_poweroff", &[], "destroy")?;
+            text_element(w, "on_reboot", &[], "restart")?;
+            text_element(w, "on_crash", &[], "destroy")?;
+            w.create_element("devices").write_inner_content(|w| {
+                empty(
+                    w,
+                    "controller",
+                    &[("type", "pci"), ("index", "0"), ("model", "pcie-root")],
+                )?;
+                for (i, _) in sel.targets.iter().enumerate() {
+                    let idx = (i + 1).to_string();
+                    empty(
+                        w,
+                        "controller",
+                        &[("type", "pci"), ("index", &idx), ("model", "pcie-root-port")],
+                    )?;
+                }
+                if let Some(path) = &spec.disk {
+                    let fmt = if path.ends_with(".qcow2") { "qcow2" } else { "raw" };
+                    w.create_element("disk")
+                        .with_attribute(("type", "file"))
+                        .with_attribute(("device", "disk"))
+                        .write_inner_content(|w| {
+                            empty(w, "driver", &[("name", "qemu"), ("type", fmt)])?;
+                            empty(w, "source", &[("file", path)])?;
+                            empty(w, "target", &[("dev", "vda"), ("bus", "virtio")])
+                        })?;
+                }
+                for (i, t) in sel.targets.iter().enumerate() {
+                    // Root port i+1 provides guest bus i+1; bus numbers past 0xff cannot exist.
+                    let bus =
+                        u8::try_from(i + 1).map_err(|_| io::Error::other("more than 255 guest slots"))?;
+                    match t {
+                        Target::Slot(g) => {
+                            for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
+                                write_pci_hostdev(
+                                    w,
+                                    &f.device.address,
+                                    f.requested,
+                                    &spec.hostdev,
+                                    Some(ga),
+                                )?;
+                            }
+                        }
+                        Target::Mdev(m) => {
+                            let ga = GuestPci {
+                                domain: 0,
+                                bus,
+                                slot: 0,
+                                function: 0,
+                                multifunction: false,
+                            };
+                            write_mdev_hostdev(w, m, &spec.hostdev, Some(ga))?;
+                        }
+                    }
+                }
+                if uses_display {
+                    // display='on' needs a graphics device; the vGPU is the guest's display.
+                    w.create_element("graphics")
+                        .with_attribute(("type", "vnc"))
+                        .with_attribute(("autoport", "yes"))
+                        .write_inner_content(|w| {
+                            empty(w, "listen", &[("type", "address"), ("address", "127.0.0.1")])
+                        })?;
+                    w.create_element("video")
+                        .write_inner_content(|w| empty(w, "model", &[("type", "none")]))?;
+                }
+                w.create_element("console")
+                    .with_attribute(("type", "pty"))
+                    .write_inner_content(|w| empty(w, "target", &[("type", "serial"), ("port", "0")]))?;
+                // Guest RAM is pinned for VFIO DMA: a balloon cannot give any of it back.
+                empty(w, "memballoon", &[("model", "none")])?;
+                if spec.viommu {
+                    w.create_element("iommu")
+                        .with_attribute(("model", "intel"))
+                        .write_inner_content(|w| {
+                            empty(w, "driver", &[("intremap", "on"), ("caching_mode", "on")])
+                        })?;
+                }
+                Ok(())
+            })?;
+            Ok(())
+        })?;
+    Ok(finish(w))
+}

@@ -1,0 +1,199 @@
+//! QEMU command-line arguments for passthrough on a q35 machine.
+//!
+//! Each guest slot gets its own `pcie-root-port` on `pcie.0` (a PCIe device behind a root
+//! port is what a physical GPU sees, and drivers look at the link), and the VFIO devices sit
+//! on slot 0 of that port's bus. Pure: works from the [`Selection`] only.
+//!
+//! QEMU facts encoded here (`-device vfio-pci,help`, `-device pcie-root-port,help`, QEMU 7.2):
+//! - `vfio-pci,host=DDDD:BB:DD.F` opens a PCI function through `/dev/vfio/<group>`;
+//!   `vfio-pci,sysfsdev=PATH` opens an mdev by its sysfs directory.
+//! - `addr=SS.F` places a device at slot SS function F of its bus; function 0 of a slot with
+//!   siblings needs `multifunction=on`, and a slot without function 0 is invisible to guests.
+//! - `pcie-root-port` needs a unique `chassis` (with the default `slot=0`); eight ports can
+//!   share one `pcie.0` slot as functions 0-7. q35 keeps slot 0x1f for the ICH9 LPC/SATA/SMBus.
+//! - `rombar=0` hides the expansion ROM BAR; `romfile=PATH` substitutes a ROM image;
+//!   `display=on` exposes a vGPU's display to QEMU's console.
+//! - In an option value a literal `,` is written `,,`.
+
+use crate::output::selection::{Selection, Target};
+
+/// Why arguments could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QemuError {
+    #[error("{ports} guest slots need root ports up to pcie.0 slot {last:#04x}, past the last free q35 slot 0x1e; start lower with --first-slot or pass fewer devices")]
+    TooManySlots { ports: usize, last: usize },
+    #[error("--first-slot {slot:#04x} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)")]
+    BadFirstSlot { slot: u8 },
+}
+
+/// Options for `gpupass qemu-args`.
+#[derive(Debug, Clone)]
+pub struct QemuOptions {
+    /// `rombar=1|0` on the functions the user named.
+    pub rom_bar: Option<bool>,
+    /// `romfile=PATH` on the functions the user named.
+    pub rom_file: Option<String>,
+    /// `display=on` on display-capable mdevs.
+    pub display: bool,
+    /// First `pcie.0` slot for the root ports (default 0x10, clear of the slots QEMU's
+    /// default devices take).
+    pub first_slot: u8,
+}
+
+impl Default for QemuOptions {
+    fn default() -> Self {
+        QemuOptions {
+            rom_bar: None,
+            rom_file: None,
+            display: false,
+            first_slot: 0x10,
+        }
+    }
+}
+
+/// The path of an mdev **as QEMU on the host sees it**: `/sys/bus/mdev/devices/<uuid>`.
+///
+/// This is deliberately not built from `HostRoot`: it is not a path gpupass reads, it is an
+/// argument for a QEMU process that runs on the real host, where sysfs is at `/sys` — even
+/// when gpupass rendered from a snapshot (`--root`) or a saved inventory (`--from-json`).
+pub fn mdev_sysfsdev_for_qemu(uuid: &str) -> String {
+    format!("/sys/bus/mdev/devices/{uuid}")
+}
+
+/// Escape a value for a QEMU `-device` option list (`,` → `,,`).
+pub fn escape_value(v: &str) -> String {
+    v.replace(',', ",,")
+}
+
+/// The argument vector: `["-device", "pcie-root-port,...", "-device", "vfio-pci,...", ...]`.
+pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuError> {
+    if !(0x01..=0x1e).contains(&opts.first_slot) {
+        return Err(QemuError::BadFirstSlot {
+            slot: opts.first_slot,
+        });
+    }
+    let ports = sel.targets.len();
+    if ports > 0 {
+        let last = opts.first_slot as usize + (ports - 1) / 8;
+        if last > 0x1e {
+            return Err(QemuError::TooManySlots { ports, last });
+        }
+    }
+    let mut out = Vec::new();
+    let mut dev = |v: String| {
+        out.push("-device".to_string());
+        out.push(v);
+    };
+    for k in 0..ports {
+        let slot = opts.first_slot as usize + k / 8;
+        let func = k % 8;
+        // Function 0 of a pcie.0 slot that holds more root ports must say multifunction.
+        let more_in_slot = func == 0 && k + 1 < ports && (k + 1) / 8 == k / 8;
+        dev(format!(
+            "pcie-root-port,id=rp{n},chassis={n},bus=pcie.0,addr={slot:#04x}.{func}{mf}",
+            n = k + 1,
+            mf = if more_in_slot { ",multifunction=on" } else { "" }
+        ));
+    }
+    let rom = |requested: bool| {
+        let mut s = String::new();
+        if requested {
+            if let Some(b) = opts.rom_bar {
+                s.push_str(if b { ",rombar=1" } else { ",rombar=0" });
+            }
+            if let Some(f) = &opts.rom_file {
+                s.push_str(",romfile=");
+                s.push_str(&escape_value(f));
+            }
+        }
+        s
+    };
+    let mut n = 0;
+    for (k, t) in sel.targets.iter().enumerate() {
+        let bus = format!("rp{}", k + 1);
+        match t {
+            Target::Slot(g) => {
+                for f in &g.functions {
+                    n += 1;
+                    let mf = if g.is_multifunction() && f.guest_function == 0 {
+                        ",multifunction=on"
+                    } else {
+                        ""
+                    };
+                    dev(format!(
+                        "vfio-pci,host={},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}",
+                        f.device.address,
+                        f.guest_function,
+                        rom(f.requested)
+                    ));
+                }
+            }
+            Target::Mdev(m) => {
+                n += 1;
+                let display = if opts.display && m.display_capable() {
+                    ",display=on"
+                } else {
+                    ""
+                };
+                dev(format!(
+                    "vfio-pci,sysfsdev={},id=hostdev{n},bus={bus},addr=0x0.0{display}",
+                    escape_value(&mdev_sysfsdev_for_qemu(&m.instance.uuid))
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Quote one argument for a POSIX shell when it needs it.
+pub fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-+=.,:/@%".contains(&b));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// Text form: one `-device VALUE` per line, values shell-quoted where needed.
+pub fn text(args: &[String]) -> String {
+    let mut s = String::new();
+    for pair in args.chunks(2) {
+        let line: Vec<String> = pair.iter().map(|a| shell_quote(a)).collect();
+        s.push_str(&line.join(" "));
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_and_escaping() {
+        assert_eq!(escape_value("/a,b/rom"), "/a,,b/rom");
+        assert_eq!(
+            shell_quote("vfio-pci,host=0000:01:00.0"),
+            "vfio-pci,host=0000:01:00.0"
+        );
+        assert_eq!(shell_quote("a b'c"), r"'a b'\''c'");
+        assert_eq!(mdev_sysfsdev_for_qemu("x"), "/sys/bus/mdev/devices/x");
+    }
+
+    #[test]
+    fn root_ports_pack_eight_per_slot() {
+        let sel = Selection {
+            targets: Vec::new(),
+            notes: Vec::new(),
+        };
+        assert!(args(&sel, &QemuOptions::default()).unwrap().is_empty());
+        let bad = QemuOptions {
+            first_slot: 0x1f,
+            ..QemuOptions::default()
+        };
+        assert_eq!(args(&sel, &bad), Err(QemuError::BadFirstSlot { slot: 0x1f }));
+    }
+}

@@ -1,0 +1,417 @@
+//! A thin wrapper over vfio-ioctls for `gpupass boot`: check a device can be opened (driver,
+//! IOMMU group viability, device nodes), open it through the legacy container/group API, map
+//! guest RAM for DMA, and describe its BARs for the VMM.
+//!
+//! VFIO facts used here:
+//! - A PCI function is opened by name (its address) through its group's `/dev/vfio/<N>`; an
+//!   mdev by its UUID, its group read from `/sys/bus/mdev/devices/<uuid>/iommu_group`.
+//! - The kernel refuses a group unless every member is bound to a VFIO driver (or is
+//!   driverless / pci-stub / a bridge): the inventory's `viable` and `blockers` say the same
+//!   beforehand, with names.
+//! - Regions 0-5 are the BARs, 6 the ROM, 7 config space. `VFIO_REGION_INFO_FLAG_MMAP` says a
+//!   region may be mmapped from the device fd at the region's offset; a sparse-mmap capability
+//!   narrows that to listed areas. Any region can be read/written with pread/pwrite.
+//! - `VFIO_IOMMU_MAP_DMA` (type1v2) maps process memory at an IOVA; with IOVA = GPA the device
+//!   sees guest RAM where the guest's drivers will point it.
+//!
+//! vfio-ioctls 0.10 opens `/dev/vfio/vfio` and `/dev/vfio/<N>` itself (no root override), so
+//! the nodes are checked under the [`HostRoot`] and the open itself needs the live root `/`.
+
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use crate::vmm::bars::{carve_pieces, BarRegions, HostArea, PresentedDevice};
+use crate::vmm::memory::RamRegion;
+use crate::vmm::pci::{walk_capabilities, BarSpec, ConfigBackend};
+use kvm_ioctls::VmFd;
+use std::fs::File;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
+use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps, VfioRegionInfoCap};
+use vm_memory::{FileOffset, MmapRegion};
+
+/// What to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VfioTarget {
+    Pci(PciAddress),
+    /// An mdev UUID (validated by [`parse_uuid`]).
+    Mdev(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VfioDevError {
+    #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
+    NoSuchDevice { addr: PciAddress },
+    #[error("{addr} is {}, not vfio-pci; run `gpupass bind {addr}` first", match driver { Some(d) => format!("bound to {d}"), None => "not bound to any driver".to_string() })]
+    NotOnVfio {
+        addr: PciAddress,
+        driver: Option<String>,
+    },
+    #[error("{what} has no IOMMU group; enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line) — `gpupass check` says what is missing")]
+    NoGroup { what: String },
+    #[error("IOMMU group {group} is not viable: it also holds {blockers}; `gpupass bind` (without --only) binds the whole group, or unbind those members, then rerun")]
+    NotViable { group: u32, blockers: String },
+    #[error("invalid mdev UUID {input:?}: expected 8-4-4-4-12 hex digits like 2f3e4d5c-6b7a-4988-8776-655443322110")]
+    BadUuid { input: String },
+    #[error("no mediated device {uuid} ({path}); create it first (`gpupass mdev create` or mdevctl), `gpupass list --all --json` lists the active ones")]
+    NoSuchMdev { uuid: String, path: String },
+    #[error("{node} does not exist; load VFIO (`modprobe vfio-pci`) and bind the device (`gpupass bind`)")]
+    NoNode { node: String },
+    #[error("VFIO needs the live host: vfio-ioctls opens /dev/vfio itself, so `--root {root}` cannot be used with --device/--mdev (the checks above passed against that root)")]
+    NotLiveRoot { root: String },
+    #[error("opening {what} through VFIO failed")]
+    Open {
+        what: String,
+        #[source]
+        source: vfio_ioctls::VfioError,
+    },
+    #[error("VFIO DMA map of guest RAM at {gpa:#x} ({len:#x} bytes) failed (is RLIMIT_MEMLOCK large enough? `ulimit -l`)")]
+    DmaMap {
+        gpa: u64,
+        len: u64,
+        #[source]
+        source: vfio_ioctls::VfioError,
+    },
+    #[error("cannot mmap BAR{bar} of {what}: {reason}")]
+    Mmap { what: String, bar: u8, reason: String },
+}
+
+impl VfioDevError {
+    /// Errors in what the user typed (exit status 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, VfioDevError::BadUuid { .. })
+    }
+}
+
+/// Validate an mdev UUID (8-4-4-4-12 hex digits); returned lower-case.
+pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
+    let groups: Vec<&str> = input.split('-').collect();
+    let ok = groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
+    if ok {
+        Ok(input.to_ascii_lowercase())
+    } else {
+        Err(VfioDevError::BadUuid {
+            input: input.to_string(),
+        })
+    }
+}
+
+/// A target that passed the checks: its sysfs path (what vfio-ioctls opens), group, name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub sysfs: PathBuf,
+    pub group: u32,
+    pub name: String,
+}
+
+/// Check `target` against the inventory and the device nodes, without opening anything.
+pub fn resolve(host: &HostRoot, inv: &Inventory, target: &VfioTarget) -> Result<Resolved, VfioDevError> {
+    let (sysfs, group, name) = match target {
+        VfioTarget::Pci(addr) => {
+            let d = inv
+                .device(addr)
+                .ok_or(VfioDevError::NoSuchDevice { addr: *addr })?;
+            if !d.driver.as_deref().is_some_and(is_vfio_driver) {
+                return Err(VfioDevError::NotOnVfio {
+                    addr: *addr,
+                    driver: d.driver.clone(),
+                });
+            }
+            let g = d.iommu_group.ok_or_else(|| VfioDevError::NoGroup {
+                what: addr.to_string(),
+            })?;
+            (host.pci_device(addr), g, addr.to_string())
+        }
+        VfioTarget::Mdev(uuid) => {
+            let uuid = parse_uuid(uuid)?;
+            let path = host.mdev_devices().join(&uuid);
+            if !path.exists() {
+                return Err(VfioDevError::NoSuchMdev {
+                    path: host.display(&path),
+                    uuid,
+                });
+            }
+            let g = inv
+                .mdev(&uuid)
+                .and_then(|m| m.iommu_group)
+                .or_else(|| {
+                    crate::host::link_name(&path.join("iommu_group"))
+                        .ok()
+                        .flatten()
+                        .and_then(|n| n.parse().ok())
+                })
+                .ok_or_else(|| VfioDevError::NoGroup {
+                    what: format!("mdev {uuid}"),
+                })?;
+            (path, g, format!("mdev {uuid}"))
+        }
+    };
+    if let Some(g) = inv.group(group) {
+        if !g.viable {
+            let blockers: Vec<String> = g
+                .blockers
+                .iter()
+                .map(|b| format!("{} ({})", b.address, b.driver))
+                .collect();
+            return Err(VfioDevError::NotViable {
+                group,
+                blockers: blockers.join(", "),
+            });
+        }
+    }
+    for node in [
+        host.dev_vfio().join("vfio"),
+        host.dev_vfio().join(group.to_string()),
+    ] {
+        if !node.exists() {
+            return Err(VfioDevError::NoNode {
+                node: host.display(&node),
+            });
+        }
+    }
+    Ok(Resolved { sysfs, group, name })
+}
+
+/// An open device and its container; unmaps its DMA mappings when dropped.
+pub struct VfioSession {
+    container: Arc<VfioContainer>,
+    device: Arc<VfioDevice>,
+    mapped: Vec<(u64, u64)>,
+    /// Whether the group was added to a KVM VFIO device (KVM_DEV_TYPE_VFIO).
+    pub kvm_vfio_device: bool,
+    pub name: String,
+}
+
+impl Drop for VfioSession {
+    fn drop(&mut self) {
+        for (iova, len) in self.mapped.drain(..) {
+            let _ = self.container.vfio_dma_unmap(iova, len as usize);
+        }
+    }
+}
+
+/// vfio-ioctls opens `/dev/vfio/...` itself: refuse any other root before opening.
+pub fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
+    if host.root() != Path::new("/") {
+        return Err(VfioDevError::NotLiveRoot {
+            root: host.root().display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Open a resolved target. `vm` gets a KVM VFIO device for the group when KVM offers one.
+pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, VfioDevError> {
+    check_live_root(host)?;
+    let mut kvm_dev = kvm_bindings::kvm_create_device {
+        type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
+        fd: 0,
+        flags: 0,
+    };
+    let handle = vm
+        .create_device(&mut kvm_dev)
+        .ok()
+        .map(|fd| Arc::new(VfioDeviceFd::new_from_kvm(fd)));
+    let kvm_vfio_device = handle.is_some();
+    let open_err = |source| VfioDevError::Open {
+        what: r.name.clone(),
+        source,
+    };
+    let container = Arc::new(VfioContainer::new(handle).map_err(open_err)?);
+    let ops: Arc<dyn VfioOps> = container.clone();
+    let device = Arc::new(VfioDevice::new(&r.sysfs, ops, false).map_err(open_err)?);
+    Ok(VfioSession {
+        container,
+        device,
+        mapped: Vec::new(),
+        kvm_vfio_device,
+        name: r.name.clone(),
+    })
+}
+
+impl VfioSession {
+    /// Map guest RAM for device DMA at IOVA = GPA.
+    pub fn dma_map(&mut self, ram: &[RamRegion]) -> Result<u64, VfioDevError> {
+        let mut total = 0;
+        for r in ram {
+            // SAFETY: `r.host` is the start of a live guest-RAM mapping of `r.len` bytes that
+            // outlives this session (boot() drops the session, which unmaps, before the
+            // memory). gpupass only touches guest RAM through vm-memory's volatile accessors,
+            // never through Rust references, so device DMA into it is not undefined behaviour.
+            unsafe { self.container.vfio_dma_map(r.gpa, r.len as usize, r.host) }.map_err(|source| {
+                VfioDevError::DmaMap {
+                    gpa: r.gpa,
+                    len: r.len,
+                    source,
+                }
+            })?;
+            self.mapped.push((r.gpa, r.len));
+            total += r.len;
+        }
+        Ok(total)
+    }
+
+    /// Describe the device for the VMM: config through the config region, BARs from region
+    /// info and the BAR registers' type bits, mmappable areas mapped now.
+    pub fn present(&self) -> Result<PresentedDevice, VfioDevError> {
+        let dev = &self.device;
+        let config = VfioConfig(dev.clone());
+        let caps = walk_capabilities(&config);
+        let mut bars = Vec::new();
+        let mut areas = Vec::new();
+        let mut maps: Vec<MmapRegion> = Vec::new();
+        let mut trapped_why = Vec::new();
+        let mut i = 0u32;
+        while i < 6 {
+            let size = dev.get_region_size(i);
+            let reg = read_config(&config, 0x10 + 4 * i as u16);
+            if size == 0 || !size.is_power_of_two() {
+                i += 1;
+                continue;
+            }
+            let spec = BarSpec::from_register(i as u8, reg, size);
+            bars.push(spec);
+            let flags = dev.get_region_flags(i);
+            if spec.ty == crate::vmm::pci::BarType::Io {
+                trapped_why.push((i as u8, "I/O BAR (port accesses always exit)".to_string()));
+            } else if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 {
+                trapped_why.push((i as u8, "VFIO region is not mmappable".to_string()));
+            } else {
+                let mut pieces: Vec<(u64, u64)> = Vec::new();
+                let caps_i = dev.get_region_caps(i);
+                let sparse = caps_i.iter().find_map(|c| match c {
+                    VfioRegionInfoCap::SparseMmap(s) => Some(s.areas.clone()),
+                    _ => None,
+                });
+                match sparse {
+                    Some(list) => pieces.extend(list.iter().map(|a| (a.offset, a.size))),
+                    None => pieces.push((0, size)),
+                }
+                if let Some(m) = caps.msix {
+                    let mut holes = Vec::new();
+                    if m.table_bar as u32 == i {
+                        holes.push((m.table_offset, m.table_size));
+                    }
+                    if m.pba_bar as u32 == i {
+                        holes.push((m.pba_offset, m.pba_size));
+                    }
+                    if !holes.is_empty() {
+                        trapped_why.push((i as u8, "MSI-X table/PBA pages are trapped".to_string()));
+                        pieces = carve_pieces(pieces, &holes);
+                    }
+                }
+                for (off, len) in pieces {
+                    if len == 0 || len % 4096 != 0 || off % 4096 != 0 {
+                        trapped_why.push((i as u8, format!("area {off:#x}+{len:#x} is not page-aligned")));
+                        continue;
+                    }
+                    let m = self.mmap(i, off, len)?;
+                    areas.push(HostArea {
+                        bar: i as u8,
+                        offset: off,
+                        size: len,
+                        host_addr: m.as_ptr() as u64,
+                    });
+                    maps.push(m);
+                }
+            }
+            i += if spec.ty == crate::vmm::pci::BarType::Mem64 {
+                2
+            } else {
+                1
+            };
+        }
+        Ok(PresentedDevice {
+            name: self.name.clone(),
+            config: Box::new(config),
+            bars,
+            areas,
+            regions: Box::new(VfioRegions(dev.clone())),
+            trapped_why,
+            keep: Box::new(maps),
+        })
+    }
+
+    fn mmap(&self, index: u32, off: u64, len: u64) -> Result<MmapRegion, VfioDevError> {
+        let err = |reason: String| VfioDevError::Mmap {
+            what: self.name.clone(),
+            bar: index as u8,
+            reason,
+        };
+        // SAFETY: the device fd stays open for as long as `self.device` lives, and we only
+        // borrow it here to duplicate it.
+        let fd = unsafe { BorrowedFd::borrow_raw(self.device.as_raw_fd()) };
+        let file = File::from(fd.try_clone_to_owned().map_err(|e| err(e.to_string()))?);
+        let at = self.device.get_region_offset(index) + off;
+        MmapRegion::build(
+            Some(FileOffset::new(file, at)),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )
+        .map_err(|e| err(e.to_string()))
+    }
+}
+
+fn read_config(c: &VfioConfig, offset: u16) -> u32 {
+    let mut b = [0u8; 4];
+    c.config_read(offset, &mut b);
+    u32::from_le_bytes(b)
+}
+
+/// Config space through the VFIO config region (vfio-pci virtualizes parts of it itself).
+struct VfioConfig(Arc<VfioDevice>);
+
+impl ConfigBackend for VfioConfig {
+    fn config_read(&self, offset: u16, data: &mut [u8]) {
+        data.fill(0xff);
+        self.0
+            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, data, u64::from(offset));
+    }
+
+    fn config_write(&mut self, offset: u16, data: &[u8]) {
+        self.0
+            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, data, u64::from(offset));
+    }
+}
+
+/// Trapped BAR accesses as VFIO region pread/pwrite.
+struct VfioRegions(Arc<VfioDevice>);
+
+impl BarRegions for VfioRegions {
+    fn read(&mut self, bar: u8, offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+        self.0.region_read(u32::from(bar), data, offset);
+    }
+
+    fn write(&mut self, bar: u8, offset: u64, data: &[u8]) {
+        self.0.region_write(u32::from(bar), data, offset);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids() {
+        assert_eq!(
+            parse_uuid("2F3E4D5C-6B7A-4988-8776-655443322110").unwrap(),
+            "2f3e4d5c-6b7a-4988-8776-655443322110"
+        );
+        for bad in [
+            "",
+            "2f3e4d5c",
+            "2f3e4d5c-6b7a-4988-8776-65544332211",
+            "../../etc-6b7a-4988-8776-655443322110",
+            "2f3e4d5c-6b7a-4988-8776-65544332211g",
+        ] {
+            assert!(parse_uuid(bad).unwrap_err().is_usage(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Guest physical memory: one RAM region at GPA 0 (vm-memory, anonymous mmap), the firmware
+//! image and the boot-info block in it, and the layout the firmware is told about.
+//!
+//! ```text
+//! 0x0000_0500  boot_info (firmware/protocol.h), written by the VMM
+//! 0x0000_1000  firmware, flat binary, entered in real mode at CS:IP = 0:0x1000
+//! 0x0008_0000  end of the firmware area (max image 508 KiB)
+//! 0x0009_0000  firmware stack top (grows down)
+//! ...          RAM up to --memory (1 MiB .. 3 GiB)
+//! 0xC000_0000  MMIO hole for BARs, up to 0xFEBF_FFFF (below the IOAPIC/LAPIC range)
+//! ```
+
+use super::VmmError;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+pub const BOOT_INFO_ADDR: u64 = 0x500;
+pub const FIRMWARE_LOAD: u64 = 0x1000;
+pub const FIRMWARE_END: u64 = 0x8_0000;
+pub const FIRMWARE_MAX: u64 = FIRMWARE_END - FIRMWARE_LOAD;
+pub const MMIO_BASE: u64 = 0xC000_0000;
+pub const MMIO_LIMIT: u64 = 0xFEBF_FFFF;
+pub const IO_BASE: u32 = 0xC000;
+pub const IO_LIMIT: u32 = 0xFFFF;
+pub const MIN_MEMORY: u64 = 1 << 20;
+pub const MAX_MEMORY: u64 = MMIO_BASE;
+pub const DEFAULT_MEMORY: u64 = 64 << 20;
+pub const BOOT_MAGIC: u32 = 0x4942_5047; // "GPBI"
+
+/// Parse a memory size: bytes, or a number with K/M/G (binary multiples, optional `iB`/`B`).
+/// It must be a multiple of 4 KiB between 1 MiB and 3 GiB (RAM ends where the MMIO hole for
+/// BARs starts).
+pub fn parse_memory_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!(
+            "invalid memory size {s:?}: expected a number like 64M, 1G or 1048576"
+        ));
+    }
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => {
+            return Err(format!(
+                "invalid memory size {s:?}: unknown unit {unit:?} (use K, M or G)"
+            ))
+        }
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid memory size {s:?}: number too large"))?;
+    let bytes = n
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("invalid memory size {s:?}: too large"))?;
+    if !(MIN_MEMORY..=MAX_MEMORY).contains(&bytes) {
+        return Err(format!(
+            "invalid memory size {s:?}: must be between 1M and 3G (guest RAM ends at the 0xC0000000 MMIO hole)"
+        ));
+    }
+    if bytes % 4096 != 0 {
+        return Err(format!("invalid memory size {s:?}: must be a multiple of 4K"));
+    }
+    Ok(bytes)
+}
+
+/// The boot-info block (`struct boot_info` in firmware/protocol.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootInfo {
+    pub ram_size: u32,
+    pub loop_count: u32,
+    /// 0-5, or 0xff: let the firmware pick.
+    pub loop_bar: u32,
+}
+
+impl BootInfo {
+    pub fn to_bytes(self) -> [u8; 36] {
+        let words = [
+            BOOT_MAGIC,
+            1,
+            self.ram_size,
+            MMIO_BASE as u32,
+            MMIO_LIMIT as u32,
+            IO_BASE,
+            IO_LIMIT,
+            self.loop_count,
+            self.loop_bar,
+        ];
+        let mut out = [0u8; 36];
+        for (i, w) in words.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// Guest RAM: `size` bytes at GPA 0.
+pub fn create(size: u64) -> Result<GuestMemoryMmap, VmmError> {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)])
+        .map_err(|e| VmmError::Memory(format!("cannot allocate {size} bytes of guest RAM: {e}")))
+}
+
+/// Check a firmware image fits its area.
+pub fn check_firmware(len: usize) -> Result<(), VmmError> {
+    if len == 0 || len as u64 > FIRMWARE_MAX {
+        return Err(VmmError::FirmwareSize {
+            size: len as u64,
+            max: FIRMWARE_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// Copy the firmware to [`FIRMWARE_LOAD`] and the boot info to [`BOOT_INFO_ADDR`].
+pub fn load(mem: &GuestMemoryMmap, firmware: &[u8], info: BootInfo) -> Result<(), VmmError> {
+    check_firmware(firmware.len())?;
+    mem.write_slice(firmware, GuestAddress(FIRMWARE_LOAD))
+        .map_err(|e| VmmError::Memory(format!("cannot load firmware: {e}")))?;
+    mem.write_slice(&info.to_bytes(), GuestAddress(BOOT_INFO_ADDR))
+        .map_err(|e| VmmError::Memory(format!("cannot write boot info: {e}")))?;
+    Ok(())
+}
+
+/// A RAM region: guest address, length, host address.
+#[derive(Debug, Clone, Copy)]
+pub struct RamRegion {
+    pub gpa: u64,
+    pub len: u64,
+    pub host: *mut u8,
+}
+
+/// Every RAM region with its host mapping (for KVM slots and VFIO DMA maps).
+pub fn regions(mem: &GuestMemoryMmap) -> Result<Vec<RamRegion>, VmmError> {
+    let mut v = Vec::new();
+    for r in mem.iter() {
+        let host = r
+            .get_host_address(vm_memory::MemoryRegionAddress(0))
+            .map_err(|e| VmmError::Memory(format!("guest RAM region without a host mapping: {e}")))?;
+        v.push(RamRegion {
+            gpa: r.start_addr().0,
+            len: r.len(),
+            host,
+        });
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_memory_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_memory_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_memory_size("2048k"), Ok(2 << 20));
+        assert_eq!(parse_memory_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_memory_size("3GiB"), Ok(3 << 30));
+        for bad in [
+            "",
+            "M",
+            "0",
+            "512K",
+            "4G",
+            "1T",
+            "64Q",
+            "1048577",
+            "99999999999999999999G",
+            "-1M",
+        ] {
+            assert!(parse_memory_size(bad).is_err(), "{bad}");
+        }
+        assert!(parse_memory_size("4G").unwrap_err().contains("3G"));
+    }
+
+    #[test]
+    fn firmware_and_boot_info_land_where_the_firmware_looks() {
+        let mem = create(2 << 20).unwrap();
+        let info = BootInfo {
+            ram_size: 2 << 20,
+            loop_count: 7,
+            loop_bar: 0xff,
+        };
+        load(&mem, &[0xfa, 0xfc], info).unwrap();
+        let mut b = [0u8; 2];
+        mem.read_slice(&mut b, GuestAddress(FIRMWARE_LOAD)).unwrap();
+        assert_eq!(b, [0xfa, 0xfc]);
+        let magic: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR)).unwrap();
+        assert_eq!(magic, BOOT_MAGIC);
+        let loop_count: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 28)).unwrap();
+        assert_eq!(loop_count, 7);
+        assert!(matches!(
+            load(&mem, &vec![0; FIRMWARE_MAX as usize + 1], info),
+            Err(VmmError::FirmwareSize { .. })
+        ));
+        assert_eq!(regions(&mem).unwrap()[0].len, 2 << 20);
+    }
+}

@@ -1,0 +1,387 @@
+//! `gpupass boot`: a minimal KVM VMM that boots gpupass's own firmware with one PCI device —
+//! a VFIO-assigned function or mdev, or a small emulated display — and reports what the
+//! firmware found (docs/vmm.md).
+//!
+//! One vCPU, RAM at GPA 0 (vm-memory), a PCI host bridge with config mechanism #1, the
+//! device at 00:01.0 with its BARs virtualized ([`pci`]); mmappable BAR areas become KVM
+//! memory slots that follow the BAR when the guest moves it, the rest is trapped and forwarded
+//! ([`bars`]); COM1 goes to stdout ([`serial`]); port 0x501 ends the VM with a status
+//! ([`vcpu`]). For VFIO devices all guest RAM is DMA-mapped (IOVA = GPA) first.
+//!
+//! The VMM does not depend on the CLI: `cli.rs` builds [`BootOptions`] and calls [`boot`].
+
+pub mod bars;
+pub mod emulated;
+pub mod floor;
+pub mod memory;
+pub mod pci;
+pub mod report;
+pub mod serial;
+pub mod vcpu;
+
+use crate::host::HostRoot;
+use crate::model::Inventory;
+use crate::vfio_dev::{self, VfioDevError, VfioTarget};
+use bars::SlotOps;
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VmFd};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The default firmware, built from `firmware/` by build.rs.
+pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error(
+        "{path} is not a character device (is --root a snapshot or fixture tree? KVM needs the live host)"
+    )]
+    KvmNotDevice { path: String },
+    #[error("{path} does not exist: KVM is not available here; load it (`modprobe kvm_intel` or `modprobe kvm_amd`), enable VT-x/AMD-V in the firmware setup, or use a VM with nested virtualization")]
+    KvmMissing { path: String },
+    #[error("permission denied opening {path}: run as root, or add your user to the `kvm` group (`usermod -aG kvm $USER`, then log in again)")]
+    KvmPermission { path: String },
+    #[error("cannot open {path}")]
+    KvmOpen {
+        path: String,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM {what} failed")]
+    Kvm {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("{0}")]
+    Memory(String),
+    #[error("firmware is {size} bytes; it must be 1 to {max} bytes (it is loaded at 0x1000 and must end below 0x80000)")]
+    FirmwareSize { size: u64, max: u64 },
+    #[error("cannot read firmware {path}")]
+    FirmwareRead {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    MemorySize(String),
+    #[error(transparent)]
+    Vfio(#[from] VfioDevError),
+    #[error("cannot map BAR{bar} at guest address {gpa:#x} as a KVM memory slot: {reason}")]
+    Slot { bar: u8, gpa: u64, reason: String },
+    #[error("the guest did not finish within {secs} s (timeout; raise it with --timeout); vCPU registers:\n{regs}")]
+    Timeout { secs: f64, regs: String },
+    #[error("the guest triple-faulted (KVM_EXIT_SHUTDOWN); vCPU registers:\n{regs}")]
+    TripleFault { regs: String },
+    #[error("KVM could not run the guest (KVM_EXIT_INTERNAL_ERROR: an instruction it could not emulate or an event it could not deliver; kvm_pvm reports a triple fault this way); vCPU registers:\n{regs}")]
+    InternalError { regs: String },
+    #[error("the guest halted (HLT) without writing a status to port 0x501; vCPU registers:\n{regs}")]
+    Halted { regs: String },
+    #[error("unexpected VM exit {exit}; vCPU registers:\n{regs}")]
+    UnexpectedExit { exit: String, regs: String },
+    #[error("KVM_RUN failed; vCPU registers:\n{regs}")]
+    Run {
+        #[source]
+        source: kvm_ioctls::Error,
+        regs: String,
+    },
+}
+
+impl VmmError {
+    /// Errors in what the user asked for (exit status 2) rather than in the host.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            VmmError::FirmwareSize { .. } | VmmError::MemorySize(_) => true,
+            VmmError::Vfio(e) => e.is_usage(),
+            _ => false,
+        }
+    }
+}
+
+/// What `gpupass boot` presents to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Emulated,
+    Vfio(VfioTarget),
+}
+
+#[derive(Debug, Clone)]
+pub struct BootOptions {
+    pub target: Target,
+    /// Guest RAM in bytes ([`memory::parse_memory_size`]).
+    pub memory: u64,
+    /// Firmware file; `None`: the built-in [`FIRMWARE`].
+    pub firmware: Option<PathBuf>,
+    pub timeout: Duration,
+    /// Reads the firmware's loop makes after enumeration (0: none).
+    pub read_loop: u32,
+    /// BAR the loop reads; `None`: the firmware picks (BAR2 of a Bochs display, else the
+    /// first memory BAR).
+    pub read_bar: Option<u8>,
+}
+
+impl Default for BootOptions {
+    fn default() -> Self {
+        BootOptions {
+            target: Target::Emulated,
+            memory: memory::DEFAULT_MEMORY,
+            firmware: None,
+            timeout: Duration::from_secs(10),
+            read_loop: 0,
+            read_bar: None,
+        }
+    }
+}
+
+/// A trapped BAR and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrappedBar {
+    pub bar: u8,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Timing {
+    /// Open KVM (and VFIO), allocate and map RAM, load firmware.
+    pub setup_us: u64,
+    /// First KVM_RUN to the exit-port write.
+    pub run_us: u64,
+    /// Whole `boot()`.
+    pub total_us: u64,
+}
+
+/// The `--json` result of `gpupass boot`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BootReport {
+    pub device: String,
+    /// The firmware's exit status (also gpupass's).
+    pub status: u8,
+    pub memory: u64,
+    /// Bytes of guest RAM DMA-mapped through the VFIO container (0 for --emulated).
+    pub dma_mapped: u64,
+    pub kvm_vfio_device: bool,
+    pub firmware: report::FirmwareReport,
+    /// BAR areas mapped as KVM memory slots, where they ended up.
+    pub slots: Vec<bars::SlotState>,
+    pub trapped: Vec<TrappedBar>,
+    /// Slot moves done because the guest assigned or moved a BAR.
+    pub slot_moves: u64,
+    pub exits: vcpu::ExitCounts,
+    /// Exits between the firmware's loop marks, and how long the loop took.
+    pub read_loop: Option<vcpu::LoopWindow>,
+    pub timing: Timing,
+    pub console: Vec<String>,
+    pub console_truncated: bool,
+}
+
+struct KvmSlots<'a>(&'a VmFd);
+
+impl SlotOps for KvmSlots<'_> {
+    fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), String> {
+        let region = kvm_userspace_memory_region {
+            slot,
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: host_addr,
+            flags: 0,
+        };
+        // SAFETY: `host_addr..host_addr+size` is a BAR mapping (VFIO mmap or emulated RAM)
+        // owned by the presented device, which boot() keeps alive until Machine::teardown has
+        // removed every slot; size 0 removes the slot.
+        unsafe { self.0.set_user_memory_region(region) }.map_err(|e| e.to_string())
+    }
+}
+
+/// Open `<root>/dev/kvm` with errors that say how to fix them.
+pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
+    let path = host.dev_kvm();
+    let shown = host.display(&path);
+    match std::fs::metadata(&path) {
+        Err(_) => return Err(VmmError::KvmMissing { path: shown }),
+        Ok(m) if !std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => {
+            return Err(VmmError::KvmNotDevice { path: shown })
+        }
+        Ok(_) => {}
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| VmmError::KvmMissing { path: shown.clone() })?;
+    Kvm::new_with_path(&c).map_err(|e| open_error(e, shown))
+}
+
+/// The error for a failed open of `/dev/kvm`, by errno.
+fn open_error(e: kvm_ioctls::Error, path: String) -> VmmError {
+    match e.errno() {
+        libc::EACCES | libc::EPERM => VmmError::KvmPermission { path },
+        libc::ENOENT | libc::ENXIO | libc::ENODEV => VmmError::KvmMissing { path },
+        _ => VmmError::KvmOpen { path, source: e },
+    }
+}
+
+fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Kvm { what, source }
+}
+
+/// Boot the firmware with the target device. `inv` is needed for VFIO targets (group
+/// viability); `console` receives the guest's serial output as it is written.
+pub fn boot(
+    host: &HostRoot,
+    inv: Option<&Inventory>,
+    opts: &BootOptions,
+    console: Option<&mut dyn Write>,
+) -> Result<BootReport, VmmError> {
+    let t0 = Instant::now();
+    let firmware: std::borrow::Cow<[u8]> = match &opts.firmware {
+        Some(p) => {
+            let meta = std::fs::metadata(p).map_err(|source| VmmError::FirmwareRead {
+                path: p.display().to_string(),
+                source,
+            })?;
+            memory::check_firmware(meta.len().min(usize::MAX as u64) as usize)?;
+            std::fs::read(p)
+                .map_err(|source| VmmError::FirmwareRead {
+                    path: p.display().to_string(),
+                    source,
+                })?
+                .into()
+        }
+        None => FIRMWARE.into(),
+    };
+    memory::check_firmware(firmware.len())?;
+    if !(memory::MIN_MEMORY..=memory::MAX_MEMORY).contains(&opts.memory) || opts.memory % 4096 != 0 {
+        return Err(VmmError::MemorySize(format!(
+            "invalid memory size {}: must be a multiple of 4K between 1M and 3G",
+            opts.memory
+        )));
+    }
+    // Check the device before touching KVM: these errors are the common ones.
+    let resolved = match &opts.target {
+        Target::Emulated => None,
+        Target::Vfio(t) => {
+            let inv =
+                inv.ok_or_else(|| VmmError::Memory("internal: VFIO boot without an inventory".into()))?;
+            let r = vfio_dev::resolve(host, inv, t)?;
+            vfio_dev::check_live_root(host)?;
+            Some(r)
+        }
+    };
+
+    // Declared first so it is dropped last: KVM slots and DMA maps point into it.
+    let mem = memory::create(opts.memory)?;
+    memory::load(
+        &mem,
+        &firmware,
+        memory::BootInfo {
+            ram_size: opts.memory as u32,
+            loop_count: opts.read_loop,
+            loop_bar: opts.read_bar.map_or(0xff, u32::from),
+        },
+    )?;
+    let ram = memory::regions(&mem)?;
+
+    let kvm = open_kvm(host)?;
+    let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
+    for (i, r) in ram.iter().enumerate() {
+        let region = kvm_userspace_memory_region {
+            slot: i as u32,
+            guest_phys_addr: r.gpa,
+            memory_size: r.len,
+            userspace_addr: r.host as u64,
+            flags: 0,
+        };
+        // SAFETY: the region is guest RAM owned by `mem`, which outlives `vm` (declared
+        // before it, so dropped after it).
+        unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err("set guest RAM slot"))?;
+    }
+
+    let mut session = None;
+    let mut dma_mapped = 0;
+    let dev = match &resolved {
+        None => emulated::device()?,
+        Some(r) => {
+            let s = session.insert(vfio_dev::open(host, r, &vm)?);
+            dma_mapped = s.dma_map(&ram)?;
+            s.present()?
+        }
+    };
+    let (parts, rest) = dev.split();
+
+    let vcpu_fd = vm.create_vcpu(0).map_err(kvm_err("create vCPU"))?;
+    let mut sregs = vcpu_fd.get_sregs().map_err(kvm_err("get special registers"))?;
+    // Real mode, CS base 0: the firmware starts at 0:0x1000 and switches to protected mode.
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu_fd
+        .set_sregs(&sregs)
+        .map_err(kvm_err("set special registers"))?;
+    let mut regs = vcpu_fd.get_regs().map_err(kvm_err("get registers"))?;
+    regs.rip = memory::FIRMWARE_LOAD;
+    regs.rflags = 0x2;
+    vcpu_fd.set_regs(&regs).map_err(kvm_err("set registers"))?;
+    let mut vcpu = vcpu::KvmVcpu(vcpu_fd);
+
+    let setup = t0.elapsed();
+    let mut m = vcpu::Machine::new(
+        parts,
+        opts.memory,
+        ram.len() as u32,
+        Box::new(KvmSlots(&vm)),
+        serial::Serial::new(console.map(|c| {
+            // Shorten the trait object's lifetime to the machine's.
+            let c: &mut dyn Write = c;
+            c
+        })),
+    );
+    let t_run = Instant::now();
+    let result = vcpu::run_with_timeout(&mut vcpu, &mut m, opts.timeout);
+    let run = t_run.elapsed();
+    let slots = m.mapper.slots();
+    m.teardown();
+    let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
+    drop(rest.keep);
+    drop(session);
+    let status = result?;
+
+    let text = String::from_utf8_lossy(m.serial.transcript()).into_owned();
+    let trapped = rest
+        .trapped_why
+        .into_iter()
+        .map(|(bar, reason)| TrappedBar { bar, reason })
+        .collect();
+    Ok(BootReport {
+        device: rest.name,
+        status,
+        memory: opts.memory,
+        dma_mapped,
+        kvm_vfio_device,
+        firmware: report::parse(&text),
+        slots,
+        trapped,
+        slot_moves: m.mapper.moves,
+        exits: m.exits.clone(),
+        read_loop: m.loop_window.clone(),
+        timing: Timing {
+            setup_us: setup.as_micros() as u64,
+            run_us: run.as_micros() as u64,
+            total_us: t0.elapsed().as_micros() as u64,
+        },
+        console: text.lines().map(str::to_string).collect(),
+        console_truncated: m.serial.truncated(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_open_errors_name_the_fix() {
+        let e = open_error(kvm_ioctls::Error::new(libc::EACCES), "/dev/kvm".into());
+        assert!(e.to_string().contains("usermod -aG kvm"), "{e}");
+        let e = open_error(kvm_ioctls::Error::new(libc::ENXIO), "/dev/kvm".into());
+        assert!(e.to_string().contains("modprobe kvm_intel"), "{e}");
+        assert!(!VmmError::KvmPermission { path: String::new() }.is_usage());
+        assert!(VmmError::FirmwareSize { size: 0, max: 1 }.is_usage());
+    }
+}

@@ -1,0 +1,698 @@
+//! The guest's PCI bus 0: a host bridge and the presented device, reached through
+//! configuration mechanism #1, with the device's BARs virtualized.
+//!
+//! PCI facts this module encodes:
+//! - Mechanism #1: a dword write to port 0xCF8 latches `enable(31) | bus(23:16) | device(15:11)
+//!   | function(10:8) | register(7:2)`; ports 0xCFC-0xCFF then read/write that dword's bytes.
+//! - A BAR's low bits are its type: bit 0 = I/O; for memory, bits 2:1 = 0b10 for 64-bit (the
+//!   next register holds the upper half) and bit 3 = prefetchable. Address bits below the
+//!   (power-of-two) size are hard-wired to zero, so writing all-ones and reading back gives
+//!   `!(size - 1) | type` — the sizing protocol firmware uses.
+//! - Command register bit 0 enables I/O decode, bit 1 memory decode.
+//! - Status bit 4 says a capability list starts at the byte pointer in 0x34; each entry is
+//!   `id, next`; MSI is id 0x05, MSI-X id 0x11.
+//!
+//! The BAR registers (and the ROM BAR, presented as absent) are emulated here for every
+//! function: the guest may size them and move them anywhere. Everything else is read from the
+//! [`ConfigBackend`] (the VFIO config region for a real device), so vendor/device IDs, the
+//! class and the capability list pass through; writes go to the backend too, except writes
+//! into the MSI/MSI-X capabilities, which are dropped because this VMM delivers no interrupts.
+//! The multifunction bit of the header type is cleared: the guest sees one function per slot.
+
+/// Raw configuration space of one function: the VFIO config region, an emulated device, or the
+/// host bridge's fixed registers.
+pub trait ConfigBackend: Send {
+    /// Read `data.len()` (1, 2 or 4) bytes at `offset`, which does not cross a dword.
+    fn config_read(&self, offset: u16, data: &mut [u8]);
+    /// Write `data.len()` (1, 2 or 4) bytes at `offset`, which does not cross a dword.
+    fn config_write(&mut self, offset: u16, data: &[u8]);
+}
+
+/// What kind of window a BAR decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BarType {
+    Io,
+    Mem32,
+    Mem64,
+}
+
+/// A BAR as the device implements it: its type and its size (a power of two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BarSpec {
+    pub index: u8,
+    pub ty: BarType,
+    pub prefetchable: bool,
+    pub size: u64,
+}
+
+impl BarSpec {
+    /// The read-only type bits of the low register.
+    pub fn type_bits(&self) -> u32 {
+        match self.ty {
+            BarType::Io => 0x1,
+            BarType::Mem32 => u32::from(self.prefetchable) << 3,
+            BarType::Mem64 => 0x4 | (u32::from(self.prefetchable) << 3),
+        }
+    }
+
+    /// Decode a BAR's type from its register value (as the device reports it).
+    pub fn from_register(index: u8, reg: u32, size: u64) -> BarSpec {
+        let ty = if reg & 1 == 1 {
+            BarType::Io
+        } else if (reg >> 1) & 3 == 2 {
+            BarType::Mem64
+        } else {
+            BarType::Mem32
+        };
+        BarSpec {
+            index,
+            ty,
+            prefetchable: ty != BarType::Io && reg & 0x8 != 0,
+            size,
+        }
+    }
+
+    fn low_mask(&self) -> u32 {
+        match self.ty {
+            BarType::Io => !(self.size.max(4) - 1) as u32 & !0x3,
+            _ => !(self.size.max(16) - 1) as u32 & !0xf,
+        }
+    }
+
+    fn high_mask(&self) -> u32 {
+        (!(self.size.wrapping_sub(1)) >> 32) as u32
+    }
+}
+
+/// A decoded BAR window: where the guest put it, with decode enabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub bar: u8,
+    pub io: bool,
+    pub base: u64,
+    pub size: u64,
+}
+
+impl Window {
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.base && addr - self.base < self.size
+    }
+}
+
+/// Where the MSI-X table and PBA live (capability id 0x11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsixInfo {
+    pub table_bar: u8,
+    pub table_offset: u64,
+    pub table_size: u64,
+    pub pba_bar: u8,
+    pub pba_offset: u64,
+    pub pba_size: u64,
+}
+
+/// Capability ids.
+pub const CAP_MSI: u8 = 0x05;
+pub const CAP_MSIX: u8 = 0x11;
+
+fn read_raw(backend: &dyn ConfigBackend, offset: u16, len: usize) -> u32 {
+    let mut b = [0u8; 4];
+    backend.config_read(offset, &mut b[..len]);
+    u32::from_le_bytes(b)
+}
+
+/// What the capability list holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// (id, offset) in list order.
+    pub list: Vec<(u8, u16)>,
+    /// Config ranges `[start, end)` of the MSI and MSI-X capabilities.
+    pub blocked: Vec<(u16, u16)>,
+    pub msix: Option<MsixInfo>,
+}
+
+/// Follow a function's capability list (bounded: a broken list must not loop forever).
+pub fn walk_capabilities(backend: &dyn ConfigBackend) -> Capabilities {
+    let mut out = Capabilities::default();
+    let rd = |off: u16, len: usize| read_raw(backend, off, len);
+    if rd(0x06, 2) & 0x10 == 0 {
+        return out;
+    }
+    let mut ptr = (rd(0x34, 1) & 0xfc) as u16;
+    while ptr >= 0x40 && out.list.len() < 48 {
+        let id = rd(ptr, 1) as u8;
+        let next = (rd(ptr + 1, 1) & 0xfc) as u16;
+        out.list.push((id, ptr));
+        match id {
+            CAP_MSI => {
+                // Control bit 7: 64-bit address; bit 8: per-vector masking.
+                let ctl = rd(ptr + 2, 2);
+                let mut len = 10 + if ctl & 0x80 != 0 { 4 } else { 0 };
+                if ctl & 0x100 != 0 {
+                    len += 10;
+                }
+                out.blocked.push((ptr, ptr + len));
+            }
+            CAP_MSIX => {
+                let ctl = rd(ptr + 2, 2);
+                let table = rd(ptr + 4, 4);
+                let pba = rd(ptr + 8, 4);
+                let entries = u64::from(ctl & 0x7ff) + 1;
+                out.msix = Some(MsixInfo {
+                    table_bar: (table & 7) as u8,
+                    table_offset: u64::from(table & !7),
+                    table_size: entries * 16,
+                    pba_bar: (pba & 7) as u8,
+                    pba_offset: u64::from(pba & !7),
+                    pba_size: entries.div_ceil(64) * 8,
+                });
+                out.blocked.push((ptr, ptr + 12));
+            }
+            _ => {}
+        }
+        ptr = next;
+    }
+    out
+}
+
+/// One function as the guest sees it.
+pub struct VirtFunction {
+    backend: Box<dyn ConfigBackend>,
+    bars: [Option<BarSpec>; 6],
+    /// Emulated BAR registers (address bits only; type bits are added on read).
+    regs: [u32; 6],
+    /// Config ranges `[start, end)` whose writes are dropped (MSI / MSI-X capabilities).
+    blocked: Vec<(u16, u16)>,
+    caps: Vec<(u8, u16)>,
+    msix: Option<MsixInfo>,
+}
+
+impl VirtFunction {
+    /// `bars` lists the BARs the device implements (the upper half of a 64-bit BAR is implied).
+    pub fn new(backend: Box<dyn ConfigBackend>, bars: &[BarSpec]) -> VirtFunction {
+        let mut slots = [None; 6];
+        for b in bars {
+            if (b.index as usize) < 6 && b.size.is_power_of_two() {
+                if b.ty == BarType::Mem64 && b.index >= 5 {
+                    continue;
+                }
+                slots[b.index as usize] = Some(*b);
+            }
+        }
+        let caps = walk_capabilities(backend.as_ref());
+        VirtFunction {
+            backend,
+            bars: slots,
+            regs: [0; 6],
+            blocked: caps.blocked,
+            caps: caps.list,
+            msix: caps.msix,
+        }
+    }
+
+    fn raw_read(&self, offset: u16, len: usize) -> u32 {
+        read_raw(self.backend.as_ref(), offset, len)
+    }
+
+    /// Capabilities found on the device: (id, offset), in list order.
+    pub fn capabilities(&self) -> &[(u8, u16)] {
+        &self.caps
+    }
+
+    pub fn msix(&self) -> Option<MsixInfo> {
+        self.msix
+    }
+
+    pub fn bar_spec(&self, index: u8) -> Option<BarSpec> {
+        self.bars.get(index as usize).copied().flatten()
+    }
+
+    /// The spec of the 64-bit BAR whose upper half register `index` is.
+    fn upper_half_of(&self, index: usize) -> Option<BarSpec> {
+        if index == 0 {
+            return None;
+        }
+        self.bars[index - 1].filter(|b| b.ty == BarType::Mem64)
+    }
+
+    fn bar_register(&self, index: usize) -> u32 {
+        if let Some(spec) = self.bars[index] {
+            (self.regs[index] & spec.low_mask()) | spec.type_bits()
+        } else if let Some(spec) = self.upper_half_of(index) {
+            self.regs[index] & spec.high_mask()
+        } else {
+            0
+        }
+    }
+
+    fn set_bar_register(&mut self, index: usize, value: u32) {
+        if let Some(spec) = self.bars[index] {
+            self.regs[index] = value & spec.low_mask();
+        } else if let Some(spec) = self.upper_half_of(index) {
+            self.regs[index] = value & spec.high_mask();
+        }
+    }
+
+    /// The dword at `offset & !3` as the guest sees it.
+    fn dword(&self, aligned: u16) -> u32 {
+        match aligned {
+            0x10..=0x27 => self.bar_register(((aligned - 0x10) / 4) as usize),
+            // Expansion ROM: not presented.
+            0x30 => 0,
+            // Header type (byte 2 of 0x0c): one function per slot, so no multifunction bit.
+            0x0c => self.raw_read(0x0c, 4) & !0x0080_0000,
+            _ => self.raw_read(aligned, 4),
+        }
+    }
+
+    /// Guest read of `len` (1, 2, 4) bytes at `offset`; all-ones if it crosses a dword.
+    pub fn read(&self, offset: u16, len: usize) -> u32 {
+        let shift = (offset & 3) as usize;
+        if !matches!(len, 1 | 2 | 4) || shift + len > 4 || offset > 0xff {
+            return all_ones(len);
+        }
+        let v = self.dword(offset & !3) >> (8 * shift);
+        v & all_ones(len)
+    }
+
+    /// Guest write. Returns true when it may change what the function decodes (a BAR or the
+    /// command register), so the caller re-reads [`windows`](Self::windows).
+    pub fn write(&mut self, offset: u16, len: usize, value: u32) -> bool {
+        let shift = (offset & 3) as usize;
+        if !matches!(len, 1 | 2 | 4) || shift + len > 4 || offset > 0xff {
+            return false;
+        }
+        let aligned = offset & !3;
+        match aligned {
+            0x10..=0x27 => {
+                let index = ((aligned - 0x10) / 4) as usize;
+                let mask = all_ones(len) << (8 * shift);
+                let old = self.regs[index];
+                let new = (old & !mask) | ((value << (8 * shift)) & mask);
+                self.set_bar_register(index, new);
+                true
+            }
+            0x30 => false,
+            _ => {
+                if self
+                    .blocked
+                    .iter()
+                    .any(|&(s, e)| offset < e && offset + len as u16 > s)
+                {
+                    return false;
+                }
+                let bytes = value.to_le_bytes();
+                self.backend.config_write(offset, &bytes[..len]);
+                aligned == 0x04
+            }
+        }
+    }
+
+    /// The command register as the device holds it.
+    pub fn command(&self) -> u16 {
+        self.raw_read(0x04, 2) as u16
+    }
+
+    /// The guest address of BAR `index` (0 when unassigned or absent).
+    pub fn bar_address(&self, index: u8) -> u64 {
+        let i = index as usize;
+        let Some(spec) = self.bars.get(i).copied().flatten() else {
+            return 0;
+        };
+        let lo = u64::from(self.regs[i] & spec.low_mask());
+        let hi = if spec.ty == BarType::Mem64 {
+            u64::from(self.regs[i + 1] & spec.high_mask())
+        } else {
+            0
+        };
+        (hi << 32) | lo
+    }
+
+    /// Windows the function decodes now: BARs with a non-zero address whose decode bit is on.
+    pub fn windows(&self) -> Vec<Window> {
+        let cmd = self.command();
+        let mut out = Vec::new();
+        for spec in self.bars.iter().flatten() {
+            let io = spec.ty == BarType::Io;
+            let enabled = if io { cmd & 1 != 0 } else { cmd & 2 != 0 };
+            let base = self.bar_address(spec.index);
+            let limit = if io { 0x1_0000 } else { u64::MAX };
+            let fits = matches!(base.checked_add(spec.size), Some(end) if end <= limit);
+            if !enabled || base == 0 || !fits {
+                continue;
+            }
+            out.push(Window {
+                bar: spec.index,
+                io,
+                base,
+                size: spec.size,
+            });
+        }
+        out
+    }
+}
+
+fn all_ones(len: usize) -> u32 {
+    match len {
+        1 => 0xff,
+        2 => 0xffff,
+        _ => 0xffff_ffff,
+    }
+}
+
+/// A config space held in memory with a per-byte mask of writable bits: the host bridge and
+/// emulated devices. Read-only bits (IDs, class, status) ignore writes, as in hardware.
+pub struct StaticConfig {
+    pub bytes: [u8; 256],
+    pub writable: [u8; 256],
+}
+
+impl StaticConfig {
+    /// A type-0 header with the given IDs and class (`0x030000`), command bits 0-2 and the
+    /// interrupt line writable.
+    pub fn new(vendor: u16, device: u16, class: u32, revision: u8) -> StaticConfig {
+        let mut c = StaticConfig {
+            bytes: [0; 256],
+            writable: [0; 256],
+        };
+        c.put(0x00, &vendor.to_le_bytes());
+        c.put(0x02, &device.to_le_bytes());
+        c.bytes[0x08] = revision;
+        c.put(0x09, &class.to_le_bytes()[..3]);
+        c.writable[0x04] = 0x07; // I/O, memory, bus master
+        c.writable[0x3c] = 0xff; // interrupt line: a scratch register for firmware
+        c
+    }
+
+    pub fn put(&mut self, offset: usize, data: &[u8]) {
+        self.bytes[offset..offset + data.len()].copy_from_slice(data);
+    }
+}
+
+impl ConfigBackend for StaticConfig {
+    fn config_read(&self, offset: u16, data: &mut [u8]) {
+        let o = offset as usize;
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = self.bytes.get(o + i).copied().unwrap_or(0xff);
+        }
+    }
+
+    fn config_write(&mut self, offset: u16, data: &[u8]) {
+        let o = offset as usize;
+        for (i, b) in data.iter().enumerate() {
+            if let (Some(cur), Some(&m)) = (self.bytes.get(o + i), self.writable.get(o + i)) {
+                self.bytes[o + i] = (cur & !m) | (b & m);
+            }
+        }
+    }
+}
+
+/// The host bridge at 00:00.0: Red Hat's "QEMU PCIe Host bridge" IDs (1b36:0008), class 0600.
+pub fn host_bridge() -> VirtFunction {
+    VirtFunction::new(Box::new(StaticConfig::new(0x1b36, 0x0008, 0x06_00_00, 0)), &[])
+}
+
+/// Ports of configuration mechanism #1.
+pub const PORT_CONFIG_ADDRESS: u16 = 0xcf8;
+pub const PORT_CONFIG_DATA: u16 = 0xcfc;
+
+/// Bus 0: functions by device number (function 0 only).
+pub struct PciBus {
+    address: u32,
+    slots: Vec<(u8, VirtFunction)>,
+}
+
+impl Default for PciBus {
+    fn default() -> Self {
+        PciBus::new()
+    }
+}
+
+impl PciBus {
+    pub fn new() -> PciBus {
+        PciBus {
+            address: 0,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Put a function at `00:<device>.0`.
+    pub fn add(&mut self, device: u8, f: VirtFunction) {
+        self.slots.retain(|(d, _)| *d != device);
+        self.slots.push((device, f));
+    }
+
+    pub fn function(&self, device: u8) -> Option<&VirtFunction> {
+        self.slots.iter().find(|(d, _)| *d == device).map(|(_, f)| f)
+    }
+
+    /// Whether `port` belongs to the configuration mechanism.
+    pub fn claims(port: u16) -> bool {
+        (PORT_CONFIG_ADDRESS..PORT_CONFIG_DATA + 4).contains(&port)
+    }
+
+    /// The function and register the latched address selects.
+    fn target(&self, port: u16, len: usize) -> Option<(usize, u16)> {
+        let a = self.address;
+        let byte = (port - PORT_CONFIG_DATA) as usize;
+        if a & 0x8000_0000 == 0 || byte + len > 4 {
+            return None;
+        }
+        let bus = (a >> 16) & 0xff;
+        let dev = ((a >> 11) & 0x1f) as u8;
+        let func = (a >> 8) & 7;
+        if bus != 0 || func != 0 {
+            return None;
+        }
+        let idx = self.slots.iter().position(|(d, _)| *d == dev)?;
+        Some((idx, (a & 0xfc) as u16 + byte as u16))
+    }
+
+    /// Guest `in` from a config port; absent functions read all-ones.
+    pub fn io_read(&self, port: u16, data: &mut [u8]) {
+        let len = data.len();
+        let v = if port == PORT_CONFIG_ADDRESS && len == 4 {
+            self.address
+        } else if port >= PORT_CONFIG_DATA {
+            match self.target(port, len) {
+                Some((i, off)) => self.slots[i].1.read(off, len),
+                None => all_ones(len),
+            }
+        } else {
+            all_ones(len)
+        };
+        data.copy_from_slice(&v.to_le_bytes()[..len]);
+    }
+
+    /// Guest `out` to a config port. Returns the device number whose decode may have changed.
+    pub fn io_write(&mut self, port: u16, data: &[u8]) -> Option<u8> {
+        let len = data.len();
+        let mut b = [0u8; 4];
+        b[..len.min(4)].copy_from_slice(&data[..len.min(4)]);
+        let v = u32::from_le_bytes(b);
+        if port == PORT_CONFIG_ADDRESS && len == 4 {
+            self.address = v & 0x80ff_fffc;
+            return None;
+        }
+        if port < PORT_CONFIG_DATA {
+            return None; // byte/word writes to 0xcf8-0xcfb are not config cycles
+        }
+        let (i, off) = self.target(port, len)?;
+        let (dev, f) = &mut self.slots[i];
+        if f.write(off, len, v) {
+            Some(*dev)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device like QEMU's std VGA: 16 MiB prefetchable BAR0, 4 KiB BAR2, and a 64-bit BAR4.
+    fn vga() -> VirtFunction {
+        let mut c = StaticConfig::new(0x1234, 0x1111, 0x03_00_00, 2);
+        c.bytes[0x0e] = 0x80; // multifunction bit set on the "host" device
+                              // Capability list: 0x40 vendor-specific -> 0x50 MSI (64-bit) -> 0x70 MSI-X -> end.
+        c.bytes[0x06] = 0x10;
+        c.bytes[0x34] = 0x40;
+        c.put(0x40, &[0x09, 0x50, 0x08, 0xaa]);
+        c.put(0x50, &[CAP_MSI, 0x70, 0x80, 0x00]);
+        c.writable[0x52] = 0x01; // MSI enable would be writable on real hardware
+        c.put(0x70, &[CAP_MSIX, 0x00, 0x03, 0x00]); // 4 entries
+        c.put(0x74, &0x0000_2002u32.to_le_bytes()); // table in BAR2 at 0x2000
+        c.put(0x78, &0x0000_3002u32.to_le_bytes()); // PBA in BAR2 at 0x3000
+        VirtFunction::new(
+            Box::new(c),
+            &[
+                BarSpec {
+                    index: 0,
+                    ty: BarType::Mem32,
+                    prefetchable: true,
+                    size: 16 << 20,
+                },
+                BarSpec {
+                    index: 2,
+                    ty: BarType::Mem32,
+                    prefetchable: false,
+                    size: 0x4000,
+                },
+                BarSpec {
+                    index: 4,
+                    ty: BarType::Mem64,
+                    prefetchable: true,
+                    size: 8 << 30,
+                },
+            ],
+        )
+    }
+
+    #[test]
+    fn bar_sizing_returns_the_mask_and_keeps_type_bits() {
+        let mut f = vga();
+        assert_eq!(
+            f.read(0x10, 4),
+            0x8,
+            "unassigned prefetchable mem32 BAR reads its type"
+        );
+        f.write(0x10, 4, 0xffff_ffff);
+        assert_eq!(f.read(0x10, 4), 0xff00_0008);
+        f.write(0x18, 4, 0xffff_ffff);
+        assert_eq!(f.read(0x18, 4), 0xffff_c000);
+        // 64-bit, 8 GiB: the low register has no address bits, the high one masks bit 32-33.
+        f.write(0x20, 4, 0xffff_ffff);
+        f.write(0x24, 4, 0xffff_ffff);
+        assert_eq!(f.read(0x20, 4), 0x0000_000c);
+        assert_eq!(f.read(0x24, 4), 0xffff_fffe);
+        // Unimplemented BARs read zero whatever is written.
+        f.write(0x14, 4, 0xffff_ffff);
+        assert_eq!(f.read(0x14, 4), 0);
+        assert_eq!(f.read(0x30, 4), 0, "no expansion ROM is presented");
+    }
+
+    #[test]
+    fn bar_relocation_moves_the_window_only_with_decode_on() {
+        let mut f = vga();
+        assert!(f.write(0x18, 4, 0xc100_0000));
+        assert_eq!(f.bar_address(2), 0xc100_0000);
+        assert!(f.windows().is_empty(), "memory decode is off");
+        assert!(f.write(0x04, 2, 0x0002));
+        assert_eq!(
+            f.windows(),
+            vec![Window {
+                bar: 2,
+                io: false,
+                base: 0xc100_0000,
+                size: 0x4000
+            }]
+        );
+        // Unaligned addresses are truncated to the BAR's size, like hardware.
+        f.write(0x18, 4, 0xc200_1234);
+        assert_eq!(f.bar_address(2), 0xc200_0000);
+        assert_eq!(f.windows()[0].base, 0xc200_0000);
+        // A byte write changes only its byte.
+        f.write(0x1b, 1, 0xd0);
+        assert_eq!(f.bar_address(2), 0xd000_0000);
+        // 64-bit BAR above 4 GiB.
+        f.write(0x20, 4, 0);
+        f.write(0x24, 4, 0x4);
+        assert_eq!(f.bar_address(4), 0x4_0000_0000);
+        assert_eq!(f.windows().len(), 2);
+        f.write(0x04, 2, 0);
+        assert!(f.windows().is_empty());
+    }
+
+    #[test]
+    fn read_only_registers_ignore_writes() {
+        let mut f = vga();
+        f.write(0x00, 4, 0xdead_beef);
+        assert_eq!(f.read(0x00, 4), 0x1111_1234);
+        f.write(0x08, 4, 0xffff_ffff);
+        assert_eq!(f.read(0x08, 4), 0x0300_0002);
+        f.write(0x04, 2, 0xffff);
+        assert_eq!(
+            f.read(0x04, 2),
+            0x0007,
+            "only the command bits the device implements stick"
+        );
+        f.write(0x3c, 1, 0x0b);
+        assert_eq!(f.read(0x3c, 1), 0x0b);
+    }
+
+    #[test]
+    fn capability_list_passes_through_and_msi_writes_are_dropped() {
+        let mut f = vga();
+        assert_eq!(f.read(0x06, 2) & 0x10, 0x10);
+        assert_eq!(f.read(0x34, 1), 0x40);
+        let mut chain = Vec::new();
+        let mut p = f.read(0x34, 1) as u16;
+        while p != 0 {
+            chain.push((f.read(p, 1) as u8, p));
+            p = f.read(p + 1, 1) as u16;
+        }
+        assert_eq!(chain, vec![(0x09, 0x40), (CAP_MSI, 0x50), (CAP_MSIX, 0x70)]);
+        assert_eq!(f.capabilities(), &chain[..]);
+        assert_eq!(f.read(0x42, 2), 0xaa08, "capability bodies read through");
+        f.write(0x52, 1, 0x01);
+        assert_eq!(f.read(0x52, 1), 0x80, "MSI enable is not forwarded");
+        let m = f.msix().unwrap();
+        assert_eq!((m.table_bar, m.table_offset, m.table_size), (2, 0x2000, 64));
+        assert_eq!((m.pba_bar, m.pba_offset, m.pba_size), (2, 0x3000, 8));
+    }
+
+    #[test]
+    fn header_type_hides_multifunction() {
+        let f = vga();
+        assert_eq!(f.read(0x0e, 1), 0x00);
+    }
+
+    #[test]
+    fn a_looping_capability_list_terminates() {
+        let mut c = StaticConfig::new(1, 2, 0, 0);
+        c.bytes[0x06] = 0x10;
+        c.bytes[0x34] = 0x40;
+        c.put(0x40, &[0x09, 0x40]);
+        let f = VirtFunction::new(Box::new(c), &[]);
+        assert_eq!(f.capabilities().len(), 48);
+    }
+
+    #[test]
+    fn mechanism_one_routes_to_the_selected_function() {
+        let mut bus = PciBus::new();
+        bus.add(0, host_bridge());
+        bus.add(1, vga());
+        let rd = |bus: &PciBus, port: u16, len: usize| {
+            let mut d = vec![0u8; len];
+            bus.io_read(port, &mut d);
+            let mut b = [0u8; 4];
+            b[..len].copy_from_slice(&d);
+            u32::from_le_bytes(b)
+        };
+        bus.io_write(0xcf8, &0x8000_0000u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcf8, 4), 0x8000_0000);
+        assert_eq!(rd(&bus, 0xcfc, 4), 0x0008_1b36);
+        assert_eq!(rd(&bus, 0xcfe, 2), 0x0008);
+        bus.io_write(0xcf8, &0x8000_0008u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcfc, 4) >> 8, 0x06_00_00);
+        // 00:01.0 BAR2 through the data port, sized via byte lanes.
+        bus.io_write(0xcf8, &0x8000_0818u32.to_le_bytes());
+        assert_eq!(bus.io_write(0xcfc, &0xffff_ffffu32.to_le_bytes()), Some(1));
+        assert_eq!(rd(&bus, 0xcfc, 4), 0xffff_c000);
+        assert_eq!(rd(&bus, 0xcfd, 1), 0xc0);
+        // Empty slots, other buses and functions, and disabled cycles read all-ones.
+        bus.io_write(0xcf8, &0x8000_1000u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcfc, 4), 0xffff_ffff);
+        bus.io_write(0xcf8, &0x8001_0800u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcfc, 2), 0xffff);
+        bus.io_write(0xcf8, &0x8000_0900u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcfc, 4), 0xffff_ffff);
+        bus.io_write(0xcf8, &0x0000_0800u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcfc, 4), 0xffff_ffff);
+        // A word access that would cross the dword is refused.
+        bus.io_write(0xcf8, &0x8000_0800u32.to_le_bytes());
+        assert_eq!(rd(&bus, 0xcff, 2), 0xffff);
+        assert!(PciBus::claims(0xcff) && !PciBus::claims(0xd00));
+    }
+}

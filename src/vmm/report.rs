@@ -1,0 +1,234 @@
+//! The firmware's `FW ...` console lines, parsed into the `--json` result of `gpupass boot`.
+//!
+//! Grammar (one line each; tokens separated by single spaces; numbers `0x`-hex unless noted):
+//!
+//! ```text
+//! FW hello v1 ram <bytes> mmio <base>-<limit>
+//! FW dev <bb:dd.f> <vvvv>:<dddd> class <cccccc> hdr <hh>
+//! FW bar <n, decimal> io|mem32|mem64 [pref] [addr <a>] size <s> (first <v> | unassigned)
+//! FW dispi <bb:dd.f> <id>
+//! FW loop <bb:dd.f> bar <n> count <decimal> last <v>   |   FW loop none <why>
+//! FW done devices <decimal>
+//! FW error <what>
+//! ```
+//! `bar` lines belong to the `dev` line before them. Other console lines are kept as they are.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwBar {
+    pub index: u32,
+    /// `io`, `mem32` or `mem64`.
+    pub kind: String,
+    pub prefetchable: bool,
+    /// Guest address the firmware assigned; `null` when it did not fit the MMIO hole.
+    pub address: Option<u64>,
+    pub size: u64,
+    /// First dword read through the BAR.
+    pub first: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwDevice {
+    /// Guest address on bus 0 (`00:01.0`).
+    pub address: String,
+    pub vendor_id: String,
+    pub device_id: String,
+    pub class: String,
+    pub header_type: String,
+    pub bars: Vec<FwBar>,
+    /// Bochs VBE dispi ID (BAR2 + 0x500) for 1234:1111 devices.
+    pub dispi_id: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwLoop {
+    pub device: Option<String>,
+    pub bar: Option<u32>,
+    pub count: u64,
+    pub last: Option<u64>,
+    /// Why no loop ran (`no-memory-bar`...), when it did not.
+    pub skipped: Option<String>,
+}
+
+/// What the firmware reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FirmwareReport {
+    pub hello: Option<String>,
+    pub devices: Vec<FwDevice>,
+    #[serde(rename = "loop")]
+    pub read_loop: Option<FwLoop>,
+    /// `FW done` seen: the firmware ran to its end.
+    pub done: bool,
+    pub errors: Vec<String>,
+    /// `FW` lines that did not parse.
+    pub unparsed: Vec<String>,
+}
+
+fn hex(s: &str) -> Option<u64> {
+    let t = s.strip_prefix("0x")?;
+    if t.is_empty() || t.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(t, 16).ok()
+}
+
+/// Parse the console transcript.
+pub fn parse(console: &str) -> FirmwareReport {
+    let mut r = FirmwareReport::default();
+    for line in console.lines() {
+        let Some(rest) = line.trim_end_matches('\r').strip_prefix("FW ") else {
+            continue;
+        };
+        if !parse_line(&mut r, rest) {
+            r.unparsed.push(line.to_string());
+        }
+    }
+    r
+}
+
+fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
+    let t: Vec<&str> = rest.split(' ').collect();
+    match t.as_slice() {
+        ["hello", ..] => {
+            r.hello = Some(rest.to_string());
+            true
+        }
+        ["dev", addr, ids, "class", class, "hdr", hdr] => {
+            let Some((v, d)) = ids.split_once(':') else {
+                return false;
+            };
+            r.devices.push(FwDevice {
+                address: addr.to_string(),
+                vendor_id: v.to_string(),
+                device_id: d.to_string(),
+                class: class.to_string(),
+                header_type: hdr.to_string(),
+                bars: Vec::new(),
+                dispi_id: None,
+            });
+            true
+        }
+        ["bar", idx, kind, more @ ..] => {
+            let Some(dev) = r.devices.last_mut() else {
+                return false;
+            };
+            let Ok(index) = idx.parse() else {
+                return false;
+            };
+            let mut bar = FwBar {
+                index,
+                kind: kind.to_string(),
+                ..FwBar::default()
+            };
+            let mut i = 0;
+            let mut sized = false;
+            while i < more.len() {
+                match (more[i], more.get(i + 1)) {
+                    ("pref", _) => {
+                        bar.prefetchable = true;
+                        i += 1;
+                    }
+                    ("unassigned", _) => i += 1,
+                    ("addr", Some(v)) => {
+                        bar.address = hex(v);
+                        i += 2;
+                    }
+                    ("size", Some(v)) => {
+                        bar.size = hex(v).unwrap_or(0);
+                        sized = true;
+                        i += 2;
+                    }
+                    ("first", Some(v)) => {
+                        bar.first = hex(v);
+                        i += 2;
+                    }
+                    _ => return false,
+                }
+            }
+            if !sized {
+                return false;
+            }
+            dev.bars.push(bar);
+            true
+        }
+        ["dispi", addr, id] => match (r.devices.iter_mut().rev().find(|d| d.address == *addr), hex(id)) {
+            (Some(d), Some(v)) => {
+                d.dispi_id = Some(v);
+                true
+            }
+            _ => false,
+        },
+        ["loop", "none", why] => {
+            r.read_loop = Some(FwLoop {
+                skipped: Some(why.to_string()),
+                ..FwLoop::default()
+            });
+            true
+        }
+        ["loop", addr, "bar", bar, "count", count, "last", last] => {
+            r.read_loop = Some(FwLoop {
+                device: Some(addr.to_string()),
+                bar: bar.parse().ok(),
+                count: count.parse().unwrap_or(0),
+                last: hex(last),
+                skipped: None,
+            });
+            true
+        }
+        ["done", ..] => {
+            r.done = true;
+            true
+        }
+        ["error", what @ ..] => {
+            r.errors.push(what.join(" "));
+            true
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn firmware_lines_become_devices() {
+        let console = "noise\nFW hello v1 ram 0x4000000 mmio 0xc0000000-0xfebfffff\n\
+            FW dev 00:00.0 1b36:0008 class 060000 hdr 00\n\
+            FW dev 00:01.0 1234:1111 class 030000 hdr 00\n\
+            FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247\n\
+            FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00\n\
+            FW bar 4 mem64 pref size 0x4000000000 unassigned\n\
+            FW dispi 00:01.0 0xb0c5\n\
+            FW loop 00:01.0 bar 2 count 100000 last 0xffffff00\n\
+            FW done devices 2\n";
+        let r = parse(console);
+        assert!(r.done);
+        assert!(r.unparsed.is_empty(), "{:?}", r.unparsed);
+        assert_eq!(r.devices.len(), 2);
+        let d = &r.devices[1];
+        assert_eq!((d.vendor_id.as_str(), d.device_id.as_str()), ("1234", "1111"));
+        assert_eq!(d.dispi_id, Some(0xb0c5));
+        assert_eq!(d.bars.len(), 3);
+        assert_eq!(d.bars[0].address, Some(0xc000_0000));
+        assert!(d.bars[0].prefetchable);
+        assert_eq!(d.bars[1].first, Some(0xffff_ff00));
+        assert_eq!(d.bars[2].address, None);
+        assert_eq!(d.bars[2].size, 0x40_0000_0000);
+        let l = r.read_loop.unwrap();
+        assert_eq!((l.bar, l.count), (Some(2), 100_000));
+    }
+
+    #[test]
+    fn garbage_is_kept_not_fatal() {
+        let r = parse("FW bar 0 mem32 size 0x10\nFW dev x\nFW error no-boot-info\nFW bar x\n");
+        assert_eq!(
+            r.unparsed.len(),
+            3,
+            "a bar before any dev, a short dev, a bad bar"
+        );
+        assert_eq!(r.errors, vec!["no-boot-info"]);
+        assert!(!r.done);
+    }
+}

@@ -1,0 +1,677 @@
+//! The vCPU run loop and the dispatch of its exits to the machine's devices.
+//!
+//! The syscall layer is the [`Vcpu`] trait: [`KvmVcpu`] calls `KVM_RUN` through kvm-ioctls;
+//! the unit tests below script exits with a fake and run the real dispatch.
+//!
+//! Port map (the protocol the firmware speaks; firmware/protocol.h, docs/vmm.md):
+//! - 0x3F8-0x3FF COM1 (output to gpupass's stdout)
+//! - 0x501 exit: an 8-bit write ends the VM; the byte is gpupass's exit status
+//! - 0x502 mark: a 32-bit write of 1 / 2 brackets the firmware's read loop, whose exits
+//!   are reported apart
+//! - 0xCF8-0xCFF PCI configuration mechanism #1
+//! - I/O BAR windows the guest assigned; anything else reads all-ones and ignores writes.
+
+use super::bars::{BarMapper, Hit, PresentedDevice, SlotOps};
+use super::pci::{self, PciBus, VirtFunction};
+use super::serial::Serial;
+use super::VmmError;
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub const PORT_EXIT: u16 = 0x501;
+pub const PORT_MARK: u16 = 0x502;
+pub const MARK_LOOP_BEGIN: u32 = 1;
+pub const MARK_LOOP_END: u32 = 2;
+/// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
+pub const DEVICE_SLOT: u8 = 1;
+
+/// The syscall layer of one vCPU.
+pub trait Vcpu {
+    /// Enter the guest until the next exit (`KVM_RUN`).
+    fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error>;
+    /// The registers, formatted for an error message.
+    fn dump(&self) -> String;
+}
+
+/// A real KVM vCPU.
+pub struct KvmVcpu(pub VcpuFd);
+
+impl Vcpu for KvmVcpu {
+    fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.0.run()
+    }
+
+    fn dump(&self) -> String {
+        let regs = match self.0.get_regs() {
+            Ok(r) => r,
+            Err(e) => return format!("  (registers unavailable: {e})"),
+        };
+        let mut s = format!(
+            "  rip={:#010x} rsp={:#010x} rflags={:#x}\n  rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x} rbp={:#x}",
+            regs.rip, regs.rsp, regs.rflags, regs.rax, regs.rbx, regs.rcx, regs.rdx, regs.rsi, regs.rdi, regs.rbp
+        );
+        if let Ok(sr) = self.0.get_sregs() {
+            s.push_str(&format!(
+                "\n  cr0={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#06x} (base {:#x}) ds={:#06x} ss={:#06x}",
+                sr.cr0, sr.cr3, sr.cr4, sr.efer, sr.cs.selector, sr.cs.base, sr.ds.selector, sr.ss.selector
+            ));
+        }
+        s
+    }
+}
+
+/// Counts of VM exits (returns from `KVM_RUN` to gpupass), by what they hit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ExitCounts {
+    pub total: u64,
+    pub by_kind: BTreeMap<&'static str, u64>,
+}
+
+impl ExitCounts {
+    fn count(&mut self, kind: &'static str) {
+        self.total += 1;
+        *self.by_kind.entry(kind).or_insert(0) += 1;
+    }
+
+    /// Exits in `self` that are not in `earlier`.
+    pub fn since(&self, earlier: &ExitCounts) -> ExitCounts {
+        let mut by_kind = BTreeMap::new();
+        for (k, v) in &self.by_kind {
+            let d = v - earlier.by_kind.get(k).copied().unwrap_or(0);
+            if d > 0 {
+                by_kind.insert(*k, d);
+            }
+        }
+        ExitCounts {
+            total: self.total - earlier.total,
+            by_kind,
+        }
+    }
+}
+
+/// The firmware's read loop as the VMM saw it (between the two marks).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LoopWindow {
+    pub exits: ExitCounts,
+    pub nanos: u64,
+}
+
+/// What continues after an exit.
+enum Flow {
+    Continue,
+    Exit(u8),
+}
+
+/// The parts of a [`PresentedDevice`] the machine takes over (its mappings' owner stays
+/// with the caller, to outlive the slots).
+pub struct DeviceParts {
+    pub config: Box<dyn pci::ConfigBackend>,
+    pub bars: Vec<pci::BarSpec>,
+    pub areas: Vec<super::bars::HostArea>,
+    pub regions: Box<dyn super::bars::BarRegions>,
+}
+
+/// What the caller keeps of a [`PresentedDevice`]: its name, why BARs are trapped, and the
+/// owner of its host mappings (dropped only after the slots are gone).
+pub struct DeviceRest {
+    pub name: String,
+    pub trapped_why: Vec<(u8, String)>,
+    pub keep: Box<dyn std::any::Any + Send>,
+}
+
+impl PresentedDevice {
+    /// Split into what the machine takes and what the caller keeps.
+    pub fn split(self) -> (DeviceParts, DeviceRest) {
+        (
+            DeviceParts {
+                config: self.config,
+                bars: self.bars,
+                areas: self.areas,
+                regions: self.regions,
+            },
+            DeviceRest {
+                name: self.name,
+                trapped_why: self.trapped_why,
+                keep: self.keep,
+            },
+        )
+    }
+}
+
+/// The devices behind the vCPU: serial, PCI bus, BAR windows, control ports.
+pub struct Machine<'a> {
+    pub serial: Serial<'a>,
+    pub bus: PciBus,
+    pub mapper: BarMapper,
+    pub regions: Box<dyn super::bars::BarRegions>,
+    pub slots: Box<dyn SlotOps + 'a>,
+    pub exits: ExitCounts,
+    loop_begin: Option<(ExitCounts, Instant)>,
+    pub loop_window: Option<LoopWindow>,
+}
+
+impl<'a> Machine<'a> {
+    /// Bus 0 with the host bridge at 00:00.0 and `dev` at 00:01.0.
+    pub fn new(
+        dev: DeviceParts,
+        ram_end: u64,
+        first_slot: u32,
+        slots: Box<dyn SlotOps + 'a>,
+        serial: Serial<'a>,
+    ) -> Machine<'a> {
+        let func = VirtFunction::new(dev.config, &dev.bars);
+        let msix = func.msix();
+        let mut bus = PciBus::new();
+        bus.add(0, pci::host_bridge());
+        bus.add(DEVICE_SLOT, func);
+        Machine {
+            serial,
+            bus,
+            mapper: BarMapper::new(&dev.areas, first_slot, ram_end, msix),
+            regions: dev.regions,
+            slots,
+            exits: ExitCounts::default(),
+            loop_begin: None,
+            loop_window: None,
+        }
+    }
+
+    fn decode_changed(&mut self, dev: u8) -> Result<(), VmmError> {
+        let windows = match self.bus.function(dev) {
+            Some(f) if dev == DEVICE_SLOT => f.windows(),
+            _ => return Ok(()),
+        };
+        self.mapper.update(windows, self.slots.as_mut())
+    }
+
+    fn io_out(&mut self, port: u16, data: &[u8]) -> Result<Flow, VmmError> {
+        let value = {
+            let mut b = [0u8; 4];
+            let n = data.len().min(4);
+            b[..n].copy_from_slice(&data[..n]);
+            u32::from_le_bytes(b)
+        };
+        if Serial::claims(port) {
+            self.exits.count("io-serial");
+            if port == super::serial::COM1 {
+                // Several bytes at the data register (a wider `out`, or string PIO that KVM
+                // hands over at once): each byte is sent.
+                for b in data {
+                    self.serial.write(port, *b);
+                }
+            } else {
+                for (i, b) in data.iter().enumerate() {
+                    self.serial.write(port + i as u16, *b);
+                }
+            }
+        } else if PciBus::claims(port) {
+            self.exits.count("io-pci-config");
+            if let Some(dev) = self.bus.io_write(port, data) {
+                self.decode_changed(dev)?;
+            }
+        } else if port == PORT_EXIT {
+            self.exits.count("io-exit");
+            return Ok(Flow::Exit(data.first().copied().unwrap_or(0)));
+        } else if port == PORT_MARK {
+            match value {
+                MARK_LOOP_BEGIN => {
+                    self.exits.count("io-mark");
+                    self.loop_begin = Some((self.exits.clone(), Instant::now()));
+                }
+                MARK_LOOP_END => {
+                    if let Some((before, t0)) = self.loop_begin.take() {
+                        self.loop_window = Some(LoopWindow {
+                            exits: self.exits.since(&before),
+                            nanos: t0.elapsed().as_nanos() as u64,
+                        });
+                    }
+                    self.exits.count("io-mark");
+                }
+                _ => self.exits.count("io-mark"),
+            }
+        } else if let Some(Hit::Bar { bar, offset }) = self.mapper.find(u64::from(port), true) {
+            self.exits.count("io-bar");
+            self.regions.write(bar, offset, data);
+        } else {
+            self.exits.count("io-unclaimed");
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn io_in(&mut self, port: u16, data: &mut [u8]) {
+        if Serial::claims(port) {
+            self.exits.count("io-serial");
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = self.serial.read(port + i as u16);
+            }
+        } else if PciBus::claims(port) {
+            self.exits.count("io-pci-config");
+            self.bus.io_read(port, data);
+        } else if let Some(Hit::Bar { bar, offset }) = self.mapper.find(u64::from(port), true) {
+            self.exits.count("io-bar");
+            self.regions.read(bar, offset, data);
+        } else {
+            self.exits.count("io-unclaimed");
+            data.fill(0xff);
+        }
+    }
+
+    fn mmio_read(&mut self, addr: u64, data: &mut [u8]) {
+        match self.mapper.find(addr, false) {
+            Some(Hit::Bar { bar, offset }) => {
+                self.exits.count("mmio-bar");
+                self.regions.read(bar, offset, data);
+            }
+            Some(Hit::Msix { bar, offset }) => {
+                self.exits.count("mmio-msix");
+                self.regions.read(bar, offset, data);
+            }
+            None => {
+                self.exits.count("mmio-unclaimed");
+                data.fill(0xff);
+            }
+        }
+    }
+
+    fn mmio_write(&mut self, addr: u64, data: &[u8]) {
+        match self.mapper.find(addr, false) {
+            Some(Hit::Bar { bar, offset }) => {
+                self.exits.count("mmio-bar");
+                self.regions.write(bar, offset, data);
+            }
+            Some(Hit::Msix { bar, offset }) => {
+                self.exits.count("mmio-msix");
+                self.regions.write(bar, offset, data);
+            }
+            None => self.exits.count("mmio-unclaimed"),
+        }
+    }
+
+    /// Remove the BAR slots (before the device's mappings go away).
+    pub fn teardown(&mut self) {
+        self.mapper.unmap_all(self.slots.as_mut());
+        self.serial.flush();
+    }
+}
+
+/// Why the loop stopped without an exit-port write.
+enum Fault {
+    Shutdown,
+    Internal,
+    Halted,
+    Unexpected(String),
+    Run(kvm_ioctls::Error),
+    Device(VmmError),
+}
+
+/// Run until the guest writes the exit port (its status is returned), `stop` is raised
+/// (timeout), or the guest faults.
+pub fn run_loop(
+    vcpu: &mut dyn Vcpu,
+    m: &mut Machine<'_>,
+    stop: &AtomicBool,
+    timeout: Duration,
+) -> Result<u8, VmmError> {
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return Err(VmmError::Timeout {
+                secs: timeout.as_secs_f64(),
+                regs: vcpu.dump(),
+            });
+        }
+        let step: Result<Flow, Fault> = match vcpu.run() {
+            Ok(VcpuExit::IoOut(port, data)) => m.io_out(port, data).map_err(Fault::Device),
+            Ok(VcpuExit::IoIn(port, data)) => {
+                m.io_in(port, data);
+                Ok(Flow::Continue)
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                m.mmio_read(addr, data);
+                Ok(Flow::Continue)
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                m.mmio_write(addr, data);
+                Ok(Flow::Continue)
+            }
+            Ok(VcpuExit::Intr) => {
+                m.exits.count("intr");
+                Ok(Flow::Continue)
+            }
+            Ok(VcpuExit::Hlt) => {
+                m.exits.count("hlt");
+                Err(Fault::Halted)
+            }
+            Ok(VcpuExit::Shutdown) => {
+                m.exits.count("shutdown");
+                Err(Fault::Shutdown)
+            }
+            Ok(VcpuExit::InternalError) => {
+                m.exits.count("internal-error");
+                Err(Fault::Internal)
+            }
+            Ok(other) => {
+                m.exits.count("other");
+                Err(Fault::Unexpected(format!("{other:?}")))
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                m.exits.count("intr");
+                Ok(Flow::Continue)
+            }
+            Err(e) => Err(Fault::Run(e)),
+        };
+        match step {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Exit(status)) => return Ok(status),
+            Err(f) => {
+                let regs = vcpu.dump();
+                return Err(match f {
+                    Fault::Shutdown => VmmError::TripleFault { regs },
+                    Fault::Internal => VmmError::InternalError { regs },
+                    Fault::Halted => VmmError::Halted { regs },
+                    Fault::Unexpected(exit) => VmmError::UnexpectedExit { exit, regs },
+                    Fault::Run(source) => VmmError::Run { source, regs },
+                    Fault::Device(e) => e,
+                });
+            }
+        }
+    }
+}
+
+/// Signal used to kick the vCPU thread out of `KVM_RUN` on timeout.
+fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// [`run_loop`] on this thread with a watchdog: after `timeout` it raises `stop` and signals
+/// this thread until the loop notices (a signal makes `KVM_RUN` return `EINTR`).
+pub fn run_with_timeout(vcpu: &mut dyn Vcpu, m: &mut Machine<'_>, timeout: Duration) -> Result<u8, VmmError> {
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| {
+        // Without the handler the kick would kill the process; the loop then only stops
+        // at an exit, which the timeout message will show.
+        let _ = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick);
+    });
+    // SAFETY: pthread_self has no preconditions and returns this thread's id.
+    let me = unsafe { libc::pthread_self() };
+    let stop = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (stop, done) = (&stop, &done);
+        s.spawn(move || {
+            if rx.recv_timeout(timeout) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            stop.store(true, Ordering::Release);
+            while !done.load(Ordering::Acquire) {
+                // SAFETY: `me` is the vCPU thread, alive until `done` is set (the scope
+                // joins this thread before the vCPU thread leaves `run_with_timeout`); the
+                // signal has a no-op handler installed above.
+                unsafe { libc::pthread_kill(me, kick_signal()) };
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let r = run_loop(vcpu, m, stop, timeout);
+        done.store(true, Ordering::Release);
+        drop(tx);
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::emulated;
+    use super::*;
+    use kvm_ioctls::VcpuExit;
+
+    /// One scripted exit. Data for `In`/`MmioRead` is filled by the machine and recorded.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Out(u16, Vec<u8>),
+        In(u16, usize),
+        MmioRead(u64, usize),
+        MmioWrite(u64, Vec<u8>),
+        Hlt,
+        Shutdown,
+        Intr,
+        Debug,
+        Eintr,
+    }
+
+    struct FakeVcpu {
+        script: Vec<Step>,
+        next: usize,
+        buf: Vec<u8>,
+        /// What the machine answered to each `In` / `MmioRead`, in order.
+        answers: Vec<Vec<u8>>,
+        pending: bool,
+    }
+
+    impl FakeVcpu {
+        fn new(script: Vec<Step>) -> FakeVcpu {
+            FakeVcpu {
+                script,
+                next: 0,
+                buf: vec![0; 8],
+                answers: Vec::new(),
+                pending: false,
+            }
+        }
+        fn value(a: &[u8]) -> u64 {
+            let mut b = [0u8; 8];
+            b[..a.len()].copy_from_slice(a);
+            u64::from_le_bytes(b)
+        }
+    }
+
+    impl Vcpu for FakeVcpu {
+        fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+            if self.pending {
+                self.answers.push(self.buf.clone());
+                self.pending = false;
+            }
+            let step = self.script.get(self.next).cloned().unwrap_or(Step::Hlt);
+            self.next += 1;
+            Ok(match step {
+                Step::Out(p, d) => {
+                    self.buf = d;
+                    VcpuExit::IoOut(p, &self.buf)
+                }
+                Step::In(p, n) => {
+                    self.buf = vec![0; n];
+                    self.pending = true;
+                    VcpuExit::IoIn(p, &mut self.buf)
+                }
+                Step::MmioRead(a, n) => {
+                    self.buf = vec![0; n];
+                    self.pending = true;
+                    VcpuExit::MmioRead(a, &mut self.buf)
+                }
+                Step::MmioWrite(a, d) => {
+                    self.buf = d;
+                    VcpuExit::MmioWrite(a, &self.buf)
+                }
+                Step::Hlt => VcpuExit::Hlt,
+                Step::Shutdown => VcpuExit::Shutdown,
+                Step::Intr => VcpuExit::Intr,
+                Step::Debug => VcpuExit::Unknown,
+                Step::Eintr => return Err(kvm_ioctls::Error::new(libc::EINTR)),
+            })
+        }
+        fn dump(&self) -> String {
+            "  rip=0xfake".to_string()
+        }
+    }
+
+    #[derive(Default)]
+    struct Slots(Vec<(u32, u64, u64)>);
+    impl SlotOps for std::rc::Rc<std::cell::RefCell<Slots>> {
+        fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, _h: u64) -> Result<(), String> {
+            self.borrow_mut().0.push((slot, gpa, size));
+            Ok(())
+        }
+    }
+
+    fn cfg_addr(dev: u32, off: u32) -> Vec<u8> {
+        (0x8000_0000u32 | (dev << 11) | off).to_le_bytes().to_vec()
+    }
+
+    struct Outcome {
+        result: Result<u8, VmmError>,
+        vcpu: FakeVcpu,
+        slots: Vec<(u32, u64, u64)>,
+        exits: ExitCounts,
+        console: Vec<u8>,
+        read_loop: Option<LoopWindow>,
+    }
+
+    fn run(script: Vec<Step>) -> Outcome {
+        let (parts, _rest) = emulated::device().unwrap().split();
+        let slots = std::rc::Rc::new(std::cell::RefCell::new(Slots::default()));
+        let mut out = Vec::new();
+        let mut vcpu = FakeVcpu::new(script);
+        let (r, exits, lw) = {
+            let mut m = Machine::new(
+                parts,
+                64 << 20,
+                1,
+                Box::new(slots.clone()),
+                Serial::new(Some(&mut out)),
+            );
+            let r = run_loop(&mut vcpu, &mut m, &AtomicBool::new(false), Duration::from_secs(1));
+            (r, m.exits.clone(), m.loop_window.clone())
+        };
+        let slots = slots.borrow().0.clone();
+        Outcome {
+            result: r,
+            vcpu,
+            slots,
+            exits,
+            console: out,
+            read_loop: lw,
+        }
+    }
+
+    #[test]
+    fn exit_port_ends_the_run_with_its_status() {
+        let o = run(vec![
+            Step::Out(0x3f8, b"h".to_vec()),
+            Step::Out(0x3f8, b"\n".to_vec()),
+            Step::Out(PORT_EXIT, vec![7]),
+            Step::Out(0x3f8, b"never".to_vec()),
+        ]);
+        let exits = o.exits;
+        assert_eq!(o.result.unwrap(), 7);
+        assert_eq!(o.console, b"h\n");
+        assert_eq!(exits.total, 3);
+        // Several bytes at the data register in one exit: all are sent.
+        let o = run(vec![
+            Step::Out(0x3f8, b"FW a\n".to_vec()),
+            Step::Out(PORT_EXIT, vec![0]),
+        ]);
+        assert_eq!(o.console, b"FW a\n");
+        assert_eq!(o.exits.by_kind["io-serial"], 1);
+        assert_eq!(exits.by_kind["io-serial"], 2);
+        assert_eq!(exits.by_kind["io-exit"], 1);
+    }
+
+    #[test]
+    fn bar_assignment_maps_the_framebuffer_and_traps_the_registers() {
+        let o = run(vec![
+            // Read 00:01.0 vendor/device.
+            Step::Out(0xcf8, cfg_addr(1, 0)),
+            Step::In(0xcfc, 4),
+            // BAR0 at 0xc0000000, BAR2 at 0xc1000000, memory decode on.
+            Step::Out(0xcf8, cfg_addr(1, 0x10)),
+            Step::Out(0xcfc, 0xc000_0000u32.to_le_bytes().to_vec()),
+            Step::Out(0xcf8, cfg_addr(1, 0x18)),
+            Step::Out(0xcfc, 0xc100_0000u32.to_le_bytes().to_vec()),
+            Step::Out(0xcf8, cfg_addr(1, 0x04)),
+            Step::Out(0xcfc, vec![0x02, 0x00]),
+            // Dispi ID through the trapped BAR2, then a loop of two trapped reads.
+            Step::MmioRead(0xc100_0500, 2),
+            Step::Out(PORT_MARK, 1u32.to_le_bytes().to_vec()),
+            Step::MmioRead(0xc100_0000, 4),
+            Step::MmioRead(0xc100_0000, 4),
+            Step::Out(PORT_MARK, 2u32.to_le_bytes().to_vec()),
+            // Move BAR0: the slot follows.
+            Step::Out(0xcf8, cfg_addr(1, 0x10)),
+            Step::Out(0xcfc, 0xd000_0000u32.to_le_bytes().to_vec()),
+            // Unassigned space reads all-ones; a dispi register write sticks.
+            Step::MmioRead(0xe000_0000, 4),
+            Step::MmioWrite(0xc100_0502, 800u16.to_le_bytes().to_vec()),
+            Step::MmioRead(0xc100_0502, 2),
+            Step::Eintr,
+            Step::Out(PORT_EXIT, vec![0]),
+        ]);
+        let (vcpu, exits) = (&o.vcpu, &o.exits);
+        assert_eq!(o.result.unwrap(), 0);
+        assert_eq!(FakeVcpu::value(&vcpu.answers[0]), 0x1111_1234);
+        assert_eq!(FakeVcpu::value(&vcpu.answers[1]), u64::from(emulated::DISPI_ID));
+        assert_eq!(FakeVcpu::value(&vcpu.answers[2]), 0xffff_ff00);
+        assert_eq!(FakeVcpu::value(&vcpu.answers[4]), 0xffff_ffff);
+        assert_eq!(FakeVcpu::value(&vcpu.answers[5]), 800);
+        assert_eq!(
+            o.slots,
+            vec![
+                (1, 0xc000_0000, emulated::FRAMEBUFFER_SIZE),
+                (1, 0xc000_0000, 0),
+                (1, 0xd000_0000, emulated::FRAMEBUFFER_SIZE)
+            ]
+        );
+        assert_eq!(exits.by_kind["mmio-bar"], 5);
+        assert_eq!(exits.by_kind["mmio-unclaimed"], 1);
+        assert_eq!(exits.by_kind["intr"], 1);
+        let lw = o.read_loop.unwrap();
+        assert_eq!(lw.exits.total, 2);
+        assert_eq!(lw.exits.by_kind["mmio-bar"], 2);
+    }
+
+    #[test]
+    fn faults_end_the_run_with_registers() {
+        let e = run(vec![Step::Out(0x3f8, b"x".to_vec()), Step::Shutdown])
+            .result
+            .unwrap_err();
+        assert!(matches!(e, VmmError::TripleFault { .. }));
+        assert!(e.to_string().contains("rip=0xfake"), "{e}");
+        let e = run(vec![Step::Hlt]).result.unwrap_err();
+        assert!(matches!(e, VmmError::Halted { .. }));
+        assert!(e.to_string().contains("0x501"), "{e}");
+        let e = run(vec![Step::Intr, Step::Debug]).result.unwrap_err();
+        assert!(matches!(e, VmmError::UnexpectedExit { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_raised_stop_flag_is_a_timeout() {
+        let (parts, _rest) = emulated::device().unwrap().split();
+        let slots = std::rc::Rc::new(std::cell::RefCell::new(Slots::default()));
+        let mut m = Machine::new(parts, 64 << 20, 1, Box::new(slots), Serial::new(None));
+        let mut vcpu = FakeVcpu::new(vec![Step::Intr; 10]);
+        let e = run_loop(
+            &mut vcpu,
+            &mut m,
+            &AtomicBool::new(true),
+            Duration::from_millis(5),
+        )
+        .unwrap_err();
+        assert!(matches!(e, VmmError::Timeout { .. }));
+        assert!(e.to_string().contains("0.005"), "{e}");
+    }
+
+    #[test]
+    fn unclaimed_ports_read_all_ones() {
+        let o = run(vec![
+            Step::In(0x60, 1),
+            Step::Out(0x80, vec![1]),
+            Step::Out(PORT_EXIT, vec![3]),
+        ]);
+        assert_eq!(o.result.unwrap(), 3);
+        assert_eq!(o.vcpu.answers[0], vec![0xff]);
+        assert_eq!(o.exits.by_kind["io-unclaimed"], 2);
+    }
+}

@@ -1,0 +1,536 @@
+//! The VM-output commands: `xml hostdev`, `xml domain`, `qemu-args`, `kubevirt`, and (with
+//! the `libvirt` cargo feature) `attach` / `detach`.
+//!
+//! Each command: resolve the DEVICE arguments against the inventory
+//! ([`crate::output::selection`]), render with a pure renderer in [`crate::output`], write
+//! the result to `out` and notes to stderr. `cli.rs` only loads the inventory and dispatches
+//! here.
+
+pub mod attach;
+pub mod domxml;
+
+use crate::model::{Inventory, PciAddress};
+use crate::output::selection::{self, Consumer, DeviceArg, SelectError, SelectOptions, Selection};
+use crate::output::{kubevirt, libvirt, qemu};
+use clap::{Args, Subcommand, ValueEnum};
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+/// Why a VM-output command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VmOutError {
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    #[error(transparent)]
+    Libvirt(#[from] libvirt::LibvirtError),
+    #[error(transparent)]
+    Qemu(#[from] qemu::QemuError),
+    #[error(transparent)]
+    DomXml(#[from] domxml::DomXmlError),
+    #[error("writing the output failed: {0}")]
+    Io(#[from] io::Error),
+    /// A combination of options that cannot work (exit status 2).
+    #[error("{0}")]
+    Usage(String),
+    #[error("gpupass was built without libvirt support; rebuild with `cargo build --features libvirt` (needs libvirt-dev and pkg-config), or render the XML with `gpupass xml hostdev ...` and use `virsh attach-device`")]
+    NoLibvirt,
+    /// An error libvirt reported, passed through with what gpupass was doing.
+    #[error("libvirt: {doing}: {message}{hint}")]
+    LibvirtApi {
+        doing: String,
+        message: String,
+        /// What to do about it, starting with "; " (or empty).
+        hint: String,
+    },
+    #[error("{0}")]
+    Verify(String),
+}
+
+impl VmOutError {
+    /// Exit status 2 for usage errors, 1 for everything else.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            VmOutError::Usage(_)
+                | VmOutError::Libvirt(
+                    libvirt::LibvirtError::GuestAddressTooMany { .. }
+                        | libvirt::LibvirtError::GuestAddressNotFunction0 { .. }
+                )
+                | VmOutError::Qemu(qemu::QemuError::BadFirstSlot { .. })
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn bool(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FirmwareArg {
+    Efi,
+    Bios,
+}
+
+/// Device options shared by the libvirt outputs.
+#[derive(Debug, Clone, Args)]
+pub struct LibvirtDeviceArgs {
+    /// managed='yes': libvirt moves the functions to vfio-pci when the VM starts and back when
+    /// it stops (default: managed='no', the functions must already be bound: `gpupass bind`)
+    #[arg(long, conflicts_with = "unmanaged")]
+    pub managed: bool,
+    /// managed='no' (the default): the functions must already be on vfio-pci
+    #[arg(long)]
+    pub unmanaged: bool,
+    /// Expansion ROM BAR visible to the guest (on the devices you name, not their companions)
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub rom_bar: Option<OnOff>,
+    /// ROM image the guest sees instead of the device's (on the devices you name)
+    #[arg(long, value_name = "PATH")]
+    pub rom_file: Option<PathBuf>,
+    /// display='on' for display-capable vGPUs (mdev of device_api vfio-pci on a display controller)
+    #[arg(long)]
+    pub display: bool,
+    /// Only the devices named, not the other endpoints of their IOMMU groups
+    #[arg(long)]
+    pub only: bool,
+}
+
+impl LibvirtDeviceArgs {
+    fn consumer(&self) -> Consumer {
+        if self.managed {
+            Consumer::LibvirtManaged
+        } else {
+            Consumer::LibvirtUnmanaged
+        }
+    }
+
+    fn hostdev_options(&self) -> libvirt::HostdevOptions {
+        libvirt::HostdevOptions {
+            managed: self.managed,
+            rom_bar: self.rom_bar.map(OnOff::bool),
+            rom_file: self.rom_file.as_ref().map(|p| p.display().to_string()),
+            display: self.display,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum XmlCommand {
+    /// libvirt hostdev elements for PCI functions (with their IOMMU-group companions) and mdevs
+    Hostdev(HostdevArgs),
+    /// A complete q35 KVM domain with the devices behind their own pcie-root-ports
+    Domain(DomainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HostdevArgs {
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    #[command(flatten)]
+    pub dev: LibvirtDeviceArgs,
+    /// Guest PCI address for one device, or function 0 of one multifunction slot (siblings
+    /// share the slot): e.g. 0000:05:00.0, bus 05 being a pcie-root-port of your domain
+    #[arg(long, value_name = "ADDRESS")]
+    pub guest_address: Option<PciAddress>,
+}
+
+#[derive(Debug, Args)]
+pub struct DomainArgs {
+    /// Domain name (any characters but '/' and control characters; XML-escaped in the output)
+    #[arg(long, value_parser = parse_domain_name)]
+    pub name: String,
+    /// Guest memory: 8G, 8GiB, 4096M, 8GB (10^9), or a number of MiB
+    #[arg(long, value_parser = parse_memory_kib, value_name = "SIZE")]
+    pub memory: u64,
+    /// Virtual CPUs
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub vcpus: u32,
+    /// Devices to pass: PCI addresses or mdev UUIDs (repeat or list several)
+    #[arg(long = "device", required = true, num_args = 1.., value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Disk image for the guest (virtio, vda); qcow2 if it ends in .qcow2, else raw
+    #[arg(long, value_name = "PATH")]
+    pub disk: Option<PathBuf>,
+    /// Guest firmware: efi (OVMF; sizes the MMIO window for large GPU BARs) or bios (SeaBIOS)
+    #[arg(long, value_enum, default_value = "efi")]
+    pub firmware: FirmwareArg,
+    /// Give the guest an emulated Intel IOMMU (iommu model intel, split I/O APIC), for
+    /// VFIO or DPDK inside the guest; plain GPU passthrough does not need it
+    #[arg(long)]
+    pub viommu: bool,
+    /// Lock all guest memory (memoryBacking/locked) (libvirt already raises the memlock
+    /// limit for VFIO by itself)
+    #[arg(long)]
+    pub locked: bool,
+    #[command(flatten)]
+    pub dev: LibvirtDeviceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct QemuArgsArgs {
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Only the devices named, not the other endpoints of their IOMMU groups
+    #[arg(long)]
+    pub only: bool,
+    /// rombar=1|0 on the devices you name
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub rom_bar: Option<OnOff>,
+    /// romfile=PATH on the devices you name
+    #[arg(long, value_name = "PATH")]
+    pub rom_file: Option<PathBuf>,
+    /// display=on for display-capable vGPUs
+    #[arg(long)]
+    pub display: bool,
+    /// First pcie.0 slot for the root ports (hex like 0x10 or decimal)
+    #[arg(long, value_parser = parse_slot, default_value = "0x10", value_name = "SLOT")]
+    pub first_slot: u8,
+}
+
+#[derive(Debug, Args)]
+pub struct KubevirtArgs {
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Only the devices named, not the other endpoints of their IOMMU groups
+    #[arg(long)]
+    pub only: bool,
+    /// Mark the resources as provided by an external device plugin (gpupass's or NVIDIA's
+    /// kubevirt-gpu-device-plugin) instead of KubeVirt's own
+    #[arg(long)]
+    pub external_provider: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// libvirt connection URI (qemu:///system, test:///default, ...)
+    #[arg(long, env = "LIBVIRT_DEFAULT_URI", value_name = "URI")]
+    pub connect: String,
+    /// Domain name
+    #[arg(long, value_name = "NAME")]
+    pub domain: String,
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Change the running domain (default: the running domain if it runs, plus the persistent
+    /// definition if it has one)
+    #[arg(long)]
+    pub live: bool,
+    /// Change the persistent definition (takes effect at next boot)
+    #[arg(long)]
+    pub config: bool,
+    /// Guest PCI address (one device or one multifunction slot), as for `xml hostdev`
+    #[arg(long, value_name = "ADDRESS")]
+    pub guest_address: Option<PciAddress>,
+    #[command(flatten)]
+    pub dev: LibvirtDeviceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// libvirt connection URI (qemu:///system, test:///default, ...)
+    #[arg(long, env = "LIBVIRT_DEFAULT_URI", value_name = "URI")]
+    pub connect: String,
+    /// Domain name
+    #[arg(long, value_name = "NAME")]
+    pub domain: String,
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Only the devices named, not the other endpoints of their IOMMU groups
+    #[arg(long)]
+    pub only: bool,
+    /// Change the running domain
+    #[arg(long)]
+    pub live: bool,
+    /// Change the persistent definition
+    #[arg(long)]
+    pub config: bool,
+}
+
+/// Domain names: libvirt's schema allows anything but a newline; the QEMU driver also
+/// refuses '/'. Control characters cannot be written in XML 1.0 at all.
+pub fn parse_domain_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the domain name is empty".into());
+    }
+    if s.contains('/') {
+        return Err("a domain name cannot contain '/' (libvirt's QEMU driver refuses it)".into());
+    }
+    if s.chars().any(char::is_control) {
+        return Err("a domain name cannot contain control characters such as a newline".into());
+    }
+    Ok(s.to_string())
+}
+
+/// A memory size in KiB. Units as libvirt reads them: K/KiB, M/MiB, G/GiB, T/TiB are powers
+/// of 1024, KB/MB/GB/TB powers of 1000; a bare number is MiB.
+pub fn parse_memory_kib(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 8G, 8GiB, 4096M or 8GB"))?;
+    let bytes_per: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "m" | "mib" => 1 << 20,
+        "k" | "kib" => 1 << 10,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} in {s:?}; use K, M, G, T (binary) or KB, MB, GB, TB"
+            ))
+        }
+    };
+    let bytes = n
+        .checked_mul(bytes_per)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
+    let kib = bytes.div_ceil(1024);
+    if kib < 1024 {
+        return Err(format!("{s:?} is less than 1 MiB of guest memory"));
+    }
+    // libvirt keeps memory in KiB in an unsigned long long but refuses more than 2^53 bytes.
+    if bytes > 1 << 53 {
+        return Err(format!("{s:?} is more memory than libvirt accepts"));
+    }
+    Ok(kib)
+}
+
+fn parse_slot(s: &str) -> Result<u8, String> {
+    let t = s.trim();
+    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u8::from_str_radix(h, 16),
+        None => t.parse::<u8>(),
+    };
+    match v {
+        Ok(n @ 0x01..=0x1e) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)"
+        )),
+    }
+}
+
+fn print_notes(notes: &[String]) {
+    for n in notes {
+        eprintln!("note: {n}");
+    }
+}
+
+fn select(
+    inv: &Inventory,
+    devices: &[DeviceArg],
+    only: bool,
+    consumer: Consumer,
+) -> Result<Selection, VmOutError> {
+    let sel = selection::select(inv, devices, SelectOptions { only, consumer })?;
+    print_notes(&sel.notes);
+    Ok(sel)
+}
+
+fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
+    serde_json::to_writer_pretty(&mut *out, v).map_err(io::Error::from)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn multifunction_note(sel: &Selection) {
+    for g in sel.slots().filter(|g| g.is_multifunction()) {
+        eprintln!(
+            "note: without --guest-address libvirt places {} in separate guest slots; pass --guest-address BB:00.0 (a free pcie-root-port bus of your domain) to keep them one multifunction device",
+            g.functions
+                .iter()
+                .map(|f| f.device.address.to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    }
+}
+
+/// `gpupass xml hostdev|domain`.
+pub fn run_xml(
+    inv: &Inventory,
+    cmd: &XmlCommand,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, VmOutError> {
+    match cmd {
+        XmlCommand::Hostdev(a) => {
+            let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
+            let opts = a.dev.hostdev_options();
+            print_notes(&libvirt::check_display(&sel, &opts)?);
+            let devs = libvirt::hostdevs(&sel, &opts, a.guest_address)?;
+            if a.guest_address.is_none() {
+                multifunction_note(&sel);
+            }
+            if json {
+                let list: Vec<serde_json::Value> = devs
+                    .iter()
+                    .map(|d| serde_json::json!({ "device": d.label, "xml": d.xml }))
+                    .collect();
+                json_out(out, &serde_json::json!({ "hostdevs": list }))?;
+            } else {
+                for d in &devs {
+                    out.write_all(d.xml.as_bytes())?;
+                }
+            }
+            Ok(0)
+        }
+        XmlCommand::Domain(a) => {
+            let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
+            let hostdev = a.dev.hostdev_options();
+            print_notes(&libvirt::check_display(&sel, &hostdev)?);
+            let spec = libvirt::DomainSpec {
+                name: a.name.clone(),
+                memory_kib: a.memory,
+                vcpus: a.vcpus,
+                disk: a.disk.as_ref().map(|p| p.display().to_string()),
+                firmware: match a.firmware {
+                    FirmwareArg::Efi => libvirt::Firmware::Efi,
+                    FirmwareArg::Bios => libvirt::Firmware::Bios,
+                },
+                viommu: a.viommu,
+                locked: a.locked,
+                hostdev,
+            };
+            let xml = libvirt::domain(&sel, &spec)?;
+            if json {
+                json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
+            } else {
+                out.write_all(xml.as_bytes())?;
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// `gpupass qemu-args`.
+pub fn run_qemu(
+    inv: &Inventory,
+    a: &QemuArgsArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, VmOutError> {
+    let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
+    let opts = qemu::QemuOptions {
+        rom_bar: a.rom_bar.map(OnOff::bool),
+        rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
+        display: a.display,
+        first_slot: a.first_slot,
+    };
+    let hd = libvirt::HostdevOptions {
+        display: a.display,
+        ..Default::default()
+    };
+    print_notes(&libvirt::check_display(&sel, &hd)?);
+    let args = qemu::args(&sel, &opts)?;
+    eprintln!("note: these arguments assume -machine q35 (they put root ports on pcie.0)");
+    if sel
+        .mdevs()
+        .any(|m| m.parent.as_ref().is_some_and(|p| p.vendor_id == "10de"))
+    {
+        eprintln!("note: NVIDIA vGPU needs the VM's UUID on the QEMU command line: add -uuid <uuid>");
+    }
+    if json {
+        json_out(out, &serde_json::json!({ "args": args }))?;
+    } else {
+        out.write_all(qemu::text(&args).as_bytes())?;
+    }
+    Ok(0)
+}
+
+/// `gpupass kubevirt`.
+pub fn run_kubevirt(
+    inv: &Inventory,
+    a: &KubevirtArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, VmOutError> {
+    let sel = select(inv, &a.devices, a.only, Consumer::Kubevirt)?;
+    let p = kubevirt::permitted(&sel);
+    if json {
+        json_out(out, &kubevirt::json_patch(&p, a.external_provider))?;
+    } else {
+        out.write_all(kubevirt::yaml(&p, a.external_provider).as_bytes())?;
+    }
+    Ok(0)
+}
+
+/// `gpupass attach`.
+pub fn run_attach(inv: &Inventory, a: &AttachArgs, out: &mut dyn Write) -> Result<i32, VmOutError> {
+    let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
+    let opts = a.dev.hostdev_options();
+    print_notes(&libvirt::check_display(&sel, &opts)?);
+    let devs = libvirt::hostdevs(&sel, &opts, a.guest_address)?;
+    let scope = attach::Scope::from_flags(a.live, a.config);
+    let msg = attach::attach(&a.connect, &a.domain, &devs, scope)?;
+    writeln!(out, "{msg}")?;
+    Ok(0)
+}
+
+/// `gpupass detach`.
+pub fn run_detach(inv: &Inventory, a: &DetachArgs, out: &mut dyn Write) -> Result<i32, VmOutError> {
+    // Detaching needs no driver check (the functions are the guest's now), and the notes
+    // about group viability do not apply.
+    let sel = selection::select(
+        inv,
+        &a.devices,
+        SelectOptions {
+            only: a.only,
+            consumer: Consumer::LibvirtManaged,
+        },
+    )?;
+    let devs = libvirt::hostdevs(&sel, &libvirt::HostdevOptions::default(), None)?;
+    let scope = attach::Scope::from_flags(a.live, a.config);
+    let msg = attach::detach(&a.connect, &a.domain, &devs, scope)?;
+    writeln!(out, "{msg}")?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes() {
+        assert_eq!(parse_memory_kib("8G").unwrap(), 8 << 20);
+        assert_eq!(parse_memory_kib("8GiB").unwrap(), 8 << 20);
+        assert_eq!(parse_memory_kib("4096").unwrap(), 4 << 20);
+        assert_eq!(parse_memory_kib("4096M").unwrap(), 4 << 20);
+        assert_eq!(parse_memory_kib("8GB").unwrap(), 7_812_500);
+        assert_eq!(parse_memory_kib("1T").unwrap(), 1 << 30);
+        for bad in [
+            "",
+            "G",
+            "8X",
+            "-1G",
+            "1K",
+            "99999999999999999999T",
+            "9007199254740993K",
+        ] {
+            assert!(parse_memory_kib(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn domain_names() {
+        assert!(parse_domain_name("a<b&c \"q\" 'x' ü").is_ok());
+        assert!(parse_domain_name("a/b").is_err());
+        assert!(parse_domain_name("a\nb").is_err());
+        assert!(parse_domain_name("").is_err());
+    }
+}

@@ -1,0 +1,877 @@
+//! VM outputs (`xml hostdev`, `xml domain`, `qemu-args`, `kubevirt`) run as the real binary
+//! against the fixture hosts, compared with golden files, and checked by the real consumers:
+//! every XML document by libvirt's own RNG schemas (`virt-xml-validate`, libvirt-clients) and
+//! by `virsh -c test:///default define`, every QEMU property against the installed QEMU's
+//! `-device X,help`, and the whole argument list by starting QEMU with it.
+//!
+//! The consumer checks fail, never skip, when a tool is missing: .ci/run installs
+//! libvirt-clients, libxml2-utils and qemu-system-x86.
+
+mod util;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use util::*;
+
+/// Re-point the `driver` link of each function in a scratch host (as a bind would leave it).
+fn rebind(root: &Path, addrs: &[&str], driver: &str) {
+    let ddir = root.join("sys/bus/pci/drivers").join(driver);
+    std::fs::create_dir_all(&ddir).unwrap();
+    for a in addrs {
+        let dev = std::fs::canonicalize(root.join("sys/bus/pci/devices").join(a)).unwrap();
+        let depth = dev
+            .strip_prefix(std::fs::canonicalize(root).unwrap())
+            .unwrap()
+            .components()
+            .count();
+        let link = dev.join("driver");
+        let _ = std::fs::remove_file(&link);
+        let target = format!("{}sys/bus/pci/drivers/{driver}", "../".repeat(depth));
+        std::os::unix::fs::symlink(target, &link).unwrap();
+    }
+}
+
+/// A scratch copy of `name` with `addrs` bound to vfio-pci.
+fn vfio_host(name: &str, addrs: &[&str]) -> tempfile::TempDir {
+    let t = scratch_host(name);
+    rebind(t.path(), addrs, "vfio-pci");
+    t
+}
+
+fn run_root(root: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--root", root.to_str().unwrap()];
+    all.extend_from_slice(args);
+    gpupass(&all)
+}
+
+/// Assert a failure with `code` that mentions every one of `needles`; no panic.
+fn fails(o: &Output, code: i32, needles: &[&str]) -> String {
+    let err = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{err}",
+        stdout(o)
+    );
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}:\n{err}");
+    }
+    assert!(
+        stdout(o).is_empty(),
+        "nothing may be rendered on failure: {}",
+        stdout(o)
+    );
+    err
+}
+
+const WS_GPU: &[&str] = &["0000:01:00.0", "0000:01:00.1"];
+const T4_MDEV: &str = "2f3e4d5c-6b7a-4988-8776-655443322110";
+
+fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is not installed; it is the real consumer this test checks against \
+         (apt-get install libvirt-clients libxml2-utils qemu-system-x86; .ci/run does it)"
+    );
+    Command::new(name)
+}
+
+/// Validate a domain XML with libvirt's RNG schemas and define it on the test driver.
+fn libvirt_accepts(xml: &str, what: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("domain.xml");
+    std::fs::write(&f, xml).unwrap();
+    let v = tool("virt-xml-validate").arg(&f).arg("domain").output().unwrap();
+    assert!(
+        v.status.success(),
+        "virt-xml-validate rejects {what}:\n{}{}\n{xml}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+    let d = tool("virsh")
+        .args(["-c", "test:///default", "define"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        d.status.success(),
+        "virsh define rejects {what}:\n{}\n{xml}",
+        String::from_utf8_lossy(&d.stderr)
+    );
+}
+
+/// `<hostdev>` fragments wrapped in the smallest q35 domain, with root ports for guest buses.
+fn wrap_hostdevs(frags: &str) -> String {
+    let ports: String = (1..=5)
+        .map(|i| format!("<controller type='pci' index='{i}' model='pcie-root-port'/>\n"))
+        .collect();
+    format!(
+        "<domain type='kvm'>\n<name>wrap</name>\n<memory unit='MiB'>512</memory>\n\
+         <os><type arch='x86_64' machine='q35'>hvm</type></os>\n<devices>\n\
+         <controller type='pci' index='0' model='pcie-root'/>\n{ports}{frags}</devices>\n</domain>\n"
+    )
+}
+
+#[test]
+fn hostdev_xml_for_a_vfio_bound_gpu_group() {
+    let h = vfio_host("workstation", WS_GPU);
+    let o = run_root(h.path(), &["xml", "hostdev", "01:00.0"]);
+    let xml = ok(&o);
+    golden("workstation/xml-hostdev-01:00.0.xml", &xml);
+    // Naming the GPU brings its HDMI audio (same IOMMU group), and says so.
+    assert_eq!(xml.matches("<hostdev ").count(), 2);
+    assert!(xml.contains("managed=\"no\""));
+    let err = stderr(&o);
+    assert!(
+        err.contains("added 0000:01:00.1") && err.contains("--only"),
+        "{err}"
+    );
+    assert!(err.contains("--guest-address"), "{err}");
+    libvirt_accepts(&wrap_hostdevs(&xml), "hostdev 01:00.0");
+
+    // One multifunction guest slot: function 0 flagged, the sibling in the same slot.
+    let xml = ok(&run_root(
+        h.path(),
+        &[
+            "xml",
+            "hostdev",
+            "01:00.1",
+            "--guest-address",
+            "0000:05:00.0",
+            "--rom-bar",
+            "off",
+        ],
+    ));
+    golden("workstation/xml-hostdev-guest-address.xml", &xml);
+    assert!(xml.contains(
+        "<address type=\"pci\" domain=\"0x0000\" bus=\"0x05\" slot=\"0x00\" function=\"0x0\" multifunction=\"on\"/>"
+    ));
+    assert!(
+        xml.contains("<address type=\"pci\" domain=\"0x0000\" bus=\"0x05\" slot=\"0x00\" function=\"0x1\"/>")
+    );
+    // --rom-bar goes to the function named (01:00.1), not to its companion.
+    assert_eq!(xml.matches("<rom bar=\"off\"/>").count(), 1);
+    let audio = xml.split("</hostdev>").nth(1).unwrap();
+    assert!(
+        audio.contains("function=\"0x1\"/>\n  </source>\n  <rom bar=\"off\"/>"),
+        "{xml}"
+    );
+    libvirt_accepts(&wrap_hostdevs(&xml), "hostdev with guest address");
+
+    // --only: just the named function, with a warning about the group.
+    let o = run_root(h.path(), &["xml", "hostdev", "01:00.0", "--only", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+    let list = v["hostdevs"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["device"], "0000:01:00.0");
+    assert!(list[0]["xml"]
+        .as_str()
+        .unwrap()
+        .starts_with("<hostdev mode=\"subsystem\" type=\"pci\""));
+}
+
+#[test]
+fn hostdev_xml_managed_on_the_unbound_fixture_with_rom_file() {
+    let o = on_host(
+        "workstation",
+        &[
+            "xml",
+            "hostdev",
+            "0000:01:00.0",
+            "--managed",
+            "--rom-file",
+            "/var/lib/roms/a&b \"4090\".rom",
+        ],
+    );
+    let xml = ok(&o);
+    golden("workstation/xml-hostdev-managed.xml", &xml);
+    assert_eq!(xml.matches("managed=\"yes\"").count(), 2);
+    assert!(
+        xml.contains("file=\"/var/lib/roms/a&amp;b &quot;4090&quot;.rom\""),
+        "{xml}"
+    );
+    libvirt_accepts(&wrap_hostdevs(&xml), "managed hostdev with rom file");
+}
+
+#[test]
+fn mdev_hostdev_with_display() {
+    let xml = ok(&on_host("mdev-t4", &["xml", "hostdev", T4_MDEV, "--display"]));
+    golden("mdev-t4/xml-hostdev-mdev.xml", &xml);
+    assert!(
+        xml.contains("type=\"mdev\" model=\"vfio-pci\" display=\"on\""),
+        "{xml}"
+    );
+    assert!(xml.contains(&format!("<address uuid=\"{T4_MDEV}\"/>")));
+    assert!(
+        !xml.contains("managed"),
+        "mdev hostdevs take no managed attribute: {xml}"
+    );
+    libvirt_accepts(&wrap_hostdevs(&xml), "mdev hostdev");
+    // Upper-case UUIDs resolve too.
+    let upper = ok(&on_host(
+        "mdev-t4",
+        &["xml", "hostdev", &T4_MDEV.to_uppercase(), "--display"],
+    ));
+    assert_eq!(upper, xml);
+}
+
+#[test]
+fn domain_xml_is_complete_and_libvirt_defines_it() {
+    let h = vfio_host("workstation", WS_GPU);
+    let xml = ok(&run_root(
+        h.path(),
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "gpu-vm",
+            "--memory",
+            "16G",
+            "--vcpus",
+            "8",
+            "--device",
+            "01:00.0",
+            "--disk",
+            "/var/lib/libvirt/images/gpu-vm.qcow2",
+        ],
+    ));
+    golden("workstation/xml-domain.xml", &xml);
+    for want in [
+        "<domain type=\"kvm\">",
+        "machine=\"q35\">hvm</type>",
+        "<os firmware=\"efi\">",
+        "<acpi/>",
+        "<apic/>",
+        "<cpu mode=\"host-passthrough\"",
+        "<memory unit=\"KiB\">16777216</memory>",
+        "<vcpu placement=\"static\">8</vcpu>",
+        "<controller type=\"pci\" index=\"1\" model=\"pcie-root-port\"/>",
+        "<memballoon model=\"none\"/>",
+        "<driver name=\"qemu\" type=\"qcow2\"/>",
+        "bus=\"0x01\" slot=\"0x00\" function=\"0x0\" multifunction=\"on\"/>",
+        "bus=\"0x01\" slot=\"0x00\" function=\"0x1\"/>",
+    ] {
+        assert!(xml.contains(want), "domain lacks {want}:\n{xml}");
+    }
+    assert!(!xml.contains("<iommu"), "no vIOMMU unless asked");
+    libvirt_accepts(&xml, "domain with GPU");
+
+    // GPU + vGPU + vIOMMU + locked memory + display, all in one.
+    let h = vfio_host("hgx-8gpu", &["0000:03:00.0", "0000:04:00.0"]);
+    let xml = ok(&run_root(
+        h.path(),
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "train",
+            "--memory",
+            "512GiB",
+            "--vcpus",
+            "64",
+            "--device",
+            "03:00.0",
+            "04:00.0",
+            "--viommu",
+            "--locked",
+            "--firmware",
+            "bios",
+        ],
+    ));
+    golden("hgx-8gpu/xml-domain-2gpu.xml", &xml);
+    assert!(xml.contains("<ioapic driver=\"qemu\"/>") && xml.contains("<iommu model=\"intel\">"));
+    assert!(xml.contains("<memoryBacking>") && xml.contains("<locked/>"));
+    assert!(!xml.contains("firmware="));
+    assert!(xml.contains("index=\"2\" model=\"pcie-root-port\""));
+    assert!(xml.contains("bus=\"0x02\" slot=\"0x00\" function=\"0x0\"/>"));
+    libvirt_accepts(&xml, "two-GPU domain with vIOMMU");
+
+    let xml = ok(&on_host(
+        "mdev-t4",
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "vgpu",
+            "--memory",
+            "4096",
+            "--vcpus",
+            "2",
+            "--device",
+            T4_MDEV,
+            "--display",
+        ],
+    ));
+    golden("mdev-t4/xml-domain-vgpu.xml", &xml);
+    assert!(xml.contains("display=\"on\"") && xml.contains("<graphics type=\"vnc\""));
+    libvirt_accepts(&xml, "vGPU domain");
+}
+
+#[test]
+fn names_and_paths_are_escaped_into_valid_xml() {
+    let name = "a<b&c \"quoted\" 'single' ü → 日本";
+    let disk = "/srv/vm images/a&b<'c\">.img";
+    let xml = ok(&on_host(
+        "workstation",
+        &[
+            "xml",
+            "domain",
+            "--name",
+            name,
+            "--memory",
+            "2G",
+            "--vcpus",
+            "1",
+            "--device",
+            "01:00.0",
+            "--managed",
+            "--disk",
+            disk,
+        ],
+    ));
+    golden("workstation/xml-domain-escaped.xml", &xml);
+    assert!(
+        xml.contains("<name>a&lt;b&amp;c &quot;quoted&quot; &apos;single&apos; ü → 日本</name>"),
+        "{xml}"
+    );
+    libvirt_accepts(&xml, "domain with an awkward name");
+    // libvirt reads back exactly the name that was asked for.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("d.xml");
+    std::fs::write(&f, &xml).unwrap();
+    let d = tool("virsh")
+        .args(["-c", "test:///default", "define"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&d.stdout);
+    assert!(said.contains(&format!("Domain '{name}' defined")), "{said}");
+    // Names libvirt would refuse are usage errors.
+    for bad in ["a/b", "a\nb", ""] {
+        let o = on_host(
+            "workstation",
+            &[
+                "xml",
+                "domain",
+                "--name",
+                bad,
+                "--memory",
+                "1G",
+                "--vcpus",
+                "1",
+                "--device",
+                "01:00.0",
+                "--managed",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn qemu_args_golden() {
+    let h = vfio_host("workstation", WS_GPU);
+    let o = run_root(h.path(), &["qemu-args", "01:00.0", "--rom-bar", "off"]);
+    let text = ok(&o);
+    golden("workstation/qemu-args.txt", &text);
+    assert_eq!(
+        text,
+        "-device pcie-root-port,id=rp1,chassis=1,bus=pcie.0,addr=0x10.0\n\
+         -device vfio-pci,host=0000:01:00.0,id=hostdev1,bus=rp1,addr=0x0.0,multifunction=on,rombar=0\n\
+         -device vfio-pci,host=0000:01:00.1,id=hostdev2,bus=rp1,addr=0x0.1\n"
+    );
+    assert!(stderr(&o).contains("-machine q35"));
+    let mdev = ok(&on_host("mdev-t4", &["qemu-args", T4_MDEV, "--display"]));
+    golden("mdev-t4/qemu-args.txt", &mdev);
+    assert!(mdev.contains(&format!("vfio-pci,sysfsdev=/sys/bus/mdev/devices/{T4_MDEV},")));
+    assert!(mdev.contains(",display=on"));
+    let json = ok(&run_root(h.path(), &["qemu-args", "01:00.0", "--json"]));
+    golden("workstation/qemu-args.json", &json);
+}
+
+/// Properties of a QEMU device type, from `qemu-system-x86_64 -device TYPE,help`.
+fn qemu_properties(dev: &str) -> BTreeSet<String> {
+    let o = tool("qemu-system-x86_64")
+        .args(["-nodefaults", "-device", &format!("{dev},help")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let props: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.trim_start().split_once('=').map(|(k, _)| k.to_string()))
+        .filter(|k| !k.contains(' '))
+        .collect();
+    assert!(props.contains("addr"), "no properties parsed for {dev}:\n{text}");
+    props
+}
+
+/// Every `-device` argument gpupass renders for the fixture hosts.
+fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
+    let ws = vfio_host("workstation", WS_GPU);
+    let hgx = vfio_host(
+        "hgx-8gpu",
+        &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"],
+    );
+    let lb = vfio_host("legacy-bridge", &["0000:05:00.0", "0000:05:01.0"]);
+    let runs: Vec<(PathBuf, Vec<&str>)> = vec![
+        (
+            ws.path().into(),
+            vec![
+                "qemu-args",
+                "01:00.0",
+                "--rom-bar",
+                "off",
+                "--rom-file",
+                "/roms/a,b.rom",
+            ],
+        ),
+        (
+            ws.path().into(),
+            vec!["qemu-args", "01:00.1", "--only", "--rom-bar", "on"],
+        ),
+        (
+            hgx.path().into(),
+            vec!["qemu-args", "03:00.0", "04:00.0", "05:00.0", "06:00.0"],
+        ),
+        (
+            lb.path().into(),
+            vec!["qemu-args", "05:00.0", "--first-slot", "0x1c"],
+        ),
+        (host("mdev-t4"), vec!["qemu-args", T4_MDEV, "--display"]),
+        (host("sriov-vgpu"), vec!["qemu-args", "41:00.4"]),
+    ];
+    let mut out = Vec::new();
+    for (root, args) in runs {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&run_root(&root, &[&args[..], &["--json"]].concat()))).unwrap();
+        let argv: Vec<String> = v["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        out.push(argv);
+    }
+    (out, vec![ws, hgx, lb])
+}
+
+/// Split a QEMU option list on single commas (`,,` is a literal comma).
+fn split_opts(v: &str) -> Vec<String> {
+    let mut parts = vec![String::new()];
+    let mut chars = v.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                parts.last_mut().unwrap().push(',');
+            } else {
+                parts.push(String::new());
+            }
+        } else {
+            parts.last_mut().unwrap().push(c);
+        }
+    }
+    parts
+}
+
+#[test]
+fn every_qemu_property_exists_in_the_installed_qemu() {
+    let vfio = qemu_properties("vfio-pci");
+    let port = qemu_properties("pcie-root-port");
+    let (runs, _keep) = all_rendered_devices();
+    let mut checked = 0;
+    for argv in &runs {
+        for pair in argv.chunks(2) {
+            assert_eq!(pair[0], "-device");
+            let opts = split_opts(&pair[1]);
+            let props = match opts[0].as_str() {
+                "vfio-pci" => &vfio,
+                "pcie-root-port" => &port,
+                other => panic!("unexpected device type {other}"),
+            };
+            for kv in &opts[1..] {
+                let key = kv.split_once('=').map(|(k, _)| k).unwrap_or(kv);
+                // `id` and `bus` are generic -device options, not device properties.
+                assert!(
+                    ["id", "bus"].contains(&key) || props.contains(key),
+                    "{} has no property {key:?} in this QEMU (from {})",
+                    opts[0],
+                    pair[1]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 30, "checked only {checked} properties");
+}
+
+/// Start QEMU with the root ports and one VFIO device at a time: QEMU must get as far as
+/// opening the host device (which does not exist here), proving it accepted every property,
+/// bus name and address. Guarded so that QEMU cannot open a real device of this machine: it
+/// can open a VFIO device only through a `/dev/vfio/<group>` node, and the test refuses to
+/// run where one exists.
+#[test]
+fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
+    if let Ok(entries) = std::fs::read_dir("/dev/vfio") {
+        let groups: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "vfio" && n != "devices")
+            .collect();
+        assert!(
+            groups.is_empty(),
+            "this machine has VFIO groups {groups:?}: QEMU could open a real device, so this test refuses to run"
+        );
+    }
+    let (runs, _keep) = all_rendered_devices();
+    let mut started = 0;
+    for argv in &runs {
+        let ports: Vec<&String> = argv
+            .chunks(2)
+            .filter(|p| p[1].starts_with("pcie-root-port,"))
+            .map(|p| &p[1])
+            .collect();
+        for dev in argv.chunks(2).filter(|p| p[1].starts_with("vfio-pci,")) {
+            let mut cmd = tool("qemu-system-x86_64");
+            cmd.args([
+                "-machine",
+                "q35,accel=tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+                "-S",
+            ])
+            .args(["-monitor", "none", "-serial", "none"]);
+            for p in &ports {
+                cmd.args(["-device", p]);
+            }
+            cmd.args(["-device", &dev[1]]);
+            let o = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success(),
+                "QEMU started with a VFIO device that cannot exist here"
+            );
+            // QEMU 7.2 prefixes realize errors with "vfio <device>: " ("no such host device",
+            // or "no iommu_group found" where the address exists); a bad property, bus or
+            // address fails earlier with "Property '..'", "Bus '..' not found", "Parameter '..'"
+            // or a PCI slot complaint.
+            assert!(
+                err.contains(": vfio ")
+                    && !err.contains("Property '")
+                    && !err.contains("Bus '")
+                    && !err.contains("Parameter '")
+                    && !err.contains("PCI: "),
+                "QEMU rejected {} before opening the device:\n{err}",
+                dev[1]
+            );
+            started += 1;
+        }
+    }
+    assert!(started >= 9, "ran QEMU only {started} times");
+}
+
+#[test]
+fn kubevirt_snippets_golden() {
+    let h = vfio_host("workstation", WS_GPU);
+    let y = ok(&run_root(h.path(), &["kubevirt", "01:00.0"]));
+    golden("workstation/kubevirt.yaml", &y);
+    assert!(
+        y.contains(
+            "pciVendorSelector: \"10DE:2684\"\n          resourceName: \"nvidia.com/AD102_GEFORCE_RTX_4090\""
+        ),
+        "{y}"
+    );
+    assert!(y.contains("\"10DE:22BA\""));
+    let j: serde_json::Value = serde_json::from_str(&ok(&run_root(
+        h.path(),
+        &["kubevirt", "01:00.0", "--json", "--external-provider"],
+    )))
+    .unwrap();
+    let pci = &j["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"];
+    assert_eq!(pci[0]["pciVendorSelector"], "10DE:2684");
+    assert_eq!(pci[0]["resourceName"], "nvidia.com/AD102_GEFORCE_RTX_4090");
+    assert_eq!(pci[0]["externalResourceProvider"], true);
+    assert_eq!(
+        pci[1]["resourceName"],
+        "nvidia.com/AD102_HIGH_DEFINITION_AUDIO_CONTROLLER"
+    );
+
+    // Eight identical H100s are one entry.
+    let all: Vec<&str> = vec![
+        "0000:03:00.0",
+        "0000:04:00.0",
+        "0000:05:00.0",
+        "0000:06:00.0",
+        "0000:83:00.0",
+        "0000:84:00.0",
+        "0000:85:00.0",
+        "0000:86:00.0",
+    ];
+    let h = vfio_host("hgx-8gpu", &all);
+    let mut args = vec!["kubevirt"];
+    args.extend(&all);
+    let y = ok(&run_root(h.path(), &args));
+    golden("hgx-8gpu/kubevirt.yaml", &y);
+    assert_eq!(y.matches("pciVendorSelector").count(), 1, "{y}");
+    assert!(y.contains("\"10DE:2330\""));
+
+    let y = ok(&on_host("mdev-t4", &["kubevirt", T4_MDEV]));
+    golden("mdev-t4/kubevirt.yaml", &y);
+    assert!(
+        y.contains("mdevNameSelector: \"GRID T4-1B\"\n          resourceName: \"nvidia.com/GRID_T4-1B\""),
+        "{y}"
+    );
+}
+
+#[test]
+fn devices_not_on_vfio_are_refused_with_the_fix() {
+    // xml: the bind command and the --managed alternative.
+    let o = on_host("workstation", &["xml", "hostdev", "01:00.0"]);
+    let err = fails(
+        &o,
+        1,
+        &[
+            "0000:01:00.0 (nvidia)",
+            "0000:01:00.1 (snd_hda_intel)",
+            "gpupass bind 0000:01:00.0",
+            "--managed",
+        ],
+    );
+    assert_eq!(
+        err.matches("gpupass bind").count(),
+        1,
+        "one bind per IOMMU group: {err}"
+    );
+    // qemu-args and kubevirt: the bind command only (--managed means nothing to them).
+    for cmd in ["qemu-args", "kubevirt"] {
+        let err = fails(
+            &on_host("workstation", &[cmd, "01:00.0"]),
+            1,
+            &["gpupass bind 0000:01:00.0"],
+        );
+        assert!(!err.contains("--managed"), "{cmd}: {err}");
+    }
+    // Half-bound group: only the function still on its host driver is named.
+    let h = vfio_host("workstation", &["0000:01:00.0"]);
+    let err = fails(
+        &run_root(h.path(), &["qemu-args", "01:00.0"]),
+        1,
+        &["0000:01:00.1 (snd_hda_intel) is not bound"],
+    );
+    assert!(!err.contains("0000:01:00.0 (vfio-pci)"), "{err}");
+    // A vfio variant driver counts as VFIO.
+    let h = scratch_host("workstation");
+    rebind(h.path(), WS_GPU, "nvgrace_gpu_vfio_pci");
+    ok(&run_root(h.path(), &["qemu-args", "01:00.0"]));
+    // NVIDIA vendor-specific vGPU: a VF with a profile stays on nvidia and passes.
+    let o = on_host("sriov-vgpu", &["xml", "hostdev", "41:00.4"]);
+    assert!(ok(&o).contains("function=\"0x4\""));
+    assert!(stderr(&o).contains("vGPU profile 1044"), "{}", stderr(&o));
+    fails(
+        &on_host("sriov-vgpu", &["xml", "hostdev", "41:00.5"]),
+        1,
+        &["0000:41:00.5 (nvidia)", "gpupass bind 0000:41:00.5"],
+    );
+}
+
+#[test]
+fn bad_input_is_a_usage_error_and_missing_devices_a_host_error() {
+    for (args, code, needle) in [
+        (vec!["xml", "hostdev", "01:00"], 2, "invalid device"),
+        (vec!["xml", "hostdev", "zz:00.0"], 2, "invalid device"),
+        (vec!["xml", "hostdev", "2f3e4d5c-6b7a-4988-8776"], 2, "mdev UUID"),
+        (vec!["qemu-args", "../01:00.0"], 2, "invalid device"),
+        (vec!["xml", "hostdev"], 2, "required"),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--managed", "--unmanaged"],
+            2,
+            "cannot be used with",
+        ),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--rom-bar", "maybe"],
+            2,
+            "invalid value",
+        ),
+        (vec!["xml", "hostdev", "09:00.0"], 1, "no PCI device 0000:09:00.0"),
+        (vec!["xml", "hostdev", "00:01.0"], 1, "is a PCI bridge"),
+        (
+            vec!["xml", "hostdev", "11111111-2222-3333-4444-555555555555"],
+            1,
+            "no mediated device",
+        ),
+        (
+            vec![
+                "xml",
+                "hostdev",
+                "01:00.0",
+                "03:00.0",
+                "--managed",
+                "--guest-address",
+                "0000:05:00.0",
+            ],
+            2,
+            "--guest-address places one device",
+        ),
+        (
+            vec![
+                "xml",
+                "hostdev",
+                "01:00.0",
+                "--managed",
+                "--guest-address",
+                "0000:05:00.1",
+            ],
+            2,
+            "must start at function 0",
+        ),
+        (
+            vec!["xml", "hostdev", "01:00.0", "--managed", "--display"],
+            1,
+            "display-capable",
+        ),
+        (
+            vec![
+                "xml", "domain", "--name", "x", "--memory", "lots", "--vcpus", "1", "--device", "01:00.0",
+            ],
+            2,
+            "not a size",
+        ),
+        (
+            vec![
+                "xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "0", "--device", "01:00.0",
+            ],
+            2,
+            "vcpus",
+        ),
+        (
+            vec!["xml", "domain", "--name", "x", "--memory", "1G", "--vcpus", "1"],
+            2,
+            "--device",
+        ),
+        (
+            vec!["qemu-args", "01:00.0", "--first-slot", "0x1f"],
+            2,
+            "not a usable pcie.0 slot",
+        ),
+    ] {
+        let o = on_host("workstation", &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+    }
+    // No IOMMU groups at all: the nvidia-minors host has none.
+    fails(
+        &on_host("nvidia-minors", &["xml", "hostdev", "07:00.0", "--managed"]),
+        1,
+        &["no IOMMU group", "gpupass check"],
+    );
+}
+
+#[test]
+fn legacy_bridge_group_spans_two_slots() {
+    let h = vfio_host("legacy-bridge", &["0000:05:00.0", "0000:05:01.0"]);
+    let o = run_root(
+        h.path(),
+        &[
+            "xml", "domain", "--name", "old", "--memory", "2G", "--vcpus", "2", "--device", "05:00.0",
+        ],
+    );
+    let xml = ok(&o);
+    golden("legacy-bridge/xml-domain.xml", &xml);
+    // The NIC shares the group but sits in another slot: its own root port, function 0.
+    assert!(xml.contains("index=\"2\" model=\"pcie-root-port\""));
+    assert!(xml.contains("bus=\"0x02\" slot=\"0x00\" function=\"0x0\"/>"));
+    assert!(!xml.contains("multifunction"));
+    assert!(stderr(&o).contains("added 0000:05:01.0"));
+    libvirt_accepts(&xml, "legacy bridge domain");
+}
+
+/// The tree captured from the lab's real kernel: a multifunction slot (VGA 00:05.0 + HD audio
+/// 00:05.1 in IOMMU group 4), as a GPU and its audio function look.
+#[test]
+fn lab_captured_multifunction_slot() {
+    let o = on_host(
+        "qemu-lab",
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "lab",
+            "--memory",
+            "1G",
+            "--vcpus",
+            "1",
+            "--device",
+            "00:05.1",
+            "--managed",
+        ],
+    );
+    let xml = ok(&o);
+    golden("qemu-lab/xml-domain.xml", &xml);
+    assert!(
+        xml.contains("bus=\"0x01\" slot=\"0x00\" function=\"0x0\" multifunction=\"on\"/>"),
+        "{xml}"
+    );
+    assert!(xml.contains("bus=\"0x01\" slot=\"0x00\" function=\"0x1\"/>"));
+    assert!(stderr(&o).contains("added 0000:00:05.0"));
+    libvirt_accepts(&xml, "lab multifunction domain");
+    let h = vfio_host("qemu-lab", &["0000:00:05.0", "0000:00:05.1"]);
+    let args = ok(&run_root(h.path(), &["qemu-args", "00:05.0"]));
+    golden("qemu-lab/qemu-args.txt", &args);
+    assert!(args.contains("host=0000:00:05.0,id=hostdev1,bus=rp1,addr=0x0.0,multifunction=on"));
+}
+
+#[test]
+fn saved_inventory_renders_the_same() {
+    let h = vfio_host("workstation", WS_GPU);
+    let json = ok(&run_root(h.path(), &["list", "--all", "--json"]));
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("inv.json");
+    std::fs::write(&saved, json).unwrap();
+    let t4 = ok(&on_host("mdev-t4", &["list", "--all", "--json"]));
+    let saved_t4 = dir.path().join("t4.json");
+    std::fs::write(&saved_t4, t4).unwrap();
+    for (root, file, args) in [
+        (h.path().to_path_buf(), &saved, vec!["xml", "hostdev", "01:00.0"]),
+        (
+            h.path().to_path_buf(),
+            &saved,
+            vec![
+                "xml", "domain", "--name", "v", "--memory", "1G", "--vcpus", "1", "--device", "01:00.0",
+            ],
+        ),
+        (h.path().to_path_buf(), &saved, vec!["qemu-args", "01:00.0"]),
+        (h.path().to_path_buf(), &saved, vec!["kubevirt", "01:00.0"]),
+        (host("mdev-t4"), &saved_t4, vec!["qemu-args", T4_MDEV]),
+        (host("mdev-t4"), &saved_t4, vec!["xml", "hostdev", T4_MDEV]),
+    ] {
+        let live = ok(&run_root(&root, &args));
+        let mut from = vec!["--from-json", file.to_str().unwrap(), "--root", "/nonexistent"];
+        from.extend(&args);
+        assert_eq!(ok(&gpupass(&from)), live, "{args:?}");
+    }
+}
+
+#[cfg(not(feature = "libvirt"))]
+#[test]
+fn attach_without_the_feature_explains_how_to_get_it() {
+    let o = on_host(
+        "workstation",
+        &[
+            "attach",
+            "--connect",
+            "test:///default",
+            "--domain",
+            "test",
+            "01:00.0",
+            "--managed",
+        ],
+    );
+    fails(&o, 1, &["--features libvirt", "virsh attach-device"]);
+}
