@@ -19,9 +19,22 @@ use std::path::PathBuf;
     version,
     about = "Move GPUs and other PCI devices from a Linux host into VMs and containers",
     long_about = "gpupass reads the host's PCI devices, IOMMU groups, drivers and mediated \
-devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers."
+devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers.",
+    after_long_help = EXIT_STATUS_HELP
 )]
 pub struct Cli {
+    /// More log output on stderr: -v info, -vv debug (every sysfs write), -vvv trace
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Log format on stderr: `text` for people, `json` (one object per line) for machines
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Colour in tables and logs: auto (when stdout is a terminal), always, never
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+
     /// Read host paths under DIR instead of / (DIR/sys, DIR/proc, DIR/dev, DIR/etc)
     #[arg(long, global = true, env = "GPUPASS_ROOT", value_name = "DIR")]
     pub root: Option<PathBuf>,
@@ -36,6 +49,75 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Exit statuses, shown in `--help` and the man page.
+pub const EXIT_STATUS_HELP: &str = "EXIT STATUS:
+  0    success
+  1    a host error (the device, group, driver, kernel or file system said no), or `check`
+       found that passthrough cannot work; nothing was left half-changed
+  2    a usage error: an unknown option, a malformed PCI address, UUID or size
+  101  never on purpose: a panic is a bug, please report it with `gpupass snapshot`
+Errors and what to do about each: docs/errors.md.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether to colour stdout.
+    pub fn enabled_for_stdout(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal(),
+        }
+    }
+}
+
+/// Shells `gpupass completions` writes scripts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Set up `tracing` on stderr from -v and --log-format. Quiet (warnings only) by default.
+pub fn init_logging(verbose: u8, format: LogFormat, color: ColorChoice) {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match verbose {
+        0 => LevelFilter::WARN,
+        1 => LevelFilter::INFO,
+        2 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    };
+    let ansi = match color {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            use std::io::IsTerminal;
+            std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
+        }
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(ansi).without_time().try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,6 +146,17 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS")]
         timeout: Option<f64>,
     },
+    /// Boot-time entry point (contrib/systemd/gpupass-startup.service): bind every function whose
+    /// driverctl override names a VFIO driver, then start every `auto` mdev definition
+    Startup {
+        /// Print what would be done; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print a shell completion script (bash, zsh, fish) generated from the command definitions
+    Completions { shell: Shell },
+    /// Print the man page (roff) generated from the command definitions
+    Man,
     /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
     Snapshot {
         /// New or empty directory
@@ -204,6 +297,8 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
 
 /// Shared state of one invocation.
 pub struct Ctx {
+    /// Colour on stdout (from --color and whether stdout is a terminal).
+    pub color: bool,
     pub host: HostRoot,
     pub from_json: Option<PathBuf>,
     pub json: bool,
@@ -212,6 +307,7 @@ pub struct Ctx {
 impl Ctx {
     pub fn from_cli(cli: &Cli) -> Self {
         Ctx {
+            color: cli.color.enabled_for_stdout(),
             host: HostRoot::new(cli.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
             from_json: cli.from_json.clone(),
             json: cli.json,
@@ -319,7 +415,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             if ctx.json {
                 write_json(out, &r)?;
             } else {
-                out.write_all(table::check(&r).as_bytes())?;
+                out.write_all(table::check(&r, ctx.color).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
         }
@@ -399,6 +495,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 out.flush()?;
                 seen += 1;
             }
+            Ok(0)
+        }
+        Command::Startup { dry_run } => crate::startup::run(&ctx.host, dry_run, out),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            let sh = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(sh, &mut cmd, "gpupass", out);
+            Ok(0)
+        }
+        Command::Man => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command()).render(out)?;
             Ok(0)
         }
         Command::Snapshot { out: dir } => {

@@ -41,6 +41,7 @@ pub mod naming;
 pub mod oci_hook;
 pub mod output;
 pub mod snapshot;
+pub mod startup;
 pub mod vfio_dev;
 pub mod vmm;
 pub mod vmout;
