@@ -162,6 +162,36 @@ pub enum Command {
         /// New or empty directory
         out: PathBuf,
     },
+    /// CDI (Container Device Interface) specs for podman, containerd, CRI-O, Docker
+    Cdi {
+        #[command(subcommand)]
+        cmd: CdiCommand,
+    },
+    /// What a container needs from the host's native NVIDIA driver
+    Container {
+        #[command(subcommand)]
+        cmd: ContainerCommand,
+    },
+    /// OCI runtime hook (createRuntime or prestart): give a container the VFIO device nodes
+    /// named by its `gpupass.dev/devices` annotation (reads the OCI state on stdin)
+    OciHook,
+    /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
+    /// and mdevs, one resource per device model / mdev type
+    DevicePlugin {
+        /// Directory of kubelet.sock and the plugin sockets [default: ROOT/var/lib/kubelet/device-plugins]
+        #[arg(long, value_name = "DIR")]
+        socket_dir: Option<PathBuf>,
+        /// How often to check device health and the kubelet socket, in milliseconds
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+        poll_ms: u64,
+        /// Name CDI devices in Allocate replies: auto (when a gpupass spec exists in
+        /// /var/run/cdi or /etc/cdi), always, never
+        #[arg(long, value_enum, default_value_t = crate::deviceplugin::CdiMode::Auto)]
+        cdi: crate::deviceplugin::CdiMode,
+        /// CDI kind of those names
+        #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
+        cdi_kind: crate::cdi::Kind,
+    },
     /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
     Bind(crate::bind::cmd::BindArgs),
     /// Give functions on VFIO back to the drivers they had before gpupass bound them
@@ -212,6 +242,43 @@ pub enum Command {
         /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
         #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
         read_bar: Option<u8>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CdiCommand {
+    /// Write a CDI spec: one device per VFIO group and per VFIO-bound function, one per
+    /// active mdev, one per GPU on the native NVIDIA driver
+    Generate {
+        /// Write the spec to FILE (atomically) instead of standard output
+        #[arg(long, value_name = "FILE", conflicts_with = "write")]
+        output: Option<PathBuf>,
+        /// Write it to ROOT/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
+        #[arg(long)]
+        write: bool,
+        /// Pin cdiVersion (default: the lowest version the spec's fields need)
+        #[arg(long, value_name = "V")]
+        cdi_version: Option<crate::cdi::CdiVersion>,
+        /// CDI kind, vendor/class
+        #[arg(long, value_name = "K", default_value = crate::cdi::DEFAULT_KIND)]
+        kind: crate::cdi::Kind,
+        /// The host's /dev as the container runtime sees it (adds hostPath to device nodes)
+        #[arg(long, value_name = "DIR", default_value = "/dev")]
+        dev_root: String,
+        /// The host's / as the container runtime sees it, for the driver's files
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        driver_root: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ContainerCommand {
+    /// Device nodes, binaries, libraries and IPC sockets of the native NVIDIA driver, as
+    /// found on the host (what `nvidia-container-cli list` prints)
+    List {
+        /// Only this GPU's device node (PCI address)
+        #[arg(long, value_name = "ADDRESS")]
+        device: Option<PciAddress>,
     },
 }
 
@@ -458,6 +525,95 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 dir.display(),
                 dir.display()
             )?;
+            Ok(0)
+        }
+        Command::Cdi {
+            cmd:
+                CdiCommand::Generate {
+                    output,
+                    write,
+                    cdi_version,
+                    kind,
+                    dev_root,
+                    driver_root,
+                },
+        } => {
+            let inv = ctx.inventory()?;
+            let files = crate::container::discover(&ctx.host);
+            let opts = crate::cdi::Options {
+                kind,
+                version: cdi_version,
+                dev_root,
+                driver_root,
+            };
+            let usage = |e: &crate::cdi::CdiError| matches!(e, crate::cdi::CdiError::VersionTooLow { .. });
+            if write {
+                match crate::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
+                    Ok((path, warnings)) => {
+                        for w in warnings {
+                            eprintln!("warning: {w}");
+                        }
+                        writeln!(out, "wrote {}", path.display())?;
+                        Ok(0)
+                    }
+                    Err(e) if usage(&e) => {
+                        eprintln!("gpupass: {e}");
+                        Ok(2)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            } else {
+                let r = match crate::cdi::render(&inv, &files, &opts) {
+                    Ok(r) => r,
+                    Err(e) if usage(&e) => {
+                        eprintln!("gpupass: {e}");
+                        return Ok(2);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                for w in &r.warnings {
+                    eprintln!("warning: {w}");
+                }
+                let text = crate::cdi::to_json(&r.spec);
+                match output {
+                    Some(p) => crate::cdi::write_atomic(&p, text.as_bytes())
+                        .with_context(|| format!("cannot write {}", p.display()))?,
+                    None => out.write_all(text.as_bytes())?,
+                }
+                Ok(0)
+            }
+        }
+        Command::Container {
+            cmd: ContainerCommand::List { device },
+        } => {
+            let inv = ctx.inventory()?;
+            let files = crate::container::discover(&ctx.host);
+            for w in &files.warnings {
+                eprintln!("warning: {w}");
+            }
+            if ctx.json {
+                write_json(out, &crate::container::list_json(&inv, &files, device.as_ref())?)?;
+            } else {
+                out.write_all(crate::container::list_text(&inv, &files, device.as_ref())?.as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::OciHook => crate::oci_hook::run_cli(&ctx.host),
+        Command::DevicePlugin {
+            socket_dir,
+            poll_ms,
+            cdi,
+            cdi_kind,
+        } => {
+            let dir = socket_dir.unwrap_or_else(|| ctx.host.kubelet_device_plugins());
+            let cfg = crate::deviceplugin::Config {
+                host: ctx.host.clone(),
+                socket_dir: dir,
+                poll: std::time::Duration::from_millis(poll_ms),
+                cdi,
+                cdi_kind,
+            };
+            crate::deviceplugin::server::run(cfg)?;
             Ok(0)
         }
         Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),

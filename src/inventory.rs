@@ -797,14 +797,28 @@ fn read_groups(
     mdevs: &[MdevInstance],
     warnings: &mut Vec<String>,
 ) -> Vec<IommuGroup> {
+    read_groups_only(host, devices, mdevs, None, warnings)
+}
+
+/// [`read_groups`], limited to the group numbers in `only` when given.
+fn read_groups_only(
+    host: &HostRoot,
+    devices: &[PciDevice],
+    mdevs: &[MdevInstance],
+    only: Option<&[u32]>,
+    warnings: &mut Vec<String>,
+) -> Vec<IommuGroup> {
     let by_addr: HashMap<PciAddress, &PciDevice> = devices.iter().map(|d| (d.address, d)).collect();
     let gdir = host.iommu_groups();
-    let mut numbers: Vec<u32> = match dir_names(&gdir) {
-        Ok(n) => n.iter().filter_map(|s| s.parse().ok()).collect(),
-        Err(e) => {
-            warnings.push(format!("cannot list {}: {e}", host.display(&gdir)));
-            Vec::new()
-        }
+    let mut numbers: Vec<u32> = match only {
+        Some(o) => o.to_vec(),
+        None => match dir_names(&gdir) {
+            Ok(n) => n.iter().filter_map(|s| s.parse().ok()).collect(),
+            Err(e) => {
+                warnings.push(format!("cannot list {}: {e}", host.display(&gdir)));
+                Vec::new()
+            }
+        },
     };
     // Groups named by devices but missing from sys/kernel/iommu_groups (a partial tree).
     let mut from_devices: BTreeMap<u32, Vec<PciAddress>> = BTreeMap::new();
@@ -869,6 +883,72 @@ fn read_groups(
         });
     }
     out
+}
+
+/// Read only the IOMMU groups `groups` and those of the functions `addrs`, with their member
+/// functions (no mdevs): for callers on a hot path that need a few devices of a large host
+/// (the OCI hook runs on every container start). Unknown addresses and groups are simply
+/// absent from the result.
+pub fn scan_groups(
+    host: &HostRoot,
+    addrs: &[PciAddress],
+    groups: &[u32],
+) -> Result<Inventory, InventoryError> {
+    let bus = host.sys_bus_pci_devices();
+    if !bus.is_dir() {
+        return Err(InventoryError::NoPciBus {
+            path: host.display(&bus),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
+    let mut warnings = Vec::new();
+    let mut numbers: Vec<u32> = groups.to_vec();
+    for a in addrs {
+        if let Ok(Some(n)) = link_name(&bus.join(a.to_string()).join("iommu_group")) {
+            if let Ok(n) = n.parse() {
+                numbers.push(n);
+            }
+        }
+    }
+    numbers.sort_unstable();
+    numbers.dedup();
+    let gdir = host.iommu_groups();
+    let mut members: Vec<PciAddress> = addrs.to_vec();
+    for n in &numbers {
+        for name in dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default() {
+            if let Ok(a) = name.parse() {
+                members.push(a);
+            }
+        }
+    }
+    members.sort();
+    members.dedup();
+    let entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = members
+        .into_iter()
+        .filter_map(|a| {
+            let p = bus.join(a.to_string());
+            std::fs::symlink_metadata(&p).ok()?;
+            Some((a, std::fs::read_link(&p).ok()))
+        })
+        .collect();
+    let mut devices = read_devices(host, &entries, &mut warnings);
+    sort_devices(&mut devices);
+    let numbers: Vec<u32> = numbers
+        .into_iter()
+        .filter(|n| gdir.join(n.to_string()).is_dir() || devices.iter().any(|d| d.iommu_group == Some(*n)))
+        .collect();
+    let groups = read_groups_only(host, &devices, &[], Some(&numbers), &mut warnings);
+    Ok(Inventory {
+        schema_version: SCHEMA_VERSION,
+        kernel: None,
+        devices,
+        groups,
+        mdevs: Vec::new(),
+        mdev_parents: Vec::new(),
+        vfio_container_present: host.dev_vfio().join("vfio").exists(),
+        iommufd_present: host.dev().join("iommu").exists(),
+        warnings,
+    })
 }
 
 /// Load an inventory saved with `--json`.
