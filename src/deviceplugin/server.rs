@@ -3,7 +3,8 @@
 //! and a poll loop that re-reads the host, streams health changes and re-registers when the
 //! kubelet restarts.
 //!
-//! Every `poll` (500 ms by default) the loop:
+//! Every `poll` (500 ms by default), and at once when a kernel uevent for a PCI function, VFIO
+//! node or mdev arrives (live host only; see `crate::events`), the loop:
 //! 1. scans the inventory and recomputes [`resources`]; a resource whose device list or health
 //!    changed gets the new list on its `ListAndWatch` streams at once (so a change reaches the
 //!    kubelet within one poll interval plus a scan);
@@ -295,6 +296,24 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
     let mut kubelet_id: Option<FileId> = None;
     let mut first_round = true;
     tokio::pin!(shutdown);
+    // On the live host, kernel uevents (bind, unbind, add, remove, mdev changes) wake the loop
+    // at once; the poll stays as the fallback (and for the kubelet's socket, which has no event).
+    let wake = Arc::new(tokio::sync::Notify::new());
+    if shared.cfg.host.root() == std::path::Path::new("/") {
+        match crate::events::UeventSocket::open() {
+            Ok(sock) => {
+                let w = wake.clone();
+                std::thread::spawn(move || {
+                    while let Ok(ev) = sock.next(None) {
+                        if ev.is_some() {
+                            w.notify_one();
+                        }
+                    }
+                });
+            }
+            Err(e) => eprintln!("gpupass device-plugin: no kernel uevents ({e}); polling only"),
+        }
+    }
     loop {
         if !first_round {
             let host = shared.cfg.host.clone();
@@ -411,6 +430,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
 
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = wake.notified() => {}
             _ = tokio::time::sleep(shared.cfg.poll) => {}
         }
     }
