@@ -940,7 +940,7 @@ pub fn scan_groups(
     let groups = read_groups_only(host, &devices, &[], Some(&numbers), &mut warnings);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,
-        kernel: None,
+        kernel: read_attr(&host.path("proc/sys/kernel/osrelease")).ok(),
         devices,
         groups,
         mdevs: Vec::new(),
