@@ -24,12 +24,8 @@ use std::path::Path;
 /// Why the inventory could not be read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
-    #[error("cannot list PCI devices at {path}: {source}; is this a Linux host with sysfs mounted (or is --root right)?")]
-    NoPciBus {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cannot list PCI devices at {path}: {error}; is this a Linux host with sysfs mounted (or is --root right)?")]
+    NoPciBus { path: String, error: io::Error },
     #[error("cannot read saved inventory {path}: {reason}")]
     BadJson { path: String, reason: String },
     #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
@@ -603,8 +599,8 @@ pub fn sort_devices(devices: &mut [PciDevice]) {
 pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     let bus = host.sys_bus_pci_devices();
     let names = std::fs::read_dir(&bus).map_err(|e| InventoryError::NoPciBus {
-        path: host.display(&bus),
-        source: e,
+        path: bus.display().to_string(),
+        error: e,
     })?;
     let mut warnings = Vec::new();
     let mut entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = Vec::new();
@@ -868,7 +864,7 @@ fn read_groups(
 
 /// Load an inventory saved with `--json`.
 pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
-    let text = host::read_bounded(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
+    let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
