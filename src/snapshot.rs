@@ -164,8 +164,9 @@ impl Copier<'_> {
             let r = dir.join(name);
             if LINK_NAMES.contains(&name.as_str()) || name.starts_with("virtfn") {
                 if let Some(t) = self.copy_link(&r)? {
-                    if name == "driver" {
-                        // The driver directory and its back link.
+                    // The driver directory and its back link, for a link that points at a
+                    // driver (a broken tree's `driver -> driver` loop is copied as it is).
+                    if name == "driver" && t.components().any(|c| c.as_os_str() == "drivers") {
                         let ddir = resolve(dir, &t);
                         self.ensure_dir(&ddir)?;
                         if let Some(addr) = dir.file_name() {

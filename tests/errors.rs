@@ -10,9 +10,8 @@ mod util;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-use util::{copy_tree, host, manifest_dir};
+use std::process::Command;
+use util::{copy_tree, host, manifest_dir, run_bounded};
 
 /// What must be unchanged afterwards.
 #[derive(Clone, Copy, PartialEq)]
@@ -54,33 +53,6 @@ impl Case {
 
 fn none(_: &Path) -> Guard {
     None
-}
-
-/// Run the real binary with a deadline (a hang is a failure, not a stuck test run).
-pub fn run_bounded(mut c: Command, secs: u64) -> (Option<i32>, String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let (o, e) = (dir.path().join("out"), dir.path().join("err"));
-    c.stdin(Stdio::null())
-        .stdout(std::fs::File::create(&o).unwrap())
-        .stderr(std::fs::File::create(&e).unwrap());
-    let mut child = c.spawn().expect("run gpupass");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("gpupass hung (killed after {secs} s): {c:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    (
-        status.code(),
-        String::from_utf8_lossy(&std::fs::read(&o).unwrap()).into_owned(),
-        String::from_utf8_lossy(&std::fs::read(&e).unwrap()).into_owned(),
-    )
 }
 
 fn gp(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {

@@ -213,6 +213,15 @@ impl AttrDir {
         Ok(s.trim_end_matches(['\n', '\0']).to_string())
     }
 
+    /// A symlink's whole target (lossy UTF-8), `None` when it does not exist.
+    pub fn link_target(&self, name: &str) -> io::Result<Option<String>> {
+        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
+            Ok(t) => Ok(Some(String::from_utf8_lossy(t.to_bytes()).into_owned())),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The last component of a symlink's target, `None` when it does not exist.
     pub fn link_name(&self, name: &str) -> io::Result<Option<String>> {
         match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
