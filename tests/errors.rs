@@ -18,8 +18,6 @@ use util::{copy_tree, host, manifest_dir, run_bounded};
 enum Keep {
     /// The whole tree (but the lock file, which `flock` needs to exist).
     Tree,
-    /// All but `run/gpupass/` (a rolled-back change is recorded in the journal).
-    AllButJournal,
     /// Every function's driver (the row's own hook changes the tree).
     Drivers,
 }
@@ -76,7 +74,7 @@ fn m_is_dir(p: &Path) -> bool {
     std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
 }
 
-pub fn tree(dir: &Path, keep: Keep) -> BTreeMap<String, String> {
+fn tree(dir: &Path, keep: Keep) -> BTreeMap<String, String> {
     fn walk(base: &Path, dir: &Path, keep: Keep, out: &mut BTreeMap<String, String>) {
         let Ok(rd) = std::fs::read_dir(dir) else { return };
         for e in rd.flatten() {
@@ -111,7 +109,7 @@ pub fn tree(dir: &Path, keep: Keep) -> BTreeMap<String, String> {
 }
 
 /// Address -> driver of every PCI function.
-pub fn drivers(root: &Path) -> BTreeMap<String, Option<String>> {
+fn drivers(root: &Path) -> BTreeMap<String, Option<String>> {
     let bus = root.join("sys/bus/pci/devices");
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(&bus).into_iter().flatten().flatten() {
@@ -213,7 +211,7 @@ fn hold_lock(r: &Path) -> Guard {
         .truncate(false)
         .open(d.join("lock"))
         .unwrap();
-    f.lock().unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
     Some(Box::new(f))
 }
 
