@@ -5,6 +5,10 @@
 //! freestanding code; the same compiler driver links them straight to a flat binary
 //! (`--oformat=binary`, load address 0x1000), so neither objcopy nor a 32-bit libc is needed.
 //! `src/vmm/mod.rs` embeds `firmware.bin`.
+//!
+//! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
+//! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
+//! the messages and both the client and server stubs into OUT_DIR (`src/deviceplugin`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,7 +52,20 @@ fn link(build: &cc::Build, objects: &[PathBuf], layout: &[&str], out: &Path) {
     assert!(status.success(), "linking {} failed: {status}", out.display());
 }
 
+/// The kubelet device-plugin API: messages, client and server stubs.
+fn compile_protos() {
+    let proto = "proto/deviceplugin/v1beta1/api.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["proto"]).unwrap_or_else(|e| panic!("{proto}: {e}"));
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating code for {proto}: {e}"));
+}
+
 fn main() {
+    compile_protos();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for f in ["entry.S", "main.c", "protocol.h", "firmware.ld"] {
         println!("cargo:rerun-if-changed=firmware/{f}");

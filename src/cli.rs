@@ -19,9 +19,22 @@ use std::path::PathBuf;
     version,
     about = "Move GPUs and other PCI devices from a Linux host into VMs and containers",
     long_about = "gpupass reads the host's PCI devices, IOMMU groups, drivers and mediated \
-devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers."
+devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers.",
+    after_long_help = EXIT_STATUS_HELP
 )]
 pub struct Cli {
+    /// More log output on stderr: -v info, -vv debug (every sysfs write), -vvv trace
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Log format on stderr: `text` for people, `json` (one object per line) for machines
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Colour in tables and logs: auto (when stdout is a terminal), always, never
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+
     /// Read host paths under DIR instead of / (DIR/sys, DIR/proc, DIR/dev, DIR/etc)
     #[arg(long, global = true, env = "GPUPASS_ROOT", value_name = "DIR")]
     pub root: Option<PathBuf>,
@@ -36,6 +49,75 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Exit statuses, shown in `--help` and the man page.
+pub const EXIT_STATUS_HELP: &str = "EXIT STATUS:
+  0    success
+  1    a host error (the device, group, driver, kernel or file system said no), or `check`
+       found that passthrough cannot work; nothing was left half-changed
+  2    a usage error: an unknown option, a malformed PCI address, UUID or size
+  101  never on purpose: a panic is a bug, please report it with `gpupass snapshot`
+Errors and what to do about each: docs/errors.md.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether to colour stdout.
+    pub fn enabled_for_stdout(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal(),
+        }
+    }
+}
+
+/// Shells `gpupass completions` writes scripts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Set up `tracing` on stderr from -v and --log-format. Quiet (warnings only) by default.
+pub fn init_logging(verbose: u8, format: LogFormat, color: ColorChoice) {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match verbose {
+        0 => LevelFilter::WARN,
+        1 => LevelFilter::INFO,
+        2 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    };
+    let ansi = match color {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            use std::io::IsTerminal;
+            std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal()
+        }
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(ansi).without_time().try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,10 +146,51 @@ pub enum Command {
         #[arg(long, value_name = "SECONDS", value_parser = parse_events_timeout)]
         timeout: Option<f64>,
     },
+    /// Boot-time entry point (contrib/systemd/gpupass-startup.service): bind every function whose
+    /// driverctl override names a VFIO driver, then start every `auto` mdev definition
+    Startup {
+        /// Print what would be done; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print a shell completion script (bash, zsh, fish) generated from the command definitions
+    Completions { shell: Shell },
+    /// Print the man page (roff) generated from the command definitions
+    Man,
     /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
     Snapshot {
         /// New or empty directory
         out: PathBuf,
+    },
+    /// CDI (Container Device Interface) specs for podman, containerd, CRI-O, Docker
+    Cdi {
+        #[command(subcommand)]
+        cmd: CdiCommand,
+    },
+    /// What a container needs from the host's native NVIDIA driver
+    Container {
+        #[command(subcommand)]
+        cmd: ContainerCommand,
+    },
+    /// OCI runtime hook (createRuntime or prestart): give a container the VFIO device nodes
+    /// named by its `gpupass.dev/devices` annotation (reads the OCI state on stdin)
+    OciHook,
+    /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
+    /// and mdevs, one resource per device model / mdev type
+    DevicePlugin {
+        /// Directory of kubelet.sock and the plugin sockets [default: ROOT/var/lib/kubelet/device-plugins]
+        #[arg(long, value_name = "DIR")]
+        socket_dir: Option<PathBuf>,
+        /// How often to check device health and the kubelet socket, in milliseconds
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+        poll_ms: u64,
+        /// Name CDI devices in Allocate replies: auto (when a gpupass spec exists in
+        /// /var/run/cdi or /etc/cdi), always, never
+        #[arg(long, value_enum, default_value_t = crate::deviceplugin::CdiMode::Auto)]
+        cdi: crate::deviceplugin::CdiMode,
+        /// CDI kind of those names
+        #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
+        cdi_kind: crate::cdi::Kind,
     },
     /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
     Bind(crate::bind::cmd::BindArgs),
@@ -122,6 +245,43 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum CdiCommand {
+    /// Write a CDI spec: one device per VFIO group and per VFIO-bound function, one per
+    /// active mdev, one per GPU on the native NVIDIA driver
+    Generate {
+        /// Write the spec to FILE (atomically) instead of standard output
+        #[arg(long, value_name = "FILE", conflicts_with = "write")]
+        output: Option<PathBuf>,
+        /// Write it to ROOT/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
+        #[arg(long)]
+        write: bool,
+        /// Pin cdiVersion (default: the lowest version the spec's fields need)
+        #[arg(long, value_name = "V")]
+        cdi_version: Option<crate::cdi::CdiVersion>,
+        /// CDI kind, vendor/class
+        #[arg(long, value_name = "K", default_value = crate::cdi::DEFAULT_KIND)]
+        kind: crate::cdi::Kind,
+        /// The host's /dev as the container runtime sees it (adds hostPath to device nodes)
+        #[arg(long, value_name = "DIR", default_value = "/dev")]
+        dev_root: String,
+        /// The host's / as the container runtime sees it, for the driver's files
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        driver_root: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ContainerCommand {
+    /// Device nodes, binaries, libraries and IPC sockets of the native NVIDIA driver, as
+    /// found on the host (what `nvidia-container-cli list` prints)
+    List {
+        /// Only this GPU's device node (PCI address)
+        #[arg(long, value_name = "ADDRESS")]
+        device: Option<PciAddress>,
+    },
+}
+
 fn parse_uuid_arg(s: &str) -> Result<String, String> {
     crate::vfio_dev::parse_uuid(s).map_err(|e| e.to_string())
 }
@@ -147,6 +307,8 @@ fn parse_events_timeout(s: &str) -> Result<f64, String> {
 
 /// Shared state of one invocation.
 pub struct Ctx {
+    /// Colour on stdout (from --color and whether stdout is a terminal).
+    pub color: bool,
     pub host: HostRoot,
     pub from_json: Option<PathBuf>,
     pub json: bool,
@@ -155,6 +317,7 @@ pub struct Ctx {
 impl Ctx {
     pub fn from_cli(cli: &Cli) -> Self {
         Ctx {
+            color: cli.color.enabled_for_stdout(),
             host: HostRoot::new(cli.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
             from_json: cli.from_json.clone(),
             json: cli.json,
@@ -262,7 +425,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             if ctx.json {
                 write_json(out, &r)?;
             } else {
-                out.write_all(table::check(&r).as_bytes())?;
+                out.write_all(table::check(&r, ctx.color).as_bytes())?;
             }
             Ok(if r.ready { 0 } else { 1 })
         }
@@ -344,6 +507,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Startup { dry_run } => crate::startup::run(&ctx.host, dry_run, out),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            let sh = match shell {
+                Shell::Bash => clap_complete::Shell::Bash,
+                Shell::Zsh => clap_complete::Shell::Zsh,
+                Shell::Fish => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(sh, &mut cmd, "gpupass", out);
+            Ok(0)
+        }
+        Command::Man => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command()).render(out)?;
+            Ok(0)
+        }
         Command::Snapshot { out: dir } => {
             let rep = crate::snapshot::snapshot(&ctx.host, &dir)
                 .with_context(|| format!("snapshot of {} failed", ctx.host.root().display()))?;
@@ -355,6 +535,95 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 dir.display(),
                 dir.display()
             )?;
+            Ok(0)
+        }
+        Command::Cdi {
+            cmd:
+                CdiCommand::Generate {
+                    output,
+                    write,
+                    cdi_version,
+                    kind,
+                    dev_root,
+                    driver_root,
+                },
+        } => {
+            let inv = ctx.inventory()?;
+            let files = crate::container::discover(&ctx.host);
+            let opts = crate::cdi::Options {
+                kind,
+                version: cdi_version,
+                dev_root,
+                driver_root,
+            };
+            let usage = |e: &crate::cdi::CdiError| matches!(e, crate::cdi::CdiError::VersionTooLow { .. });
+            if write {
+                match crate::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
+                    Ok((path, warnings)) => {
+                        for w in warnings {
+                            eprintln!("warning: {w}");
+                        }
+                        writeln!(out, "wrote {}", path.display())?;
+                        Ok(0)
+                    }
+                    Err(e) if usage(&e) => {
+                        eprintln!("gpupass: {e}");
+                        Ok(2)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            } else {
+                let r = match crate::cdi::render(&inv, &files, &opts) {
+                    Ok(r) => r,
+                    Err(e) if usage(&e) => {
+                        eprintln!("gpupass: {e}");
+                        return Ok(2);
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                for w in &r.warnings {
+                    eprintln!("warning: {w}");
+                }
+                let text = crate::cdi::to_json(&r.spec);
+                match output {
+                    Some(p) => crate::cdi::write_atomic(&p, text.as_bytes())
+                        .with_context(|| format!("cannot write {}", p.display()))?,
+                    None => out.write_all(text.as_bytes())?,
+                }
+                Ok(0)
+            }
+        }
+        Command::Container {
+            cmd: ContainerCommand::List { device },
+        } => {
+            let inv = ctx.inventory()?;
+            let files = crate::container::discover(&ctx.host);
+            for w in &files.warnings {
+                eprintln!("warning: {w}");
+            }
+            if ctx.json {
+                write_json(out, &crate::container::list_json(&inv, &files, device.as_ref())?)?;
+            } else {
+                out.write_all(crate::container::list_text(&inv, &files, device.as_ref())?.as_bytes())?;
+            }
+            Ok(0)
+        }
+        Command::OciHook => crate::oci_hook::run_cli(&ctx.host),
+        Command::DevicePlugin {
+            socket_dir,
+            poll_ms,
+            cdi,
+            cdi_kind,
+        } => {
+            let dir = socket_dir.unwrap_or_else(|| ctx.host.kubelet_device_plugins());
+            let cfg = crate::deviceplugin::Config {
+                host: ctx.host.clone(),
+                socket_dir: dir,
+                poll: std::time::Duration::from_millis(poll_ms),
+                cdi,
+                cdi_kind,
+            };
+            crate::deviceplugin::server::run(cfg)?;
             Ok(0)
         }
         Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),

@@ -18,6 +18,7 @@ pub const NAMES: &[&str] = &[
     "mdev-t4",
     "nvidia-minors",
     "legacy-bridge",
+    "vfio-numa",
     "mdev-lab",
 ];
 
@@ -29,6 +30,7 @@ pub fn build(name: &str, root: &Path) -> io::Result<()> {
         "mdev-t4" => mdev_t4(root),
         "nvidia-minors" => nvidia_minors(root),
         "legacy-bridge" => legacy_bridge(root),
+        "vfio-numa" => vfio_numa(root),
         "mdev-lab" => mdev_lab(root),
         _ => Err(io::Error::other(format!("unknown fixture {name}"))),
     }
@@ -283,6 +285,8 @@ fn hgx(root: &Path) -> io::Result<()> {
     h.file("dev/nvidiactl", "")?;
     h.file("dev/nvidia-uvm", "")?;
     h.file("dev/nvidia-uvm-tools", "")?;
+    // No ld.so.cache here: the library directories are searched instead.
+    h.nvidia_driver_files("535.183.01", "usr/lib64", false)?;
     Ok(())
 }
 
@@ -434,6 +438,7 @@ fn nvidia_minors(root: &Path) -> io::Result<()> {
     h.file("dev/nvidia-uvm", "")?;
     h.file("dev/nvidia-uvm-tools", "")?;
     h.file("dev/nvidia-modeset", "")?;
+    h.nvidia_driver_files("550.90.07", "usr/lib/x86_64-linux-gnu", true)?;
     for (i, (bus, minor)) in [(0x07u8, 2u32), (0x0f, 0), (0x47, 3), (0x4e, 1)]
         .iter()
         .enumerate()
@@ -622,6 +627,123 @@ fn mdev_lab(root: &Path) -> io::Result<()> {
         "etc/mdevctl.d/mdpy/5e1a3b9c-0d2f-4e6a-8b7c-9d0e1f2a3b4c",
         "{\n  \"mdev_type\": \"mdpy-xga\",\n  \"start\": \"manual\",\n  \"attrs\": []\n}",
     )?;
+    Ok(())
+}
+
+/// A VFIO host on two NUMA nodes (kernel 6.8 with the VFIO cdev and iommufd): four L40S on
+/// vfio-pci, two per node, each alone in its group; an RTX A6000 with its HDMI audio in one
+/// group on vfio-pci; one more L40S left on the native driver.
+fn vfio_numa(root: &Path) -> io::Result<()> {
+    let mut h = HostBuilder::new(root)?;
+    h.kernel(
+        "6.8.0-60-generic",
+        "BOOT_IMAGE=/vmlinuz root=/dev/sda2 ro intel_iommu=on iommu=pt",
+        &[
+            "vfio",
+            "vfio_pci",
+            "vfio_pci_core",
+            "vfio_iommu_type1",
+            "iommufd",
+            "nvidia",
+            "kvm",
+            "kvm_intel",
+        ],
+    )?;
+    h.file("sys/firmware/acpi/tables/DMAR", "")?;
+    h.file("dev/kvm", "")?;
+    h.file("dev/iommu", "")?;
+    host_bridge(&mut h, 0)?;
+    let l40s = |addr: &str, g: u32, node: i32| {
+        DevSpec::new(addr, NVIDIA, 0x26b9, 0x030200)
+            .group(g)
+            .sub(NVIDIA, 0x1851)
+            .res(0, 0xd000_0000 + g as u64 * 0x0100_0000, 16 << 20, MEM)
+            .res(
+                1,
+                0x200_0000_0000 + g as u64 * (64u64 << 30),
+                64 << 30,
+                MEM64_PREF,
+            )
+            .res(
+                3,
+                0x300_0000_0000 + g as u64 * (32u64 << 20),
+                32 << 20,
+                MEM64_PREF,
+            )
+            .reset(Some("flr bus"))
+            .numa(node, if node == 0 { "0-31,64-95" } else { "32-63,96-127" })
+    };
+    let mut cdev = 0u32;
+    for (rp, gpu, rg, g, node) in [
+        ("16:01.0", "17:00.0", 1u32, 40u32, 0),
+        ("30:01.0", "31:00.0", 2, 41, 0),
+        ("c9:01.0", "ca:00.0", 5, 60, 1),
+        ("e2:01.0", "e3:00.0", 6, 61, 1),
+    ] {
+        h.add(
+            &DevSpec::new(rp, INTEL, 0x352a, 0x060400)
+                .group(rg)
+                .driver("pcieport")
+                .reset(None)
+                .numa(node, if node == 0 { "0-31,64-95" } else { "32-63,96-127" }),
+        )?;
+        h.add(&l40s(gpu, g, node).under(rp).driver("vfio-pci"))?;
+        h.vfio_cdev(&gpu.parse().unwrap(), cdev)?;
+        h.file(format!("dev/vfio/{g}"), "")?;
+        cdev += 1;
+    }
+    h.add(
+        &DevSpec::new("4a:01.0", INTEL, 0x352a, 0x060400)
+            .group(3)
+            .driver("pcieport")
+            .reset(None)
+            .numa(0, "0-31,64-95"),
+    )?;
+    h.add(
+        &DevSpec::new("4b:00.0", NVIDIA, 0x2230, 0x030000)
+            .under("4a:01.0")
+            .group(42)
+            .driver("vfio-pci")
+            .sub(NVIDIA, 0x1459)
+            .res(0, 0xc400_0000, 16 << 20, MEM)
+            .res(1, 0x380_0000_0000, 64 << 30, MEM64_PREF)
+            .res(3, 0x381_0000_0000, 32 << 20, MEM64_PREF)
+            .res(5, 0x5000, 128, IO)
+            .reset(Some("bus"))
+            .numa(0, "0-31,64-95"),
+    )?;
+    h.add(
+        &DevSpec::new("4b:00.1", NVIDIA, 0x1aef, 0x040300)
+            .under("4a:01.0")
+            .group(42)
+            .driver("vfio-pci")
+            .sub(NVIDIA, 0x1459)
+            .res(0, 0xc508_0000, 16 << 10, MEM)
+            .reset(Some("bus"))
+            .numa(0, "0-31,64-95"),
+    )?;
+    for a in ["4b:00.0", "4b:00.1"] {
+        h.vfio_cdev(&a.parse().unwrap(), cdev)?;
+        cdev += 1;
+    }
+    h.file("dev/vfio/42", "")?;
+    h.add(
+        &DevSpec::new("b0:01.0", INTEL, 0x352a, 0x060400)
+            .group(4)
+            .driver("pcieport")
+            .reset(None)
+            .numa(1, "32-63,96-127"),
+    )?;
+    h.add(&l40s("b1:00.0", 50, 1).under("b0:01.0").driver("nvidia"))?;
+    h.nvidia_info(
+        &"b1:00.0".parse().unwrap(),
+        0,
+        "NVIDIA L40S",
+        "GPU-4c1a2b3d-0e5f-4a6b-8c7d-9e0f1a2b3c4d",
+    )?;
+    h.file("dev/nvidiactl", "")?;
+    h.file("dev/nvidia-uvm", "")?;
+    h.file("dev/vfio/vfio", "")?;
     Ok(())
 }
 

@@ -497,6 +497,77 @@ impl HostBuilder {
         Ok(())
     }
 
+    /// The VFIO cdev of a function (`<dev>/vfio-dev/vfioN/dev` and `dev/vfio/devices/vfioN`),
+    /// as kernels with `CONFIG_VFIO_DEVICE_CDEV` show it.
+    pub fn vfio_cdev(&self, addr: &PciAddress, n: u32) -> io::Result<()> {
+        let dir = self
+            .dirs
+            .get(addr)
+            .ok_or_else(|| io::Error::other("unknown device"))?
+            .join("vfio-dev")
+            .join(format!("vfio{n}"));
+        self.file(dir.join("dev"), &format!("511:{n}\n"))?;
+        self.file(format!("dev/vfio/devices/vfio{n}"), "")
+    }
+
+    /// The user-space files of the native NVIDIA driver `version`: versioned libraries with
+    /// their soname links in `libdir` (root-relative), binaries in `usr/bin`, and, with
+    /// `ld_cache`, an `etc/ld.so.cache` listing the sonames (plus a 32-bit copy of libcuda and
+    /// libc, which the reader must skip or ignore).
+    pub fn nvidia_driver_files(&self, version: &str, libdir: &str, ld_cache: bool) -> io::Result<()> {
+        use crate::container::ldcache::{Entry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
+        let libs = [
+            "libnvidia-ml",
+            "libcuda",
+            "libnvidia-ptxjitcompiler",
+            "libnvidia-encode",
+            "libnvcuvid",
+            "libEGL_nvidia",
+        ];
+        let mut entries = Vec::new();
+        for l in libs {
+            let real = format!("{libdir}/{l}.so.{version}");
+            self.file(&real, &format!("fake {l} {version}\n"))?;
+            let soname = format!("{libdir}/{l}.so.1");
+            let p = self.root.join(&soname);
+            let _ = fs::remove_file(&p);
+            std::os::unix::fs::symlink(format!("{l}.so.{version}"), p)?;
+            // The development link, which must not be picked up.
+            let dev = self.root.join(format!("{libdir}/{l}.so"));
+            let _ = fs::remove_file(&dev);
+            std::os::unix::fs::symlink(format!("{l}.so.1"), dev)?;
+            entries.push(Entry {
+                flags: FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
+                key: format!("{l}.so.1"),
+                value: format!("/{soname}"),
+            });
+        }
+        self.file(format!("{libdir}/libc.so.6"), "fake libc\n")?;
+        entries.push(Entry {
+            flags: FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
+            key: "libc.so.6".into(),
+            value: format!("/{libdir}/libc.so.6"),
+        });
+        entries.push(Entry {
+            flags: FLAG_ELF_LIBC6,
+            key: "libcuda.so.1".into(),
+            value: "/usr/lib/i386-linux-gnu/libcuda.so.1".into(),
+        });
+        for b in ["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"] {
+            self.file(
+                format!("usr/bin/{b}"),
+                &format!("#!/bin/sh\necho fake {b} {version}\n"),
+            )?;
+        }
+        self.file("var/run/nvidia-persistenced/socket", "")?;
+        if ld_cache {
+            let p = self.root.join("etc/ld.so.cache");
+            fs::create_dir_all(self.root.join("etc"))?;
+            fs::write(p, crate::container::ldcache::write(&entries))?;
+        }
+        Ok(())
+    }
+
     /// A block device under a function: `<dev>/<sub>/<disk>[/<part>]`, with its
     /// `sys/class/block/<name>` and `sys/dev/block/<major:minor>` links. `sub` is the
     /// controller path (`nvme/nvme0`), `disk` the whole disk; `part` a partition of it.

@@ -61,6 +61,11 @@ pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
             errs.push(format!("line {i} ends before it starts"));
             continue;
         }
+        // Found by fuzzing: 0..=u64::MAX has no u64 size.
+        let Some(size) = (end - start).checked_add(1) else {
+            errs.push(format!("line {i} spans the whole 64-bit address space"));
+            continue;
+        };
         let kind = if flags & IORESOURCE_IO != 0 {
             BarKind::Io
         } else if flags & IORESOURCE_MEM != 0 {
@@ -72,7 +77,7 @@ pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
             index: i as u32,
             kind,
             start,
-            size: end - start + 1,
+            size,
             is_64bit: flags & IORESOURCE_MEM_64 != 0,
             prefetchable: flags & IORESOURCE_PREFETCH != 0,
         });
@@ -824,14 +829,28 @@ fn read_groups(
     mdevs: &[MdevInstance],
     warnings: &mut Vec<String>,
 ) -> Vec<IommuGroup> {
+    read_groups_only(host, devices, mdevs, None, warnings)
+}
+
+/// [`read_groups`], limited to the group numbers in `only` when given.
+fn read_groups_only(
+    host: &HostRoot,
+    devices: &[PciDevice],
+    mdevs: &[MdevInstance],
+    only: Option<&[u32]>,
+    warnings: &mut Vec<String>,
+) -> Vec<IommuGroup> {
     let by_addr: HashMap<PciAddress, &PciDevice> = devices.iter().map(|d| (d.address, d)).collect();
     let gdir = host.iommu_groups();
-    let mut numbers: Vec<u32> = match dir_names(&gdir) {
-        Ok(n) => n.iter().filter_map(|s| s.parse().ok()).collect(),
-        Err(e) => {
-            warnings.push(format!("cannot list {}: {e}", host.display(&gdir)));
-            Vec::new()
-        }
+    let mut numbers: Vec<u32> = match only {
+        Some(o) => o.to_vec(),
+        None => match dir_names(&gdir) {
+            Ok(n) => n.iter().filter_map(|s| s.parse().ok()).collect(),
+            Err(e) => {
+                warnings.push(format!("cannot list {}: {e}", host.display(&gdir)));
+                Vec::new()
+            }
+        },
     };
     // Groups named by devices but missing from sys/kernel/iommu_groups (a partial tree).
     let mut from_devices: BTreeMap<u32, Vec<PciAddress>> = BTreeMap::new();
@@ -898,6 +917,72 @@ fn read_groups(
     out
 }
 
+/// Read only the IOMMU groups `groups` and those of the functions `addrs`, with their member
+/// functions (no mdevs): for callers on a hot path that need a few devices of a large host
+/// (the OCI hook runs on every container start). Unknown addresses and groups are simply
+/// absent from the result.
+pub fn scan_groups(
+    host: &HostRoot,
+    addrs: &[PciAddress],
+    groups: &[u32],
+) -> Result<Inventory, InventoryError> {
+    let bus = host.sys_bus_pci_devices();
+    if !bus.is_dir() {
+        return Err(InventoryError::NoPciBus {
+            path: host.display(&bus),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
+    let mut warnings = Vec::new();
+    let mut numbers: Vec<u32> = groups.to_vec();
+    for a in addrs {
+        if let Ok(Some(n)) = link_name(&bus.join(a.to_string()).join("iommu_group")) {
+            if let Ok(n) = n.parse() {
+                numbers.push(n);
+            }
+        }
+    }
+    numbers.sort_unstable();
+    numbers.dedup();
+    let gdir = host.iommu_groups();
+    let mut members: Vec<PciAddress> = addrs.to_vec();
+    for n in &numbers {
+        for name in dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default() {
+            if let Ok(a) = name.parse() {
+                members.push(a);
+            }
+        }
+    }
+    members.sort();
+    members.dedup();
+    let entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = members
+        .into_iter()
+        .filter_map(|a| {
+            let p = bus.join(a.to_string());
+            std::fs::symlink_metadata(&p).ok()?;
+            Some((a, std::fs::read_link(&p).ok()))
+        })
+        .collect();
+    let mut devices = read_devices(host, &entries, &mut warnings);
+    sort_devices(&mut devices);
+    let numbers: Vec<u32> = numbers
+        .into_iter()
+        .filter(|n| gdir.join(n.to_string()).is_dir() || devices.iter().any(|d| d.iommu_group == Some(*n)))
+        .collect();
+    let groups = read_groups_only(host, &devices, &[], Some(&numbers), &mut warnings);
+    Ok(Inventory {
+        schema_version: SCHEMA_VERSION,
+        kernel: None,
+        devices,
+        groups,
+        mdevs: Vec::new(),
+        mdev_parents: Vec::new(),
+        vfio_container_present: host.dev_vfio().join("vfio").exists(),
+        iommufd_present: host.dev().join("iommu").exists(),
+        warnings,
+    })
+}
+
 /// Load an inventory saved with `--json`.
 pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
     let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
@@ -947,9 +1032,11 @@ mod tests {
 
     #[test]
     fn resource_garbage_is_reported_not_fatal() {
-        let (bars, errs) = parse_resource("zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n");
+        let (bars, errs) = parse_resource(
+            "zz 0x1 0x200\n0x1000 0x1fff\n0x2000 0x1000 0x200\n0x0 0xffffffffffffffff 0x200\n",
+        );
         assert!(bars.is_empty());
-        assert_eq!(errs.len(), 3);
+        assert_eq!(errs.len(), 4);
     }
 
     #[test]

@@ -25,8 +25,11 @@
 
 pub mod bind;
 pub mod boot;
+pub mod cdi;
 pub mod check;
 pub mod cli;
+pub mod container;
+pub mod deviceplugin;
 pub mod events;
 pub mod fixtures;
 pub mod host;
@@ -35,8 +38,10 @@ pub mod inventory;
 pub mod mdev;
 pub mod model;
 pub mod naming;
+pub mod oci_hook;
 pub mod output;
 pub mod snapshot;
+pub mod startup;
 pub mod vfio_dev;
 pub mod vmm;
 pub mod vmout;

@@ -138,3 +138,8 @@ fn lab_mdev() {
 fn lab_boot() {
     assert_scenario("boot");
 }
+
+#[test]
+fn lab_startup() {
+    assert_scenario("startup");
+}

@@ -817,11 +817,17 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
 
 /// Called after every successful change of drivers (bind, unbind, recover).
 ///
-/// Hook for the container feature: once CDI specs exist, this regenerates them so containers
-/// see the devices' new VFIO nodes (or stop seeing removed ones). It does nothing yet, and
-/// must stay cheap and infallible: the change itself has already succeeded when it runs.
+/// Regenerates the CDI specs gpupass wrote (`cdi generate --write`), so containers see the
+/// devices' new VFIO nodes and stop seeing removed ones; a host without a gpupass spec pays one
+/// directory listing. The change itself has already succeeded when this runs, so a failed
+/// refresh is a warning, not an error.
 pub fn after_change(host: &HostRoot, changed: &[PciAddress]) {
-    let _ = (host, changed);
+    if let Err(e) = crate::cdi::refresh(host) {
+        eprintln!(
+            "warning: {} changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`",
+            crate::bind::cmd::addrs(changed)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -101,6 +101,30 @@ impl HostRoot {
         self.path("lib/modules").join(release)
     }
 
+    /// `var/run/cdi`: CDI's dynamic spec directory (podman, containerd, CRI-O read it).
+    pub fn cdi_dynamic_dir(&self) -> PathBuf {
+        self.path("var/run/cdi")
+    }
+    /// `etc/cdi`: CDI's static spec directory.
+    pub fn cdi_static_dir(&self) -> PathBuf {
+        self.path("etc/cdi")
+    }
+    /// `var/run/gpupass`: gpupass's own runtime state (e.g. how a CDI spec was generated).
+    pub fn gpupass_run_dir(&self) -> PathBuf {
+        self.path("var/run/gpupass")
+    }
+    /// `etc/ld.so.cache`: the dynamic linker's cache of libraries.
+    pub fn ld_so_cache(&self) -> PathBuf {
+        self.path("etc/ld.so.cache")
+    }
+    /// `var/lib/kubelet/device-plugins`: where the kubelet and device plugins put sockets.
+    pub fn kubelet_device_plugins(&self) -> PathBuf {
+        self.path("var/lib/kubelet/device-plugins")
+    }
+    /// `sys/fs/cgroup`: the cgroup hierarchies (v1 controllers in subdirectories, or v2).
+    pub fn cgroup_root(&self) -> PathBuf {
+        self.path("sys/fs/cgroup")
+    }
     /// `sys/bus/pci/drivers/<name>` (a loaded PCI driver).
     pub fn pci_driver(&self, name: &str) -> PathBuf {
         self.sys_bus_pci_drivers().join(name)
@@ -276,6 +300,14 @@ fn read_all_bounded(f: fs::File, limit: u64) -> io::Result<String> {
     f.take(limit).read_to_end(&mut buf)?;
     let s = String::from_utf8_lossy(&buf);
     Ok(s.trim_end_matches(['\n', '\0']).to_string())
+}
+
+/// Read at most `limit` bytes of a file as raw bytes.
+pub fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let f = fs::File::open(path)?;
+    let mut buf = Vec::new();
+    f.take(limit).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Read a sysfs attribute (bounded to [`ATTR_LIMIT`]).

@@ -142,6 +142,7 @@ impl HostOps for RealHost {
 
     fn write(&self, path: &Path, value: &str) -> io::Result<()> {
         let n = self.fp.before()?;
+        tracing::debug!(path = %path.display(), value = %value.escape_debug(), n, "sysfs write");
         // sysfs takes one write(2) per attribute: open without truncation semantics mattering.
         let mut f = fs::OpenOptions::new().write(true).open(path)?;
         io::Write::write_all(&mut f, value.as_bytes())?;
@@ -158,6 +159,7 @@ impl HostOps for RealHost {
         if self.root.sys_module(&name.replace('-', "_")).exists() {
             return Ok(());
         }
+        tracing::info!(module = name, "modprobe");
         let st = std::process::Command::new("modprobe").arg(name).status()?;
         if st.success() {
             Ok(())
@@ -504,6 +506,7 @@ impl HostOps for FakeHost {
     fn write(&self, path: &Path, value: &str) -> io::Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let n = self.fp.before()?;
+        tracing::debug!(path = %path.display(), value = %value.escape_debug(), n, "sysfs write (fake kernel)");
         let rel = self
             .rel(path)
             .ok_or_else(|| io::Error::other("write outside the fake root"))?

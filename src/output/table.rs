@@ -289,13 +289,18 @@ pub fn groups(inv: &Inventory) -> String {
 }
 
 /// `gpupass check`.
-pub fn check(r: &Readiness) -> String {
+pub fn check(r: &Readiness, color: bool) -> String {
     let mut s = String::new();
     for i in &r.items {
-        let tag = match i.status {
-            Status::Pass => "PASS",
-            Status::Warn => "WARN",
-            Status::Fail => "FAIL",
+        let (tag, code) = match i.status {
+            Status::Pass => ("PASS", "32"),
+            Status::Warn => ("WARN", "33"),
+            Status::Fail => ("FAIL", "31"),
+        };
+        let tag = if color {
+            format!("\x1b[1;{code}m{tag}\x1b[0m")
+        } else {
+            tag.to_string()
         };
         let _ = writeln!(s, "{tag}  {:<24} {}", i.name, i.detail);
         if let Some(f) = &i.fix {

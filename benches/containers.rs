@@ -1,0 +1,338 @@
+//! Container-path benchmarks (not timed tests): `cargo bench --bench containers`.
+//!
+//! 1. CDI generation for a 4096-function synthetic host with 64 GPUs on the native driver:
+//!    `gpupass cdi generate` wall time (scan + discovery + render), and the pure renderer alone.
+//! 2. The OCI hook per container start: `gpupass oci-hook` (the real binary, state on stdin)
+//!    giving one VFIO group to a process in its own mount namespace and devices cgroup, on the
+//!    small vfio-numa host and on the 4096-function host (needs root and `unshare`).
+//! 3. Device-plugin Allocate latency: 10,000 sequential Allocate calls over the unix socket to
+//!    the plugin serving the vfio-numa host, p50/p99/max.
+
+use gpupass::host::HostRoot;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpupass"))
+}
+
+/// Point `addr`'s driver link at `driver` (absolute link; gpupass reads only its last component).
+fn rebind(root: &Path, addr: &str, driver: &str) {
+    let dev = std::fs::canonicalize(root.join("sys/bus/pci/devices").join(addr)).unwrap();
+    let d = root.join("sys/bus/pci/drivers").join(driver);
+    std::fs::create_dir_all(&d).unwrap();
+    let _ = std::fs::remove_file(dev.join("driver"));
+    std::os::unix::fs::symlink(&d, dev.join("driver")).unwrap();
+}
+
+fn synthetic(root: &Path) -> Vec<String> {
+    gpupass::fixtures::synthetic(root, 4096, 64).unwrap();
+    let inv = gpupass::inventory::scan(&HostRoot::new(root)).unwrap();
+    let gpus: Vec<String> = inv
+        .devices
+        .iter()
+        .filter(|d| d.is_gpu())
+        .map(|d| d.address.to_string())
+        .collect();
+    gpus
+}
+
+fn cdi_generation() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let gpus = synthetic(root);
+    let h = gpupass::hostgen::HostBuilder::new(root).unwrap();
+    for (i, a) in gpus.iter().enumerate() {
+        h.nvidia_info(
+            &a.parse().unwrap(),
+            i as u32,
+            "NVIDIA GeForce RTX 4090",
+            &format!("GPU-{i:08}"),
+        )
+        .unwrap();
+    }
+    h.file("dev/nvidiactl", "").unwrap();
+    h.file("dev/nvidia-uvm", "").unwrap();
+    h.nvidia_driver_files("550.90.07", "usr/lib/x86_64-linux-gnu", true)
+        .unwrap();
+    let mut wall = Vec::new();
+    let mut size = 0;
+    for _ in 0..10 {
+        let s = Instant::now();
+        let o = Command::new(bin())
+            .args(["--root", root.to_str().unwrap(), "cdi", "generate"])
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        wall.push(s.elapsed());
+        assert!(o.status.success());
+        size = o.stdout.len();
+    }
+    let host = HostRoot::new(root);
+    let inv = gpupass::inventory::scan(&host).unwrap();
+    let files = gpupass::container::discover(&host);
+    let opts = gpupass::cdi::Options::default();
+    let mut render = Vec::new();
+    let mut devices = 0;
+    for _ in 0..200 {
+        let s = Instant::now();
+        let r = gpupass::cdi::render(&inv, &files, &opts).unwrap();
+        let text = gpupass::cdi::to_json(&r.spec);
+        render.push(s.elapsed());
+        devices = r.spec.devices.len();
+        assert_eq!(text.len(), size);
+    }
+    println!(
+        "cdi generate, 4096 functions / 64 native GPUs ({devices} CDI devices, {} KiB): \
+         command median {} (p90 {}), render+serialize median {}",
+        size / 1024,
+        ms(pct(&mut wall, 0.5)),
+        ms(pct(&mut wall, 0.9)),
+        ms(pct(&mut render, 0.5))
+    );
+}
+
+fn mknod(p: &Path, major: u32, minor: u32) {
+    let _ = std::fs::remove_file(p);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    assert!(Command::new("mknod")
+        .arg(p)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Time the hook giving `request` to a process in its own mount namespace and devices cgroup.
+fn hook_runs(label: &str, root: &Path, request: &str) {
+    // The real /proc and cgroup tree (the hook needs the target's namespace and cgroup).
+    let _ = std::fs::remove_dir_all(root.join("proc"));
+    std::os::unix::fs::symlink("/proc", root.join("proc")).unwrap();
+    std::fs::create_dir_all(root.join("sys/fs")).unwrap();
+    let _ = std::fs::remove_file(root.join("sys/fs/cgroup"));
+    std::os::unix::fs::symlink("/sys/fs/cgroup", root.join("sys/fs/cgroup")).unwrap();
+    let cg = PathBuf::from(format!(
+        "/sys/fs/cgroup/devices/gpupass-bench-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&cg).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let b = work.path().join("bundle");
+    std::fs::create_dir_all(b.join("rootfs/dev")).unwrap();
+    // As runc does: the container's /dev is a tmpfs in its own mount namespace.
+    let dev = b.join("rootfs/dev");
+    let mut sleeper = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs tmpfs {} && exec sleep 600",
+            dev.display()
+        ))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(cg.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let clear = || {
+        let st = Command::new("nsenter")
+            .args(["-t", &sleeper.id().to_string(), "-m", "sh", "-c"])
+            .arg(format!("rm -rf {}/*", dev.display()))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    std::fs::write(
+        b.join("config.json"),
+        serde_json::json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "annotations": {"gpupass.dev/devices": request}})
+        .to_string(),
+    )
+    .unwrap();
+    let state = serde_json::json!({"ociVersion": "1.0.2-dev", "id": "bench", "status": "creating",
+        "pid": sleeper.id(), "bundle": b.to_str().unwrap()})
+    .to_string();
+    let mut runs = Vec::new();
+    for i in 0..220 {
+        clear();
+        let s = Instant::now();
+        let mut c = Command::new(bin())
+            .args(["--root", root.to_str().unwrap(), "oci-hook"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
+        let o = c.wait_with_output().unwrap();
+        let d = s.elapsed();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        if i >= 20 {
+            runs.push(d);
+        }
+    }
+    let inside = Command::new("nsenter")
+        .args(["-t", &sleeper.id().to_string(), "-m", "ls"])
+        .arg(dev.join("vfio"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&inside.stdout).contains("vfio"),
+        "nodes were made"
+    );
+    assert!(
+        !dev.join("vfio").exists(),
+        "nodes only in the target's mount namespace"
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    std::thread::sleep(Duration::from_millis(100));
+    let _ = std::fs::remove_dir(&cg);
+    println!(
+        "oci-hook, {label}: median {}, p99 {} per container start (200 runs)",
+        ms(pct(&mut runs, 0.5)),
+        ms(pct(&mut runs, 0.99))
+    );
+}
+
+fn hook() {
+    let is_root = nix::unistd::geteuid().is_root();
+    let has_unshare = Command::new("sh")
+        .args([
+            "-c",
+            "command -v unshare >/dev/null && command -v nsenter >/dev/null",
+        ])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !is_root || !has_unshare || !Path::new("/sys/fs/cgroup/devices").is_dir() {
+        println!("oci-hook: skipped (needs root, unshare and the cgroup v1 devices controller)");
+        return;
+    }
+    // Small host.
+    let t = tempfile::tempdir().unwrap();
+    gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
+    mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
+    mknod(&t.path().join("dev/vfio/40"), 240, 40);
+    mknod(&t.path().join("dev/iommu"), 10, 123);
+    mknod(&t.path().join("dev/vfio/devices/vfio0"), 241, 0);
+    hook_runs(
+        "vfio-numa host (14 functions), 1 GPU = 4 nodes",
+        t.path(),
+        "0000:17:00.0",
+    );
+    // 4096 functions: the 10th GPU and its audio function moved to vfio-pci.
+    let t = tempfile::tempdir().unwrap();
+    let gpus = synthetic(t.path());
+    let gpu = &gpus[10];
+    let audio = format!("{}.1", &gpu[..gpu.len() - 2]);
+    rebind(t.path(), gpu, "vfio-pci");
+    rebind(t.path(), &audio, "vfio-pci");
+    let inv = gpupass::inventory::scan(&HostRoot::new(t.path())).unwrap();
+    let g = inv.device(&gpu.parse().unwrap()).unwrap().iommu_group.unwrap();
+    mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
+    mknod(&t.path().join(format!("dev/vfio/{g}")), 240, g);
+    hook_runs(
+        "synthetic host (4096 functions), 1 GPU + audio = 2 nodes",
+        t.path(),
+        gpu,
+    );
+}
+
+fn allocate() {
+    let t = tempfile::tempdir().unwrap();
+    gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
+    let sockets = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = gpupass::deviceplugin::Config {
+            host: HostRoot::new(t.path()),
+            socket_dir: sockets.path().to_path_buf(),
+            poll: Duration::from_millis(500),
+            cdi: gpupass::deviceplugin::CdiMode::Never,
+            cdi_kind: gpupass::cdi::Kind::default(),
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(gpupass::deviceplugin::server::serve(cfg, async {
+            let _ = stop_rx.await;
+        }));
+        let sock = sockets.path().join(gpupass::deviceplugin::server::socket_name(
+            "nvidia.com/AD102GL_L40S",
+        ));
+        while !sock.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let ch = gpupass::deviceplugin::server::connect_unix(&sock).await.unwrap();
+        let mut c = gpupass::deviceplugin::proto::device_plugin_client::DevicePluginClient::new(ch);
+        let req = || gpupass::deviceplugin::proto::AllocateRequest {
+            container_requests: vec![gpupass::deviceplugin::proto::ContainerAllocateRequest {
+                devices_ids: vec!["0000:17:00.0".into(), "0000:31:00.0".into()],
+            }],
+        };
+        for _ in 0..500 {
+            c.allocate(req()).await.unwrap();
+        }
+        let mut lat = Vec::with_capacity(10_000);
+        for _ in 0..10_000 {
+            let s = Instant::now();
+            let r = c.allocate(req()).await.unwrap().into_inner();
+            lat.push(s.elapsed());
+            assert_eq!(r.container_responses[0].devices.len(), 6);
+        }
+        println!(
+            "device-plugin Allocate (2 GPUs, over the unix socket, 10,000 calls): p50 {}, p99 {}, max {}",
+            ms(pct(&mut lat, 0.5)),
+            ms(pct(&mut lat, 0.99)),
+            ms(pct(&mut lat, 1.0))
+        );
+        // The pure reply computation alone, for comparison with the round trip.
+        let host = HostRoot::new(t.path());
+        let inv = gpupass::inventory::scan(&host).unwrap();
+        let ids = vec!["0000:17:00.0".to_string(), "0000:31:00.0".to_string()];
+        let mut pure = Vec::with_capacity(10_000);
+        for _ in 0..10_000 {
+            let s = Instant::now();
+            let r = gpupass::deviceplugin::allocate(&inv, "nvidia.com/AD102GL_L40S", &ids, None).unwrap();
+            pure.push(s.elapsed());
+            assert_eq!(r.devices.len(), 6);
+        }
+        println!(
+            "device-plugin allocate() alone: p50 {}, p99 {}",
+            ms(pct(&mut pure, 0.5)),
+            ms(pct(&mut pure, 0.99))
+        );
+        let _ = stop_tx.send(());
+        let _ = server.await;
+    });
+}
+
+fn main() {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "cores {}, load average {}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let want = |n: &str| only.as_deref().is_none_or(|o| o == n);
+    if want("cdi") {
+        cdi_generation();
+    }
+    if want("hook") {
+        hook();
+    }
+    if want("allocate") {
+        allocate();
+    }
+}

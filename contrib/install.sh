@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install gpupass with its boot unit and udev rule:   sudo contrib/install.sh
+#   PREFIX=/usr/local (binary in $PREFIX/bin), DESTDIR= (staging root), NO_BUILD=1 to skip the build,
+#   GPUPASS_BIN_PATH=FILE to install a binary built elsewhere, NO_ENABLE=1 to skip `systemctl enable` (done only when systemd runs and DESTDIR is empty).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=${PREFIX:-/usr/local}
+DESTDIR=${DESTDIR:-}
+bindir=$PREFIX/bin
+[ -n "${NO_BUILD:-}" ] || cargo build --release --bin gpupass
+install -D -m 0755 "${GPUPASS_BIN_PATH:-target/release/gpupass}" "$DESTDIR$bindir/gpupass"
+subst() { sed "s|@BINDIR@|$bindir|g" "$1"; }
+install -d "$DESTDIR/etc/systemd/system" "$DESTDIR/etc/udev/rules.d" \
+  "$DESTDIR/usr/share/man/man1" "$DESTDIR/usr/share/bash-completion/completions"
+subst contrib/systemd/gpupass-startup.service > "$DESTDIR/etc/systemd/system/gpupass-startup.service"
+subst contrib/udev/90-gpupass.rules > "$DESTDIR/etc/udev/rules.d/90-gpupass.rules"
+"$DESTDIR$bindir/gpupass" man > "$DESTDIR/usr/share/man/man1/gpupass.1"
+"$DESTDIR$bindir/gpupass" completions bash > "$DESTDIR/usr/share/bash-completion/completions/gpupass"
+if [ -z "$DESTDIR" ] && [ -z "${NO_ENABLE:-}" ] && [ -d /run/systemd/system ]; then
+  systemctl daemon-reload
+  systemctl enable gpupass-startup.service
+  udevadm control --reload 2>/dev/null || true
+fi
+echo "installed gpupass to $DESTDIR$bindir, unit gpupass-startup.service, rule 90-gpupass.rules"

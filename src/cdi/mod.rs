@@ -1,0 +1,874 @@
+//! CDI (Container Device Interface) specs: what a container runtime must add to a container
+//! for each device gpupass knows.
+//!
+//! [`render`] is a pure function of the [`Inventory`] and the driver files found on the host
+//! ([`DriverFiles`]); it never reads the host. One spec of kind `gpupass.dev/pci` (changeable
+//! with `--kind`) holds:
+//!
+//! - for every IOMMU group held by a VFIO driver: one device per VFIO-bound function, named by
+//!   its PCI address (`gpupass.dev/pci=0000:17:00.0`), and one for the whole group
+//!   (`gpupass.dev/pci=group-40`). Device nodes: `/dev/vfio/vfio` + `/dev/vfio/<group>` where
+//!   the host has the legacy VFIO container, and `/dev/iommu` + `/dev/vfio/devices/vfioN` where
+//!   it has the VFIO cdev and iommufd (both sets when both exist, so either kind of VMM works).
+//!   Env `PCI_RESOURCE_<RESOURCE>=<address>[,...]`, the variable KubeVirt reads;
+//! - for every active mdev: a device named by its UUID with `/dev/vfio/vfio` +
+//!   `/dev/vfio/<group>` and `MDEV_PCI_RESOURCE_<RESOURCE>=<uuid>`;
+//! - for every GPU on the native NVIDIA driver: a device named by its PCI address with
+//!   `/dev/nvidia<minor>` (the minor from `/proc/driver/nvidia`, never the enumeration index),
+//!   the control nodes found, and the driver's libraries, binaries and IPC sockets as
+//!   read-only bind mounts.
+//!
+//! `cdiVersion` is the lowest version whose loader accepts every field used (the rules of the
+//! reference implementation's `MinimumRequiredVersion`): device names that start with a digit
+//! or `hostPath` need 0.5.0, mount `type` 0.4.0, a `.` in the class or annotations 0.6.0.
+//! Podman 4.3 accepts at most 0.5.0, so gpupass uses no newer field.
+
+use crate::container::DriverFiles;
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, Inventory, PciAddress, PciDevice};
+use crate::naming;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// Kind used when `--kind` is not given.
+pub const DEFAULT_KIND: &str = "gpupass.dev/pci";
+
+/// Mount options for the driver's files: read-only bind mounts, no device files, no setuid.
+const RO_BIND: &[&str] = &["ro", "nosuid", "nodev", "bind"];
+
+/// Why a spec could not be made or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error(
+        "nothing to describe: no IOMMU group is held by vfio-pci (with its /dev/vfio node), no \
+mdev is active and no GPU is on the native nvidia driver; bind a device to vfio-pci first \
+(`gpupass list` shows the drivers)"
+    )]
+    Empty,
+    #[error(
+        "--cdi-version {pinned} is too old for this spec: {reason} needs cdiVersion {needed} or \
+newer; pin {needed} or drop --cdi-version"
+    )]
+    VersionTooLow {
+        pinned: CdiVersion,
+        needed: CdiVersion,
+        reason: &'static str,
+    },
+    #[error("cannot write {path}: {source}; is the directory writable (root)?")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {reason}")]
+    Read { path: String, reason: String },
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
+}
+
+/// A CDI spec version the reference loader knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CdiVersion(pub u32, pub u32, pub u32);
+
+impl CdiVersion {
+    /// Versions a CDI loader accepts (0.1.0 and 0.2.0 are no longer loadable).
+    pub const KNOWN: &'static [CdiVersion] = &[
+        CdiVersion(0, 3, 0),
+        CdiVersion(0, 4, 0),
+        CdiVersion(0, 5, 0),
+        CdiVersion(0, 6, 0),
+        CdiVersion(0, 7, 0),
+        CdiVersion(0, 8, 0),
+        CdiVersion(1, 0, 0),
+        CdiVersion(1, 1, 0),
+    ];
+    pub const EARLIEST: CdiVersion = CdiVersion(0, 3, 0);
+}
+
+impl fmt::Display for CdiVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+impl FromStr for CdiVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().trim_start_matches('v');
+        let parts: Vec<u32> = t.split('.').map(|p| p.parse().unwrap_or(u32::MAX)).collect();
+        let v = match parts.as_slice() {
+            [a, b, c] => CdiVersion(*a, *b, *c),
+            _ => CdiVersion(u32::MAX, 0, 0),
+        };
+        if CdiVersion::KNOWN.contains(&v) {
+            Ok(v)
+        } else {
+            let known: Vec<String> = CdiVersion::KNOWN.iter().map(|k| k.to_string()).collect();
+            Err(format!("unknown CDI version {s:?}; known: {}", known.join(", ")))
+        }
+    }
+}
+
+impl Serialize for CdiVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CdiVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A CDI kind, `vendor/class`: each part starts with a letter, ends with a letter or digit
+/// and holds only letters, digits, `_`, `-` and `.`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Kind {
+    pub vendor: String,
+    pub class: String,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.vendor, self.class)
+    }
+}
+
+impl From<Kind> for String {
+    fn from(k: Kind) -> String {
+        k.to_string()
+    }
+}
+
+impl TryFrom<String> for Kind {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+fn valid_kind_part(p: &str) -> bool {
+    let b = p.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphabetic()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+}
+
+impl FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "invalid CDI kind {s:?}: expected vendor/class like {DEFAULT_KIND}, each part starting \
+with a letter, ending with a letter or digit, with only letters, digits, '_', '-' and '.'"
+            )
+        };
+        let (v, c) = s.split_once('/').ok_or_else(bad)?;
+        if !valid_kind_part(v) || !valid_kind_part(c) {
+            return Err(bad());
+        }
+        Ok(Kind {
+            vendor: v.into(),
+            class: c.into(),
+        })
+    }
+}
+
+impl Default for Kind {
+    fn default() -> Self {
+        DEFAULT_KIND.parse().expect("default kind is valid")
+    }
+}
+
+/// Whether a device name is valid for CDI: letters, digits, `_`, `-`, `.`, `:`, starting and
+/// ending with a letter or digit.
+pub fn valid_device_name(n: &str) -> bool {
+    let b = n.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.' | b':'))
+}
+
+// ---- the spec document (field names as in the CDI JSON schema) ----
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<Device>,
+    #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Device {
+    pub name: String,
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerEdits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceNode {
+    /// Path in the container.
+    pub path: String,
+    /// Path on the host when it differs (`--dev-root`); needs cdiVersion 0.5.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Needs cdiVersion 0.4.0; gpupass leaves it out (bind mounts need no type).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub mount_type: Option<String>,
+}
+
+/// How to render.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Options {
+    pub kind: Kind,
+    /// Pin `cdiVersion` (must be at least what the spec needs).
+    pub version: Option<CdiVersion>,
+    /// Where the host's `/dev` is, as the runtime sees it (`/dev` normally). Another value
+    /// makes every device node carry a `hostPath` under it.
+    pub dev_root: String,
+    /// Where the host's `/` is for the driver's files (`/` normally).
+    pub driver_root: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            kind: Kind::default(),
+            version: None,
+            dev_root: "/dev".into(),
+            driver_root: "/".into(),
+        }
+    }
+}
+
+impl Options {
+    fn node(&self, path: &str) -> DeviceNode {
+        let dev_root = self.dev_root.trim_end_matches('/');
+        let host_path = match path.strip_prefix("/dev") {
+            Some(rest) if dev_root != "/dev" => Some(format!("{dev_root}{rest}")),
+            _ => None,
+        };
+        DeviceNode {
+            path: path.to_string(),
+            host_path,
+        }
+    }
+
+    fn bind(&self, path: &str) -> Mount {
+        let root = self.driver_root.trim_end_matches('/');
+        Mount {
+            host_path: format!("{root}{path}"),
+            container_path: path.to_string(),
+            options: RO_BIND.iter().map(|s| s.to_string()).collect(),
+            mount_type: None,
+        }
+    }
+}
+
+/// A rendered spec and what was left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub spec: Spec,
+    pub warnings: Vec<String>,
+}
+
+/// The lowest `cdiVersion` the spec's fields need, and the field that needs it.
+pub fn min_version(spec: &Spec) -> (CdiVersion, &'static str) {
+    let mut v = (CdiVersion::EARLIEST, "nothing");
+    let mut need = |nv: CdiVersion, why: &'static str| {
+        if nv > v.0 {
+            v = (nv, why);
+        }
+    };
+    let edits = spec
+        .devices
+        .iter()
+        .map(|d| &d.container_edits)
+        .chain(std::iter::once(&spec.container_edits));
+    for e in edits {
+        if e.mounts.iter().any(|m| m.mount_type.is_some()) {
+            need(CdiVersion(0, 4, 0), "a mount type");
+        }
+        if e.device_nodes.iter().any(|n| n.host_path.is_some()) {
+            need(CdiVersion(0, 5, 0), "a device node hostPath (--dev-root)");
+        }
+    }
+    if spec
+        .devices
+        .iter()
+        .any(|d| !d.name.as_bytes().first().is_some_and(|c| c.is_ascii_alphabetic()))
+    {
+        need(
+            CdiVersion(0, 5, 0),
+            "a device name starting with a digit (a PCI address or UUID)",
+        );
+    }
+    if let Some((_, class)) = spec.kind.split_once('/') {
+        if class.contains('.') {
+            need(CdiVersion(0, 6, 0), "a '.' in the kind's class");
+        }
+    }
+    v
+}
+
+fn push_unique<T: PartialEq>(v: &mut Vec<T>, x: T) {
+    if !v.contains(&x) {
+        v.push(x);
+    }
+}
+
+/// `PCI_RESOURCE_<RES>=a,b` entries for VFIO functions, grouped by resource, in order.
+fn pci_env(devs: &[&PciDevice]) -> Vec<String> {
+    let mut by_res: Vec<(String, Vec<String>)> = Vec::new();
+    for d in devs {
+        let var = naming::resource_env_var("PCI_RESOURCE", &naming::pci_resource_name(d));
+        match by_res.iter_mut().find(|(r, _)| *r == var) {
+            Some((_, a)) => a.push(d.address.to_string()),
+            None => by_res.push((var, vec![d.address.to_string()])),
+        }
+    }
+    by_res
+        .into_iter()
+        .map(|(var, a)| format!("{var}={}", a.join(",")))
+        .collect()
+}
+
+/// Render the spec. Pure: reads only `inv` and `files`.
+pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Rendered, CdiError> {
+    let mut devices = Vec::new();
+    let mut warnings = Vec::new();
+
+    // VFIO groups.
+    for g in &inv.groups {
+        let vfio: Vec<&PciDevice> = g
+            .members
+            .iter()
+            .filter_map(|a| inv.device(a))
+            .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
+            .collect();
+        if vfio.is_empty() {
+            continue;
+        }
+        if !g.viable {
+            let who: Vec<String> = g
+                .blockers
+                .iter()
+                .map(|b| format!("{} ({})", b.address, b.driver))
+                .collect();
+            warnings.push(format!(
+                "group {} left out: {} still on host drivers; bind the whole group to vfio-pci",
+                g.number,
+                who.join(", ")
+            ));
+            continue;
+        }
+        let legacy = inv.vfio_container_present && g.vfio_node_present;
+        let cdev = |d: &PciDevice| {
+            d.vfio_cdev
+                .as_ref()
+                .filter(|_| inv.iommufd_present)
+                .map(|c| format!("/dev/vfio/devices/{c}"))
+        };
+        if !legacy && vfio.iter().all(|d| cdev(d).is_none()) {
+            warnings.push(format!(
+                "group {} left out: neither /dev/vfio/vfio with /dev/vfio/{} nor /dev/iommu with a \
+VFIO cdev exists; is the vfio module loaded?",
+                g.number, g.number
+            ));
+            continue;
+        }
+        let legacy_nodes = |nodes: &mut Vec<DeviceNode>| {
+            if legacy {
+                nodes.push(opts.node("/dev/vfio/vfio"));
+                nodes.push(opts.node(&format!("/dev/vfio/{}", g.number)));
+            }
+        };
+        let mut group_nodes = Vec::new();
+        legacy_nodes(&mut group_nodes);
+        for d in &vfio {
+            let mut nodes = Vec::new();
+            legacy_nodes(&mut nodes);
+            if let Some(c) = cdev(d) {
+                nodes.push(opts.node("/dev/iommu"));
+                nodes.push(opts.node(&c));
+                push_unique(&mut group_nodes, opts.node("/dev/iommu"));
+                group_nodes.push(opts.node(&c));
+            }
+            devices.push(Device {
+                name: d.address.to_string(),
+                container_edits: ContainerEdits {
+                    env: pci_env(&[d]),
+                    device_nodes: nodes,
+                    mounts: Vec::new(),
+                },
+            });
+        }
+        devices.push(Device {
+            name: format!("group-{}", g.number),
+            container_edits: ContainerEdits {
+                env: pci_env(&vfio),
+                device_nodes: group_nodes,
+                mounts: Vec::new(),
+            },
+        });
+    }
+
+    // Mediated devices.
+    for m in &inv.mdevs {
+        let Some(gn) = m.iommu_group else {
+            warnings.push(format!("mdev {} left out: it has no IOMMU group", m.uuid));
+            continue;
+        };
+        let present = inv.group(gn).is_some_and(|g| g.vfio_node_present);
+        if !inv.vfio_container_present || !present {
+            warnings.push(format!(
+                "mdev {} left out: /dev/vfio/vfio or /dev/vfio/{gn} is missing; is vfio_mdev loaded?",
+                m.uuid
+            ));
+            continue;
+        }
+        if !valid_device_name(&m.uuid) {
+            warnings.push(format!("mdev {:?} left out: not a valid CDI device name", m.uuid));
+            continue;
+        }
+        let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
+        let type_name = parent
+            .and_then(|p| {
+                p.mdev_types
+                    .iter()
+                    .find(|t| Some(&t.id) == m.type_id.as_ref())
+                    .and_then(|t| t.name.clone())
+            })
+            .or_else(|| m.type_id.clone())
+            .unwrap_or_else(|| "mdev".into());
+        let vendor = parent.map(|p| p.vendor_id.as_str()).unwrap_or("0000");
+        let res = naming::mdev_resource_name(vendor, &type_name);
+        devices.push(Device {
+            name: m.uuid.clone(),
+            container_edits: ContainerEdits {
+                env: vec![format!(
+                    "{}={}",
+                    naming::resource_env_var("MDEV_PCI_RESOURCE", &res),
+                    m.uuid
+                )],
+                device_nodes: vec![opts.node("/dev/vfio/vfio"), opts.node(&format!("/dev/vfio/{gn}"))],
+                mounts: Vec::new(),
+            },
+        });
+    }
+
+    // GPUs on the native NVIDIA driver.
+    let mut native: Vec<&PciDevice> = inv
+        .devices
+        .iter()
+        // SR-IOV VFs on the nvidia driver are vGPU vehicles for VMs, not GPUs a container uses.
+        .filter(|d| d.is_gpu() && d.driver.as_deref() == Some("nvidia") && d.physfn.is_none())
+        .collect();
+    native.sort_by_key(|d| d.address);
+    for d in native {
+        let Some(minor) = d.nvidia.as_ref().and_then(|n| n.minor) else {
+            warnings.push(format!(
+                "{} left out: no Device Minor in /proc/driver/nvidia/gpus/{}/information",
+                d.address, d.address
+            ));
+            continue;
+        };
+        let Some(node) = files.gpu_node(minor) else {
+            warnings.push(format!(
+                "{} left out: its node /dev/nvidia{minor} does not exist (run nvidia-modprobe -c {minor})",
+                d.address
+            ));
+            continue;
+        };
+        let mut nodes = vec![opts.node(node)];
+        nodes.extend(files.control_nodes().into_iter().map(|c| opts.node(c)));
+        let mut mounts: Vec<Mount> = Vec::new();
+        for p in files
+            .libraries
+            .iter()
+            .map(|l| l.path.as_str())
+            .chain(files.binaries.iter().map(|s| s.as_str()))
+            .chain(files.ipcs.iter().map(|s| s.as_str()))
+        {
+            mounts.push(opts.bind(p));
+        }
+        devices.push(Device {
+            name: d.address.to_string(),
+            container_edits: ContainerEdits {
+                env: Vec::new(),
+                device_nodes: nodes,
+                mounts,
+            },
+        });
+    }
+
+    if devices.is_empty() {
+        return Err(CdiError::Empty);
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: opts.kind.to_string(),
+        devices,
+        container_edits: ContainerEdits::default(),
+    };
+    let (needed, reason) = min_version(&spec);
+    let v = match opts.version {
+        Some(p) if p < needed => {
+            return Err(CdiError::VersionTooLow {
+                pinned: p,
+                needed,
+                reason,
+            })
+        }
+        Some(p) => p,
+        None => needed,
+    };
+    spec.cdi_version = v.to_string();
+    Ok(Rendered { spec, warnings })
+}
+
+/// The spec as the JSON gpupass writes (pretty, trailing newline).
+pub fn to_json(spec: &Spec) -> String {
+    let mut s = serde_json::to_string_pretty(spec).expect("a spec serializes");
+    s.push('\n');
+    s
+}
+
+// ---- writing into the CDI spec directory, and keeping it fresh ----
+
+/// File name in `var/run/cdi` for a kind: `gpupass.json` for the default kind, else
+/// `gpupass-<vendor>_<class>.json`.
+pub fn spec_file_name(kind: &Kind) -> String {
+    if kind.to_string() == DEFAULT_KIND {
+        "gpupass.json".into()
+    } else {
+        format!("gpupass-{}_{}.json", kind.vendor, kind.class)
+    }
+}
+
+/// How a written spec was generated, kept in `var/run/gpupass/cdi/<file>.options.json` so that
+/// [`refresh`] regenerates it the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Recorded {
+    options: Options,
+    /// The spec was removed because nothing was left to describe; refresh recreates it.
+    #[serde(default)]
+    emptied: bool,
+}
+
+fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
+    host.gpupass_run_dir()
+        .join("cdi")
+        .join(format!("{spec_name}.options.json"))
+}
+
+/// Write `content` to `path` atomically: a temporary file in the same directory (whose name
+/// does not end in `.json`, so CDI watchers ignore it), fsync, then rename over `path`.
+pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(content)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Render from the host and write the spec into `var/run/cdi` under the root; records the
+/// options for [`refresh`]. Returns the path written and the warnings.
+pub fn write_to_host(
+    host: &HostRoot,
+    inv: &Inventory,
+    files: &DriverFiles,
+    opts: &Options,
+) -> Result<(PathBuf, Vec<String>), CdiError> {
+    let r = render(inv, files, opts)?;
+    let name = spec_file_name(&opts.kind);
+    let path = host.cdi_dynamic_dir().join(&name);
+    write_atomic(&path, to_json(&r.spec).as_bytes()).map_err(|e| CdiError::Write {
+        path: host.display(&path),
+        source: e,
+    })?;
+    let rec = Recorded {
+        options: opts.clone(),
+        emptied: false,
+    };
+    let of = options_file(host, &name);
+    let text = serde_json::to_string_pretty(&rec).expect("options serialize");
+    write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
+        path: host.display(&of),
+        source: e,
+    })?;
+    Ok((path, r.warnings))
+}
+
+/// Regenerate every gpupass spec that exists in `var/run/cdi` (or that gpupass removed when
+/// nothing was left to describe). Cheap and a no-op when gpupass never wrote one, so bind,
+/// unbind and mdev changes call it unconditionally.
+pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
+    let dir = host.cdi_dynamic_dir();
+    let mut todo: Vec<(String, Options)> = Vec::new();
+    let names = crate::host::dir_names(&dir).map_err(|e| CdiError::Read {
+        path: host.display(&dir),
+        reason: e.to_string(),
+    })?;
+    for n in names
+        .iter()
+        .filter(|n| n.starts_with("gpupass") && n.ends_with(".json"))
+    {
+        let rec = read_recorded(host, n);
+        let opts = match rec {
+            Some(r) => r.options,
+            None => {
+                // A spec without its record: keep its kind and version.
+                let p = dir.join(n);
+                let text = crate::host::read_bounded(&p, 64 << 20).map_err(|e| CdiError::Read {
+                    path: host.display(&p),
+                    reason: e.to_string(),
+                })?;
+                let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| CdiError::Read {
+                    path: host.display(&p),
+                    reason: e.to_string(),
+                })?;
+                let kind = v["kind"]
+                    .as_str()
+                    .and_then(|k| k.parse().ok())
+                    .unwrap_or_default();
+                Options {
+                    kind,
+                    ..Options::default()
+                }
+            }
+        };
+        todo.push((n.clone(), opts));
+    }
+    let odir = host.gpupass_run_dir().join("cdi");
+    for n in crate::host::dir_names(&odir).unwrap_or_default() {
+        let Some(spec_name) = n.strip_suffix(".options.json") else {
+            continue;
+        };
+        if todo.iter().any(|(t, _)| t == spec_name) {
+            continue;
+        }
+        if let Some(r) = read_recorded(host, spec_name).filter(|r| r.emptied) {
+            todo.push((spec_name.to_string(), r.options));
+        }
+    }
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let inv = crate::inventory::scan(host)?;
+    let files = crate::container::discover(host);
+    for (name, opts) in todo {
+        match write_to_host(host, &inv, &files, &opts) {
+            Ok(_) => {}
+            Err(CdiError::Empty) => {
+                let p = dir.join(&name);
+                let _ = std::fs::remove_file(&p);
+                let rec = Recorded {
+                    options: opts,
+                    emptied: true,
+                };
+                let of = options_file(host, &name);
+                let text = serde_json::to_string_pretty(&rec).expect("options serialize");
+                write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
+                    path: host.display(&of),
+                    source: e,
+                })?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn read_recorded(host: &HostRoot, spec_name: &str) -> Option<Recorded> {
+    let p = options_file(host, spec_name);
+    let t = crate::host::read_bounded(&p, 1 << 20).ok()?;
+    serde_json::from_str(&t).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_versions_parse() {
+        assert_eq!(Kind::default().to_string(), "gpupass.dev/pci");
+        assert!("a.b/c-d".parse::<Kind>().is_ok());
+        for bad in [
+            "",
+            "pci",
+            "/pci",
+            "gpupass.dev/",
+            "1x/pci",
+            "x/pci-",
+            "x/p ci",
+            "x/p/ci",
+        ] {
+            assert!(bad.parse::<Kind>().is_err(), "{bad}");
+        }
+        assert_eq!("0.5.0".parse::<CdiVersion>().unwrap(), CdiVersion(0, 5, 0));
+        assert_eq!("v1.1.0".parse::<CdiVersion>().unwrap(), CdiVersion(1, 1, 0));
+        for bad in ["0.2.0", "0.5", "1.2.0", "x", ""] {
+            assert!(bad.parse::<CdiVersion>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn device_names() {
+        for ok in [
+            "0000:01:00.0",
+            "group-14",
+            "2f3e4d5c-6b7a-4988-8776-655443322110",
+            "a",
+        ] {
+            assert!(valid_device_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "a/b", "a b"] {
+            assert!(!valid_device_name(bad), "{bad}");
+        }
+    }
+
+    fn spec_with(names: &[&str], edits: ContainerEdits, kind: &str) -> Spec {
+        Spec {
+            cdi_version: String::new(),
+            kind: kind.into(),
+            devices: names
+                .iter()
+                .map(|n| Device {
+                    name: n.to_string(),
+                    container_edits: edits.clone(),
+                })
+                .collect(),
+            container_edits: ContainerEdits::default(),
+        }
+    }
+
+    #[test]
+    fn minimum_versions_follow_the_fields() {
+        let e = ContainerEdits::default();
+        assert_eq!(
+            min_version(&spec_with(&["group-1"], e.clone(), "a.b/c")).0,
+            CdiVersion(0, 3, 0)
+        );
+        assert_eq!(
+            min_version(&spec_with(&["0000:01:00.0"], e.clone(), "a.b/c")).0,
+            CdiVersion(0, 5, 0)
+        );
+        assert_eq!(
+            min_version(&spec_with(&["group-1"], e.clone(), "a.b/c.d")).0,
+            CdiVersion(0, 6, 0)
+        );
+        let typed = ContainerEdits {
+            mounts: vec![Mount {
+                host_path: "/a".into(),
+                container_path: "/a".into(),
+                options: vec![],
+                mount_type: Some("bind".into()),
+            }],
+            ..ContainerEdits::default()
+        };
+        assert_eq!(
+            min_version(&spec_with(&["group-1"], typed, "a/c")).0,
+            CdiVersion(0, 4, 0)
+        );
+        let host = ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                path: "/dev/x".into(),
+                host_path: Some("/h/dev/x".into()),
+            }],
+            ..ContainerEdits::default()
+        };
+        assert_eq!(
+            min_version(&spec_with(&["group-1"], host, "a/c")).0,
+            CdiVersion(0, 5, 0)
+        );
+    }
+
+    #[test]
+    fn dev_root_adds_host_paths() {
+        let o = Options {
+            dev_root: "/host/dev/".into(),
+            driver_root: "/host".into(),
+            ..Options::default()
+        };
+        assert_eq!(
+            o.node("/dev/vfio/3").host_path.as_deref(),
+            Some("/host/dev/vfio/3")
+        );
+        assert_eq!(Options::default().node("/dev/vfio/3").host_path, None);
+        assert_eq!(
+            o.bind("/usr/bin/nvidia-smi").host_path,
+            "/host/usr/bin/nvidia-smi"
+        );
+        assert_eq!(
+            Options::default().bind("/usr/bin/nvidia-smi").host_path,
+            "/usr/bin/nvidia-smi"
+        );
+    }
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("cdi/x.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(d.path().join("cdi")).unwrap().count(), 1);
+    }
+}

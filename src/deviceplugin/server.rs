@@ -1,0 +1,464 @@
+//! The gRPC side of the device plugin: one `DevicePlugin` server per resource on its own unix
+//! socket (the kubelet wants one endpoint per resource name), registration with the kubelet,
+//! and a poll loop that re-reads the host, streams health changes and re-registers when the
+//! kubelet restarts.
+//!
+//! Every `poll` (500 ms by default), and at once when a kernel uevent for a PCI function, VFIO
+//! node or mdev arrives (live host only; see `crate::events`), the loop:
+//! 1. scans the inventory and recomputes [`resources`]; a resource whose device list or health
+//!    changed gets the new list on its `ListAndWatch` streams at once (so a change reaches the
+//!    kubelet within one poll interval plus a scan);
+//! 2. starts a server for a resource seen for the first time;
+//! 3. restarts a server whose socket was deleted or replaced (the kubelet wipes its directory
+//!    when it restarts) and registers again;
+//! 4. registers every resource again when `kubelet.sock` was recreated (a new inode or ctime).
+//!
+//! Sockets are created with mode 0600 (only root, i.e. the kubelet, may talk to them).
+
+use super::proto::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use super::proto::registration_client::RegistrationClient;
+use super::proto::{
+    AllocateRequest, AllocateResponse, ContainerPreferredAllocationResponse, DevicePluginOptions, Empty,
+    ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
+    PreferredAllocationResponse, RegisterRequest,
+};
+use super::{
+    allocate, merge, preferred, resources, CdiMode, Config, Resource, ResourceKind, API_VERSION,
+    KUBELET_SOCKET,
+};
+use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+/// Why the plugin could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot create the socket directory {path}: {source}")]
+    SocketDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
+}
+
+/// State shared by the servers and the poll loop.
+pub struct Shared {
+    cfg: Config,
+    inv: RwLock<Arc<Inventory>>,
+    cdi_on: AtomicBool,
+}
+
+impl Shared {
+    fn inventory(&self) -> Arc<Inventory> {
+        self.inv.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The `DevicePlugin` service of one resource.
+struct PluginService {
+    shared: Arc<Shared>,
+    resource: String,
+    state: watch::Receiver<Resource>,
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for PluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let s = tokio_stream::wrappers::WatchStream::new(self.state.clone()).map(|r| {
+            Ok(ListAndWatchResponse {
+                devices: r.to_proto(),
+            })
+        });
+        Ok(Response::new(Box::pin(s)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<PreferredAllocationRequest>,
+    ) -> Result<Response<PreferredAllocationResponse>, Status> {
+        let r = self.state.borrow().clone();
+        let mut out = Vec::new();
+        for c in req.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size.max(0)).unwrap_or(0);
+            let ids = preferred(&r, &c.available_device_i_ds, &c.must_include_device_i_ds, size)
+                .map_err(|e| e.to_status())?;
+            out.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses: out,
+        }))
+    }
+
+    async fn allocate(&self, req: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+        let inv = self.shared.inventory();
+        let kind = self
+            .shared
+            .cdi_on
+            .load(Ordering::Relaxed)
+            .then_some(&self.shared.cfg.cdi_kind);
+        let known = self.state.borrow().clone();
+        let mut out = Vec::new();
+        for c in req.into_inner().container_requests {
+            // IDs the kubelet was never told about (another model, a function on a host
+            // driver) are unknown; listed ones that went away fail in `allocate`.
+            for id in &c.devices_ids {
+                if !known.devices.iter().any(|d| &d.id == id) {
+                    let e = if id.parse::<PciAddress>().is_ok() || crate::snapshot::is_uuid(id) {
+                        super::AllocError::Unknown {
+                            id: id.clone(),
+                            resource: self.resource.clone(),
+                        }
+                    } else {
+                        super::AllocError::Malformed { id: id.clone() }
+                    };
+                    return Err(e.to_status());
+                }
+            }
+            let resp = allocate(&inv, &self.resource, &c.devices_ids, kind).map_err(|e| e.to_status())?;
+            // The inventory may be one poll old: check the driver link of each function now.
+            for id in &c.devices_ids {
+                if let Ok(a) = id.parse::<PciAddress>() {
+                    let link = self.shared.cfg.host.pci_device(&a).join("driver");
+                    let drv = crate::host::link_name(&link).ok().flatten();
+                    if !drv.as_deref().is_some_and(is_vfio_driver) {
+                        return Err(Status::failed_precondition(format!(
+                            "device {id} is no longer bound to vfio-pci (driver: {})",
+                            drv.as_deref().unwrap_or("none")
+                        )));
+                    }
+                }
+            }
+            out.push(resp);
+        }
+        Ok(Response::new(AllocateResponse {
+            container_responses: out,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<PreStartContainerRequest>,
+    ) -> Result<Response<PreStartContainerResponse>, Status> {
+        Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+fn options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
+
+/// Socket file name of a resource: `gpupass-nvidia.com_AD102GL_L40S.sock`.
+pub fn socket_name(resource: &str) -> String {
+    let s: String = resource
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("gpupass-{s}.sock")
+}
+
+/// Identity of a file: a recreated socket has a new inode or change time.
+type FileId = (u64, u64, i64, i64);
+
+fn file_id(p: &Path) -> Option<FileId> {
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+struct Running {
+    tx: watch::Sender<Resource>,
+    task: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+    socket_id: Option<FileId>,
+    registered: bool,
+}
+
+fn start_server(
+    shared: &Arc<Shared>,
+    name: &str,
+    rx: watch::Receiver<Resource>,
+) -> std::io::Result<(tokio::task::JoinHandle<()>, PathBuf)> {
+    let path = shared.cfg.socket_dir.join(socket_name(name));
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let svc = PluginService {
+        shared: shared.clone(),
+        resource: name.to_string(),
+        state: rx,
+    };
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let label = name.to_string();
+    let task = tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(svc))
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(e) = r {
+            eprintln!("gpupass device-plugin: server for {label} stopped: {e}");
+        }
+    });
+    Ok((task, path))
+}
+
+/// Register one resource with the kubelet listening on `<dir>/kubelet.sock`.
+pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
+    let channel = connect_unix(&dir.join(KUBELET_SOCKET))
+        .await
+        .map_err(|e| format!("cannot reach the kubelet: {e}"))?;
+    RegistrationClient::new(channel)
+        .register(RegisterRequest {
+            version: API_VERSION.into(),
+            endpoint: endpoint.into(),
+            resource_name: resource.into(),
+            options: Some(options()),
+        })
+        .await
+        .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
+    Ok(())
+}
+
+/// A gRPC channel over a unix socket (the authority sent is `localhost`).
+pub async fn connect_unix(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(30))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
+
+fn cdi_spec_present(cfg: &Config) -> bool {
+    let name = crate::cdi::spec_file_name(&cfg.cdi_kind);
+    cfg.host.cdi_dynamic_dir().join(&name).exists() || cfg.host.cdi_static_dir().join(&name).exists()
+}
+
+/// Run the plugin until `shutdown` completes; removes its sockets on the way out.
+pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<(), PluginError> {
+    std::fs::create_dir_all(&cfg.socket_dir).map_err(|e| PluginError::SocketDir {
+        path: cfg.socket_dir.display().to_string(),
+        source: e,
+    })?;
+    let first = {
+        let host = cfg.host.clone();
+        tokio::task::spawn_blocking(move || crate::inventory::scan(&host))
+            .await
+            .map_err(|e| PluginError::Runtime(std::io::Error::other(e)))??
+    };
+    let shared = Arc::new(Shared {
+        cdi_on: AtomicBool::new(false),
+        inv: RwLock::new(Arc::new(first)),
+        cfg,
+    });
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut kubelet_id: Option<FileId> = None;
+    let mut first_round = true;
+    tokio::pin!(shutdown);
+    // On the live host, kernel uevents (bind, unbind, add, remove, mdev changes) wake the loop
+    // at once; the poll stays as the fallback (and for the kubelet's socket, which has no event).
+    let wake = Arc::new(tokio::sync::Notify::new());
+    if shared.cfg.host.root() == std::path::Path::new("/") {
+        match crate::events::UeventSocket::open() {
+            Ok(sock) => {
+                let w = wake.clone();
+                std::thread::spawn(move || {
+                    while let Ok(ev) = sock.next(None) {
+                        if ev.is_some() {
+                            w.notify_one();
+                        }
+                    }
+                });
+            }
+            Err(e) => eprintln!("gpupass device-plugin: no kernel uevents ({e}); polling only"),
+        }
+    }
+    loop {
+        if !first_round {
+            let host = shared.cfg.host.clone();
+            match tokio::task::spawn_blocking(move || crate::inventory::scan(&host)).await {
+                Ok(Ok(inv)) => *shared.inv.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(inv),
+                Ok(Err(e)) => eprintln!("gpupass device-plugin: cannot read the host: {e}"),
+                Err(e) => eprintln!("gpupass device-plugin: scan failed: {e}"),
+            }
+        }
+        first_round = false;
+        let cdi = match shared.cfg.cdi {
+            CdiMode::Always => true,
+            CdiMode::Never => false,
+            CdiMode::Auto => cdi_spec_present(&shared.cfg),
+        };
+        shared.cdi_on.store(cdi, Ordering::Relaxed);
+        let now = resources(&shared.inventory());
+        if now.is_empty() && running.is_empty() {
+            // Nothing to serve yet; a later bind shows up on a later round.
+        }
+
+        // Health and device lists.
+        let names: Vec<String> = now.keys().chain(running.keys()).cloned().collect();
+        for name in names {
+            if let Some(r) = running.get(&name) {
+                let old = r.tx.borrow().clone();
+                if let Some(m) = merge(Some(&old), now.get(&name)) {
+                    if m != old {
+                        for d in &m.devices {
+                            if old.devices.iter().find(|o| o.id == d.id).map(|o| o.healthy) != Some(d.healthy)
+                            {
+                                eprintln!(
+                                    "gpupass device-plugin: {name} {} is now {}{}",
+                                    d.id,
+                                    if d.healthy { "Healthy" } else { "Unhealthy" },
+                                    d.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
+                                );
+                            }
+                        }
+                        r.tx.send_replace(m);
+                    }
+                }
+            } else if let Some(r) = now.get(&name) {
+                let (tx, rx) = watch::channel(r.clone());
+                match start_server(&shared, &name, rx) {
+                    Ok((task, socket)) => {
+                        let kind = if r.kind == ResourceKind::Mdev {
+                            "mdev type"
+                        } else {
+                            "device model"
+                        };
+                        eprintln!(
+                            "gpupass device-plugin: serving {name} ({kind}, {} devices) on {}",
+                            r.devices.len(),
+                            socket.display()
+                        );
+                        let socket_id = file_id(&socket);
+                        running.insert(
+                            name.clone(),
+                            Running {
+                                tx,
+                                task,
+                                socket,
+                                socket_id,
+                                registered: false,
+                            },
+                        );
+                    }
+                    Err(e) => eprintln!("gpupass device-plugin: cannot serve {name}: {e}"),
+                }
+            }
+        }
+
+        // Kubelet restarts and deleted sockets.
+        let kid = file_id(&shared.cfg.socket_dir.join(KUBELET_SOCKET));
+        let kubelet_new = kid.is_some() && kid != kubelet_id;
+        kubelet_id = kid;
+        for (name, r) in running.iter_mut() {
+            if file_id(&r.socket) != r.socket_id {
+                eprintln!(
+                    "gpupass device-plugin: {} was removed; serving {name} again",
+                    r.socket.display()
+                );
+                r.task.abort();
+                let rx = r.tx.subscribe();
+                match start_server(&shared, name, rx) {
+                    Ok((task, socket)) => {
+                        r.task = task;
+                        r.socket_id = file_id(&socket);
+                        r.socket = socket;
+                        r.registered = false;
+                    }
+                    Err(e) => {
+                        eprintln!("gpupass device-plugin: cannot serve {name}: {e}");
+                        continue;
+                    }
+                }
+            }
+            if kubelet_new && r.registered {
+                eprintln!("gpupass device-plugin: kubelet.sock was recreated; registering {name} again");
+                r.registered = false;
+            }
+            if !r.registered && kid.is_some() {
+                let endpoint = socket_name(name);
+                match register(&shared.cfg.socket_dir, &endpoint, name).await {
+                    Ok(()) => {
+                        eprintln!("gpupass device-plugin: registered {name} (endpoint {endpoint})");
+                        r.registered = true;
+                    }
+                    Err(e) => eprintln!("gpupass device-plugin: {name}: {e}; retrying"),
+                }
+            }
+        }
+
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(shared.cfg.poll) => {}
+        }
+    }
+    for (_, r) in running {
+        r.task.abort();
+        let _ = std::fs::remove_file(&r.socket);
+    }
+    Ok(())
+}
+
+/// `gpupass device-plugin`: run until SIGTERM or SIGINT.
+pub fn run(cfg: Config) -> Result<(), PluginError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(PluginError::Runtime)?;
+    rt.block_on(async move {
+        let stop = async {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        serve(cfg, stop).await
+    })
+}

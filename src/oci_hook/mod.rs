@@ -1,0 +1,525 @@
+//! `gpupass oci-hook`: an OCI runtime hook (`createRuntime`, or the deprecated `prestart`)
+//! that gives a container the VFIO device nodes named by its `gpupass.dev/devices`
+//! annotation (comma-separated PCI addresses and/or IOMMU group numbers).
+//!
+//! The runtime runs the hook in the host's namespaces with the OCI state on stdin
+//! (`{"ociVersion", "id", "status", "pid", "bundle", "annotations"}`). At that point the
+//! container's root filesystem is mounted (under the path from `config.json`), but only in the
+//! container's mount namespace: the runtime mounted a tmpfs over its `/dev` there, so nodes
+//! made from the host's view would be hidden. The hook therefore:
+//!
+//! 1. reads and checks everything first (state, bundle `config.json`, annotation, inventory:
+//!    every requested function bound to a VFIO driver, its group viable, every host node a
+//!    character device). Any problem: a clear message on stderr, a non-zero exit, nothing
+//!    created;
+//! 2. allows the nodes in the container's devices cgroup (v1: `c MAJ:MIN rwm` into
+//!    `devices.allow` of the cgroup named in `/proc/<pid>/cgroup`). On cgroup v2 device access
+//!    is an eBPF program the runtime attaches from `linux.resources.devices` in config.json;
+//!    the hook cannot change it and says so unless config.json already allows the nodes;
+//! 3. joins the container's mount namespace (`setns` on `/proc/<pid>/ns/mnt`, see `ns.rs`) and
+//!    creates the nodes under the rootfs with the host nodes' type, numbers, mode and owner,
+//!    walking the path one component at a time with `O_NOFOLLOW`, so a symlink planted in the
+//!    image (`/dev -> /host`) can never redirect it out of the rootfs.
+//!
+//! Without the annotation the hook does nothing, so it can be installed for every container.
+
+mod ns;
+
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The annotation that requests devices.
+pub const ANNOTATION: &str = "gpupass.dev/devices";
+
+/// Why the hook refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("malformed OCI state on stdin: {reason}; the runtime passes {{\"ociVersion\", \"id\", \"pid\", \"bundle\", ...}}")]
+    BadState { reason: String },
+    #[error("bundle {path}: {reason}")]
+    Bundle { path: String, reason: String },
+    #[error("annotation {ANNOTATION}={value:?}: {item:?} is neither a PCI address (0000:01:00.0) nor an IOMMU group number")]
+    BadRequest { value: String, item: String },
+    #[error("{what} is not on this host; `gpupass groups` lists the groups and devices")]
+    Unknown { what: String },
+    #[error("{addr} is bound to {driver}, not to vfio-pci; run `gpupass bind {addr}` first")]
+    NotVfio { addr: PciAddress, driver: String },
+    #[error("IOMMU group {group} has no function on vfio-pci; bind it first")]
+    GroupNotVfio { group: u32 },
+    #[error("IOMMU group {group} is not viable: {blockers} still on host drivers; bind the whole group to vfio-pci")]
+    NotViable { group: u32, blockers: String },
+    #[error("host device node {path} is missing: is the vfio module loaded and the device bound?")]
+    NoNode { path: String },
+    #[error("host path {path} is not a character device")]
+    NotCharDevice { path: String },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot allow the devices in cgroup {path}: {source}")]
+    Cgroup {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot enter the mount namespace of pid {pid}: {reason}")]
+    Namespace { pid: u32, reason: String },
+    #[error("refusing {path} under the rootfs: {reason}")]
+    Unsafe { path: String, reason: String },
+    #[error("cannot create {path} in the container: {reason}")]
+    Create { path: String, reason: String },
+}
+
+impl HookError {
+    /// 2 for malformed input (state, annotation), 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            HookError::BadState { .. } | HookError::BadRequest { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The OCI state (runtime-spec "State").
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct State {
+    pub oci_version: String,
+    pub id: String,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    pub bundle: String,
+    #[serde(default)]
+    pub annotations: HashMap<String, String>,
+}
+
+/// One requested item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Device(PciAddress),
+    Group(u32),
+}
+
+/// Parse the annotation value: `0000:17:00.0, 42`.
+pub fn parse_request(value: &str) -> Result<Vec<Request>, HookError> {
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim) {
+        let r = if !item.is_empty() && item.bytes().all(|b| b.is_ascii_digit()) {
+            item.parse().map(Request::Group).ok()
+        } else {
+            item.parse().map(Request::Device).ok()
+        };
+        match r {
+            Some(r) if !out.contains(&r) => out.push(r),
+            Some(_) => {}
+            None => {
+                return Err(HookError::BadRequest {
+                    value: value.into(),
+                    item: item.into(),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The device nodes (container paths, `/dev/...`) a request needs: the group node and the
+/// legacy container node when the host has them, the cdev and `/dev/iommu` when it has those.
+/// Pure over the inventory.
+pub fn plan(inv: &Inventory, reqs: &[Request]) -> Result<Vec<String>, HookError> {
+    let mut nodes: Vec<String> = Vec::new();
+    let mut add = |p: String| {
+        if !nodes.contains(&p) {
+            nodes.push(p);
+        }
+    };
+    for r in reqs {
+        let (group, devices) = match r {
+            Request::Device(a) => {
+                let d = inv.device(a).ok_or_else(|| HookError::Unknown {
+                    what: format!("PCI function {a}"),
+                })?;
+                if !d.driver.as_deref().is_some_and(is_vfio_driver) {
+                    return Err(HookError::NotVfio {
+                        addr: *a,
+                        driver: d.driver.clone().unwrap_or_else(|| "no driver".into()),
+                    });
+                }
+                let g = d
+                    .iommu_group
+                    .and_then(|n| inv.group(n))
+                    .ok_or_else(|| HookError::Unknown {
+                        what: format!("the IOMMU group of {a}"),
+                    })?;
+                (g, vec![d])
+            }
+            Request::Group(n) => {
+                let g = inv.group(*n).ok_or_else(|| HookError::Unknown {
+                    what: format!("IOMMU group {n}"),
+                })?;
+                let devs: Vec<_> = g
+                    .members
+                    .iter()
+                    .filter_map(|a| inv.device(a))
+                    .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
+                    .collect();
+                if devs.is_empty() {
+                    return Err(HookError::GroupNotVfio { group: *n });
+                }
+                (g, devs)
+            }
+        };
+        if !group.viable {
+            let b: Vec<String> = group
+                .blockers
+                .iter()
+                .map(|b| format!("{} ({})", b.address, b.driver))
+                .collect();
+            return Err(HookError::NotViable {
+                group: group.number,
+                blockers: b.join(", "),
+            });
+        }
+        let legacy = inv.vfio_container_present && group.vfio_node_present;
+        let mut any = legacy;
+        if legacy {
+            add("/dev/vfio/vfio".into());
+            add(format!("/dev/vfio/{}", group.number));
+        }
+        if inv.iommufd_present {
+            for d in devices {
+                if let Some(c) = &d.vfio_cdev {
+                    add("/dev/iommu".into());
+                    add(format!("/dev/vfio/devices/{c}"));
+                    any = true;
+                }
+            }
+        }
+        if !any {
+            return Err(HookError::NoNode {
+                path: format!("/dev/vfio/{}", group.number),
+            });
+        }
+    }
+    Ok(nodes)
+}
+
+/// A node to create: container path and the host node's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub path: String,
+    pub major: u64,
+    pub minor: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fn host_node(host: &HostRoot, path: &str) -> Result<Node, HookError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let p = host.path(path);
+    let m = std::fs::metadata(&p).map_err(|_| HookError::NoNode { path: path.into() })?;
+    if !m.file_type().is_char_device() {
+        return Err(HookError::NotCharDevice {
+            path: host.display(&p),
+        });
+    }
+    let rdev = m.rdev();
+    Ok(Node {
+        path: path.into(),
+        major: nix::sys::stat::major(rdev),
+        minor: nix::sys::stat::minor(rdev),
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+    })
+}
+
+/// Which cgroup hierarchy holds the process's device rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceCgroup {
+    /// v1: the `devices` controller path of the process.
+    V1(String),
+    /// v2 (unified): device rules are an eBPF program of the runtime.
+    V2,
+}
+
+/// Parse `/proc/<pid>/cgroup` (`ID:controllers:path` lines).
+pub fn device_cgroup(text: &str) -> Option<DeviceCgroup> {
+    let mut unified = false;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if ctrl.split(',').any(|c| c == "devices") {
+            return Some(DeviceCgroup::V1(path.to_string()));
+        }
+        if ctrl.is_empty() {
+            unified = true;
+        }
+    }
+    unified.then_some(DeviceCgroup::V2)
+}
+
+/// Whether config.json's `linux.resources.devices` allows a char node (for cgroup v2).
+fn config_allows(config: &serde_json::Value, n: &Node) -> bool {
+    let rules = config["linux"]["resources"]["devices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut allowed = false;
+    for r in rules {
+        let ty = r["type"].as_str().unwrap_or("a");
+        let maj = r["major"].as_u64();
+        let min = r["minor"].as_u64();
+        let access = r["access"].as_str().unwrap_or("rwm");
+        if (ty == "a" || ty == "c")
+            && !matches!(maj, Some(m) if m != n.major)
+            && !matches!(min, Some(m) if m != n.minor)
+            && access.contains('r')
+            && access.contains('w')
+        {
+            allowed = r["allow"].as_bool().unwrap_or(false);
+        }
+    }
+    allowed
+}
+
+/// What the hook did.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub created: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+fn bounded_stdin() -> Result<Vec<u8>, HookError> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .take(1 << 20)
+        .read_to_end(&mut buf)
+        .map_err(|e| HookError::BadState {
+            reason: e.to_string(),
+        })?;
+    Ok(buf)
+}
+
+/// Run the hook for one OCI state document.
+pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
+    let st: State = serde_json::from_slice(state).map_err(|e| HookError::BadState {
+        reason: e.to_string(),
+    })?;
+    if st.oci_version.is_empty() || st.id.is_empty() {
+        return Err(HookError::BadState {
+            reason: "ociVersion and id must not be empty".into(),
+        });
+    }
+    let bundle = PathBuf::from(&st.bundle);
+    if !bundle.is_absolute() {
+        return Err(HookError::BadState {
+            reason: format!("bundle {:?} is not an absolute path", st.bundle),
+        });
+    }
+    let cfg_path = bundle.join("config.json");
+    let cfg_text = crate::host::read_bounded(&cfg_path, 16 << 20).map_err(|e| HookError::Bundle {
+        path: st.bundle.clone(),
+        reason: format!("cannot read config.json: {e}"),
+    })?;
+    let config: serde_json::Value = serde_json::from_str(&cfg_text).map_err(|e| HookError::Bundle {
+        path: st.bundle.clone(),
+        reason: format!("config.json is not JSON: {e}"),
+    })?;
+    let value = st
+        .annotations
+        .get(ANNOTATION)
+        .cloned()
+        .or_else(|| config["annotations"][ANNOTATION].as_str().map(str::to_string));
+    let Some(value) = value else {
+        return Ok(Report::default());
+    };
+    let reqs = parse_request(&value)?;
+    let pid = st.pid.filter(|p| *p > 0).ok_or_else(|| HookError::BadState {
+        reason: "no pid: run gpupass as a createRuntime (or prestart) hook".into(),
+    })?;
+    let root_path = config["root"]["path"].as_str().ok_or_else(|| HookError::Bundle {
+        path: st.bundle.clone(),
+        reason: "config.json has no root.path".into(),
+    })?;
+    let rootfs = if Path::new(root_path).is_absolute() {
+        PathBuf::from(root_path)
+    } else {
+        bundle.join(root_path)
+    };
+    if !rootfs.is_dir() {
+        return Err(HookError::Bundle {
+            path: st.bundle.clone(),
+            reason: format!("root.path {} is not a directory", rootfs.display()),
+        });
+    }
+
+    // 1. Everything is checked before anything changes.
+    // Only the requested devices and groups are read: the hook runs on every container start.
+    let addrs: Vec<PciAddress> = reqs
+        .iter()
+        .filter_map(|r| match r {
+            Request::Device(a) => Some(*a),
+            Request::Group(_) => None,
+        })
+        .collect();
+    let groups: Vec<u32> = reqs
+        .iter()
+        .filter_map(|r| match r {
+            Request::Group(g) => Some(*g),
+            Request::Device(_) => None,
+        })
+        .collect();
+    let inv = crate::inventory::scan_groups(host, &addrs, &groups)
+        .map_err(|e| HookError::Unknown { what: e.to_string() })?;
+    let paths = plan(&inv, &reqs)?;
+    let nodes: Vec<Node> = paths
+        .iter()
+        .map(|p| host_node(host, p))
+        .collect::<Result<_, _>>()?;
+    let cg_path = host.proc_pid(pid).join("cgroup");
+    let cg_text = crate::host::read_bounded(&cg_path, 64 << 10).map_err(|e| HookError::Read {
+        path: host.display(&cg_path),
+        source: e,
+    })?;
+    let ns_path = host.proc_pid(pid).join("ns/mnt");
+    let ns_file = std::fs::File::open(&ns_path).map_err(|e| HookError::Namespace {
+        pid,
+        reason: format!("{}: {e}", host.display(&ns_path)),
+    })?;
+    let mut report = Report::default();
+
+    // 2. The devices cgroup.
+    match device_cgroup(&cg_text) {
+        Some(DeviceCgroup::V1(rel)) => {
+            let allow = host
+                .cgroup_root()
+                .join("devices")
+                .join(rel.trim_start_matches('/'))
+                .join("devices.allow");
+            let ops = crate::host::ops::for_root(host.clone());
+            for n in &nodes {
+                ops.write(&allow, &format!("c {}:{} rwm", n.major, n.minor))
+                    .map_err(|e| HookError::Cgroup {
+                        path: host.display(&allow),
+                        source: e,
+                    })?;
+            }
+        }
+        Some(DeviceCgroup::V2) | None => {
+            let missing: Vec<String> = nodes
+                .iter()
+                .filter(|n| !config_allows(&config, n))
+                .map(|n| format!("c {}:{} rwm ({})", n.major, n.minor, n.path))
+                .collect();
+            if !missing.is_empty() {
+                report.notes.push(format!(
+                    "cgroup v2: the runtime's device filter decides access; add allow rules for {} to \
+linux.resources.devices in config.json (or request the devices through CDI), else opening them fails with EPERM",
+                    missing.join(", ")
+                ));
+            }
+        }
+    }
+
+    // 3. The nodes, inside the container's mount namespace.
+    ns::enter_mount_ns(&ns_file).map_err(|e| HookError::Namespace {
+        pid,
+        reason: e.to_string(),
+    })?;
+    report.created = ns::create_nodes(&rootfs, &nodes)?;
+    Ok(report)
+}
+
+/// `gpupass oci-hook`: the state on stdin; messages on stderr; the exit status.
+pub fn run_cli(host: &HostRoot) -> anyhow::Result<i32> {
+    let r = bounded_stdin().and_then(|s| run(host, &s));
+    match r {
+        Ok(rep) => {
+            for n in rep.notes {
+                eprintln!("gpupass oci-hook: note: {n}");
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("gpupass oci-hook: {e}");
+            Ok(e.exit_code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        assert_eq!(
+            parse_request("0000:17:00.0, 42,17:00.0").unwrap(),
+            [Request::Device("17:00.0".parse().unwrap()), Request::Group(42)]
+        );
+        for bad in ["", "x", "0000:17:00.0,", "99999999999", "../1"] {
+            assert!(parse_request(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The partial scan the hook uses agrees with the full inventory on what it reads.
+    #[test]
+    fn partial_scan_matches_the_full_one() {
+        let host = HostRoot::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hosts/vfio-numa"
+        ));
+        let full = crate::inventory::scan(&host).unwrap();
+        let part = crate::inventory::scan_groups(&host, &["17:00.0".parse().unwrap()], &[42, 999]).unwrap();
+        let nums: Vec<u32> = part.groups.iter().map(|g| g.number).collect();
+        assert_eq!(nums, [40, 42]);
+        for g in &part.groups {
+            assert_eq!(Some(g), full.group(g.number));
+        }
+        assert_eq!(part.devices.len(), 3);
+        for d in &part.devices {
+            assert_eq!(Some(d), full.device(&d.address));
+        }
+        let reqs = parse_request("0000:17:00.0,42").unwrap();
+        assert_eq!(plan(&part, &reqs).unwrap(), plan(&full, &reqs).unwrap());
+    }
+
+    #[test]
+    fn cgroup_lines() {
+        let v1 = "9:name=systemd:/\n5:devices:/user.slice/abc\n0::/\n";
+        assert_eq!(
+            device_cgroup(v1),
+            Some(DeviceCgroup::V1("/user.slice/abc".into()))
+        );
+        assert_eq!(device_cgroup("0::/system.slice/x\n"), Some(DeviceCgroup::V2));
+        assert_eq!(device_cgroup("garbage"), None);
+    }
+
+    #[test]
+    fn config_device_rules() {
+        let n = Node {
+            path: "/dev/vfio/3".into(),
+            major: 240,
+            minor: 3,
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+        };
+        let c = serde_json::json!({"linux": {"resources": {"devices": [
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 240, "access": "rwm"}]}}});
+        assert!(config_allows(&c, &n));
+        let c = serde_json::json!({"linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
+        assert!(!config_allows(&c, &n));
+    }
+}
