@@ -929,8 +929,8 @@ pub fn scan_groups(
     let bus = host.sys_bus_pci_devices();
     if !bus.is_dir() {
         return Err(InventoryError::NoPciBus {
-            path: host.display(&bus),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            path: bus.display().to_string(),
+            error: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
     let mut warnings = Vec::new();

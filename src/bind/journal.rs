@@ -546,6 +546,13 @@ mod tests {
     fn lock_excludes_and_compaction_keeps_state() {
         let t = tempfile::tempdir().unwrap();
         let host = HostRoot::new(t.path());
+        // The lock refuses a root without sysfs (a wrong --root gets nothing created under it).
+        assert!(matches!(
+            lock(&host, Duration::from_millis(0)),
+            Err(BindError::Inventory(_))
+        ));
+        assert!(!host.run_gpupass().exists());
+        std::fs::create_dir_all(host.sys_bus_pci_devices()).unwrap();
         let l = lock(&host, Duration::from_millis(0)).unwrap();
         assert_eq!(lock_holder(&host), Some(std::process::id().to_string()));
         // A second open file description cannot take it.
