@@ -143,7 +143,7 @@ pub enum Command {
         #[arg(long)]
         count: Option<usize>,
         /// Stop after this many seconds without exiting non-zero
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS", value_parser = parse_events_timeout)]
         timeout: Option<f64>,
     },
     /// Boot-time entry point (contrib/systemd/gpupass-startup.service): bind every function whose
@@ -291,6 +291,16 @@ fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
         Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
         _ => Err(format!(
             "invalid timeout {s:?}: expected seconds, more than 0 and at most 86400"
+        )),
+    }
+}
+
+/// `events --timeout`: finite seconds (an infinite or huge value would panic in `Duration`).
+fn parse_events_timeout(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=31_536_000.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "invalid timeout {s:?}: expected seconds, from 0 to 31536000 (a year)"
         )),
     }
 }

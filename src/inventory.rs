@@ -24,12 +24,8 @@ use std::path::Path;
 /// Why the inventory could not be read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
-    #[error("cannot list PCI devices at {path}: {source}; is this a Linux host with sysfs mounted (or is --root right)?")]
-    NoPciBus {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cannot list PCI devices at {path}: {error}; is this a Linux host with sysfs mounted (or is --root right)?")]
+    NoPciBus { path: String, error: io::Error },
     #[error("cannot read saved inventory {path}: {reason}")]
     BadJson { path: String, reason: String },
     #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
@@ -391,10 +387,29 @@ impl Reader<'_> {
         };
         let (vendor_name, device_name, subsystem_name, class_name) = names(vid, did, sub, class_code);
 
-        let iommu_group = self
-            .dev_link(&dir, &a, "iommu_group")
-            .and_then(|n| n.parse().ok());
-        let driver = self.dev_link(&dir, &a, "driver");
+        let group_link = self.dev_link(&dir, &a, "iommu_group");
+        let iommu_group = group_link.as_deref().and_then(|n| n.parse().ok());
+        if let (Some(n), None) = (&group_link, iommu_group) {
+            self.warnings.push(format!(
+                "{a}: iommu_group links to {n:?}, not a group number; treated as having no IOMMU group"
+            ));
+        }
+        let mut driver = self.dev_link(&dir, &a, "driver");
+        if driver.is_some() {
+            // The kernel's link is `../../../bus/pci/drivers/<name>`; anything else (a loop, a
+            // link to elsewhere) is a broken tree, not a driver.
+            let target = self
+                .cur
+                .as_ref()
+                .and_then(|c| c.link_target("driver").ok().flatten());
+            if !target.as_deref().is_some_and(|t| t.contains("/drivers/")) {
+                self.warnings.push(format!(
+                    "{a}: driver links to {:?}, not to a driver under bus/pci/drivers; treated as driverless",
+                    target.unwrap_or_default()
+                ));
+                driver = None;
+            }
+        }
         let driver_override = self
             .attr(&dir, &a, "driver_override")
             .filter(|s| !s.is_empty() && s != "(null)");
@@ -608,8 +623,8 @@ pub fn sort_devices(devices: &mut [PciDevice]) {
 pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     let bus = host.sys_bus_pci_devices();
     let names = std::fs::read_dir(&bus).map_err(|e| InventoryError::NoPciBus {
-        path: host.display(&bus),
-        source: e,
+        path: bus.display().to_string(),
+        error: e,
     })?;
     let mut warnings = Vec::new();
     let mut entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = Vec::new();
@@ -683,8 +698,25 @@ fn read_devices(
                     let devs: Vec<PciDevice> = part
                         .iter()
                         .filter_map(|(a, t)| {
+                            let before = r.warnings.len();
                             let d = r.device(*a, t.as_deref());
-                            (!r.present.is_empty()).then_some(d)
+                            if !r.present.is_empty() {
+                                return Some(d);
+                            }
+                            // One warning, not one per attribute it could not read.
+                            let why = r
+                                .warnings
+                                .get(before)
+                                .filter(|w| w.contains("cannot list its sysfs directory"))
+                                .cloned();
+                            r.warnings.truncate(before);
+                            r.warnings.push(match why {
+                                Some(w) => format!("{w}; skipped"),
+                                None => format!(
+                                    "{a}: its sysfs directory is gone or empty (unplugged during the scan, or a dangling link); skipped"
+                                ),
+                            });
+                            None
                         })
                         .collect();
                     (devs, r.warnings)
@@ -897,8 +929,8 @@ pub fn scan_groups(
     let bus = host.sys_bus_pci_devices();
     if !bus.is_dir() {
         return Err(InventoryError::NoPciBus {
-            path: host.display(&bus),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            path: bus.display().to_string(),
+            error: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
     let mut warnings = Vec::new();
@@ -953,7 +985,7 @@ pub fn scan_groups(
 
 /// Load an inventory saved with `--json`.
 pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
-    let text = host::read_bounded(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
+    let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;

@@ -46,18 +46,10 @@ const FILE_LIMIT: u64 = 1 << 20;
 pub enum SnapshotError {
     #[error("snapshot target {path} exists and is not empty; choose a new directory")]
     NotEmpty { path: String },
-    #[error("cannot write snapshot at {path}: {source}")]
-    Write {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot list PCI devices at {path}: {source}")]
-    NoPciBus {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cannot write snapshot at {path}: {error}")]
+    Write { path: String, error: io::Error },
+    #[error("cannot list PCI devices at {path}: {error}; is --root (or GPUPASS_ROOT) a Linux host's root with sysfs?")]
+    NoPciBus { path: String, error: io::Error },
 }
 
 use crate::host::join_link as resolve;
@@ -72,7 +64,7 @@ impl Copier<'_> {
     fn werr(&self, p: &Path, e: io::Error) -> SnapshotError {
         SnapshotError::Write {
             path: p.display().to_string(),
-            source: e,
+            error: e,
         }
     }
 
@@ -172,8 +164,9 @@ impl Copier<'_> {
             let r = dir.join(name);
             if LINK_NAMES.contains(&name.as_str()) || name.starts_with("virtfn") {
                 if let Some(t) = self.copy_link(&r)? {
-                    if name == "driver" {
-                        // The driver directory and its back link.
+                    // The driver directory and its back link, for a link that points at a
+                    // driver (a broken tree's `driver -> driver` loop is copied as it is).
+                    if name == "driver" && t.components().any(|c| c.as_os_str() == "drivers") {
                         let ddir = resolve(dir, &t);
                         self.ensure_dir(&ddir)?;
                         if let Some(addr) = dir.file_name() {
@@ -238,8 +231,8 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     let bus = src.root().join(&bus_rel);
     let names = fs::read_dir(&bus)
         .map_err(|e| SnapshotError::NoPciBus {
-            path: src.display(&bus),
-            source: e,
+            path: bus.display().to_string(),
+            error: e,
         })?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -337,7 +330,7 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     }
     crate::host::keep_empty_dirs(out).map_err(|e| SnapshotError::Write {
         path: out.display().to_string(),
-        source: e,
+        error: e,
     })?;
     Ok(SnapshotReport {
         devices,

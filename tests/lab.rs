@@ -21,6 +21,7 @@ const SCENARIOS: &[&str] = &[
     "bind",
     "mdev",
     "boot",
+    "concurrency",
 ];
 
 struct LabRun {

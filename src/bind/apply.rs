@@ -401,6 +401,63 @@ fn check_unfinished(open: &[journal::OpenTxn], plan: &Plan) -> Result<(), BindEr
     Ok(())
 }
 
+/// Just before the first write: the groups still hold the members the plan was made from, and
+/// each function still has the driver the plan expects. The lock keeps other gpupass processes
+/// out, but not the kernel (hot-plug, SR-IOV VFs appearing) or other tools; binding a group
+/// from a stale view would leave a new member on its host driver, half a group.
+pub fn recheck(host: &HostRoot, inv: &Inventory, plan: &Plan) -> Result<(), BindError> {
+    for &g in &plan.groups {
+        let planned: Vec<PciAddress> = inv.group(g).map(|x| x.members.clone()).unwrap_or_default();
+        let dir = host.iommu_groups().join(g.to_string()).join("devices");
+        let mut now: Vec<PciAddress> = crate::host::dir_names(&dir)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|m| m.parse().ok())
+            .collect();
+        now.sort();
+        let mut was = planned.clone();
+        was.sort();
+        if now != was {
+            let added: Vec<String> = now
+                .iter()
+                .filter(|a| !was.contains(a))
+                .map(|a| a.to_string())
+                .collect();
+            let gone: Vec<String> = was
+                .iter()
+                .filter(|a| !now.contains(a))
+                .map(|a| a.to_string())
+                .collect();
+            let mut change = Vec::new();
+            if !added.is_empty() {
+                change.push(format!("new member {}", added.join(", ")));
+            }
+            if !gone.is_empty() {
+                change.push(format!("{} left it", gone.join(", ")));
+            }
+            return Err(BindError::GroupChanged {
+                group: g,
+                change: change.join("; "),
+            });
+        }
+    }
+    for f in &plan.functions {
+        let now = current_driver(host, &f.address);
+        if now != f.before.driver {
+            return Err(BindError::GroupChanged {
+                group: f.group.unwrap_or_default(),
+                change: format!(
+                    "{} is now on {}, the plan expected {}",
+                    f.address,
+                    now.as_deref().unwrap_or("no driver"),
+                    f.before.driver.as_deref().unwrap_or("no driver")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Result of a bind/unbind command.
 #[derive(Debug)]
 pub struct Applied {
@@ -453,6 +510,8 @@ fn change(
         });
     }
     announce(&plan);
+    ops.before_apply();
+    recheck(&host, &inv, &plan)?;
     let lock = _lock
         .as_ref()
         .ok_or_else(|| BindError::Refused("internal: no lock".into()))?;

@@ -141,9 +141,9 @@ pub fn lock_path(host: &HostRoot) -> PathBuf {
 
 fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> BindError {
     let p = host.display(path);
-    move |source| BindError::Journal {
+    move |error| BindError::Journal {
         path: p.clone(),
-        source,
+        error,
     }
 }
 
@@ -293,6 +293,15 @@ pub fn lock_timeout() -> Duration {
 
 /// Take the lock, waiting up to `wait` for another gpupass to finish.
 pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
+    // A wrong --root must not get a `run/gpupass` made under it (bad input changes nothing).
+    let bus = host.sys_bus_pci_devices();
+    if let Err(error) = std::fs::read_dir(&bus) {
+        return Err(crate::inventory::InventoryError::NoPciBus {
+            path: bus.display().to_string(),
+            error,
+        }
+        .into());
+    }
     let mut f = open_lock_file(host)?;
     let path = lock_path(host);
     let start = Instant::now();
@@ -365,16 +374,16 @@ impl Journal {
     pub fn append(&mut self, rec: Record) -> Result<(), BindError> {
         let mut line = serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| BindError::Journal {
             path: self.display.clone(),
-            source: io::Error::other(e),
+            error: io::Error::other(e),
         })?;
         line.push('\n');
         let r = self
             .file
             .write_all(line.as_bytes())
             .and_then(|_| self.file.sync_data());
-        r.map_err(|source| BindError::Journal {
+        r.map_err(|error| BindError::Journal {
             path: self.display.clone(),
-            source,
+            error,
         })
     }
 }
@@ -537,6 +546,13 @@ mod tests {
     fn lock_excludes_and_compaction_keeps_state() {
         let t = tempfile::tempdir().unwrap();
         let host = HostRoot::new(t.path());
+        // The lock refuses a root without sysfs (a wrong --root gets nothing created under it).
+        assert!(matches!(
+            lock(&host, Duration::from_millis(0)),
+            Err(BindError::Inventory(_))
+        ));
+        assert!(!host.run_gpupass().exists());
+        std::fs::create_dir_all(host.sys_bus_pci_devices()).unwrap();
         let l = lock(&host, Duration::from_millis(0)).unwrap();
         assert_eq!(lock_holder(&host), Some(std::process::id().to_string()));
         // A second open file description cannot take it.

@@ -43,14 +43,10 @@ pub enum BindError {
     Refused(String),
     #[error("{0} reads and changes the live host; it cannot run from --from-json")]
     NeedsLiveHost(&'static str),
-    #[error("cannot read the host: {0}")]
+    #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
-    #[error("journal {path}: {source}; check that the directory is writable (gpupass needs root to change drivers)")]
-    Journal {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("journal {path}: {error}; check that the directory is writable (gpupass needs root to change drivers)")]
+    Journal { path: String, error: std::io::Error },
     #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {path}); try again when it is done")]
     Locked {
         path: String,
@@ -71,12 +67,10 @@ pub enum BindError {
         detail: String,
         rollback: String,
     },
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot write {path}: {error}")]
+    Write { path: String, error: std::io::Error },
+    #[error("IOMMU group {group} changed after the plan was made ({change}); nothing was changed: rerun the command to plan with the group as it is now")]
+    GroupChanged { group: u32, change: String },
     #[error("output: {0}")]
     Output(#[from] std::io::Error),
 }

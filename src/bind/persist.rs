@@ -225,9 +225,9 @@ pub fn apply_persist(host: &HostRoot, p: &PersistPlan) -> Result<(), BindError> 
     let dir = host.driverctl_dir();
     let werr = |path: &std::path::Path| {
         let d = host.display(path);
-        move |source| BindError::Write {
+        move |error| BindError::Write {
             path: d.clone(),
-            source,
+            error,
         }
     };
     if p.remove {

@@ -208,7 +208,14 @@ impl AttrDir {
     /// than the buffer is the end of the file; this saves the second, empty read per attribute.
     pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
         use rustix::fs::{Mode, OFlags};
-        let fd = rustix::fs::openat(&self.fd, name, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        // O_NONBLOCK: a FIFO planted where an attribute belongs must not block the open.
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        )?;
+        regular_only(&fd)?;
         let mut buf = vec![0u8; 4096.min(limit)];
         let mut len = 0;
         loop {
@@ -230,6 +237,15 @@ impl AttrDir {
         Ok(s.trim_end_matches(['\n', '\0']).to_string())
     }
 
+    /// A symlink's whole target (lossy UTF-8), `None` when it does not exist.
+    pub fn link_target(&self, name: &str) -> io::Result<Option<String>> {
+        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
+            Ok(t) => Ok(Some(String::from_utf8_lossy(t.to_bytes()).into_owned())),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The last component of a symlink's target, `None` when it does not exist.
     pub fn link_name(&self, name: &str) -> io::Result<Option<String>> {
         match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
@@ -244,9 +260,42 @@ impl AttrDir {
     }
 }
 
-/// Read at most `limit` bytes of a file as UTF-8 (lossy), trimmed of the trailing newline.
+/// Refuse anything but a regular file: sysfs attributes and procfs files are regular files,
+/// while a FIFO, a socket or a device node (`/dev/zero` behind a link) in a hostile or broken
+/// tree would block or never end.
+fn regular_only(fd: &rustix::fd::OwnedFd) -> io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file (a FIFO, socket or device node where a sysfs/procfs file belongs)",
+        ))
+    }
+}
+
+/// Read at most `limit` bytes of a host file (sysfs, procfs, configuration) as UTF-8 (lossy),
+/// trimmed of the trailing newline. Only regular files are read, and the open does not block
+/// (see [`regular_only`]); files the user names (`--from-json`) use [`read_bounded_any`].
 pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
-    let f = fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let fd: rustix::fd::OwnedFd = f.into();
+    regular_only(&fd)?;
+    read_all_bounded(fs::File::from(fd), limit)
+}
+
+/// Like [`read_bounded`], but any readable file, pipes included (`--from-json <(ssh host gpupass
+/// list --all --json)`): for files the user names, never for host paths.
+pub fn read_bounded_any(path: &Path, limit: u64) -> io::Result<String> {
+    read_all_bounded(fs::File::open(path)?, limit)
+}
+
+fn read_all_bounded(f: fs::File, limit: u64) -> io::Result<String> {
     let mut buf = Vec::new();
     f.take(limit).read_to_end(&mut buf)?;
     let s = String::from_utf8_lossy(&buf);

@@ -29,6 +29,11 @@ pub trait HostOps: Send + Sync {
     /// Writes done so far (path, value), for dry-run output and tests.
     fn writes(&self) -> Vec<(PathBuf, String)>;
 
+    /// Called after a bind/unbind plan is made and before it is applied. Nothing on a real
+    /// host; the fake kernel runs `GPUPASS_FAKE_BEFORE_APPLY` (a shell command, in the root) so
+    /// tests can change the host in that window (a device hot-plugged into the group).
+    fn before_apply(&self) {}
+
     /// Create or replace a configuration file (not sysfs: `etc/mdevctl.d/...`) atomically: the
     /// content goes to a temporary file in the same directory, which is then renamed over
     /// `path`, so a crash leaves the old or the new file, never half of one. Directories are
@@ -548,6 +553,16 @@ impl HostOps for FakeHost {
 
     fn writes(&self) -> Vec<(PathBuf, String)> {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn before_apply(&self) {
+        if let Ok(cmd) = std::env::var("GPUPASS_FAKE_BEFORE_APPLY") {
+            let _ = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .current_dir(self.root.root())
+                .status();
+        }
     }
 }
 

@@ -106,3 +106,30 @@ pub fn copy_tree(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// Run the real binary with a deadline (a hang is a failure, not a stuck test run).
+pub fn run_bounded(mut c: Command, secs: u64) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, e) = (dir.path().join("out"), dir.path().join("err"));
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&o).unwrap())
+        .stderr(std::fs::File::create(&e).unwrap());
+    let mut child = c.spawn().expect("run gpupass");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gpupass hung (killed after {secs} s): {c:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    (
+        status.code(),
+        String::from_utf8_lossy(&std::fs::read(&o).unwrap()).into_owned(),
+        String::from_utf8_lossy(&std::fs::read(&e).unwrap()).into_owned(),
+    )
+}
