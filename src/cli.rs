@@ -377,6 +377,17 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
     if changes && ctx.from_json.is_some() {
         anyhow::bail!("bind/unbind/recover change the live host; they cannot run from --from-json");
     }
+    // These read the live host all the time (and change it); a saved inventory would be ignored.
+    let live = match cli.command {
+        Command::Startup { .. } => Some("startup"),
+        Command::OciHook => Some("oci-hook"),
+        Command::DevicePlugin { .. } => Some("device-plugin"),
+        _ => None,
+    };
+    if let (Some(name), Some(_)) = (live, &ctx.from_json) {
+        eprintln!("gpupass: `gpupass {name}` works on the live host; it cannot run from --from-json (drop it)");
+        return Ok(2);
+    }
     if !changes && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
         crate::bind::cmd::warn_unfinished(&ctx.host);

@@ -57,12 +57,8 @@ newer; pin {needed} or drop --cdi-version"
         needed: CdiVersion,
         reason: &'static str,
     },
-    #[error("cannot write {path}: {source}; is the directory writable (root)?")]
-    Write {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot write {path}: {error}; is the directory writable (root)?")]
+    Write { path: String, error: std::io::Error },
     #[error("cannot read {path}: {reason}")]
     Read { path: String, reason: String },
     #[error(transparent)]
@@ -641,7 +637,7 @@ pub fn write_to_host(
     let path = host.cdi_dynamic_dir().join(&name);
     write_atomic(&path, to_json(&r.spec).as_bytes()).map_err(|e| CdiError::Write {
         path: host.display(&path),
-        source: e,
+        error: e,
     })?;
     let rec = Recorded {
         options: opts.clone(),
@@ -651,7 +647,7 @@ pub fn write_to_host(
     let text = serde_json::to_string_pretty(&rec).expect("options serialize");
     write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
         path: host.display(&of),
-        source: e,
+        error: e,
     })?;
     Ok((path, r.warnings))
 }
@@ -727,7 +723,7 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
                 let text = serde_json::to_string_pretty(&rec).expect("options serialize");
                 write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
                     path: host.display(&of),
-                    source: e,
+                    error: e,
                 })?;
             }
             Err(e) => return Err(e),

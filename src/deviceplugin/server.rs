@@ -41,14 +41,13 @@ use tonic::{Request, Response, Status};
 /// Why the plugin could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
-    #[error("cannot create the socket directory {path}: {source}")]
-    SocketDir {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(
+        "cannot create the socket directory {path}: {error}; give --socket-dir a directory gpupass can \
+create sockets in (the kubelet's is /var/lib/kubelet/device-plugins)"
+    )]
+    SocketDir { path: String, error: std::io::Error },
     #[error("cannot start the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
 }
@@ -277,16 +276,17 @@ fn cdi_spec_present(cfg: &Config) -> bool {
 
 /// Run the plugin until `shutdown` completes; removes its sockets on the way out.
 pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<(), PluginError> {
-    std::fs::create_dir_all(&cfg.socket_dir).map_err(|e| PluginError::SocketDir {
-        path: cfg.socket_dir.display().to_string(),
-        source: e,
-    })?;
+    // The host first: a wrong --root must not leave a socket directory behind.
     let first = {
         let host = cfg.host.clone();
         tokio::task::spawn_blocking(move || crate::inventory::scan(&host))
             .await
             .map_err(|e| PluginError::Runtime(std::io::Error::other(e)))??
     };
+    std::fs::create_dir_all(&cfg.socket_dir).map_err(|e| PluginError::SocketDir {
+        path: cfg.socket_dir.display().to_string(),
+        error: e,
+    })?;
     let shared = Arc::new(Shared {
         cdi_on: AtomicBool::new(false),
         inv: RwLock::new(Arc::new(first)),

@@ -48,13 +48,13 @@ pub enum HookError {
     Unknown { what: String },
     #[error("{addr} is bound to {driver}, not to vfio-pci; run `gpupass bind {addr}` first")]
     NotVfio { addr: PciAddress, driver: String },
-    #[error("IOMMU group {group} has no function on vfio-pci; bind it first")]
+    #[error("IOMMU group {group} has no function on vfio-pci; `gpupass bind` its functions first (`gpupass groups` lists them)")]
     GroupNotVfio { group: u32 },
     #[error("IOMMU group {group} is not viable: {blockers} still on host drivers; bind the whole group to vfio-pci")]
     NotViable { group: u32, blockers: String },
     #[error("host device node {path} is missing: is the vfio module loaded and the device bound?")]
     NoNode { path: String },
-    #[error("host path {path} is not a character device")]
+    #[error("host path {path} is not a character device; the hook needs the live host's /dev (is --root a snapshot or fixture tree?)")]
     NotCharDevice { path: String },
     #[error("cannot read {path}: {source}")]
     Read {
@@ -62,18 +62,20 @@ pub enum HookError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot allow the devices in cgroup {path}: {source}")]
+    #[error("cannot allow the devices in cgroup {path}: {source}; run the hook as root, with the cgroup v1 devices controller mounted")]
     Cgroup {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot enter the mount namespace of pid {pid}: {reason}")]
+    #[error("cannot enter the mount namespace of pid {pid}: {reason}; run the hook as root from the runtime's createRuntime (or prestart) hooks, while the container's process exists")]
     Namespace { pid: u32, reason: String },
     #[error("refusing {path} under the rootfs: {reason}")]
     Unsafe { path: String, reason: String },
     #[error("cannot create {path} in the container: {reason}")]
     Create { path: String, reason: String },
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
 }
 
 impl HookError {
@@ -380,7 +382,7 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
         })
         .collect();
     let inv = crate::inventory::scan_groups(host, &addrs, &groups)
-        .map_err(|e| HookError::Unknown { what: e.to_string() })?;
+        .map_err(HookError::Inventory)?;
     let paths = plan(&inv, &reqs)?;
     let nodes: Vec<Node> = paths
         .iter()
