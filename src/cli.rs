@@ -385,7 +385,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         _ => None,
     };
     if let (Some(name), Some(_)) = (live, &ctx.from_json) {
-        eprintln!("gpupass: `gpupass {name}` works on the live host; it cannot run from --from-json (drop it)");
+        eprintln!(
+            "gpupass: `gpupass {name}` works on the live host; it cannot run from --from-json (drop it)"
+        );
         return Ok(2);
     }
     if !changes && ctx.from_json.is_none() {

@@ -11,7 +11,7 @@ mod util;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use util::{copy_tree, host, manifest_dir, run_bounded};
+use util::{copy_tree, host, manifest_dir, run_bounded, run_bounded_stdin};
 
 /// What must be unchanged afterwards.
 #[derive(Clone, Copy, PartialEq)]
@@ -34,6 +34,8 @@ struct Case {
     needles: &'static [&'static str],
     setup: fn(&Path) -> Guard,
     keep: Keep,
+    /// Standard input (`{root}` is the scratch copy); empty: /dev/null.
+    stdin: &'static str,
 }
 
 impl Case {
@@ -46,6 +48,7 @@ impl Case {
         needles: &[],
         setup: none,
         keep: Keep::Tree,
+        stdin: "",
     };
 }
 
@@ -54,13 +57,25 @@ fn none(_: &Path) -> Guard {
 }
 
 fn gp(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    gp_in(root, args, env, None)
+}
+
+fn gp_in(
+    root: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&Path>,
+) -> (Option<i32>, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
     c.arg("--root").arg(root).args(args);
     c.env_remove("GPUPASS_ROOT").env("GPUPASS_FAKE_KERNEL", "1");
     for (k, v) in env {
         c.env(k, v);
     }
-    run_bounded(c, 60)
+    match stdin {
+        Some(p) => run_bounded_stdin(c, 60, Some(p)),
+        None => run_bounded(c, 60),
+    }
 }
 
 /// Setup helper: a gpupass command that must succeed.
@@ -150,7 +165,12 @@ fn check(id: &str, c: Case) {
     let args: Vec<&str> = args.iter().map(|a| a.as_str()).collect();
     let before = tree(&scratch, c.keep);
     let drv_before = drivers(&scratch);
-    let (code, out, err) = gp(&root, &args, &env);
+    let stdin = (!c.stdin.is_empty()).then(|| {
+        let p = t.path().join("stdin");
+        std::fs::write(&p, subst(c.stdin)).unwrap();
+        p
+    });
+    let (code, out, err) = gp_in(&root, &args, &env, stdin.as_deref());
     assert_ne!(code, Some(101), "{id}: gpupass panicked:\n{err}");
     assert_eq!(
         code,
@@ -304,6 +324,120 @@ fn gpu_only_on_vfio(r: &Path) -> Guard {
     None
 }
 
+fn var_run_cdi_is_file(r: &Path) -> Guard {
+    std::fs::create_dir_all(r.join("var/run")).unwrap();
+    std::fs::write(r.join("var/run/cdi"), "").unwrap();
+    None
+}
+
+fn nvidia_without_minor(r: &Path) -> Guard {
+    let p = r.join("proc/driver/nvidia/gpus/0000:01:00.0/information");
+    let t = std::fs::read_to_string(&p).unwrap();
+    let t: String = t
+        .lines()
+        .filter(|l| !l.starts_with("Device Minor"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&p, t).unwrap();
+    None
+}
+
+fn driverctl(r: &Path, addr: &str) {
+    let d = r.join("etc/driverctl.d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(format!("pci-{addr}")), "vfio-pci\n").unwrap();
+}
+
+fn persisted_bridge(r: &Path) -> Guard {
+    driverctl(r, "0000:00:01.0");
+    None
+}
+
+fn persisted_gpu(r: &Path) -> Guard {
+    driverctl(r, "0000:01:00.0");
+    None
+}
+
+/// An OCI bundle at `{root}/bundle` with this config.json (`None`: none) and a rootfs.
+fn oci_bundle(r: &Path, config: Option<&str>) {
+    let b = r.join("bundle");
+    std::fs::create_dir_all(b.join("rootfs")).unwrap();
+    if let Some(c) = config {
+        std::fs::write(b.join("config.json"), c).unwrap();
+    }
+}
+
+const OCI_CONFIG: &str = r#"{"ociVersion": "1.0.2", "root": {"path": "rootfs"}}"#;
+
+fn bundle(r: &Path) -> Guard {
+    oci_bundle(r, Some(OCI_CONFIG));
+    None
+}
+
+fn bundle_without_config(r: &Path) -> Guard {
+    oci_bundle(r, None);
+    None
+}
+
+fn bundle_config_not_json(r: &Path) -> Guard {
+    oci_bundle(r, Some("ociVersion: 1.0.2\n"));
+    None
+}
+
+fn bundle_without_root_path(r: &Path) -> Guard {
+    oci_bundle(r, Some(r#"{"ociVersion": "1.0.2"}"#));
+    None
+}
+
+fn bundle_rootfs_missing(r: &Path) -> Guard {
+    oci_bundle(r, Some(r#"{"ociVersion": "1.0.2", "root": {"path": "nothere"}}"#));
+    None
+}
+
+fn bundle_gpu_only_on_vfio(r: &Path) -> Guard {
+    gpu_only_on_vfio(r);
+    bundle(r)
+}
+
+/// vfio-numa without group 40's legacy node and without /dev/iommu.
+fn bundle_no_group_node(r: &Path) -> Guard {
+    std::fs::remove_file(r.join("dev/vfio/40")).unwrap();
+    std::fs::remove_file(r.join("dev/iommu")).unwrap();
+    bundle(r)
+}
+
+/// vfio-numa whose group 40 nodes are character devices (links to /dev/null), without iommufd.
+fn bundle_char_nodes(r: &Path) -> Guard {
+    for n in ["vfio", "40"] {
+        let p = r.join("dev/vfio").join(n);
+        std::fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink("/dev/null", &p).unwrap();
+    }
+    std::fs::remove_file(r.join("dev/iommu")).unwrap();
+    bundle(r)
+}
+
+/// Container pid 4242 in this cgroup, with (or without) a mount namespace file that is no
+/// namespace.
+fn container_proc(r: &Path, cgroup: &str, ns: bool) {
+    let p = r.join("proc/4242");
+    std::fs::create_dir_all(p.join("ns")).unwrap();
+    std::fs::write(p.join("cgroup"), cgroup).unwrap();
+    if ns {
+        std::fs::write(p.join("ns/mnt"), "").unwrap();
+    }
+}
+
+fn container_without_ns(r: &Path) -> Guard {
+    container_proc(r, "0::/ctr\n", false);
+    bundle_char_nodes(r)
+}
+
+fn container_v1_without_controller(r: &Path) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
+    bundle_char_nodes(r)
+}
+
 /// Rows covered outside this file (real kernel, KVM, libvirt), as docs/errors.md says.
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
@@ -315,6 +449,11 @@ const ELSEWHERE: &[(&str, &str)] = &[
     ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)"),
     ("E-BOOT-13", "lab: lab/scenarios/boot.sh (vfio-pci and mdev steps)"),
     ("E-BOOT-14", "lab: lab/scenarios/boot.sh (nested KVM)"),
+    ("E-HOOK-20", "integration: tests/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)"),
+    ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/oci_hook.rs covers the working path under runc"),
+    ("E-DP-05", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
+    ("E-DP-06", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)"),
+    ("E-DP-07", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)"),
 ];
 
 #[test]
@@ -1349,6 +1488,462 @@ row!(
         args: &["snapshot", "{root}/sys/bus/pci/devices/0000:01:00.0/vendor/x"],
         code: 1,
         needles: &["cannot write snapshot at {root}/sys/bus/pci/devices/0000:01:00.0/vendor/x"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_usage_10,
+    Case {
+        args: &["--log-format", "bogus", "list"],
+        code: 2,
+        needles: &[
+            "invalid value 'bogus' for '--log-format <LOG_FORMAT>'",
+            "[possible values: text, json]"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_usage_11,
+    Case {
+        args: &["--color", "bogus", "list"],
+        code: 2,
+        needles: &[
+            "invalid value 'bogus' for '--color <COLOR>'",
+            "[possible values: auto, always, never]"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_usage_12,
+    Case {
+        args: &["--verbose=2", "list"],
+        code: 2,
+        needles: &["unexpected value '2' for '--verbose...' found; no more were expected"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_usage_13,
+    Case {
+        args: &["completions", "tcsh"],
+        code: 2,
+        needles: &[
+            "invalid value 'tcsh' for '<SHELL>'",
+            "[possible values: bash, zsh, fish]"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_usage_14,
+    Case {
+        args: &["--from-json", "{root}/saved.json", "startup"],
+        code: 2,
+        needles: &["`gpupass startup` works on the live host; it cannot run from --from-json"],
+        setup: persisted_gpu,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_01,
+    Case {
+        host: "legacy-bridge",
+        args: &["cdi", "generate"],
+        needles: &[
+            "nothing to describe: no IOMMU group is held by vfio-pci",
+            "bind a device to vfio-pci first"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_02,
+    Case {
+        host: "vfio-numa",
+        args: &["cdi", "generate", "--cdi-version", "0.3.0"],
+        code: 2,
+        needles: &[
+            "--cdi-version 0.3.0 is too old for this spec",
+            "needs cdiVersion 0.5.0 or newer; pin 0.5.0 or drop --cdi-version"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_03,
+    Case {
+        host: "vfio-numa",
+        args: &["cdi", "generate", "--cdi-version", "9.9"],
+        code: 2,
+        needles: &[r#"invalid value '9.9' for '--cdi-version <V>': unknown CDI version "9.9"; known: 0.3.0"#],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_04,
+    Case {
+        host: "vfio-numa",
+        args: &["cdi", "generate", "--kind", "a/b/c"],
+        code: 2,
+        needles: &[
+            r#"invalid value 'a/b/c' for '--kind <K>': invalid CDI kind "a/b/c": expected vendor/class like gpupass.dev/pci"#
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_05,
+    Case {
+        host: "vfio-numa",
+        args: &["cdi", "generate", "--write", "--output", "{root}/spec.json"],
+        code: 2,
+        needles: &["cannot be used with"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_06,
+    Case {
+        args: &["cdi", "generate", "--write"],
+        needles: &[
+            "cannot write /var/run/cdi/gpupass.json: ",
+            "; is the directory writable (root)?"
+        ],
+        setup: var_run_cdi_is_file,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_07,
+    Case {
+        args: &["cdi", "generate", "--output", "{root}/sys"],
+        needles: &["cannot write {root}/sys: Is a directory"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cont_01,
+    Case {
+        args: &["container", "list", "--device", "0000:99:00.0"],
+        needles: &["no PCI function 0000:99:00.0 on this host; `gpupass list` shows the GPUs"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cont_02,
+    Case {
+        args: &["container", "list", "--device", "00:02.0"],
+        needles: &[
+            "0000:00:02.0 is bound to i915, not to the native nvidia driver",
+            "`gpupass cdi generate`, `gpupass oci-hook`"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cont_03,
+    Case {
+        args: &["container", "list", "--device", "01:00.0"],
+        needles: &["0000:01:00.0 is on the nvidia driver but /proc/driver/nvidia/gpus/0000:01:00.0/information has no Device Minor"],
+        setup: nvidia_without_minor,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_01,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: "{",
+        needles: &[
+            "gpupass oci-hook: malformed OCI state on stdin: EOF while parsing",
+            r#"the runtime passes {"ociVersion", "id", "pid", "bundle", ...}"#
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_02,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: r#"{"ociVersion":"","id":"c1","pid":4242,"bundle":"{root}/bundle"}"#,
+        needles: &["malformed OCI state on stdin: ociVersion and id must not be empty"],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_03,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","pid":4242,"bundle":"bundle"}"#,
+        needles: &[r#"malformed OCI state on stdin: bundle "bundle" is not an absolute path"#],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_04,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":0,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["malformed OCI state on stdin: no pid: run gpupass as a createRuntime (or prestart) hook"],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_05,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["gpupass oci-hook: bundle {root}/bundle: cannot read config.json"],
+        setup: bundle_without_config,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_06,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["bundle {root}/bundle: config.json is not JSON"],
+        setup: bundle_config_not_json,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_07,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["bundle {root}/bundle: config.json has no root.path"],
+        setup: bundle_without_root_path,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_08,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["bundle {root}/bundle: root.path {root}/bundle/nothere is not a directory"],
+        setup: bundle_rootfs_missing,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_09,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"17:00.0,x"}}"#,
+        needles: &[
+            r#"annotation gpupass.dev/devices="17:00.0,x": "x" is neither a PCI address (0000:01:00.0) nor an IOMMU group number"#
+        ],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_10,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"0000:99:00.0,999"}}"#,
+        needles: &[
+            "PCI function 0000:99:00.0 is not on this host; `gpupass groups` lists the groups and devices"
+        ],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_11,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"0000:b1:00.0"}}"#,
+        needles: &["0000:b1:00.0 is bound to nvidia, not to vfio-pci; run `gpupass bind 0000:b1:00.0` first"],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_12,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"50"}}"#,
+        needles: &["IOMMU group 50 has no function on vfio-pci; `gpupass bind` its functions first"],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_13,
+    Case {
+        host: "workstation",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"01:00.0"}}"#,
+        needles: &["IOMMU group 1 is not viable: 0000:01:00.1 (snd_hda_intel) still on host drivers; bind the whole group to vfio-pci"],
+        setup: bundle_gpu_only_on_vfio,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_14,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &[
+            "host device node /dev/vfio/40 is missing: is the vfio module loaded and the device bound?"
+        ],
+        setup: bundle_no_group_node,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_15,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["host path /dev/vfio/vfio is not a character device; the hook needs the live host's /dev"],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_16,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["cannot read /proc/4242/cgroup: No such file or directory"],
+        setup: bundle_char_nodes,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_17,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &[
+            "cannot enter the mount namespace of pid 4242: /proc/4242/ns/mnt: No such file or directory",
+            "run the hook as root from the runtime's createRuntime (or prestart) hooks"
+        ],
+        setup: container_without_ns,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_18,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &["cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: No such file or directory", "cgroup v1 devices controller"],
+        setup: container_v1_without_controller,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_19,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        root: "{root}/nope",
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &[
+            "gpupass oci-hook: cannot list PCI devices at {root}/nope/sys/bus/pci/devices",
+            "(or is --root right)?"
+        ],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_dp_01,
+    Case {
+        host: "vfio-numa",
+        root: "{root}/nope",
+        args: &["device-plugin"],
+        needles: &["cannot list PCI devices at {root}/nope/sys/bus/pci/devices"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_dp_02,
+    Case {
+        host: "vfio-numa",
+        args: &["device-plugin", "--socket-dir", "{root}/sys/bus/pci/devices/0000:17:00.0/vendor/plugins"],
+        needles: &["cannot create the socket directory {root}/sys/bus/pci/devices/0000:17:00.0/vendor/plugins: Not a directory (os error 20); give --socket-dir a directory"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_dp_03,
+    Case {
+        host: "vfio-numa",
+        args: &["device-plugin", "--poll-ms", "5"],
+        code: 2,
+        needles: &["invalid value '5' for '--poll-ms <POLL_MS>': 5 is not in 10..=10000"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_dp_04,
+    Case {
+        host: "vfio-numa",
+        args: &["device-plugin", "--cdi", "bogus"],
+        code: 2,
+        needles: &[
+            "invalid value 'bogus' for '--cdi <CDI>'",
+            "[possible values: auto, always, never]"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_start_01,
+    Case {
+        args: &["startup"],
+        needles: &[
+            "gpupass startup: refusing to bind (1 problem):",
+            "0000:00:01.0: is a PCI bridge"
+        ],
+        setup: persisted_bridge,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_start_02,
+    Case {
+        args: &["startup"],
+        env: &[("GPUPASS_FAIL_WRITE", "1")],
+        needles: &[
+            r#"gpupass startup: bind step 2 (write "vfio-pci" > /sys/bus/pci/devices/0000:01:00.0/driver_override) failed"#,
+            "rolled back, nothing changed"
+        ],
+        setup: persisted_gpu,
+        keep: Keep::Drivers,
         ..Case::DEFAULT
     }
 );

@@ -381,8 +381,7 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
             Request::Device(_) => None,
         })
         .collect();
-    let inv = crate::inventory::scan_groups(host, &addrs, &groups)
-        .map_err(HookError::Inventory)?;
+    let inv = crate::inventory::scan_groups(host, &addrs, &groups).map_err(HookError::Inventory)?;
     let paths = plan(&inv, &reqs)?;
     let nodes: Vec<Node> = paths
         .iter()

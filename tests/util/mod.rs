@@ -108,11 +108,19 @@ pub fn copy_tree(src: &Path, dst: &Path) {
 }
 
 /// Run the real binary with a deadline (a hang is a failure, not a stuck test run).
-pub fn run_bounded(mut c: Command, secs: u64) -> (Option<i32>, String, String) {
+pub fn run_bounded(c: Command, secs: u64) -> (Option<i32>, String, String) {
+    run_bounded_stdin(c, secs, None)
+}
+
+/// [`run_bounded`] with standard input read from `stdin` (a file) instead of /dev/null.
+pub fn run_bounded_stdin(mut c: Command, secs: u64, stdin: Option<&Path>) -> (Option<i32>, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let (o, e) = (dir.path().join("out"), dir.path().join("err"));
-    c.stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&o).unwrap())
+    match stdin {
+        Some(p) => c.stdin(std::fs::File::open(p).unwrap()),
+        None => c.stdin(std::process::Stdio::null()),
+    };
+    c.stdout(std::fs::File::create(&o).unwrap())
         .stderr(std::fs::File::create(&e).unwrap());
     let mut child = c.spawn().expect("run gpupass");
     let start = std::time::Instant::now();
