@@ -22,7 +22,7 @@ const SCENARIOS: &[&str] = &[
     "mdev",
     "boot",
     "concurrency",
-];
+, "cdiwatch"];
 
 struct LabRun {
     status: Option<i32>,
@@ -142,4 +142,9 @@ fn lab_boot() {
 #[test]
 fn lab_startup() {
     assert_scenario("startup");
+}
+
+#[test]
+fn lab_cdiwatch() {
+    assert_scenario("cdiwatch");
 }

@@ -656,6 +656,26 @@ pub fn write_to_host(
     Ok((path, r.warnings))
 }
 
+/// Remember `opts` for a spec that has nothing to describe yet (removing a stale spec file), so
+/// the next [`refresh`] writes it as soon as there is a device: `cdi generate --write --watch`
+/// on a host where nothing is bound to VFIO yet.
+pub fn record_emptied(host: &HostRoot, opts: &Options) -> Result<PathBuf, CdiError> {
+    let name = spec_file_name(&opts.kind);
+    let path = host.cdi_dynamic_dir().join(&name);
+    let _ = std::fs::remove_file(&path);
+    let rec = Recorded {
+        options: opts.clone(),
+        emptied: true,
+    };
+    let of = options_file(host, &name);
+    let text = serde_json::to_string_pretty(&rec).expect("options serialize");
+    write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
+        path: host.display(&of),
+        source: e,
+    })?;
+    Ok(path)
+}
+
 /// Regenerate every gpupass spec that exists in `var/run/cdi` (or that gpupass removed when
 /// nothing was left to describe). Cheap and a no-op when gpupass never wrote one, so bind,
 /// unbind and mdev changes call it unconditionally.
