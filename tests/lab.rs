@@ -22,7 +22,9 @@ const SCENARIOS: &[&str] = &[
     "mdev",
     "boot",
     "concurrency",
-, "cdiwatch"];
+    "cdiwatch",
+    "startup",
+];
 
 struct LabRun {
     status: Option<i32>,
