@@ -150,3 +150,8 @@ fn lab_startup() {
 fn lab_cdiwatch() {
     assert_scenario("cdiwatch");
 }
+
+#[test]
+fn lab_concurrency() {
+    assert_scenario("concurrency");
+}
