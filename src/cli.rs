@@ -256,6 +256,10 @@ pub enum CdiCommand {
         /// Write it to ROOT/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
         #[arg(long)]
         write: bool,
+        /// With --write: keep running and rewrite the spec on every kernel uevent for a PCI
+        /// function, VFIO node or mdev (changes made by other tools too: driverctl, virsh)
+        #[arg(long, requires = "write")]
+        watch: bool,
         /// Pin cdiVersion (default: the lowest version the spec's fields need)
         #[arg(long, value_name = "V")]
         cdi_version: Option<crate::cdi::CdiVersion>,
@@ -555,6 +559,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 CdiCommand::Generate {
                     output,
                     write,
+                    watch,
                     cdi_version,
                     kind,
                     dev_root,
@@ -571,20 +576,42 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             };
             let usage = |e: &crate::cdi::CdiError| matches!(e, crate::cdi::CdiError::VersionTooLow { .. });
             if write {
-                match crate::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
+                let path = match crate::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
                     Ok((path, warnings)) => {
                         for w in warnings {
                             eprintln!("warning: {w}");
                         }
                         writeln!(out, "wrote {}", path.display())?;
-                        Ok(0)
+                        path
+                    }
+                    Err(crate::cdi::CdiError::Empty) if watch => {
+                        let path = crate::cdi::record_emptied(&ctx.host, &opts)?;
+                        writeln!(
+                            out,
+                            "nothing to describe yet; {} appears when a device is bound to VFIO",
+                            path.display()
+                        )?;
+                        path
                     }
                     Err(e) if usage(&e) => {
                         eprintln!("gpupass: {e}");
-                        Ok(2)
+                        return Ok(2);
                     }
-                    Err(e) => Err(e.into()),
+                    Err(e) => return Err(e.into()),
+                };
+                if watch {
+                    out.flush()?;
+                    let sock = crate::events::UeventSocket::open()
+                        .context("cannot subscribe to kernel uevents for --watch")?;
+                    while let Some(ev) = sock.next(None)? {
+                        match crate::cdi::refresh(&ctx.host) {
+                            Ok(()) => writeln!(out, "refreshed {} after {}", path.display(), ev.line())?,
+                            Err(e) => eprintln!("warning: refresh after {} failed: {e}", ev.line()),
+                        }
+                        out.flush()?;
+                    }
                 }
+                Ok(0)
             } else {
                 let r = match crate::cdi::render(&inv, &files, &opts) {
                     Ok(r) => r,

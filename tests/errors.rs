@@ -449,6 +449,7 @@ const ELSEWHERE: &[(&str, &str)] = &[
     ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)"),
     ("E-BOOT-13", "lab: lab/scenarios/boot.sh (vfio-pci and mdev steps)"),
     ("E-BOOT-14", "lab: lab/scenarios/boot.sh (nested KVM)"),
+    ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/lab.rs runs the cdiwatch scenario"),
     ("E-HOOK-20", "integration: tests/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)"),
     ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/oci_hook.rs covers the working path under runc"),
     ("E-DP-05", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
@@ -1944,6 +1945,16 @@ row!(
         ],
         setup: persisted_gpu,
         keep: Keep::Drivers,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_cdi_08,
+    Case {
+        host: "vfio-numa",
+        args: &["cdi", "generate", "--watch"],
+        code: 2,
+        needles: &["the following required arguments were not provided", "--write"],
         ..Case::DEFAULT
     }
 );

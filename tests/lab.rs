@@ -22,6 +22,8 @@ const SCENARIOS: &[&str] = &[
     "mdev",
     "boot",
     "concurrency",
+    "cdiwatch",
+    "startup",
 ];
 
 struct LabRun {
@@ -142,4 +144,14 @@ fn lab_boot() {
 #[test]
 fn lab_startup() {
     assert_scenario("startup");
+}
+
+#[test]
+fn lab_cdiwatch() {
+    assert_scenario("cdiwatch");
+}
+
+#[test]
+fn lab_concurrency() {
+    assert_scenario("concurrency");
 }

@@ -639,17 +639,33 @@ pub fn write_to_host(
         path: host.display(&path),
         error: e,
     })?;
+    record(host, &name, opts, false)?;
+    Ok((path, r.warnings))
+}
+
+/// Record the options a spec was written with (and whether it is empty now), for `refresh`.
+fn record(host: &HostRoot, name: &str, opts: &Options, emptied: bool) -> Result<(), CdiError> {
     let rec = Recorded {
         options: opts.clone(),
-        emptied: false,
+        emptied,
     };
-    let of = options_file(host, &name);
+    let of = options_file(host, name);
     let text = serde_json::to_string_pretty(&rec).expect("options serialize");
     write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
         path: host.display(&of),
         error: e,
-    })?;
-    Ok((path, r.warnings))
+    })
+}
+
+/// Remember `opts` for a spec that has nothing to describe yet (removing a stale spec file), so
+/// the next [`refresh`] writes it as soon as there is a device: `cdi generate --write --watch`
+/// on a host where nothing is bound to VFIO yet.
+pub fn record_emptied(host: &HostRoot, opts: &Options) -> Result<PathBuf, CdiError> {
+    let name = spec_file_name(&opts.kind);
+    let path = host.cdi_dynamic_dir().join(&name);
+    let _ = std::fs::remove_file(&path);
+    record(host, &name, opts, true)?;
+    Ok(path)
 }
 
 /// Regenerate every gpupass spec that exists in `var/run/cdi` (or that gpupass removed when
@@ -713,18 +729,8 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
         match write_to_host(host, &inv, &files, &opts) {
             Ok(_) => {}
             Err(CdiError::Empty) => {
-                let p = dir.join(&name);
-                let _ = std::fs::remove_file(&p);
-                let rec = Recorded {
-                    options: opts,
-                    emptied: true,
-                };
-                let of = options_file(host, &name);
-                let text = serde_json::to_string_pretty(&rec).expect("options serialize");
-                write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
-                    path: host.display(&of),
-                    error: e,
-                })?;
+                let _ = std::fs::remove_file(dir.join(&name));
+                record(host, &name, &opts, true)?;
             }
             Err(e) => return Err(e),
         }

@@ -233,8 +233,8 @@ pub fn groups(inv: &Inventory) -> String {
         "NAME".into(),
     ]];
     for g in &inv.groups {
-        let mut first = true;
-        for m in &g.members {
+        // (member, driver, name) rows; the group number and viability only on the first.
+        let pci = g.members.iter().map(|m| {
             let d = inv.device(m);
             let name = d
                 .map(|x| {
@@ -245,40 +245,26 @@ pub fn groups(inv: &Inventory) -> String {
                     }
                 })
                 .unwrap_or_default();
-            rows.push(vec![
-                if first {
-                    g.number.to_string()
-                } else {
-                    String::new()
-                },
-                if first {
-                    if g.viable { "yes" } else { "no" }.to_string()
-                } else {
-                    String::new()
-                },
+            (
                 m.to_string(),
                 d.map(|x| opt(&x.driver)).unwrap_or_else(|| "?".into()),
                 name,
-            ]);
-            first = false;
-        }
-        for u in &g.mdev_members {
-            rows.push(vec![
-                if first {
-                    g.number.to_string()
-                } else {
-                    String::new()
-                },
-                if first {
-                    if g.viable { "yes" } else { "no" }.to_string()
-                } else {
-                    String::new()
-                },
-                u.clone(),
-                "mdev".into(),
-                String::new(),
-            ]);
-            first = false;
+            )
+        });
+        let mdevs = g
+            .mdev_members
+            .iter()
+            .map(|u| (u.clone(), "mdev".to_string(), String::new()));
+        for (i, (member, driver, name)) in pci.chain(mdevs).enumerate() {
+            let (num, viable) = if i == 0 {
+                (
+                    g.number.to_string(),
+                    if g.viable { "yes" } else { "no" }.to_string(),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            rows.push(vec![num, viable, member, driver, name]);
         }
     }
     let mut s = columns(&rows);
