@@ -638,7 +638,8 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         };
         let name = e.file_name().to_string_lossy().into_owned();
         match name.parse::<PciAddress>() {
-            Ok(a) => entries.push((a, std::fs::read_link(e.path()).ok())),
+            // The bus link is read by the worker that reads the device (in parallel).
+            Ok(a) => entries.push((a, None)),
             Err(_) => warnings.push(format!(
                 "ignoring {name:?} in {}: not a PCI address",
                 host.display(&bus)
@@ -699,7 +700,8 @@ fn read_devices(
                         .iter()
                         .filter_map(|(a, t)| {
                             let before = r.warnings.len();
-                            let d = r.device(*a, t.as_deref());
+                            let link = t.clone().or_else(|| std::fs::read_link(host.pci_device(a)).ok());
+                            let d = r.device(*a, link.as_deref());
                             if !r.present.is_empty() {
                                 return Some(d);
                             }
@@ -841,6 +843,11 @@ fn read_groups_only(
     warnings: &mut Vec<String>,
 ) -> Vec<IommuGroup> {
     let by_addr: HashMap<PciAddress, &PciDevice> = devices.iter().map(|d| (d.address, d)).collect();
+    // One listing of /dev/vfio instead of a stat per group.
+    let vfio_nodes: std::collections::HashSet<String> = dir_names(&host.dev_vfio())
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     let gdir = host.iommu_groups();
     let mut numbers: Vec<u32> = match only {
         Some(o) => o.to_vec(),
@@ -867,9 +874,31 @@ fn read_groups_only(
     numbers.sort_unstable();
     numbers.dedup();
 
+    // The member listings, read on all cores (a large host has a group per function).
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8);
+    let chunk = numbers.len().div_ceil(threads).max(128);
+    let gdir_ref = &gdir;
+    let listings: Vec<Vec<String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = numbers
+            .chunks(chunk)
+            .map(|part| {
+                sc.spawn(move || {
+                    part.iter()
+                        .map(|n| dir_names(&gdir_ref.join(n.to_string()).join("devices")).unwrap_or_default())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
     let mut out = Vec::new();
-    for n in numbers {
-        let names = dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default();
+    for (n, names) in numbers.into_iter().zip(listings) {
         let mut members: Vec<PciAddress> = Vec::new();
         let mut mdev_members = Vec::new();
         for name in names {
@@ -903,13 +932,12 @@ fn read_groups_only(
                 }
             })
             .collect();
-        let node = host.dev_vfio().join(n.to_string());
         out.push(IommuGroup {
             number: n,
             viable: blockers.is_empty(),
             blockers,
             vfio_node: format!("/dev/vfio/{n}"),
-            vfio_node_present: node.exists(),
+            vfio_node_present: vfio_nodes.contains(&n.to_string()),
             members,
             mdev_members,
         });
