@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs (as root, with apt) every Debian package the test suite needs on a fresh Debian 12
+# machine. The README's test command and .ci/run both start with it; it does nothing when
+# everything is present.
+set -euo pipefail
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v cpio >/dev/null || need+=(cpio)
+command -v depmod >/dev/null || need+=(kmod)
+command -v lspci >/dev/null || need+=(pciutils)
+# Containers: podman + runc consume the CDI specs and run the OCI hook (tests/containers.rs,
+# tests/oci_hook.rs); they fail, not skip, without them when CI=true.
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+# tests/bind.rs: Debian's driverctl reads the overrides `gpupass persist` writes; unshare (util-linux).
+[ -x /usr/sbin/driverctl ] || need+=(driverctl)
+command -v unshare >/dev/null || need+=(util-linux)
+# tests/mdev.rs runs Debian's mdevctl (chrooted into fixture trees) for interop checks.
+command -v mdevctl >/dev/null || need+=(mdevctl)
+# VM outputs: libvirt's RNG schemas + virsh test driver (tests/vm_outputs.rs), and the libvirt
+# API for `--features libvirt` (tests/vm_attach.rs).
+command -v virt-xml-validate >/dev/null || need+=(libvirt-clients)
+command -v virsh >/dev/null || need+=(libvirt-clients)
+command -v xmllint >/dev/null || need+=(libxml2-utils)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -f /usr/include/libvirt/libvirt.h ] || need+=(libvirt-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
