@@ -373,40 +373,6 @@ fn container_list_errors() {
 
 // ---------------------------------------------------------------- podman, a real CDI consumer
 
-/// Whether a privileged tool is usable; in CI (CI=true) a missing one fails the test.
-pub fn need_tool(tool: &str) -> bool {
-    let is_root = nix::unistd::geteuid().is_root();
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if found && is_root {
-        return true;
-    }
-    let why = if !found {
-        format!("{tool} is not installed")
-    } else {
-        "not root".into()
-    };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}: CI must run this test (.ci/run installs podman, runc, busybox-static)");
-    }
-    eprintln!("SKIPPED: {why} (mandatory when CI=true)");
-    false
-}
-
-fn mknod(path: &Path, major: u32, minor: u32) {
-    let _ = std::fs::remove_file(path);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let st = Command::new("mknod")
-        .arg(path)
-        .args(["c", &major.to_string(), &minor.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "mknod {}", path.display());
-}
-
 /// A busybox image imported into podman's store (once per tag).
 fn busybox_image(tag: &str) {
     let t = tempfile::tempdir().unwrap();

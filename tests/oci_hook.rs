@@ -7,39 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use util::*;
 
-fn need_tool(tool: &str) -> bool {
-    let is_root = nix::unistd::geteuid().is_root();
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if found && is_root {
-        return true;
-    }
-    let why = if !found {
-        format!("{tool} is not installed")
-    } else {
-        "not root".into()
-    };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why}: CI must run this test (.ci/run installs runc and busybox-static)");
-    }
-    eprintln!("SKIPPED: {why} (mandatory when CI=true)");
-    false
-}
-
-fn mknod(path: &Path, major: u32, minor: u32) {
-    let _ = std::fs::remove_file(path);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let st = Command::new("mknod")
-        .arg(path)
-        .args(["c", &major.to_string(), &minor.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success(), "mknod {}", path.display());
-}
-
 /// The vfio-numa host with stand-in char nodes, and the real /proc and cgroup tree (the hook
 /// needs the container's real pid, mount namespace and cgroup).
 fn hook_host() -> tempfile::TempDir {

@@ -141,3 +141,39 @@ pub fn run_bounded_stdin(mut c: Command, secs: u64, stdin: Option<&Path>) -> (Op
         String::from_utf8_lossy(&std::fs::read(&e).unwrap()).into_owned(),
     )
 }
+
+/// Whether a privileged tool is usable (installed, and we are root); in CI (CI=true) a missing
+/// one fails the test, elsewhere the test says SKIPPED.
+pub fn need_tool(tool: &str) -> bool {
+    let is_root = nix::unistd::geteuid().is_root();
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if found && is_root {
+        return true;
+    }
+    let why = if !found {
+        format!("{tool} is not installed")
+    } else {
+        "not root".into()
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{why}: CI must run this test (tests/install-deps.sh installs it)");
+    }
+    eprintln!("SKIPPED: {why} (mandatory when CI=true)");
+    false
+}
+
+/// A character device node (stand-in for /dev/vfio/N in container tests).
+pub fn mknod(path: &Path, major: u32, minor: u32) {
+    let _ = std::fs::remove_file(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let st = Command::new("mknod")
+        .arg(path)
+        .args(["c", &major.to_string(), &minor.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "mknod {}", path.display());
+}
