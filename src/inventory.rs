@@ -677,26 +677,20 @@ fn read_devices(
 ) -> Vec<PciDevice> {
     let tables = HostTables::read(host);
     let tables = &tables;
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(8);
-    let chunk = entries.len().div_ceil(threads).max(64);
-    let results: Vec<(Vec<PciDevice>, Vec<String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = entries
-            .chunks(chunk)
-            .map(|part| {
-                s.spawn(move || {
-                    let mut r = Reader {
-                        host,
-                        tables,
-                        warnings: Vec::new(),
-                        present: Default::default(),
-                        cur: None,
-                        cpulists: HashMap::new(),
-                    };
-                    // A device that vanished since the listing (hot unplug) is skipped.
-                    let devs: Vec<PciDevice> = part
+    // Few devices (a bind reads one or two groups): no threads, whose start costs more than
+    // the reads.
+    const PER_THREAD: usize = 64;
+    let read_part = |part: &[(PciAddress, Option<std::path::PathBuf>)]| {
+        let mut r = Reader {
+            host,
+            tables,
+            warnings: Vec::new(),
+            present: Default::default(),
+            cur: None,
+            cpulists: HashMap::new(),
+        };
+        // A device that vanished since the listing (hot unplug) is skipped.
+        let devs: Vec<PciDevice> = part
                         .iter()
                         .filter_map(|(a, t)| {
                             let before = r.warnings.len();
@@ -721,18 +715,31 @@ fn read_devices(
                             None
                         })
                         .collect();
-                    (devs, r.warnings)
+        (devs, r.warnings)
+    };
+    let results: Vec<(Vec<PciDevice>, Vec<String>)> = if entries.len() <= PER_THREAD {
+        vec![read_part(entries)]
+    } else {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8);
+        let chunk = entries.len().div_ceil(threads).max(PER_THREAD);
+        let read_part = &read_part;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|part| s.spawn(move || read_part(part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| (Vec::new(), vec!["a reader thread failed".into()]))
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| (Vec::new(), vec!["a reader thread failed".into()]))
-            })
-            .collect()
-    });
+                .collect()
+        })
+    };
     let mut out = Vec::with_capacity(entries.len());
     for (d, w) in results {
         out.extend(d);
@@ -874,29 +881,35 @@ fn read_groups_only(
     numbers.sort_unstable();
     numbers.dedup();
 
-    // The member listings, read on all cores (a large host has a group per function).
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(8);
-    let chunk = numbers.len().div_ceil(threads).max(128);
+    // The member listings, read on all cores (a large host has a group per function); a few
+    // groups are read inline.
+    const GROUPS_PER_THREAD: usize = 128;
     let gdir_ref = &gdir;
-    let listings: Vec<Vec<String>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = numbers
-            .chunks(chunk)
-            .map(|part| {
-                sc.spawn(move || {
-                    part.iter()
-                        .map(|n| dir_names(&gdir_ref.join(n.to_string()).join("devices")).unwrap_or_default())
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
+    let list = |part: &[u32]| {
+        part.iter()
+            .map(|n| dir_names(&gdir_ref.join(n.to_string()).join("devices")).unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let listings: Vec<Vec<String>> = if numbers.len() <= GROUPS_PER_THREAD {
+        list(&numbers)
+    } else {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8);
+        let chunk = numbers.len().div_ceil(threads).max(GROUPS_PER_THREAD);
+        let list = &list;
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = numbers
+                .chunks(chunk)
+                .map(|part| sc.spawn(move || list(part)))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        })
+    };
     let mut out = Vec::new();
     for (n, names) in numbers.into_iter().zip(listings) {
         let mut members: Vec<PciAddress> = Vec::new();

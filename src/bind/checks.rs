@@ -125,27 +125,67 @@ fn canon(p: &Path) -> Option<PathBuf> {
     fs::canonicalize(p).ok()
 }
 
-/// Maps canonical sysfs paths to the PCI function whose directory is their nearest ancestor.
-struct FnIndex {
-    by_path: HashMap<PathBuf, PciAddress>,
+/// Where a sysfs link points, from its text alone: one `readlink`, joined lexically onto the
+/// directory that holds the link. The kernel's class and block links (`sys/class/drm/card0 ->
+/// ../../devices/pci0000:00/0000:00:04.0/drm/card0`, `sys/dev/block/259:1 -> ...`) sit in real
+/// directories and spell out the whole device path below `sys/devices`, so this equals
+/// `canonicalize` (which costs one `readlink` per path component) for them.
+fn link_target(link: &Path) -> Option<PathBuf> {
+    let text = fs::read_link(link).ok()?;
+    let dir = link.parent()?;
+    Some(crate::host::join_link(dir, &text))
 }
 
-impl FnIndex {
-    fn new(host: &HostRoot, inv: &Inventory) -> Self {
-        let mut by_path = HashMap::new();
-        for d in &inv.devices {
-            if let Some(c) = canon(&host.pci_device(&d.address)) {
-                by_path.insert(c, d.address);
-            }
+/// Maps sysfs device paths to the PCI function whose directory is their nearest ancestor.
+///
+/// Functions are matched by the name of a path component (`0000:00:04.0`) below `sys/devices`,
+/// so a class device costs one `readlink` of its class link. Paths that do not reach
+/// `sys/devices` lexically fall back to canonical paths, built on first use.
+struct FnIndex<'a> {
+    host: &'a HostRoot,
+    inv: &'a Inventory,
+    addrs: std::collections::HashSet<PciAddress>,
+    devices_dir: PathBuf,
+    by_path: std::cell::OnceCell<HashMap<PathBuf, PciAddress>>,
+}
+
+impl<'a> FnIndex<'a> {
+    fn new(host: &'a HostRoot, inv: &'a Inventory) -> Self {
+        FnIndex {
+            host,
+            inv,
+            addrs: inv.devices.iter().map(|d| d.address).collect(),
+            devices_dir: host.sys().join("devices"),
+            by_path: std::cell::OnceCell::new(),
         }
-        FnIndex { by_path }
     }
 
-    /// The nearest PCI function at or above `p` (canonical).
+    fn canonical_index(&self) -> &HashMap<PathBuf, PciAddress> {
+        self.by_path.get_or_init(|| {
+            let mut m = HashMap::new();
+            for d in &self.inv.devices {
+                if let Some(c) = canon(&self.host.pci_device(&d.address)) {
+                    m.insert(c, d.address);
+                }
+            }
+            m
+        })
+    }
+
+    /// The nearest PCI function at or above `p`. `p` is either a lexical path under
+    /// `sys/devices` (matched by component names) or a canonical path.
     fn owner(&self, p: &Path) -> Option<PciAddress> {
+        if let Ok(rel) = p.strip_prefix(&self.devices_dir) {
+            let comps: Vec<&std::ffi::OsStr> = rel.iter().collect();
+            return comps.iter().rev().find_map(|c| {
+                let a: PciAddress = c.to_str()?.parse().ok()?;
+                self.addrs.contains(&a).then_some(a)
+            });
+        }
+        let idx = self.canonical_index();
         let mut cur = Some(p);
         while let Some(c) = cur {
-            if let Some(a) = self.by_path.get(c) {
+            if let Some(a) = idx.get(c) {
                 return Some(*a);
             }
             cur = c.parent();
@@ -153,15 +193,26 @@ impl FnIndex {
         None
     }
 
-    fn owner_of_link(&self, link: &Path) -> Option<PciAddress> {
-        canon(link).and_then(|c| self.owner(&c))
+    /// Owner of a class device (`sys/class/<class>/<name>`): from its class link when that
+    /// reaches `sys/devices`, else from the canonical path of its `device` link.
+    fn owner_of_class_entry(&self, entry: &Path) -> Option<PciAddress> {
+        match link_target(entry) {
+            Some(t) if t.starts_with(&self.devices_dir) => self.owner(&t),
+            _ => canon(&entry.join("device")).and_then(|c| self.owner(&c)),
+        }
     }
 }
 
 /// Block devices a mounted `sys/class/block/<name>`-style device stands on: itself and,
 /// through `slaves/`, what device-mapper/md builds it from (depth-bounded).
-fn block_closure(host: &HostRoot, dev_dir: &Path, out: &mut Vec<PathBuf>, depth: u32) {
-    let Some(c) = canon(dev_dir) else { return };
+fn block_closure(host: &HostRoot, dev_link: &Path, out: &mut Vec<PathBuf>, depth: u32) {
+    let devices = host.sys().join("devices");
+    let Some(c) = link_target(dev_link)
+        .filter(|t| t.starts_with(&devices))
+        .or_else(|| canon(dev_link))
+    else {
+        return;
+    };
     if out.contains(&c) || depth > 8 {
         return;
     }
@@ -291,7 +342,7 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
     // Network interfaces that are up.
     for ifc in dir_names(&host.sys_class("net")).unwrap_or_default() {
         let d = host.sys_class("net").join(&ifc);
-        let Some(a) = idx.owner_of_link(&d.join("device")) else {
+        let Some(a) = idx.owner_of_class_entry(&d) else {
             continue;
         };
         let oper = read_attr(&d.join("operstate")).unwrap_or_default();
@@ -304,49 +355,8 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         }
     }
 
-    // Open file descriptors: DRM nodes and VFIO groups.
-    let mut dri_open: HashMap<String, Vec<(u32, String)>> = HashMap::new();
-    let mut unreadable = 0usize;
-    for name in dir_names(&host.proc_dir()).unwrap_or_default() {
-        let Ok(pid) = name.parse::<u32>() else { continue };
-        let fd_dir = host.proc_pid(pid).join("fd");
-        let fds = match fs::read_dir(&fd_dir) {
-            Ok(rd) => rd,
-            Err(_) => {
-                unreadable += 1;
-                continue;
-            }
-        };
-        let mut comm: Option<String> = None;
-        let comm_of = |comm: &mut Option<String>| {
-            comm.get_or_insert_with(|| {
-                read_attr(&host.proc_pid(pid).join("comm")).unwrap_or_else(|_| "?".into())
-            })
-            .clone()
-        };
-        for e in fds.flatten() {
-            let Ok(t) = fs::read_link(e.path()) else { continue };
-            let t = t.to_string_lossy();
-            if let Some(node) = t.strip_prefix("/dev/dri/") {
-                let c = comm_of(&mut comm);
-                let v = dri_open.entry(node.to_string()).or_default();
-                if !v.iter().any(|(p, _)| *p == pid) {
-                    v.push((pid, c));
-                }
-            } else if let Some(g) = t.strip_prefix("/dev/vfio/").and_then(|g| g.parse::<u32>().ok()) {
-                let c = comm_of(&mut comm);
-                let v = f.vfio_open.entry(g).or_default();
-                if !v.iter().any(|(p, _)| *p == pid) {
-                    v.push((pid, c));
-                }
-            }
-        }
-    }
-    if unreadable > 0 {
-        f.warnings.push(format!(
-            "could not inspect the open files of {unreadable} processes (gpupass needs root for that)"
-        ));
-    }
+    // DRM nodes of the functions in view.
+    let mut drm_nodes: BTreeMap<String, PciAddress> = BTreeMap::new();
     for node in dir_names(&host.sys_class("drm")).unwrap_or_default() {
         let is_node = node
             .strip_prefix("card")
@@ -355,19 +365,49 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         if !is_node {
             continue;
         }
-        let Some(a) = idx.owner_of_link(&host.sys_class("drm").join(&node).join("device")) else {
-            continue;
-        };
-        for (pid, comm) in dri_open.get(&node).into_iter().flatten() {
-            add(
-                &mut f,
-                a,
-                Use::DrmOpen {
-                    node: node.clone(),
-                    pid: *pid,
-                    comm: comm.clone(),
-                },
-            );
+        if let Some(a) = idx.owner_of_class_entry(&host.sys_class("drm").join(&node)) {
+            drm_nodes.insert(node, a);
+        }
+    }
+
+    // Open file descriptors: those DRM nodes, and VFIO group nodes.
+    let dri = format!("{}/", host.display(&host.dev().join("dri")));
+    let vfio = format!("{}/", host.display(&host.dev_vfio()));
+    let wanted = |t: &str| {
+        t.strip_prefix(dri.as_str())
+            .is_some_and(|n| drm_nodes.contains_key(n))
+            || t.strip_prefix(vfio.as_str())
+                .is_some_and(|g| g.parse::<u32>().is_ok())
+    };
+    let (mut open, unreadable) = crate::host::open_files(host, &wanted);
+    open.sort_by(|a, b| a.target.cmp(&b.target));
+    if unreadable > 0 {
+        f.warnings.push(format!(
+            "could not inspect the open files of {unreadable} processes (gpupass needs root for that)"
+        ));
+    }
+    for o in open {
+        if let Some(node) = o.target.strip_prefix(dri.as_str()) {
+            if let Some(a) = drm_nodes.get(node) {
+                add(
+                    &mut f,
+                    *a,
+                    Use::DrmOpen {
+                        node: node.to_string(),
+                        pid: o.pid,
+                        comm: o.comm,
+                    },
+                );
+            }
+        } else if let Some(g) = o
+            .target
+            .strip_prefix(vfio.as_str())
+            .and_then(|g| g.parse::<u32>().ok())
+        {
+            let v = f.vfio_open.entry(g).or_default();
+            if !v.iter().any(|(p, _)| *p == o.pid) {
+                v.push((o.pid, o.comm));
+            }
         }
     }
 
@@ -388,7 +428,7 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         {
             continue;
         }
-        let Some(a) = idx.owner_of_link(&host.sys_class("graphics").join(&fb).join("device")) else {
+        let Some(a) = idx.owner_of_class_entry(&host.sys_class("graphics").join(&fb)) else {
             continue;
         };
         add(

@@ -188,18 +188,7 @@ impl AttrDir {
 
     /// Names of the entries, unsorted, without `.` and `..` (getdents on the open descriptor).
     pub fn names(&self) -> io::Result<Vec<String>> {
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
-        let mut dir = rustix::fs::RawDir::new(&self.fd, &mut buf);
-        let mut out = Vec::new();
-        while let Some(e) = dir.next() {
-            let e = e?;
-            let n = e.file_name().to_bytes();
-            // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
-            if !n.starts_with(b".") {
-                out.push(String::from_utf8_lossy(n).into_owned());
-            }
-        }
-        Ok(out)
+        names_of_dir_fd(&self.fd)
     }
 
     /// Read at most `limit` bytes of an attribute (lossy UTF-8, trailing newline trimmed).
@@ -372,21 +361,115 @@ pub fn parse_hex(s: &str) -> Option<u64> {
 
 /// Sorted names of the entries of a directory; empty when it does not exist.
 pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
-    let rd = match fs::read_dir(path) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+    let fd = match rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
     };
-    let mut v = Vec::new();
-    for e in rd {
-        let n = e?.file_name().to_string_lossy().into_owned();
-        // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
-        if !n.starts_with('.') {
-            v.push(n);
-        }
-    }
+    let mut v = names_of_dir_fd(&fd)?;
     v.sort();
     Ok(v)
+}
+
+/// The entry names of an open directory (unsorted, without `.`, `..` and dot-files), read with
+/// `getdents64` into one buffer: an open, two `getdents64` and a close per directory, where
+/// `readdir(3)` adds an `fstat`. sysfs and procfs directories are read by the thousand in a
+/// scan, so the call count is the cost.
+pub fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
+    let mut v = Vec::new();
+    while let Some(e) = it.next() {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        // sysfs has no dot-files; fixture trees use `.keep` to survive version control.
+        if n.first() == Some(&b'.') {
+            continue;
+        }
+        v.push(String::from_utf8_lossy(n).into_owned());
+    }
+    Ok(v)
+}
+
+/// A file some process holds open: `proc/<pid>/fd/<n>` whose link text (the path as the
+/// process opened it) `wanted` accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenFile {
+    pub pid: u32,
+    pub comm: String,
+    pub target: String,
+}
+
+/// The open files of every process that `wanted` accepts, and how many processes could not be
+/// inspected (their `fd` directory is readable only by root). On a real procfs, kernel threads
+/// and zombies have no `exe` and no open files: one `readlink` tells them apart, instead of
+/// opening and listing an empty `fd` directory (on a typical host half the pids are kernel
+/// threads). Trees that only imitate procfs (fixtures, snapshots) get every `fd` directory
+/// read. Each process appears once per target.
+pub fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFile>, usize) {
+    use rustix::fs::{Mode, OFlags};
+    let mut out: Vec<OpenFile> = Vec::new();
+    let mut unreadable = 0;
+    let proc_dir = host.proc_dir();
+    let Ok(pids) = dir_names(&proc_dir) else {
+        return (out, unreadable);
+    };
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    let real_procfs = rustix::fs::statfs(&proc_dir).is_ok_and(|s| s.f_type as i64 == PROC_SUPER_MAGIC);
+    for p in pids {
+        let Ok(pid) = p.parse::<u32>() else { continue };
+        let pdir = proc_dir.join(&p);
+        if real_procfs
+            && matches!(
+                rustix::fs::readlink(pdir.join("exe"), Vec::new()),
+                Err(rustix::io::Errno::NOENT)
+            )
+        {
+            continue;
+        }
+        let fd = match rustix::fs::open(
+            pdir.join("fd"),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            // Exited since the listing.
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(_) => {
+                unreadable += 1;
+                continue;
+            }
+        };
+        let Ok(fds) = names_of_dir_fd(&fd) else {
+            unreadable += 1;
+            continue;
+        };
+        let mut comm: Option<String> = None;
+        for n in fds {
+            let Ok(t) = rustix::fs::readlinkat(&fd, n.as_str(), Vec::new()) else {
+                continue;
+            };
+            let t = String::from_utf8_lossy(t.to_bytes()).into_owned();
+            if !wanted(&t) {
+                continue;
+            }
+            let c = comm
+                .get_or_insert_with(|| read_attr(&pdir.join("comm")).unwrap_or_else(|_| "?".into()))
+                .clone();
+            if !out.iter().any(|o| o.pid == pid && o.target == t) {
+                out.push(OpenFile {
+                    pid,
+                    comm: c,
+                    target: t,
+                });
+            }
+        }
+    }
+    (out, unreadable)
 }
 
 #[cfg(test)]

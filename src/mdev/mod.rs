@@ -306,47 +306,19 @@ pub struct OpenNodes {
 
 impl OpenNodes {
     pub fn scan(host: &HostRoot) -> Self {
-        let mut out = OpenNodes::default();
         let prefix = format!("{}/", host.display(&host.dev_vfio()));
-        let proc_dir = host.proc_dir();
-        let Ok(pids) = crate::host::dir_names(&proc_dir) else {
-            return out;
+        let (files, unreadable) = crate::host::open_files(host, &|t: &str| t.starts_with(&prefix));
+        let mut out = OpenNodes {
+            holders: files
+                .into_iter()
+                .map(|o| Holder {
+                    pid: o.pid,
+                    comm: o.comm,
+                    node: o.target,
+                })
+                .collect(),
+            unreadable,
         };
-        for p in pids {
-            let Ok(pid) = p.parse::<u32>() else { continue };
-            let fd_dir = proc_dir.join(&p).join("fd");
-            let rd = match std::fs::read_dir(&fd_dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(_) => {
-                    out.unreadable += 1;
-                    continue;
-                }
-            };
-            let mut comm = None;
-            for e in rd.flatten() {
-                let Ok(t) = std::fs::read_link(e.path()) else {
-                    continue;
-                };
-                let t = t.to_string_lossy().into_owned();
-                if !t.starts_with(&prefix) {
-                    continue;
-                }
-                let c = comm
-                    .get_or_insert_with(|| {
-                        crate::host::read_attr(&proc_dir.join(&p).join("comm")).unwrap_or_else(|_| "?".into())
-                    })
-                    .clone();
-                let h = Holder {
-                    pid,
-                    comm: c,
-                    node: t,
-                };
-                if !out.holders.contains(&h) {
-                    out.holders.push(h);
-                }
-            }
-        }
         out.holders
             .sort_by(|a, b| (a.pid, &a.node).cmp(&(b.pid, &b.node)));
         out
