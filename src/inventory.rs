@@ -394,22 +394,25 @@ impl Reader<'_> {
                 "{a}: iommu_group links to {n:?}, not a group number; treated as having no IOMMU group"
             ));
         }
-        let mut driver = self.dev_link(&dir, &a, "driver");
-        if driver.is_some() {
-            // The kernel's link is `../../../bus/pci/drivers/<name>`; anything else (a loop, a
-            // link to elsewhere) is a broken tree, not a driver.
-            let target = self
-                .cur
-                .as_ref()
-                .and_then(|c| c.link_target("driver").ok().flatten());
-            if !target.as_deref().is_some_and(|t| t.contains("/drivers/")) {
-                self.warnings.push(format!(
-                    "{a}: driver links to {:?}, not to a driver under bus/pci/drivers; treated as driverless",
-                    target.unwrap_or_default()
-                ));
-                driver = None;
-            }
-        }
+        // The kernel's link is `../../../bus/pci/drivers/<name>`; anything else (a loop, a link
+        // to elsewhere) is a broken tree, not a driver. One readlink gives both.
+        let driver = match self.present.contains("driver").then(|| self.cur.as_ref()).flatten() {
+            None => None,
+            Some(c) => match c.link_target("driver") {
+                Ok(Some(t)) if t.contains("/drivers/") => t.rsplit('/').next().map(str::to_string),
+                Ok(Some(t)) => {
+                    self.warnings.push(format!(
+                        "{a}: driver links to {t:?}, not to a driver under bus/pci/drivers; treated as driverless"
+                    ));
+                    None
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    self.warnings.push(format!("{a}: cannot read link driver: {e}"));
+                    None
+                }
+            },
+        };
         let driver_override = self
             .attr(&dir, &a, "driver_override")
             .filter(|s| !s.is_empty() && s != "(null)");
@@ -458,7 +461,7 @@ impl Reader<'_> {
         }
         let boot_vga = self.attr(&dir, &a, "boot_vga").map(|s| s.trim() == "1");
         let reset_methods = self
-            .opt(&dir, &a, "reset_method")
+            .attr(&dir, &a, "reset_method")
             .map(|s| s.split_whitespace().map(str::to_string).collect());
         let base = (class_code >> 16) as u8;
         let subc = (class_code >> 8) as u8;

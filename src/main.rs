@@ -5,6 +5,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let cli = gpupass::cli::Cli::parse();
     gpupass::cli::init_logging(cli.verbose, cli.log_format, cli.color);
+    tracing::debug!("arguments parsed");
     // Block-buffered: a pretty JSON inventory is tens of thousands of lines, and the line-
     // buffered stdout would make one write(2) per line.
     let stdout = std::io::stdout();

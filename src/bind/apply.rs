@@ -358,7 +358,9 @@ fn view(host: &HostRoot, scope: Scope) -> Result<(Inventory, HostFacts), BindErr
         Scope::All => inventory::scan(host)?,
         Scope::Groups { addrs, groups } => inventory::scan_groups(host, addrs, groups)?,
     };
+    tracing::debug!(functions = inv.devices.len(), groups = inv.groups.len(), "scanned");
     let facts = checks::gather(host, &inv);
+    tracing::debug!(in_use = facts.uses.len(), "in-use facts gathered");
     Ok((inv, facts))
 }
 
@@ -481,9 +483,12 @@ fn change(
     } else {
         Some(journal::lock(&host, journal::lock_timeout())?)
     };
+    tracing::debug!(dry_run, "lock held");
     let replay = journal::read(&host)?;
+    tracing::debug!(open = replay.open.len(), "journal read");
     let (inv, facts) = view(&host, scope)?;
     let mut plan = make(&inv, &facts, &replay);
+    tracing::debug!(functions = plan.functions.len(), refusals = plan.refusals.len(), "planned");
     if force {
         for r in plan.refusals.iter().filter(|r| r.forceable) {
             plan.warnings
@@ -512,11 +517,13 @@ fn change(
     announce(&plan);
     ops.before_apply();
     recheck(&host, &inv, &plan)?;
+    tracing::debug!("rechecked");
     let lock = _lock
         .as_ref()
         .ok_or_else(|| BindError::Refused("internal: no lock".into()))?;
-    let mut j = Journal::open(&host, lock)?;
+    let mut j = Journal::open(&host, lock, &replay)?;
     let outcome = execute(ops, &plan, &mut j)?;
+    tracing::debug!("applied and verified");
     Ok(Applied {
         plan,
         outcome: Some(outcome),
@@ -576,7 +583,7 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Vec<Strin
     let mut j = if dry_run {
         None
     } else {
-        Some(Journal::open(&host, &lock)?)
+        Some(Journal::open(&host, &lock, &replay)?)
     };
     let mut changed = Vec::new();
     for t in replay.open.iter().rev() {

@@ -228,9 +228,19 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
     let idx = FnIndex::new(host, inv);
 
     // Drivers loaded, and their modules.
+    // Modules only of the drivers the plan can name (the functions' own, vfio-pci): a host has
+    // dozens of PCI drivers loaded.
+    let named: BTreeSet<&str> = inv
+        .devices
+        .iter()
+        .filter_map(|d| d.driver.as_deref())
+        .chain(["vfio-pci", "pci-stub"])
+        .collect();
     for d in dir_names(&host.sys_bus_pci_drivers()).unwrap_or_default() {
-        if let Ok(Some(m)) = link_name(&host.pci_driver(&d).join("module")) {
-            f.driver_modules.insert(d.clone(), m);
+        if named.contains(d.as_str()) {
+            if let Ok(Some(m)) = link_name(&host.pci_driver(&d).join("module")) {
+                f.driver_modules.insert(d.clone(), m);
+            }
         }
         f.loaded_drivers.insert(d);
     }

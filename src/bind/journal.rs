@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 
 const VERSION: u32 = 1;
 /// Rewrite the journal as one `state` record once it grows past this and nothing is open.
-const COMPACT_AT: u64 = 256 * 1024;
+/// Every gpupass command that changes devices replays the whole journal under the lock, so
+/// its size is paid on every bind: a transaction is ~1.3 KiB, and this keeps the last dozen.
+pub const COMPACT_AT: u64 = 16 * 1024;
 
 /// One journal line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -341,18 +343,14 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Open (create) the journal; call with the lock held. Compacts it when it is large and
-    /// nothing is open.
-    pub fn open(host: &HostRoot, _lock: &Lock) -> Result<Journal, BindError> {
+    /// Open (create) the journal; call with the lock held and `replay` read under it. Compacts
+    /// it when it is large and nothing is open.
+    pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, BindError> {
         let dir = host.run_gpupass();
         fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
-        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if size > COMPACT_AT {
-            let r = read(host)?;
-            if r.open.is_empty() {
-                compact(&path, &r.bound).map_err(jerr(&path, host))?;
-            }
+        if replay.size > COMPACT_AT && replay.open.is_empty() {
+            compact(&path, &replay.bound).map_err(jerr(&path, host))?;
         }
         let file = OpenOptions::new()
             .create(true)
@@ -558,7 +556,7 @@ mod tests {
         // A second open file description cannot take it.
         let e = lock(&host, Duration::from_millis(30)).unwrap_err();
         assert!(e.to_string().contains("another gpupass"), "{e}");
-        let mut j = Journal::open(&host, &l).unwrap();
+        let mut j = Journal::open(&host, &l, &Replay::default()).unwrap();
         j.append(Record::Begin {
             txn: "t".into(),
             time: 0,
