@@ -34,10 +34,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const VERSION: u32 = 1;
-/// Rewrite the journal as one `state` record once it grows past this and nothing is open.
-/// Every gpupass command that changes devices replays the whole journal under the lock, so
-/// its size is paid on every bind: a transaction is ~1.3 KiB, and this keeps the last dozen.
-pub const COMPACT_AT: u64 = 16 * 1024;
 
 /// One journal line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,6 +126,8 @@ pub struct Replay {
     pub open: Vec<OpenTxn>,
     /// Lines that could not be parsed (a torn last line after a crash mid-append).
     pub bad_lines: usize,
+    /// Lines that were parsed.
+    pub records: usize,
     pub size: u64,
 }
 
@@ -171,7 +169,10 @@ pub fn replay(text: &str) -> Replay {
             continue;
         }
         let rec = match serde_json::from_str::<Line>(line) {
-            Ok(l) if l.v <= VERSION => l.rec,
+            Ok(l) if l.v <= VERSION => {
+                r.records += 1;
+                l.rec
+            }
             _ => {
                 r.bad_lines += 1;
                 continue;
@@ -343,13 +344,17 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Open (create) the journal; call with the lock held and `replay` read under it. Compacts
-    /// it when it is large and nothing is open.
+    /// Open (create) the journal; call with the lock held and `replay` read under it.
+    ///
+    /// When nothing is open, finished transactions are folded into one `state` record first:
+    /// every gpupass command replays the journal (to notice a plan a crash left open), so its
+    /// length is paid on each call; under the lock, on `/run`'s tmpfs, the rewrite is a few
+    /// cheap calls. What was done stays in the logs (`-v`), not here.
     pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, BindError> {
         let dir = host.run_gpupass();
         fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
-        if replay.size > COMPACT_AT && replay.open.is_empty() {
+        if replay.open.is_empty() && (replay.records > 1 || replay.bad_lines > 0) {
             compact(&path, &replay.bound).map_err(jerr(&path, host))?;
         }
         let file = OpenOptions::new()
