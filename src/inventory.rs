@@ -396,7 +396,12 @@ impl Reader<'_> {
         }
         // The kernel's link is `../../../bus/pci/drivers/<name>`; anything else (a loop, a link
         // to elsewhere) is a broken tree, not a driver. One readlink gives both.
-        let driver = match self.present.contains("driver").then(|| self.cur.as_ref()).flatten() {
+        let driver = match self
+            .present
+            .contains("driver")
+            .then_some(self.cur.as_ref())
+            .flatten()
+        {
             None => None,
             Some(c) => match c.link_target("driver") {
                 Ok(Some(t)) if t.contains("/drivers/") => t.rsplit('/').next().map(str::to_string),

@@ -45,3 +45,13 @@ pub mod startup;
 pub mod vfio_dev;
 pub mod vmm;
 pub mod vmout;
+
+/// Minor page faults of this process so far (profiling aid for the phase events at `-vv`).
+pub fn minor_faults() -> i64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the pointer, which points at a zeroed rusage.
+    unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init().ru_minflt
+    }
+}

@@ -32,6 +32,8 @@ const VERIFY_WAIT: Duration = Duration::from_millis(500);
 pub struct Outcome {
     pub lines: Vec<String>,
     pub changed: Vec<PciAddress>,
+    /// Groups whose viability the plan verified (they had no blockers then).
+    pub verified_viable: Vec<u32>,
 }
 
 fn current_driver(host: &HostRoot, a: &PciAddress) -> Option<String> {
@@ -146,6 +148,7 @@ fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> 
         Step::CheckViable { group } => {
             let b = group_blockers(host, *group);
             if b.is_empty() {
+                out.verified_viable.push(*group);
                 Ok(())
             } else {
                 Err(format!(
@@ -353,14 +356,23 @@ enum Scope<'a> {
 }
 
 /// Scan the host (the scope of the change) and gather facts (under the lock when changing).
-fn view(host: &HostRoot, scope: Scope) -> Result<(Inventory, HostFacts), BindError> {
+fn view(host: &HostRoot, scope: Scope, need: checks::Need) -> Result<(Inventory, HostFacts), BindError> {
     let inv = match scope {
         Scope::All => inventory::scan(host)?,
         Scope::Groups { addrs, groups } => inventory::scan_groups(host, addrs, groups)?,
     };
-    tracing::debug!(functions = inv.devices.len(), groups = inv.groups.len(), "scanned");
-    let facts = checks::gather(host, &inv);
-    tracing::debug!(in_use = facts.uses.len(), "in-use facts gathered");
+    tracing::debug!(
+        functions = inv.devices.len(),
+        groups = inv.groups.len(),
+        faults = crate::minor_faults(),
+        "scanned"
+    );
+    let facts = checks::gather_for(host, &inv, need);
+    tracing::debug!(
+        in_use = facts.uses.len(),
+        faults = crate::minor_faults(),
+        "in-use facts gathered"
+    );
     Ok((inv, facts))
 }
 
@@ -472,6 +484,7 @@ pub struct Applied {
 fn change(
     ops: &dyn HostOps,
     scope: Scope,
+    need: checks::Need,
     dry_run: bool,
     force: bool,
     announce: &dyn Fn(&Plan),
@@ -483,12 +496,21 @@ fn change(
     } else {
         Some(journal::lock(&host, journal::lock_timeout())?)
     };
-    tracing::debug!(dry_run, "lock held");
+    tracing::debug!(dry_run, faults = crate::minor_faults(), "lock held");
     let replay = journal::read(&host)?;
-    tracing::debug!(open = replay.open.len(), "journal read");
-    let (inv, facts) = view(&host, scope)?;
+    tracing::debug!(
+        open = replay.open.len(),
+        faults = crate::minor_faults(),
+        "journal read"
+    );
+    let (inv, facts) = view(&host, scope, need)?;
     let mut plan = make(&inv, &facts, &replay);
-    tracing::debug!(functions = plan.functions.len(), refusals = plan.refusals.len(), "planned");
+    tracing::debug!(
+        functions = plan.functions.len(),
+        refusals = plan.refusals.len(),
+        faults = crate::minor_faults(),
+        "planned"
+    );
     if force {
         for r in plan.refusals.iter().filter(|r| r.forceable) {
             plan.warnings
@@ -517,13 +539,13 @@ fn change(
     announce(&plan);
     ops.before_apply();
     recheck(&host, &inv, &plan)?;
-    tracing::debug!("rechecked");
+    tracing::debug!(faults = crate::minor_faults(), "rechecked");
     let lock = _lock
         .as_ref()
         .ok_or_else(|| BindError::Refused("internal: no lock".into()))?;
     let mut j = Journal::open(&host, lock, &replay)?;
     let outcome = execute(ops, &plan, &mut j)?;
-    tracing::debug!("applied and verified");
+    tracing::debug!(faults = crate::minor_faults(), "applied and verified");
     Ok(Applied {
         plan,
         outcome: Some(outcome),
@@ -543,7 +565,7 @@ pub fn bind(
         addrs: &req.addresses,
         groups: &[],
     };
-    change(ops, scope, dry_run, force, announce, |inv, facts, _| {
+    change(ops, scope, checks::Need::BIND, dry_run, force, announce, |inv, facts, _| {
         plan_bind(inv, facts, req)
     })
 }
@@ -565,7 +587,7 @@ pub fn unbind(
             groups: &group,
         }
     };
-    change(ops, scope, dry_run, force, announce, |inv, facts, replay| {
+    change(ops, scope, checks::Need::UNBIND, dry_run, force, announce, |inv, facts, replay| {
         plan_unbind(inv, facts, &replay.bound, req)
     })
 }

@@ -224,6 +224,39 @@ fn block_closure(host: &HostRoot, dev_link: &Path, out: &mut Vec<PathBuf>, depth
 
 /// Read every fact the planner needs.
 pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
+    gather_for(host, inv, Need::ALL)
+}
+
+/// Which facts a caller needs: a bind looks for users of the functions (mounts, interfaces,
+/// DRM nodes, framebuffers) and for variant drivers; an unbind, whose functions sit on
+/// vfio-pci and have none of those, only for processes holding their VFIO groups open.
+#[derive(Debug, Clone, Copy)]
+pub struct Need {
+    pub uses: bool,
+    pub vfio_open: bool,
+    pub variants: bool,
+}
+
+impl Need {
+    pub const ALL: Need = Need {
+        uses: true,
+        vfio_open: true,
+        variants: true,
+    };
+    pub const BIND: Need = Need {
+        uses: true,
+        vfio_open: false,
+        variants: true,
+    };
+    pub const UNBIND: Need = Need {
+        uses: false,
+        vfio_open: true,
+        variants: false,
+    };
+}
+
+/// Read the facts `need` names.
+pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
     let mut f = HostFacts::default();
     let idx = FnIndex::new(host, inv);
 
@@ -245,129 +278,24 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         f.loaded_drivers.insert(d);
     }
 
-    // Mounted filesystems.
     let add = |f: &mut HostFacts, a: PciAddress, u: Use| {
         let v = f.uses.entry(a).or_default();
         if !v.contains(&u) {
             v.push(u);
         }
     };
-    let mounts_from_info = read_bounded(&host.proc_self_mountinfo(), 16 << 20).ok();
-    if let Some(text) = &mounts_from_info {
-        for line in text.lines() {
-            let (pre, post) = match line.split_once(" - ") {
-                Some(x) => x,
-                None => continue,
-            };
-            let fields: Vec<&str> = pre.split_whitespace().collect();
-            let post: Vec<&str> = post.split_whitespace().collect();
-            if fields.len() < 5 {
-                continue;
-            }
-            let majmin = fields[2];
-            if majmin.starts_with("0:") {
-                continue;
-            }
-            let mut chain = Vec::new();
-            block_closure(host, &host.sys_dev_block(majmin), &mut chain, 0);
-            for c in chain {
-                if let Some(a) = idx.owner(&c) {
-                    let block = c
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    add(
-                        &mut f,
-                        a,
-                        Use::Mount {
-                            block,
-                            mountpoint: unescape_mount(fields[4]),
-                            fstype: post.first().unwrap_or(&"?").to_string(),
-                        },
-                    );
-                }
-            }
-        }
-    } else if let Ok(text) = read_bounded(&host.proc_self_mounts(), 16 << 20) {
-        for line in text.lines() {
-            let fl: Vec<&str> = line.split_whitespace().collect();
-            if fl.len() < 3 {
-                continue;
-            }
-            let Some(name) = fl[0].strip_prefix("/dev/") else {
-                continue;
-            };
-            if name.contains('/') {
-                continue;
-            }
-            let mut chain = Vec::new();
-            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
-            for c in chain {
-                if let Some(a) = idx.owner(&c) {
-                    let block = c
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    add(
-                        &mut f,
-                        a,
-                        Use::Mount {
-                            block,
-                            mountpoint: unescape_mount(fl[1]),
-                            fstype: fl[2].to_string(),
-                        },
-                    );
-                }
-            }
-        }
-    }
-    if let Ok(text) = read_bounded(&host.proc_swaps(), 1 << 20) {
-        for line in text.lines().skip(1) {
-            let Some(name) = line
-                .split_whitespace()
-                .next()
-                .and_then(|s| s.strip_prefix("/dev/"))
-            else {
-                continue;
-            };
-            if name.contains('/') {
-                continue;
-            }
-            let mut chain = Vec::new();
-            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
-            for c in chain {
-                if let Some(a) = idx.owner(&c) {
-                    add(
-                        &mut f,
-                        a,
-                        Use::Swap {
-                            block: name.to_string(),
-                        },
-                    );
-                }
-            }
-        }
-    }
-
-    // Network interfaces that are up.
-    for ifc in dir_names(&host.sys_class("net")).unwrap_or_default() {
-        let d = host.sys_class("net").join(&ifc);
-        let Some(a) = idx.owner_of_class_entry(&d) else {
-            continue;
-        };
-        let oper = read_attr(&d.join("operstate")).unwrap_or_default();
-        let flags = read_attr(&d.join("flags"))
-            .ok()
-            .and_then(|s| crate::host::parse_hex(&s))
-            .unwrap_or(0);
-        if oper.trim() == "up" || flags & 1 != 0 {
-            add(&mut f, a, Use::NetUp { iface: ifc });
-        }
+    if need.uses {
+        host_uses(host, &idx, &mut f, &add);
     }
 
     // DRM nodes of the functions in view.
     let mut drm_nodes: BTreeMap<String, PciAddress> = BTreeMap::new();
-    for node in dir_names(&host.sys_class("drm")).unwrap_or_default() {
+    let drm_names = if need.uses {
+        dir_names(&host.sys_class("drm")).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    for node in drm_names {
         let is_node = node
             .strip_prefix("card")
             .or_else(|| node.strip_prefix("renderD"))
@@ -386,10 +314,17 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
     let wanted = |t: &str| {
         t.strip_prefix(dri.as_str())
             .is_some_and(|n| drm_nodes.contains_key(n))
-            || t.strip_prefix(vfio.as_str())
-                .is_some_and(|g| g.parse::<u32>().is_ok())
+            || (need.vfio_open
+                && t.strip_prefix(vfio.as_str())
+                    .is_some_and(|g| g.parse::<u32>().is_ok()))
     };
-    let (mut open, unreadable) = crate::host::open_files(host, &wanted);
+    // The walk over every process is the dearest fact: skip it when there is nothing to find.
+    let vfio_present = need.vfio_open && inv.groups.iter().any(|g| g.vfio_node_present);
+    let (mut open, unreadable) = if drm_nodes.is_empty() && !vfio_present {
+        (Vec::new(), 0)
+    } else {
+        crate::host::open_files(host, &wanted)
+    };
     open.sort_by(|a, b| a.target.cmp(&b.target));
     if unreadable > 0 {
         f.warnings.push(format!(
@@ -421,16 +356,15 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         }
     }
 
-    // Framebuffers, and whether the framebuffer console is bound.
-    let fbcon = dir_names(&host.sys_class("vtconsole"))
-        .unwrap_or_default()
-        .into_iter()
-        .find(|v| {
-            let d = host.sys_class("vtconsole").join(v);
-            read_attr(&d.join("name")).is_ok_and(|n| n.contains("frame buffer"))
-                && read_attr(&d.join("bind")).is_ok_and(|b| b.trim() == "1")
-        });
-    for fb in dir_names(&host.sys_class("graphics")).unwrap_or_default() {
+    // Framebuffers of the functions in view, and whether the framebuffer console is bound
+    // (read only when one of them has a framebuffer).
+    let mut fbs: Vec<(String, PciAddress)> = Vec::new();
+    let fb_names = if need.uses {
+        dir_names(&host.sys_class("graphics")).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    for fb in fb_names {
         // fbN only (`fbcon` is the console driver's own entry).
         if !fb
             .strip_prefix("fb")
@@ -438,21 +372,33 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         {
             continue;
         }
-        let Some(a) = idx.owner_of_class_entry(&host.sys_class("graphics").join(&fb)) else {
-            continue;
-        };
-        add(
-            &mut f,
-            a,
-            Use::Framebuffer {
-                fb,
-                console: fbcon.clone(),
-            },
-        );
+        if let Some(a) = idx.owner_of_class_entry(&host.sys_class("graphics").join(&fb)) {
+            fbs.push((fb, a));
+        }
+    }
+    if !fbs.is_empty() {
+        let fbcon = dir_names(&host.sys_class("vtconsole"))
+            .unwrap_or_default()
+            .into_iter()
+            .find(|v| {
+                let d = host.sys_class("vtconsole").join(v);
+                read_attr(&d.join("name")).is_ok_and(|n| n.contains("frame buffer"))
+                    && read_attr(&d.join("bind")).is_ok_and(|b| b.trim() == "1")
+            });
+        for (fb, a) in fbs {
+            add(
+                &mut f,
+                a,
+                Use::Framebuffer {
+                    fb,
+                    console: fbcon.clone(),
+                },
+            );
+        }
     }
 
     // VFIO variant drivers.
-    if let Some(rel) = &inv.kernel {
+    if let (true, Some(rel)) = (need.variants, &inv.kernel) {
         let p = host.modules_dir(rel).join("modules.alias");
         if let Ok(text) = read_bounded(&p, 64 << 20) {
             let aliases = parse_vfio_aliases(&text);
@@ -469,6 +415,123 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
         }
     }
     f
+}
+
+/// Mounted filesystems, swap and network interfaces that are up, on the functions in view.
+fn host_uses(host: &HostRoot, idx: &FnIndex, f: &mut HostFacts, add: &dyn Fn(&mut HostFacts, PciAddress, Use)) {
+    let mounts_from_info = read_bounded(&host.proc_self_mountinfo(), 16 << 20).ok();
+    if let Some(text) = &mounts_from_info {
+        for line in text.lines() {
+            let (pre, post) = match line.split_once(" - ") {
+                Some(x) => x,
+                None => continue,
+            };
+            let fields: Vec<&str> = pre.split_whitespace().collect();
+            let post: Vec<&str> = post.split_whitespace().collect();
+            if fields.len() < 5 {
+                continue;
+            }
+            let majmin = fields[2];
+            if majmin.starts_with("0:") {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_dev_block(majmin), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    let block = c
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    add(
+                        f,
+                        a,
+                        Use::Mount {
+                            block,
+                            mountpoint: unescape_mount(fields[4]),
+                            fstype: post.first().unwrap_or(&"?").to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    } else if let Ok(text) = read_bounded(&host.proc_self_mounts(), 16 << 20) {
+        for line in text.lines() {
+            let fl: Vec<&str> = line.split_whitespace().collect();
+            if fl.len() < 3 {
+                continue;
+            }
+            let Some(name) = fl[0].strip_prefix("/dev/") else {
+                continue;
+            };
+            if name.contains('/') {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    let block = c
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    add(
+                        f,
+                        a,
+                        Use::Mount {
+                            block,
+                            mountpoint: unescape_mount(fl[1]),
+                            fstype: fl[2].to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    if let Ok(text) = read_bounded(&host.proc_swaps(), 1 << 20) {
+        for line in text.lines().skip(1) {
+            let Some(name) = line
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.strip_prefix("/dev/"))
+            else {
+                continue;
+            };
+            if name.contains('/') {
+                continue;
+            }
+            let mut chain = Vec::new();
+            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
+            for c in chain {
+                if let Some(a) = idx.owner(&c) {
+                    add(
+                        f,
+                        a,
+                        Use::Swap {
+                            block: name.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    // Network interfaces that are up.
+    for ifc in dir_names(&host.sys_class("net")).unwrap_or_default() {
+        let d = host.sys_class("net").join(&ifc);
+        let Some(a) = idx.owner_of_class_entry(&d) else {
+            continue;
+        };
+        let oper = read_attr(&d.join("operstate")).unwrap_or_default();
+        let flags = read_attr(&d.join("flags"))
+            .ok()
+            .and_then(|s| crate::host::parse_hex(&s))
+            .unwrap_or(0);
+        if oper.trim() == "up" || flags & 1 != 0 {
+            add(f, a, Use::NetUp { iface: ifc });
+        }
+    }
+
 }
 
 /// Mount points escape space, tab, newline and backslash as octal (`\040`).

@@ -155,10 +155,14 @@ pub fn run_bind(host: &HostRoot, args: BindArgs, json: bool, out: &mut dyn Write
     if args.dry_run && !a.plan.blocking(args.force).is_empty() {
         return Ok(1);
     }
-    if let (false, Some(_)) = (args.dry_run, &a.outcome) {
+    if let (false, Some(outcome)) = (args.dry_run, &a.outcome) {
         if !json {
             for g in &a.plan.groups {
-                let b = apply::group_blockers(host, *g);
+                let b = if outcome.verified_viable.contains(g) {
+                    Vec::new()
+                } else {
+                    apply::group_blockers(host, *g)
+                };
                 if b.is_empty() {
                     writeln!(out, "IOMMU group {g} is viable: /dev/vfio/{g}")?;
                 } else {

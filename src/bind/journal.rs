@@ -264,16 +264,24 @@ fn holder(path: &Path) -> String {
 }
 
 fn open_lock_file(host: &HostRoot) -> Result<File, BindError> {
-    let dir = host.run_gpupass();
-    fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
     let path = lock_path(host);
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(jerr(&path, host))
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+    };
+    // The directory exists after the first gpupass of a boot: make it only when missing.
+    match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = host.run_gpupass();
+            fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
+            open().map_err(jerr(&path, host))
+        }
+        r => r.map_err(jerr(&path, host)),
+    }
 }
 
 fn try_flock(f: &File) -> io::Result<bool> {
@@ -332,7 +340,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
     // Say who holds it, for the message of the one that waits.
     let _ = f.set_len(0);
     let _ = f.rewind();
-    let _ = writeln!(f, "{}", std::process::id());
+    let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
     Ok(Lock { _file: f })
 }
 

@@ -277,7 +277,11 @@ pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
     let size = regular_only(&fd)?;
     // Read into a buffer of the file's size (sysfs says 4096, procfs 0): one read instead of a
     // doubling series from 32 bytes.
-    let cap = if size == 0 { 4096 } else { size.min(limit) as usize + 1 };
+    let cap = if size == 0 {
+        4096
+    } else {
+        size.min(limit) as usize + 1
+    };
     read_all_bounded_cap(fs::File::from(fd), limit, cap)
 }
 
@@ -292,11 +296,27 @@ fn read_all_bounded(f: fs::File, limit: u64) -> io::Result<String> {
 }
 
 fn read_all_bounded_cap(f: fs::File, limit: u64, cap: usize) -> io::Result<String> {
-    let mut buf = Vec::with_capacity(cap);
-    f.take(limit).read_to_end(&mut buf)?;
+    let mut f = f.take(limit);
+    let mut buf = Vec::new();
+    if cap == SYSFS_PAGE + 1 {
+        // A sysfs attribute (st_size 4096) is filled by its show() on the first read: a read
+        // shorter than the page is the whole value, and the second, empty read is skipped.
+        buf.resize(cap, 0);
+        let n = f.read(&mut buf)?;
+        buf.truncate(n);
+        if n == 0 || n >= SYSFS_PAGE {
+            f.read_to_end(&mut buf)?;
+        }
+    } else {
+        buf.reserve(cap);
+        f.read_to_end(&mut buf)?;
+    }
     let s = String::from_utf8_lossy(&buf);
     Ok(s.trim_end_matches(['\n', '\0']).to_string())
 }
+
+/// What sysfs reports as the size of every attribute.
+const SYSFS_PAGE: usize = 4096;
 
 /// Read at most `limit` bytes of a file as raw bytes.
 pub fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
@@ -426,6 +446,8 @@ pub fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFi
         return (out, unreadable);
     };
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    // f_type is i64 on x86_64, another width elsewhere.
+    #[allow(clippy::unnecessary_cast)]
     let real_procfs = rustix::fs::statfs(&proc_dir).is_ok_and(|s| s.f_type as i64 == PROC_SUPER_MAGIC);
     for p in pids {
         let Ok(pid) = p.parse::<u32>() else { continue };
