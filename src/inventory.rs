@@ -211,6 +211,8 @@ struct Reader<'a> {
     warnings: Vec<String>,
     /// Entries of the device directory being read: attributes that are absent are not opened.
     present: std::collections::HashSet<String>,
+    /// Those of `present` that the listing reported as regular files.
+    regular: std::collections::HashSet<String>,
     /// The device directory being read, open.
     cur: Option<host::AttrDir>,
     /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
@@ -223,7 +225,12 @@ impl Reader<'_> {
         if !self.present.contains(name) {
             return None;
         }
-        let r = self.cur.as_ref()?.read(name, host::ATTR_LIMIT as usize);
+        let cur = self.cur.as_ref()?;
+        let r = if self.regular.contains(name) {
+            cur.read_listed_regular(name, host::ATTR_LIMIT as usize)
+        } else {
+            cur.read(name, host::ATTR_LIMIT as usize)
+        };
         match r {
             Ok(s) => Some(s),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -337,12 +344,21 @@ impl Reader<'_> {
             None => self.host.pci_device(&addr),
         };
         self.cur = None;
+        self.regular.clear();
         self.present = match host::AttrDir::open(&dir).and_then(|d| {
-            let names = d.names()?;
+            let entries = d.entries()?;
             self.cur = Some(d);
-            Ok(names)
+            Ok(entries)
         }) {
-            Ok(v) => v.into_iter().collect(),
+            Ok(v) => v
+                .into_iter()
+                .map(|(n, regular)| {
+                    if regular {
+                        self.regular.insert(n.clone());
+                    }
+                    n
+                })
+                .collect(),
             Err(e) => {
                 if e.kind() != io::ErrorKind::NotFound {
                     self.warnings
@@ -694,6 +710,7 @@ fn read_devices(
             tables,
             warnings: Vec::new(),
             present: Default::default(),
+            regular: Default::default(),
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -826,6 +843,7 @@ fn read_virtual_mdev_parents(
             tables: &tables,
             warnings: Vec::new(),
             present: Default::default(),
+            regular: Default::default(),
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -846,7 +864,7 @@ fn read_groups(
     mdevs: &[MdevInstance],
     warnings: &mut Vec<String>,
 ) -> Vec<IommuGroup> {
-    read_groups_only(host, devices, mdevs, None, warnings)
+    read_groups_only(host, devices, mdevs, None, None, warnings)
 }
 
 /// [`read_groups`], limited to the group numbers in `only` when given.
@@ -855,6 +873,7 @@ fn read_groups_only(
     devices: &[PciDevice],
     mdevs: &[MdevInstance],
     only: Option<&[u32]>,
+    listed: Option<&BTreeMap<u32, Vec<String>>>,
     warnings: &mut Vec<String>,
 ) -> Vec<IommuGroup> {
     let by_addr: HashMap<PciAddress, &PciDevice> = devices.iter().map(|d| (d.address, d)).collect();
@@ -898,26 +917,30 @@ fn read_groups_only(
             .map(|n| dir_names(&gdir_ref.join(n.to_string()).join("devices")).unwrap_or_default())
             .collect::<Vec<_>>()
     };
-    let listings: Vec<Vec<String>> = if numbers.len() <= GROUPS_PER_THREAD {
-        list(&numbers)
-    } else {
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8);
-        let chunk = numbers.len().div_ceil(threads).max(GROUPS_PER_THREAD);
-        let list = &list;
-        std::thread::scope(|sc| {
-            let handles: Vec<_> = numbers
-                .chunks(chunk)
-                .map(|part| sc.spawn(move || list(part)))
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
-        })
-    };
+    let listings: Vec<Vec<String>> =
+        if let Some(l) = listed.filter(|l| numbers.iter().all(|n| l.contains_key(n))) {
+            // Listed moments ago by the caller.
+            numbers.iter().map(|n| l[n].clone()).collect()
+        } else if numbers.len() <= GROUPS_PER_THREAD {
+            list(&numbers)
+        } else {
+            let threads = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(8);
+            let chunk = numbers.len().div_ceil(threads).max(GROUPS_PER_THREAD);
+            let list = &list;
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = numbers
+                    .chunks(chunk)
+                    .map(|part| sc.spawn(move || list(part)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
+        };
     let mut out = Vec::new();
     for (n, names) in numbers.into_iter().zip(listings) {
         let mut members: Vec<PciAddress> = Vec::new();
@@ -995,30 +1018,40 @@ pub fn scan_groups(
     numbers.dedup();
     let gdir = host.iommu_groups();
     let mut members: Vec<PciAddress> = addrs.to_vec();
+    let mut listed: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for n in &numbers {
-        for name in dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default() {
+        let names = dir_names(&gdir.join(n.to_string()).join("devices")).unwrap_or_default();
+        for name in &names {
             if let Ok(a) = name.parse() {
                 members.push(a);
             }
         }
+        listed.insert(*n, names);
     }
     members.sort();
     members.dedup();
     let entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = members
         .into_iter()
         .filter_map(|a| {
-            let p = bus.join(a.to_string());
-            std::fs::symlink_metadata(&p).ok()?;
-            Some((a, std::fs::read_link(&p).ok()))
+            // The bus link: gone (not a function of this host) drops the address.
+            match std::fs::read_link(bus.join(a.to_string())) {
+                Ok(t) => Some((a, Some(t))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(_) => Some((a, None)),
+            }
         })
         .collect();
     let mut devices = read_devices(host, &entries, &mut warnings);
     sort_devices(&mut devices);
     let numbers: Vec<u32> = numbers
         .into_iter()
-        .filter(|n| gdir.join(n.to_string()).is_dir() || devices.iter().any(|d| d.iommu_group == Some(*n)))
+        .filter(|n| {
+            listed.get(n).is_some_and(|m| !m.is_empty())
+                || gdir.join(n.to_string()).is_dir()
+                || devices.iter().any(|d| d.iommu_group == Some(*n))
+        })
         .collect();
-    let groups = read_groups_only(host, &devices, &[], Some(&numbers), &mut warnings);
+    let groups = read_groups_only(host, &devices, &[], Some(&numbers), Some(&listed), &mut warnings);
     Ok(Inventory {
         schema_version: SCHEMA_VERSION,
         kernel: read_attr(&host.path("proc/sys/kernel/osrelease")).ok(),

@@ -565,9 +565,15 @@ pub fn bind(
         addrs: &req.addresses,
         groups: &[],
     };
-    change(ops, scope, checks::Need::BIND, dry_run, force, announce, |inv, facts, _| {
-        plan_bind(inv, facts, req)
-    })
+    change(
+        ops,
+        scope,
+        checks::Need::BIND,
+        dry_run,
+        force,
+        announce,
+        |inv, facts, _| plan_bind(inv, facts, req),
+    )
 }
 
 /// `gpupass unbind`.
@@ -587,9 +593,15 @@ pub fn unbind(
             groups: &group,
         }
     };
-    change(ops, scope, checks::Need::UNBIND, dry_run, force, announce, |inv, facts, replay| {
-        plan_unbind(inv, facts, &replay.bound, req)
-    })
+    change(
+        ops,
+        scope,
+        checks::Need::UNBIND,
+        dry_run,
+        force,
+        announce,
+        |inv, facts, replay| plan_unbind(inv, facts, &replay.bound, req),
+    )
 }
 
 /// `gpupass recover`: restore (or with `cont`, complete) every unfinished transaction.

@@ -96,16 +96,20 @@ pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
     p == pat.len()
 }
 
-/// `(pattern, module)` of every `alias vfio_pci:...` line.
+/// `(pattern, module)` of every `alias vfio_pci:...` line. A distribution's modules.alias has
+/// tens of thousands of lines and a handful of `vfio_pci:` ones: they are found with a
+/// substring search rather than by splitting every line.
 pub fn parse_vfio_aliases(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            (f.next()? == "alias").then_some(())?;
+    const KEY: &str = "alias vfio_pci:";
+    text.match_indices(KEY)
+        .filter(|(i, _)| *i == 0 || text.as_bytes()[i - 1] == b'\n')
+        .filter_map(|(i, _)| {
+            let line = text[i..].split('\n').next()?;
+            let mut f = line.split_whitespace();
+            f.next()?;
             let pat = f.next()?;
             let module = f.next()?;
-            pat.starts_with("vfio_pci:")
-                .then(|| (pat.to_string(), module.to_string()))
+            Some((pat.to_string(), module.to_string()))
         })
         .collect()
 }
@@ -418,7 +422,12 @@ pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
 }
 
 /// Mounted filesystems, swap and network interfaces that are up, on the functions in view.
-fn host_uses(host: &HostRoot, idx: &FnIndex, f: &mut HostFacts, add: &dyn Fn(&mut HostFacts, PciAddress, Use)) {
+fn host_uses(
+    host: &HostRoot,
+    idx: &FnIndex,
+    f: &mut HostFacts,
+    add: &dyn Fn(&mut HostFacts, PciAddress, Use),
+) {
     let mounts_from_info = read_bounded(&host.proc_self_mountinfo(), 16 << 20).ok();
     if let Some(text) = &mounts_from_info {
         for line in text.lines() {
@@ -531,7 +540,6 @@ fn host_uses(host: &HostRoot, idx: &FnIndex, f: &mut HostFacts, add: &dyn Fn(&mu
             add(f, a, Use::NetUp { iface: ifc });
         }
     }
-
 }
 
 /// Mount points escape space, tab, newline and backslash as octal (`\040`).

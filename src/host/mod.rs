@@ -191,11 +191,29 @@ impl AttrDir {
         names_of_dir_fd(&self.fd)
     }
 
+    /// Names of the entries with whether each is a regular file (the `d_type` of
+    /// `getdents64`; sysfs fills it in).
+    pub fn entries(&self) -> io::Result<Vec<(String, bool)>> {
+        entries_of_dir_fd(&self.fd)
+    }
+
     /// Read at most `limit` bytes of an attribute (lossy UTF-8, trailing newline trimmed).
     ///
     /// A sysfs attribute's `show()` fills its whole page on the first read, so a read shorter
     /// than the buffer is the end of the file; this saves the second, empty read per attribute.
     pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
+        self.read_impl(name, limit, true)
+    }
+
+    /// Like [`read`](Self::read), for an entry the directory listing reported as a regular file
+    /// ([`entries`](Self::entries)): the `fstat` that refuses FIFOs and device nodes is skipped.
+    /// (Should the entry be swapped for a FIFO since, the non-blocking open and read still
+    /// return at once.)
+    pub fn read_listed_regular(&self, name: &str, limit: usize) -> io::Result<String> {
+        self.read_impl(name, limit, false)
+    }
+
+    fn read_impl(&self, name: &str, limit: usize, check_type: bool) -> io::Result<String> {
         use rustix::fs::{Mode, OFlags};
         // O_NONBLOCK: a FIFO planted where an attribute belongs must not block the open.
         let fd = rustix::fs::openat(
@@ -204,7 +222,9 @@ impl AttrDir {
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )?;
-        regular_only(&fd)?;
+        if check_type {
+            regular_only(&fd)?;
+        }
         let mut buf = vec![0u8; 4096.min(limit)];
         let mut len = 0;
         loop {
@@ -407,6 +427,11 @@ pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
 /// `readdir(3)` adds an `fstat`. sysfs and procfs directories are read by the thousand in a
 /// scan, so the call count is the cost.
 pub fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
+    Ok(entries_of_dir_fd(fd)?.into_iter().map(|(n, _)| n).collect())
+}
+
+/// [`names_of_dir_fd`] with whether each entry is a regular file (`d_type`).
+pub fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, bool)>> {
     let mut buf = Vec::with_capacity(16 * 1024);
     let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
     let mut v = Vec::new();
@@ -417,7 +442,8 @@ pub fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
         if n.first() == Some(&b'.') {
             continue;
         }
-        v.push(String::from_utf8_lossy(n).into_owned());
+        let regular = e.file_type() == rustix::fs::FileType::RegularFile;
+        v.push((String::from_utf8_lossy(n).into_owned(), regular));
     }
     Ok(v)
 }
@@ -442,26 +468,35 @@ pub fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFi
     let mut out: Vec<OpenFile> = Vec::new();
     let mut unreadable = 0;
     let proc_dir = host.proc_dir();
-    let Ok(pids) = dir_names(&proc_dir) else {
+    // Every lookup below is relative to this descriptor: `N/exe`, not `/proc/N/exe`.
+    let Ok(proc_fd) = rustix::fs::open(
+        &proc_dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return (out, unreadable);
     };
+    let Ok(mut pids) = names_of_dir_fd(&proc_fd) else {
+        return (out, unreadable);
+    };
+    pids.sort();
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
     // f_type is i64 on x86_64, another width elsewhere.
     #[allow(clippy::unnecessary_cast)]
-    let real_procfs = rustix::fs::statfs(&proc_dir).is_ok_and(|s| s.f_type as i64 == PROC_SUPER_MAGIC);
+    let real_procfs = rustix::fs::fstatfs(&proc_fd).is_ok_and(|s| s.f_type as i64 == PROC_SUPER_MAGIC);
     for p in pids {
         let Ok(pid) = p.parse::<u32>() else { continue };
-        let pdir = proc_dir.join(&p);
         if real_procfs
             && matches!(
-                rustix::fs::readlink(pdir.join("exe"), Vec::new()),
+                rustix::fs::readlinkat(&proc_fd, format!("{p}/exe"), Vec::new()),
                 Err(rustix::io::Errno::NOENT)
             )
         {
             continue;
         }
-        let fd = match rustix::fs::open(
-            pdir.join("fd"),
+        let fd = match rustix::fs::openat(
+            &proc_fd,
+            format!("{p}/fd"),
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         ) {
@@ -487,7 +522,9 @@ pub fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFi
                 continue;
             }
             let c = comm
-                .get_or_insert_with(|| read_attr(&pdir.join("comm")).unwrap_or_else(|_| "?".into()))
+                .get_or_insert_with(|| {
+                    read_attr(&proc_dir.join(&p).join("comm")).unwrap_or_else(|_| "?".into())
+                })
                 .clone();
             if !out.iter().any(|o| o.pid == pid && o.target == t) {
                 out.push(OpenFile {
