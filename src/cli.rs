@@ -17,12 +17,22 @@ use std::path::PathBuf;
 #[command(
     name = "gpupass",
     version,
-    about = "Move GPUs and other PCI devices from a Linux host into VMs and containers",
-    long_about = "gpupass reads the host's PCI devices, IOMMU groups, drivers and mediated \
-devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers.",
+    about = ABOUT,
+    long_about = LONG_ABOUT,
     after_long_help = EXIT_STATUS_HELP
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub globals: Globals,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// The options every command takes (`global`: before or after the command name). A plain
+// comment: a doc comment here would become the about text of every command it flattens into.
+#[derive(Debug, clap::Args)]
+pub struct Globals {
     /// More log output on stderr: -v info, -vv debug (every sysfs write), -vvv trace
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -46,9 +56,57 @@ pub struct Cli {
     /// Machine-readable JSON output (schema in docs/json.md)
     #[arg(long, global = true)]
     pub json: bool,
+}
 
-    #[command(subcommand)]
-    pub command: Command,
+const ABOUT: &str = "Move GPUs and other PCI devices from a Linux host into VMs and containers";
+const LONG_ABOUT: &str = "gpupass reads the host's PCI devices, IOMMU groups, drivers and mediated \
+devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers.";
+const BIND_ABOUT: &str = "Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)";
+const UNBIND_ABOUT: &str = "Give functions on VFIO back to the drivers they had before gpupass bound them";
+const OCI_HOOK_ABOUT: &str =
+    "OCI runtime hook (createRuntime or prestart): give a container the VFIO device \
+nodes named by its `gpupass.dev/devices` annotation (reads the OCI state on stdin)";
+
+/// Parse the process's arguments.
+///
+/// The commands that run in loops (`bind`, `unbind`, and `oci-hook` at every container
+/// start) are parsed against a tree holding only that command: clap builds every command and
+/// argument of the tree before it parses, which was 40% of a `bind`'s instructions. The
+/// small tree is made from the same definitions (the command's `Args`, [`Globals`], the same
+/// about texts), and `tests/cli.rs` checks that both trees parse, explain and refuse alike.
+pub fn parse() -> Cli {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cmd = command_for(args.get(1).and_then(|a| a.to_str()));
+    let matches = cmd.try_get_matches_from_mut(args).unwrap_or_else(|e| e.exit());
+    // Leaked, not freed: freeing the tree costs more than the exit does.
+    std::mem::forget(cmd);
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    std::mem::forget(matches);
+    cli
+}
+
+/// The clap tree to parse a command line whose first argument is `first`: the whole tree, or
+/// for the hot commands a tree of that command alone.
+pub fn command_for(first: Option<&str>) -> clap::Command {
+    use clap::{Args, CommandFactory};
+    let sub = match first {
+        Some("bind") => {
+            crate::bind::cmd::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT))
+        }
+        Some("unbind") => {
+            crate::bind::cmd::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT))
+        }
+        Some("oci-hook") => clap::Command::new("oci-hook").about(OCI_HOOK_ABOUT),
+        _ => return Cli::command(),
+    };
+    let top = clap::Command::new("gpupass")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(ABOUT)
+        .long_about(LONG_ABOUT)
+        .after_long_help(EXIT_STATUS_HELP)
+        .subcommand_required(true)
+        .arg_required_else_help(true);
+    Globals::augment_args(top).subcommand(sub)
 }
 
 /// Exit statuses, shown in `--help` and the man page.
@@ -172,8 +230,7 @@ pub enum Command {
         #[command(subcommand)]
         cmd: ContainerCommand,
     },
-    /// OCI runtime hook (createRuntime or prestart): give a container the VFIO device nodes
-    /// named by its `gpupass.dev/devices` annotation (reads the OCI state on stdin)
+    #[command(about = OCI_HOOK_ABOUT)]
     OciHook,
     /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
     /// and mdevs, one resource per device model / mdev type
@@ -192,9 +249,9 @@ pub enum Command {
         #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
         cdi_kind: crate::cdi::Kind,
     },
-    /// Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)
+    #[command(about = BIND_ABOUT)]
     Bind(crate::bind::cmd::BindArgs),
-    /// Give functions on VFIO back to the drivers they had before gpupass bound them
+    #[command(about = UNBIND_ABOUT)]
     Unbind(crate::bind::cmd::UnbindArgs),
     /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
     Recover(crate::bind::cmd::RecoverArgs),
@@ -321,10 +378,10 @@ pub struct Ctx {
 impl Ctx {
     pub fn from_cli(cli: &Cli) -> Self {
         Ctx {
-            color: cli.color.enabled_for_stdout(),
-            host: HostRoot::new(cli.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
-            from_json: cli.from_json.clone(),
-            json: cli.json,
+            color: cli.globals.color.enabled_for_stdout(),
+            host: HostRoot::new(cli.globals.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
+            from_json: cli.globals.from_json.clone(),
+            json: cli.globals.json,
         }
     }
 
@@ -674,5 +731,125 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
         Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),
         Command::Detach(a) => vm_exit(crate::vmout::run_detach(&ctx.inventory()?, &a, out)),
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse_with(mut cmd: clap::Command, argv: &[&str]) -> Result<String, String> {
+        match cmd.try_get_matches_from_mut(argv) {
+            Ok(m) => <Cli as clap::FromArgMatches>::from_arg_matches(&m)
+                .map(|c| format!("{c:?}"))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(format!("{:?}: {}", e.kind(), e.render())),
+        }
+    }
+
+    /// The one-command trees of the hot commands explain themselves exactly as the whole tree
+    /// does: same help (short and long), same usage, same top-level texts.
+    #[test]
+    fn hot_command_trees_have_the_whole_trees_help() {
+        for name in ["bind", "unbind", "oci-hook"] {
+            let mut full = Cli::command();
+            full.build();
+            let mut small = command_for(Some(name));
+            small.build();
+            assert_eq!(
+                full.get_about().map(|s| s.to_string()),
+                small.get_about().map(|s| s.to_string())
+            );
+            assert_eq!(full.get_version(), small.get_version());
+            assert_eq!(
+                full.get_after_long_help().map(|s| s.to_string()),
+                small.get_after_long_help().map(|s| s.to_string())
+            );
+            let f = full.find_subcommand_mut(name).expect("in the whole tree");
+            let s = small.find_subcommand_mut(name).expect("in the small tree");
+            assert_eq!(
+                f.render_help().to_string(),
+                s.render_help().to_string(),
+                "{name} -h"
+            );
+            assert_eq!(
+                f.render_long_help().to_string(),
+                s.render_long_help().to_string(),
+                "{name} --help"
+            );
+            assert_eq!(
+                f.render_usage().to_string(),
+                s.render_usage().to_string(),
+                "{name} usage"
+            );
+        }
+    }
+
+    /// ...and parse, and refuse, every command line alike.
+    #[test]
+    fn hot_command_trees_parse_and_refuse_alike() {
+        let cases: &[&[&str]] = &[
+            &["gpupass", "bind", "01:00.0"],
+            &[
+                "gpupass",
+                "bind",
+                "0000:01:00.0",
+                "02:00.0",
+                "--only",
+                "--dry-run",
+                "--force",
+                "--json",
+            ],
+            &[
+                "gpupass",
+                "bind",
+                "01:00.0",
+                "--driver",
+                "nvgrace_gpu_vfio_pci",
+                "-vv",
+                "--log-format",
+                "json",
+            ],
+            &[
+                "gpupass",
+                "bind",
+                "01:00.0",
+                "--root",
+                "/tmp/x",
+                "--color",
+                "never",
+                "--from-json",
+                "f.json",
+            ],
+            &["gpupass", "bind"],
+            &["gpupass", "bind", "zz:00.0"],
+            &["gpupass", "bind", "01:00.0", "--driver", "../etc"],
+            &["gpupass", "bind", "01:00.0", "--bogus"],
+            &["gpupass", "bind", "--help"],
+            &["gpupass", "bind", "--version"],
+            &["gpupass", "unbind", "01:00.0"],
+            &["gpupass", "unbind", "--group", "12"],
+            &["gpupass", "unbind", "--all", "--dry-run"],
+            &["gpupass", "unbind", "--all", "01:00.0"],
+            &["gpupass", "unbind"],
+            &["gpupass", "unbind", "--group", "x"],
+            &["gpupass", "oci-hook"],
+            &["gpupass", "oci-hook", "extra"],
+            &["gpupass", "oci-hook", "--json"],
+        ];
+        for argv in cases {
+            let full = parse_with(Cli::command(), argv);
+            let small = parse_with(command_for(argv.get(1).copied()), argv);
+            assert_eq!(full, small, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn other_commands_get_the_whole_tree() {
+        for first in [None, Some("list"), Some("-v"), Some("--root"), Some("bindx")] {
+            let c = command_for(first);
+            assert!(c.find_subcommand("list").is_some(), "{first:?}");
+        }
     }
 }

@@ -2,16 +2,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    // The command tree (every subcommand and argument) is parsed against and then leaked:
-    // freeing it cost ~190k instructions, a tenth of `gpupass --version` (callgrind); the
-    // process exits soon after anyway.
-    let mut cmd = <gpupass::cli::Cli as clap::CommandFactory>::command();
-    let matches = cmd.get_matches_mut();
-    std::mem::forget(cmd);
-    let cli =
-        <gpupass::cli::Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    std::mem::forget(matches);
-    gpupass::cli::init_logging(cli.verbose, cli.log_format, cli.color);
+    let cli = gpupass::cli::parse();
+    gpupass::cli::init_logging(cli.globals.verbose, cli.globals.log_format, cli.globals.color);
     tracing::debug!(faults = gpupass::minor_faults(), "arguments parsed");
     // Block-buffered: a pretty JSON inventory is tens of thousands of lines, and the line-
     // buffered stdout would make one write(2) per line.
