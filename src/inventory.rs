@@ -40,17 +40,23 @@ const IORESOURCE_MEM_64: u64 = 0x0010_0000;
 
 /// Parse sysfs `resource` into BARs (index, kind, start, size, flags). Unassigned lines
 /// (all zero) are skipped; garbled lines are reported in the error list.
+const ZERO64: &str = "0x0000000000000000";
+
 pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
     let mut bars = Vec::new();
     let mut errs = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() != 3 {
-            errs.push(format!("line {i} has {} fields, expected 3", f.len()));
+        let mut it = line.split_whitespace();
+        let (Some(f0), Some(f1), Some(f2), None) = (it.next(), it.next(), it.next(), it.next()) else {
+            let n = line.split_whitespace().count();
+            errs.push(format!("line {i} has {n} fields, expected 3"));
+            continue;
+        };
+        // All-zero lines (absent BARs) are most of the file: no number to parse.
+        if f0 == ZERO64 && f1 == ZERO64 {
             continue;
         }
-        let (Some(start), Some(end), Some(flags)) = (parse_hex(f[0]), parse_hex(f[1]), parse_hex(f[2]))
-        else {
+        let (Some(start), Some(end), Some(flags)) = (parse_hex(f0), parse_hex(f1), parse_hex(f2)) else {
             errs.push(format!("line {i} is not hex"));
             continue;
         };
@@ -205,14 +211,41 @@ impl HostTables {
     }
 }
 
+/// The entries of a device directory, sorted for lookups, with whether each is a regular file.
+#[derive(Default)]
+struct Listing(Vec<(String, bool)>);
+
+impl Listing {
+    fn new(mut v: Vec<(String, bool)>) -> Self {
+        v.sort_unstable();
+        Listing(v)
+    }
+    fn find(&self, name: &str) -> Option<&(String, bool)> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i])
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+    fn is_regular(&self, name: &str) -> bool {
+        self.find(name).is_some_and(|(_, r)| *r)
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.0.iter().map(|(n, _)| n.clone())
+    }
+}
+
 struct Reader<'a> {
     host: &'a HostRoot,
     tables: &'a HostTables,
     warnings: Vec<String>,
     /// Entries of the device directory being read: attributes that are absent are not opened.
-    present: std::collections::HashSet<String>,
-    /// Those of `present` that the listing reported as regular files.
-    regular: std::collections::HashSet<String>,
+    present: Listing,
     /// The device directory being read, open.
     cur: Option<host::AttrDir>,
     /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
@@ -226,7 +259,7 @@ impl Reader<'_> {
             return None;
         }
         let cur = self.cur.as_ref()?;
-        let r = if self.regular.contains(name) {
+        let r = if self.present.is_regular(name) {
             cur.read_listed_regular(name, host::ATTR_LIMIT as usize)
         } else {
             cur.read(name, host::ATTR_LIMIT as usize)
@@ -344,21 +377,12 @@ impl Reader<'_> {
             None => self.host.pci_device(&addr),
         };
         self.cur = None;
-        self.regular.clear();
         self.present = match host::AttrDir::open(&dir).and_then(|d| {
             let entries = d.entries()?;
             self.cur = Some(d);
             Ok(entries)
         }) {
-            Ok(v) => v
-                .into_iter()
-                .map(|(n, regular)| {
-                    if regular {
-                        self.regular.insert(n.clone());
-                    }
-                    n
-                })
-                .collect(),
+            Ok(v) => Listing::new(v),
             Err(e) => {
                 if e.kind() != io::ErrorKind::NotFound {
                     self.warnings
@@ -505,8 +529,7 @@ impl Reader<'_> {
                 {
                     let mut idx: Vec<(u32, String)> = self
                         .present
-                        .iter()
-                        .cloned()
+                        .names()
                         .filter_map(|n| {
                             n.strip_prefix("virtfn")
                                 .and_then(|i| i.parse().ok())
@@ -710,7 +733,6 @@ fn read_devices(
             tables,
             warnings: Vec::new(),
             present: Default::default(),
-            regular: Default::default(),
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -843,7 +865,6 @@ fn read_virtual_mdev_parents(
             tables: &tables,
             warnings: Vec::new(),
             present: Default::default(),
-            regular: Default::default(),
             cur: None,
             cpulists: HashMap::new(),
         };
