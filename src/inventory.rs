@@ -191,7 +191,7 @@ struct HostTables {
 }
 
 impl HostTables {
-    fn read(host: &HostRoot) -> Self {
+    fn read(host: &HostRoot, light: bool) -> Self {
         let mut t = HostTables::default();
         for n in dir_names(&host.driverctl_dir()).unwrap_or_default() {
             if let Some(addr) = n.strip_prefix("pci-") {
@@ -203,13 +203,27 @@ impl HostTables {
                 }
             }
         }
-        t.nvidia_gpus = dir_names(&host.nvidia_gpus_proc())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        if !light {
+            t.nvidia_gpus = dir_names(&host.nvidia_gpus_proc())
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+        }
         t
     }
 }
+
+/// Attributes a light read leaves out: placement, resources and capabilities that no plan of a
+/// bind, an unbind or a container's device nodes looks at.
+const LIGHT_SKIPS: &[&str] = &[
+    "numa_node",
+    "local_cpulist",
+    "resource",
+    "revision",
+    "reset_method",
+    "sriov_totalvfs",
+    "sriov_numvfs",
+];
 
 /// The entries of a device directory, sorted for lookups, with whether each is a regular file.
 #[derive(Default)]
@@ -246,6 +260,8 @@ struct Reader<'a> {
     warnings: Vec<String>,
     /// Entries of the device directory being read: attributes that are absent are not opened.
     present: Listing,
+    /// A light read (see [`scan_groups`]): what planning a bind or a container's devices needs.
+    light: bool,
     /// The device directory being read, open.
     cur: Option<host::AttrDir>,
     /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
@@ -255,7 +271,7 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// An attribute of the current device directory (see `present`).
     fn attr(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
-        if !self.present.contains(name) {
+        if !self.present.contains(name) || (self.light && LIGHT_SKIPS.contains(&name)) {
             return None;
         }
         let cur = self.cur.as_ref()?;
@@ -555,7 +571,7 @@ impl Reader<'_> {
         let physfn = self.addr_link(&dir, &a, "physfn");
         let mdev_types = {
             let td = dir.join("mdev_supported_types");
-            if self.present.contains("mdev_supported_types") {
+            if self.present.contains("mdev_supported_types") && !self.light {
                 self.mdev_types(&td, &a)
             } else {
                 Vec::new()
@@ -623,7 +639,7 @@ impl Reader<'_> {
     /// NVIDIA vendor-VFIO vGPU (kernel 6.8+, vGPU 17+): `nvidia/creatable_vgpu_types` lists
     /// `ID : Name` rows after a header; `nvidia/current_vgpu_type` holds the active id (0 = none).
     fn nvidia_vgpu(&mut self, dir: &Path, a: &str) -> (Vec<MdevType>, Option<String>) {
-        if !self.present.contains("nvidia") {
+        if !self.present.contains("nvidia") || self.light {
             return (Vec::new(), None);
         }
         let nd = dir.join("nvidia");
@@ -695,7 +711,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     }
     entries.sort();
 
-    let devices = read_devices(host, &entries, &mut warnings);
+    let devices = read_devices(host, &entries, false, &mut warnings);
     let mut devices: Vec<PciDevice> = devices;
     sort_devices(&mut devices);
 
@@ -720,9 +736,10 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
 fn read_devices(
     host: &HostRoot,
     entries: &[(PciAddress, Option<std::path::PathBuf>)],
+    light: bool,
     warnings: &mut Vec<String>,
 ) -> Vec<PciDevice> {
-    let tables = HostTables::read(host);
+    let tables = HostTables::read(host, light);
     let tables = &tables;
     // Few devices (a bind reads one or two groups): no threads, whose start costs more than
     // the reads.
@@ -733,6 +750,7 @@ fn read_devices(
             tables,
             warnings: Vec::new(),
             present: Default::default(),
+            light,
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -865,6 +883,7 @@ fn read_virtual_mdev_parents(
             tables: &tables,
             warnings: Vec::new(),
             present: Default::default(),
+            light: false,
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -1012,8 +1031,12 @@ fn read_groups_only(
 
 /// Read only the IOMMU groups `groups` and those of the functions `addrs`, with their member
 /// functions (no mdevs): for callers on a hot path that need a few devices of a large host
-/// (the OCI hook runs on every container start). Unknown addresses and groups are simply
-/// absent from the result.
+/// (the OCI hook runs on every container start, bind and unbind plan from it). Unknown
+/// addresses and groups are simply absent from the result.
+///
+/// The devices are read light: identity, class, driver, override, group, boot VGA, SR-IOV
+/// parent and VFIO cdev, without NUMA placement, BARs, revision, reset methods, SR-IOV
+/// counts, mdev types or NVIDIA details (`LIGHT_SKIPS`), which no such plan looks at.
 pub fn scan_groups(
     host: &HostRoot,
     addrs: &[PciAddress],
@@ -1062,7 +1085,7 @@ pub fn scan_groups(
             }
         })
         .collect();
-    let mut devices = read_devices(host, &entries, &mut warnings);
+    let mut devices = read_devices(host, &entries, true, &mut warnings);
     sort_devices(&mut devices);
     let numbers: Vec<u32> = numbers
         .into_iter()
