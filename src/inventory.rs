@@ -732,6 +732,29 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     })
 }
 
+/// `f` over `items` in chunks of at least `per_thread`, one thread per chunk up to the cores (8
+/// at most); one chunk runs on the calling thread, since a thread's start costs more than a few
+/// reads. Results in order; `None` for a chunk whose thread panicked.
+fn in_chunks<T: Sync, R: Send>(
+    items: &[T],
+    per_thread: usize,
+    f: impl Fn(&[T]) -> R + Sync,
+) -> Vec<Option<R>> {
+    if items.len() <= per_thread {
+        return vec![Some(f(items))];
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8);
+    let chunk = items.len().div_ceil(threads).max(per_thread);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.chunks(chunk).map(|part| s.spawn(move || f(part))).collect();
+        handles.into_iter().map(|h| h.join().ok()).collect()
+    })
+}
+
 /// Read devices, spread over the machine's cores (each device is independent).
 fn read_devices(
     host: &HostRoot,
@@ -782,29 +805,10 @@ fn read_devices(
                         .collect();
         (devs, r.warnings)
     };
-    let results: Vec<(Vec<PciDevice>, Vec<String>)> = if entries.len() <= PER_THREAD {
-        vec![read_part(entries)]
-    } else {
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8);
-        let chunk = entries.len().div_ceil(threads).max(PER_THREAD);
-        let read_part = &read_part;
-        std::thread::scope(|s| {
-            let handles: Vec<_> = entries
-                .chunks(chunk)
-                .map(|part| s.spawn(move || read_part(part)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| (Vec::new(), vec!["a reader thread failed".into()]))
-                })
-                .collect()
-        })
-    };
+    let results: Vec<(Vec<PciDevice>, Vec<String>)> = in_chunks(entries, PER_THREAD, read_part)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| (Vec::new(), vec!["a reader thread failed".into()])))
+        .collect();
     let mut out = Vec::with_capacity(entries.len());
     for (d, w) in results {
         out.extend(d);
@@ -961,25 +965,11 @@ fn read_groups_only(
         if let Some(l) = listed.filter(|l| numbers.iter().all(|n| l.contains_key(n))) {
             // Listed moments ago by the caller.
             numbers.iter().map(|n| l[n].clone()).collect()
-        } else if numbers.len() <= GROUPS_PER_THREAD {
-            list(&numbers)
         } else {
-            let threads = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(8);
-            let chunk = numbers.len().div_ceil(threads).max(GROUPS_PER_THREAD);
-            let list = &list;
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = numbers
-                    .chunks(chunk)
-                    .map(|part| sc.spawn(move || list(part)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            })
+            in_chunks(&numbers, GROUPS_PER_THREAD, list)
+                .into_iter()
+                .flat_map(|r| r.unwrap_or_default())
+                .collect()
         };
     let mut out = Vec::new();
     for (n, names) in numbers.into_iter().zip(listings) {
