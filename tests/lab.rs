@@ -19,6 +19,7 @@ const SCENARIOS: &[&str] = &[
     "demo",
     "events",
     "bind",
+    "inuse",
     "mdev",
     "boot",
     "concurrency",
@@ -129,6 +130,12 @@ fn lab_events() {
 #[test]
 fn lab_bind() {
     assert_scenario("bind");
+}
+
+/// A mounted filesystem (virtio-blk) and an up interface (virtio-net) refuse the bind.
+#[test]
+fn lab_inuse() {
+    assert_scenario("inuse");
 }
 
 #[test]
