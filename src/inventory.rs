@@ -40,17 +40,23 @@ const IORESOURCE_MEM_64: u64 = 0x0010_0000;
 
 /// Parse sysfs `resource` into BARs (index, kind, start, size, flags). Unassigned lines
 /// (all zero) are skipped; garbled lines are reported in the error list.
+const ZERO64: &str = "0x0000000000000000";
+
 pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
     let mut bars = Vec::new();
     let mut errs = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() != 3 {
-            errs.push(format!("line {i} has {} fields, expected 3", f.len()));
+        let mut it = line.split_whitespace();
+        let (Some(f0), Some(f1), Some(f2), None) = (it.next(), it.next(), it.next(), it.next()) else {
+            let n = line.split_whitespace().count();
+            errs.push(format!("line {i} has {n} fields, expected 3"));
+            continue;
+        };
+        // All-zero lines (absent BARs) are most of the file: no number to parse.
+        if f0 == ZERO64 && f1 == ZERO64 {
             continue;
         }
-        let (Some(start), Some(end), Some(flags)) = (parse_hex(f[0]), parse_hex(f[1]), parse_hex(f[2]))
-        else {
+        let (Some(start), Some(end), Some(flags)) = (parse_hex(f0), parse_hex(f1), parse_hex(f2)) else {
             errs.push(format!("line {i} is not hex"));
             continue;
         };
@@ -185,7 +191,7 @@ struct HostTables {
 }
 
 impl HostTables {
-    fn read(host: &HostRoot) -> Self {
+    fn read(host: &HostRoot, light: bool) -> Self {
         let mut t = HostTables::default();
         for n in dir_names(&host.driverctl_dir()).unwrap_or_default() {
             if let Some(addr) = n.strip_prefix("pci-") {
@@ -197,11 +203,54 @@ impl HostTables {
                 }
             }
         }
-        t.nvidia_gpus = dir_names(&host.nvidia_gpus_proc())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        if !light {
+            t.nvidia_gpus = dir_names(&host.nvidia_gpus_proc())
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+        }
         t
+    }
+}
+
+/// Attributes a light read leaves out: placement, resources and capabilities that no plan of a
+/// bind, an unbind or a container's device nodes looks at.
+const LIGHT_SKIPS: &[&str] = &[
+    "numa_node",
+    "local_cpulist",
+    "resource",
+    "revision",
+    "reset_method",
+    "sriov_totalvfs",
+    "sriov_numvfs",
+];
+
+/// The entries of a device directory, sorted for lookups, with whether each is a regular file.
+#[derive(Default)]
+struct Listing(Vec<(String, bool)>);
+
+impl Listing {
+    fn new(mut v: Vec<(String, bool)>) -> Self {
+        v.sort_unstable();
+        Listing(v)
+    }
+    fn find(&self, name: &str) -> Option<&(String, bool)> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i])
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+    fn is_regular(&self, name: &str) -> bool {
+        self.find(name).is_some_and(|(_, r)| *r)
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.0.iter().map(|(n, _)| n.clone())
     }
 }
 
@@ -210,9 +259,9 @@ struct Reader<'a> {
     tables: &'a HostTables,
     warnings: Vec<String>,
     /// Entries of the device directory being read: attributes that are absent are not opened.
-    present: std::collections::HashSet<String>,
-    /// Those of `present` that the listing reported as regular files.
-    regular: std::collections::HashSet<String>,
+    present: Listing,
+    /// A light read (see [`scan_groups`]): what planning a bind or a container's devices needs.
+    light: bool,
     /// The device directory being read, open.
     cur: Option<host::AttrDir>,
     /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
@@ -222,11 +271,11 @@ struct Reader<'a> {
 impl Reader<'_> {
     /// An attribute of the current device directory (see `present`).
     fn attr(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
-        if !self.present.contains(name) {
+        if !self.present.contains(name) || (self.light && LIGHT_SKIPS.contains(&name)) {
             return None;
         }
         let cur = self.cur.as_ref()?;
-        let r = if self.regular.contains(name) {
+        let r = if self.present.is_regular(name) {
             cur.read_listed_regular(name, host::ATTR_LIMIT as usize)
         } else {
             cur.read(name, host::ATTR_LIMIT as usize)
@@ -344,21 +393,12 @@ impl Reader<'_> {
             None => self.host.pci_device(&addr),
         };
         self.cur = None;
-        self.regular.clear();
         self.present = match host::AttrDir::open(&dir).and_then(|d| {
             let entries = d.entries()?;
             self.cur = Some(d);
             Ok(entries)
         }) {
-            Ok(v) => v
-                .into_iter()
-                .map(|(n, regular)| {
-                    if regular {
-                        self.regular.insert(n.clone());
-                    }
-                    n
-                })
-                .collect(),
+            Ok(v) => Listing::new(v),
             Err(e) => {
                 if e.kind() != io::ErrorKind::NotFound {
                     self.warnings
@@ -505,8 +545,7 @@ impl Reader<'_> {
                 {
                     let mut idx: Vec<(u32, String)> = self
                         .present
-                        .iter()
-                        .cloned()
+                        .names()
                         .filter_map(|n| {
                             n.strip_prefix("virtfn")
                                 .and_then(|i| i.parse().ok())
@@ -532,7 +571,7 @@ impl Reader<'_> {
         let physfn = self.addr_link(&dir, &a, "physfn");
         let mdev_types = {
             let td = dir.join("mdev_supported_types");
-            if self.present.contains("mdev_supported_types") {
+            if self.present.contains("mdev_supported_types") && !self.light {
                 self.mdev_types(&td, &a)
             } else {
                 Vec::new()
@@ -600,7 +639,7 @@ impl Reader<'_> {
     /// NVIDIA vendor-VFIO vGPU (kernel 6.8+, vGPU 17+): `nvidia/creatable_vgpu_types` lists
     /// `ID : Name` rows after a header; `nvidia/current_vgpu_type` holds the active id (0 = none).
     fn nvidia_vgpu(&mut self, dir: &Path, a: &str) -> (Vec<MdevType>, Option<String>) {
-        if !self.present.contains("nvidia") {
+        if !self.present.contains("nvidia") || self.light {
             return (Vec::new(), None);
         }
         let nd = dir.join("nvidia");
@@ -672,7 +711,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     }
     entries.sort();
 
-    let devices = read_devices(host, &entries, &mut warnings);
+    let devices = read_devices(host, &entries, false, &mut warnings);
     let mut devices: Vec<PciDevice> = devices;
     sort_devices(&mut devices);
 
@@ -693,13 +732,37 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     })
 }
 
+/// `f` over `items` in chunks of at least `per_thread`, one thread per chunk up to the cores (8
+/// at most); one chunk runs on the calling thread, since a thread's start costs more than a few
+/// reads. Results in order; `None` for a chunk whose thread panicked.
+fn in_chunks<T: Sync, R: Send>(
+    items: &[T],
+    per_thread: usize,
+    f: impl Fn(&[T]) -> R + Sync,
+) -> Vec<Option<R>> {
+    if items.len() <= per_thread {
+        return vec![Some(f(items))];
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8);
+    let chunk = items.len().div_ceil(threads).max(per_thread);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.chunks(chunk).map(|part| s.spawn(move || f(part))).collect();
+        handles.into_iter().map(|h| h.join().ok()).collect()
+    })
+}
+
 /// Read devices, spread over the machine's cores (each device is independent).
 fn read_devices(
     host: &HostRoot,
     entries: &[(PciAddress, Option<std::path::PathBuf>)],
+    light: bool,
     warnings: &mut Vec<String>,
 ) -> Vec<PciDevice> {
-    let tables = HostTables::read(host);
+    let tables = HostTables::read(host, light);
     let tables = &tables;
     // Few devices (a bind reads one or two groups): no threads, whose start costs more than
     // the reads.
@@ -710,7 +773,7 @@ fn read_devices(
             tables,
             warnings: Vec::new(),
             present: Default::default(),
-            regular: Default::default(),
+            light,
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -742,29 +805,10 @@ fn read_devices(
                         .collect();
         (devs, r.warnings)
     };
-    let results: Vec<(Vec<PciDevice>, Vec<String>)> = if entries.len() <= PER_THREAD {
-        vec![read_part(entries)]
-    } else {
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8);
-        let chunk = entries.len().div_ceil(threads).max(PER_THREAD);
-        let read_part = &read_part;
-        std::thread::scope(|s| {
-            let handles: Vec<_> = entries
-                .chunks(chunk)
-                .map(|part| s.spawn(move || read_part(part)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| (Vec::new(), vec!["a reader thread failed".into()]))
-                })
-                .collect()
-        })
-    };
+    let results: Vec<(Vec<PciDevice>, Vec<String>)> = in_chunks(entries, PER_THREAD, read_part)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| (Vec::new(), vec!["a reader thread failed".into()])))
+        .collect();
     let mut out = Vec::with_capacity(entries.len());
     for (d, w) in results {
         out.extend(d);
@@ -843,7 +887,7 @@ fn read_virtual_mdev_parents(
             tables: &tables,
             warnings: Vec::new(),
             present: Default::default(),
-            regular: Default::default(),
+            light: false,
             cur: None,
             cpulists: HashMap::new(),
         };
@@ -921,25 +965,11 @@ fn read_groups_only(
         if let Some(l) = listed.filter(|l| numbers.iter().all(|n| l.contains_key(n))) {
             // Listed moments ago by the caller.
             numbers.iter().map(|n| l[n].clone()).collect()
-        } else if numbers.len() <= GROUPS_PER_THREAD {
-            list(&numbers)
         } else {
-            let threads = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(8);
-            let chunk = numbers.len().div_ceil(threads).max(GROUPS_PER_THREAD);
-            let list = &list;
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = numbers
-                    .chunks(chunk)
-                    .map(|part| sc.spawn(move || list(part)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            })
+            in_chunks(&numbers, GROUPS_PER_THREAD, list)
+                .into_iter()
+                .flat_map(|r| r.unwrap_or_default())
+                .collect()
         };
     let mut out = Vec::new();
     for (n, names) in numbers.into_iter().zip(listings) {
@@ -991,8 +1021,12 @@ fn read_groups_only(
 
 /// Read only the IOMMU groups `groups` and those of the functions `addrs`, with their member
 /// functions (no mdevs): for callers on a hot path that need a few devices of a large host
-/// (the OCI hook runs on every container start). Unknown addresses and groups are simply
-/// absent from the result.
+/// (the OCI hook runs on every container start, bind and unbind plan from it). Unknown
+/// addresses and groups are simply absent from the result.
+///
+/// The devices are read light: identity, class, driver, override, group, boot VGA, SR-IOV
+/// parent and VFIO cdev, without NUMA placement, BARs, revision, reset methods, SR-IOV
+/// counts, mdev types or NVIDIA details (`LIGHT_SKIPS`), which no such plan looks at.
 pub fn scan_groups(
     host: &HostRoot,
     addrs: &[PciAddress],
@@ -1041,7 +1075,7 @@ pub fn scan_groups(
             }
         })
         .collect();
-    let mut devices = read_devices(host, &entries, &mut warnings);
+    let mut devices = read_devices(host, &entries, true, &mut warnings);
     sort_devices(&mut devices);
     let numbers: Vec<u32> = numbers
         .into_iter()

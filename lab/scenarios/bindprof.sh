@@ -9,9 +9,9 @@ D=/sys/bus/pci/devices
 i=0
 while [ $i -lt 3 ]; do
   echo "=== PHASES bind $i"
-  gpupass -vv --log-format json bind 00:05.0 2>&1 >/dev/null | cut -c1-200
+  gpupass bind 00:05.0 -vv --log-format json 2>&1 >/dev/null | cut -c1-200
   echo "=== PHASES unbind $i"
-  gpupass -vv --log-format json unbind 00:05.0 2>&1 >/dev/null | cut -c1-200
+  gpupass unbind 00:05.0 -vv --log-format json 2>&1 >/dev/null | cut -c1-200
   i=$((i + 1))
 done
 echo "=== STRACE-C bind"; strace -c -f -o /tmp/c.trace gpupass bind 00:05.0 >/dev/null; cat /tmp/c.trace

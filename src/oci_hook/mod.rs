@@ -560,7 +560,20 @@ mod tests {
         }
         assert_eq!(part.devices.len(), 3);
         for d in &part.devices {
-            assert_eq!(Some(d), full.device(&d.address));
+            // The partial scan reads devices light: the full device minus what it leaves out.
+            let mut f = full.device(&d.address).cloned().unwrap();
+            f.revision = None;
+            f.numa_node = None;
+            f.local_cpulist = None;
+            f.bars.clear();
+            f.rom = None;
+            f.reset_methods = None;
+            f.sriov = None;
+            f.mdev_types.clear();
+            f.vgpu_types.clear();
+            f.current_vgpu_type = None;
+            f.nvidia = None;
+            assert_eq!(d, &f);
         }
         let reqs = parse_request("0000:17:00.0,42").unwrap();
         assert_eq!(plan(&part, &reqs).unwrap(), plan(&full, &reqs).unwrap());
