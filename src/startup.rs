@@ -5,6 +5,8 @@
 //!    and not on that driver yet, is bound with `gpupass bind --only` semantics (the user
 //!    persisted exactly those functions). Where driverctl itself is installed its udev rule
 //!    may have done it already; then this step finds nothing to do.
+//!    A file it cannot use (a `pci-` name without a valid address, an empty or unreadable
+//!    file) is skipped with a warning naming it; the others still count.
 //! 2. Persistent mdevs: `gpupass mdev start --auto-all`.
 //!
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
@@ -14,21 +16,59 @@ use crate::host::{dir_names, read_attr, HostRoot};
 use crate::model::{is_vfio_driver, PciAddress};
 use std::io::Write;
 
-/// Devices whose persistent driver is a VFIO driver (or pci-stub) and which are present but
-/// not on it: (address, driver).
-pub fn pending_binds(host: &HostRoot) -> Vec<(PciAddress, String)> {
-    let mut out = Vec::new();
-    for name in dir_names(&host.driverctl_dir()).unwrap_or_default() {
-        let Some(addr) = name
-            .strip_prefix("pci-")
-            .and_then(|a| a.parse::<PciAddress>().ok())
-        else {
-            continue;
+/// What `startup` found in `etc/driverctl.d`: the binds to make, and the files it skipped.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Devices whose persistent driver is a VFIO driver (or pci-stub) and which are present but
+    /// not on it: (address, driver).
+    pub binds: Vec<(PciAddress, String)>,
+    /// One line per override file that could not be used (name or content), naming the file.
+    pub warnings: Vec<String>,
+}
+
+/// Read every driverctl override file. Files of other buses (`usb-...`) are driverctl's
+/// business and skipped quietly; a `pci-` file whose address does not parse, a name that is not
+/// `<bus>-<device>` at all, an unreadable or empty file is skipped with a warning, and the
+/// others still count.
+pub fn pending_binds(host: &HostRoot) -> Pending {
+    let mut out = Pending::default();
+    let dir = host.driverctl_dir();
+    for name in dir_names(&dir).unwrap_or_default() {
+        let shown = host.display(&dir.join(&name));
+        let addr = match name.split_once('-') {
+            Some(("pci", a)) => match a.parse::<PciAddress>() {
+                Ok(addr) => addr,
+                Err(e) => {
+                    out.warnings.push(format!(
+                        "{shown}: skipped: the name does not end in a PCI address ({e}); driverctl names \
+                         the file pci-<address>, e.g. pci-0000:01:00.0"
+                    ));
+                    continue;
+                }
+            },
+            Some(_) => continue,
+            None => {
+                out.warnings.push(format!(
+                    "{shown}: skipped: not a driverctl override (driverctl names them <bus>-<device>, \
+                     e.g. pci-0000:01:00.0)"
+                ));
+                continue;
+            }
         };
-        let Ok(drv) = read_attr(&host.driverctl_dir().join(&name)) else {
-            continue;
+        let drv = match read_attr(&dir.join(&name)) {
+            Ok(d) => d.trim().to_string(),
+            Err(e) => {
+                out.warnings
+                    .push(format!("{shown}: skipped: cannot read it: {e}"));
+                continue;
+            }
         };
-        let drv = drv.trim().to_string();
+        if drv.is_empty() {
+            out.warnings.push(format!(
+                "{shown}: skipped: it is empty (it should hold the driver name, e.g. vfio-pci)"
+            ));
+            continue;
+        }
         if !(is_vfio_driver(&drv) || drv == "pci-stub") {
             continue;
         }
@@ -38,7 +78,7 @@ pub fn pending_binds(host: &HostRoot) -> Vec<(PciAddress, String)> {
         }
         let cur = crate::host::link_name(&dev.join("driver")).ok().flatten();
         if cur.as_deref() != Some(drv.as_str()) {
-            out.push((addr, drv));
+            out.binds.push((addr, drv));
         }
     }
     out
@@ -46,7 +86,13 @@ pub fn pending_binds(host: &HostRoot) -> Vec<(PciAddress, String)> {
 
 pub fn run(host: &HostRoot, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<i32> {
     let mut failed = false;
-    let pending = pending_binds(host);
+    let Pending {
+        binds: pending,
+        warnings,
+    } = pending_binds(host);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
     if pending.is_empty() {
         writeln!(out, "persistent binds: nothing to do")?;
     }

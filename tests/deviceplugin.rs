@@ -9,14 +9,19 @@ use gpupass::deviceplugin::proto::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use util::*;
 
-/// The kubelet's registration service: hands every RegisterRequest to the test.
+/// The kubelet's registration service: hands every RegisterRequest to the test, or refuses it
+/// (recording the resource name) while `refuse` is set.
 struct StandIn {
     tx: mpsc::UnboundedSender<RegisterRequest>,
+    refuse: Arc<AtomicBool>,
+    refused: Arc<Mutex<Vec<String>>>,
 }
 
 #[tonic::async_trait]
@@ -29,6 +34,10 @@ impl Registration for StandIn {
         if r.version != "v1beta1" {
             return Err(tonic::Status::invalid_argument("unsupported version"));
         }
+        if self.refuse.load(Ordering::SeqCst) {
+            self.refused.lock().unwrap().push(r.resource_name);
+            return Err(tonic::Status::unavailable("device manager not ready"));
+        }
         let _ = self.tx.send(r);
         Ok(tonic::Response::new(Empty {}))
     }
@@ -37,24 +46,53 @@ impl Registration for StandIn {
 struct Kubelet {
     rx: mpsc::UnboundedReceiver<RegisterRequest>,
     task: tokio::task::JoinHandle<()>,
+    refuse: Arc<AtomicBool>,
+    refused: Arc<Mutex<Vec<String>>>,
 }
 
 impl Kubelet {
     /// Start like a kubelet does: wipe the directory, then serve kubelet.sock.
     fn start(dir: &Path) -> Kubelet {
+        Kubelet::start_refusing(dir, false)
+    }
+
+    /// As `start`; with `refuse`, every registration fails until `refuse` is cleared.
+    fn start_refusing(dir: &Path, refuse: bool) -> Kubelet {
         for e in std::fs::read_dir(dir).unwrap() {
             let _ = std::fs::remove_file(e.unwrap().path());
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let refuse = Arc::new(AtomicBool::new(refuse));
+        let refused = Arc::new(Mutex::new(Vec::new()));
+        let svc = StandIn {
+            tx,
+            refuse: refuse.clone(),
+            refused: refused.clone(),
+        };
         let l = tokio::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(StandIn { tx }))
+                .add_service(RegistrationServer::new(svc))
                 .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l))
                 .await
                 .unwrap();
         });
-        Kubelet { rx, task }
+        Kubelet {
+            rx,
+            task,
+            refuse,
+            refused,
+        }
+    }
+
+    /// How many registrations of `resource` were refused.
+    fn refused(&self, resource: &str) -> usize {
+        self.refused
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == resource)
+            .count()
     }
 
     /// Registrations until every name in `want` registered (or time out).
@@ -107,6 +145,7 @@ impl Plugin {
         let f = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gpupass"))
             .args([
+                "-v",
                 "--root",
                 root.to_str().unwrap(),
                 "device-plugin",
@@ -445,5 +484,88 @@ async fn plugin_serves_mdev_types() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+    kubelet.stop();
+}
+
+/// Wait until `f` holds (polling every 50 ms), or fail with `what`.
+async fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_that_cannot_be_bound_is_logged_once_and_its_recovery_once() {
+    let host = scratch_host("vfio-numa");
+    let sockets = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let dir = sockets.path();
+    // A directory where the L40S socket goes: every round's bind fails with EISDIR.
+    let blocked = dir.join("gpupass-nvidia.com_AD102GL_L40S.sock");
+    std::fs::create_dir(&blocked).unwrap();
+    let plugin = Plugin::start(host.path(), dir, logs.path());
+    let a6000 = dir.join("gpupass-nvidia.com_GA102GL_RTX_A6000.sock");
+    until(Duration::from_secs(15), "the A6000 socket", || a6000.exists()).await;
+    // Ten more rounds at --poll-ms 100.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let log = plugin.log();
+    let cannot = format!("cannot serve {L40S}: Is a directory");
+    assert_eq!(log.matches(&cannot).count(), 1, "{log}");
+    assert!(log.contains(" WARN "), "{log}");
+    std::fs::remove_dir(&blocked).unwrap();
+    until(Duration::from_secs(5), "the L40S socket", || {
+        std::fs::symlink_metadata(&blocked).is_ok_and(|m| !m.is_dir())
+    })
+    .await;
+    until(Duration::from_secs(2), "the recovery line", || {
+        plugin.log().contains(&format!("{L40S} can be served again"))
+    })
+    .await;
+    let log = plugin.log();
+    assert_eq!(log.matches(&cannot).count(), 1, "{log}");
+    assert_eq!(log.matches("can be served again").count(), 1, "{log}");
+    assert!(
+        log.contains(&format!("serving {L40S} (device model, 4 devices)")),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_retried_with_backoff() {
+    let host = scratch_host("vfio-numa");
+    let sockets = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let dir = sockets.path();
+    let mut kubelet = Kubelet::start_refusing(dir, true);
+    let plugin = Plugin::start(host.path(), dir, logs.path());
+    until(Duration::from_secs(15), "a refused registration", || {
+        kubelet.refused(L40S) > 0
+    })
+    .await;
+    // Attempts at about 0, 1 and 3 s (then 7 s), not every 100 ms round.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    let n = kubelet.refused(L40S);
+    assert!((2..=4).contains(&n), "{n} attempts in about 4 s");
+    let log = plugin.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains(&format!("{L40S}: the kubelet refused the registration")))
+        .collect::<Vec<_>>();
+    // The last attempt's line may still be on its way.
+    assert!(
+        (n - 1..=n).contains(&lines.len()),
+        "one line per attempt: {n} attempts, {lines:?}"
+    );
+    for (l, d) in lines.iter().zip(["1s", "2s", "4s", "8s"]) {
+        assert!(
+            l.contains("device manager not ready") && l.ends_with(&format!("retrying in {d}")),
+            "{l}"
+        );
+    }
+    // Accepted once the kubelet is ready: at the next attempt (within the 4 s backoff).
+    kubelet.refuse.store(false, Ordering::SeqCst);
+    kubelet.expect(&[L40S], Duration::from_secs(8)).await;
     kubelet.stop();
 }

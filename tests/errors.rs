@@ -438,6 +438,45 @@ fn container_v1_without_controller(r: &Path) -> Guard {
     bundle_char_nodes(r)
 }
 
+/// A cgroup v1 devices controller for the container's cgroup `ctr` (the fake kernel shows the
+/// rules in devices.list), with or without devices.deny.
+fn v1_controller(r: &Path, deny: bool) {
+    let cg = r.join("sys/fs/cgroup/devices/ctr");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("devices.allow"), "").unwrap();
+    if deny {
+        std::fs::write(cg.join("devices.deny"), "").unwrap();
+    }
+    std::fs::write(cg.join("devices.list"), "c 136:* rwm\n").unwrap();
+}
+
+/// Cgroup v1 with the devices controller; the mount namespace file is no namespace, so
+/// entering it fails after the devices.allow writes.
+fn container_v1_ns_fails(r: &Path) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
+    v1_controller(r, true);
+    bundle_char_nodes(r)
+}
+
+/// As `container_v1_ns_fails`, without devices.deny: the rules cannot be taken back.
+fn container_v1_ns_fails_no_deny(r: &Path) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
+    v1_controller(r, false);
+    bundle_char_nodes(r)
+}
+
+/// Cgroup v1 with the devices controller and two distinct rules to write (group 40's node is
+/// /dev/zero), so the second devices.allow write can fail after the first.
+fn container_v1_two_rules(r: &Path) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
+    v1_controller(r, true);
+    let g = bundle_char_nodes(r);
+    let p = r.join("dev/vfio/40");
+    std::fs::remove_file(&p).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+    g
+}
+
 /// Rows covered outside this file (real kernel, KVM, libvirt), as docs/errors.md says.
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
@@ -1840,6 +1879,8 @@ row!(
         ..Case::DEFAULT
     }
 );
+// Cgroup v1: the devices.allow rules written before entering the namespace are taken back
+// through devices.deny, so the whole tree (devices.list included) is as before.
 row!(
     e_hook_17,
     Case {
@@ -1847,13 +1888,50 @@ row!(
         args: &["oci-hook"],
         stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
         needles: &[
-            "cannot enter the mount namespace of pid 4242: /proc/4242/ns/mnt: No such file or directory",
-            "run the hook as root from the runtime's createRuntime (or prestart) hooks"
+            "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
         ],
-        setup: container_without_ns,
+        setup: container_v1_ns_fails,
         ..Case::DEFAULT
     }
 );
+
+/// E-HOOK-17 before any write: no namespace file at all (cgroup v2).
+#[test]
+fn e_hook_17_without_ns_file() {
+    check(
+        "E-HOOK-17",
+        Case {
+            host: "vfio-numa",
+            args: &["oci-hook"],
+            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            needles: &[
+                "cannot enter the mount namespace of pid 4242: /proc/4242/ns/mnt: No such file or directory",
+                "run the hook as root from the runtime's createRuntime (or prestart) hooks",
+            ],
+            setup: container_without_ns,
+            ..Case::DEFAULT
+        },
+    )
+}
+
+/// E-HOOK-18 after a first rule: the second devices.allow write fails, the first is taken back.
+#[test]
+fn e_hook_18_after_a_first_rule() {
+    check(
+        "E-HOOK-18",
+        Case {
+            host: "vfio-numa",
+            args: &["oci-hook"],
+            env: &[("GPUPASS_FAIL_WRITE", "2")],
+            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            needles: &[
+                "cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: injected failure at write 2",
+            ],
+            setup: container_v1_two_rules,
+            ..Case::DEFAULT
+        },
+    )
+}
 row!(
     e_hook_18,
     Case {
@@ -1862,6 +1940,21 @@ row!(
         stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
         needles: &["cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: No such file or directory", "cgroup v1 devices controller"],
         setup: container_v1_without_controller,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_22,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        needles: &[
+            "gpupass oci-hook: cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root",
+            "; and the devices cgroup still allows c 1:3 rwm: taking it back through /sys/fs/cgroup/devices/ctr/devices.deny failed: No such file or directory (os error 2); the runtime drops it with the failed container's cgroup"
+        ],
+        setup: container_v1_ns_fails_no_deny,
+        keep: Keep::Drivers,
         ..Case::DEFAULT
     }
 );

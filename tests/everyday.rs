@@ -132,6 +132,44 @@ fn startup_reapplies_persistent_binds_and_is_idempotent() {
 }
 
 #[test]
+fn startup_warns_about_override_files_it_cannot_use_and_binds_the_rest() {
+    let t = scratch_host("workstation");
+    let root = t.path().to_str().unwrap();
+    let dir = t.path().join("etc/driverctl.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pci-0000:01:00.0"), "vfio-pci\n").unwrap();
+    std::fs::write(dir.join("pci-0000:01:00"), "vfio-pci\n").unwrap(); // no function number
+    std::fs::write(dir.join("pci-0000:01:00.1"), "\n").unwrap(); // no driver
+    std::fs::write(dir.join("README"), "notes\n").unwrap();
+    std::fs::create_dir(dir.join("pci-0000:03:00.0")).unwrap(); // unreadable as a file
+    std::fs::write(dir.join("usb-1-1"), "usbhid\n").unwrap(); // another bus: driverctl's business
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
+        .args(["--root", root, "startup"])
+        .env("GPUPASS_FAKE_KERNEL", "1")
+        .env_remove("GPUPASS_ROOT")
+        .output()
+        .unwrap();
+    let out = ok(&o);
+    let err = stderr(&o);
+    assert!(
+        out.contains("persistent binds to vfio-pci: 0000:01:00.0\n"),
+        "{out}"
+    );
+    for line in [
+        "warning: /etc/driverctl.d/pci-0000:01:00: skipped: the name does not end in a PCI address \
+         (invalid PCI address \"0000:01:00\": the function number after '.' is missing;",
+        "warning: /etc/driverctl.d/pci-0000:01:00.1: skipped: it is empty (it should hold the driver name",
+        "warning: /etc/driverctl.d/README: skipped: not a driverctl override (driverctl names them \
+         <bus>-<device>",
+        "warning: /etc/driverctl.d/pci-0000:03:00.0: skipped: cannot read it: ",
+    ] {
+        assert!(err.contains(line), "stderr lacks {line:?}:\n{err}");
+    }
+    assert_eq!(err.matches("warning: /etc/driverctl.d/").count(), 4, "{err}");
+    assert!(!err.contains("usb-1-1"), "{err}");
+}
+
+#[test]
 fn install_script_places_unit_rule_man_and_completion() {
     let d = tempfile::tempdir().unwrap();
     let o = std::process::Command::new("bash")

@@ -182,6 +182,62 @@ pub struct Refusal {
     pub forceable: bool,
 }
 
+impl Refusal {
+    /// A refusal `--force` does not override.
+    pub fn hard(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Refusal {
+            address,
+            reason: reason.into(),
+            fix: fix.into(),
+            forceable: false,
+        }
+    }
+
+    /// A refusal `--force` overrides (the device is in use by the host).
+    pub fn forceable(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Refusal {
+            forceable: true,
+            ..Refusal::hard(address, reason, fix)
+        }
+    }
+
+    /// The address names no device in the inventory (bind, unbind, persist).
+    pub fn no_such_device(address: PciAddress) -> Self {
+        Refusal::hard(
+            address,
+            "no such PCI device on this host",
+            "`gpupass list --all` shows the devices there are",
+        )
+    }
+
+    /// Bind (and persist) of a bridge: VFIO assigns endpoints.
+    pub fn bridge_bind(address: PciAddress) -> Self {
+        Refusal::hard(
+            address,
+            "is a PCI bridge; VFIO assigns endpoint devices and bridges never block a group",
+            "bind the device behind it (`gpupass groups` lists the group's endpoints)",
+        )
+    }
+
+    /// Unbind of a bridge: gpupass never bound it.
+    pub fn bridge_unbind(address: PciAddress) -> Self {
+        Refusal::hard(
+            address,
+            "is a PCI bridge; gpupass never binds bridges",
+            "name the device behind it",
+        )
+    }
+
+    /// The device has no IOMMU group, so VFIO cannot isolate it.
+    pub fn no_iommu_group(address: PciAddress) -> Self {
+        Refusal::hard(
+            address,
+            "has no IOMMU group: the IOMMU is off or unsupported, so VFIO cannot isolate it",
+            "enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line; see `gpupass check`)",
+        )
+    }
+}
+
 /// The whole change: functions, ordered steps, refusals, and what the user should know first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -371,33 +427,15 @@ pub fn select_functions(inv: &Inventory, req: &BindRequest, plan: &mut Plan) -> 
     let mut groups: BTreeSet<u32> = BTreeSet::new();
     for a in &req.addresses {
         let Some(d) = inv.device(a) else {
-            plan.refusals.push(Refusal {
-                address: *a,
-                reason: "no such PCI device on this host".into(),
-                fix: "`gpupass list --all` shows the devices there are".into(),
-                forceable: false,
-            });
+            plan.refusals.push(Refusal::no_such_device(*a));
             continue;
         };
         if d.is_bridge {
-            plan.refusals.push(Refusal {
-                address: *a,
-                reason: "is a PCI bridge; VFIO assigns endpoint devices and bridges never block a group"
-                    .into(),
-                fix: "bind the device behind it (`gpupass groups` lists the group's endpoints)".into(),
-                forceable: false,
-            });
+            plan.refusals.push(Refusal::bridge_bind(*a));
             continue;
         }
         let Some(g) = d.iommu_group else {
-            plan.refusals.push(Refusal {
-                address: *a,
-                reason: "has no IOMMU group: the IOMMU is off or unsupported, so VFIO cannot isolate it"
-                    .into(),
-                fix: "enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line; see `gpupass check`)"
-                    .into(),
-                forceable: false,
-            });
+            plan.refusals.push(Refusal::no_iommu_group(*a));
             continue;
         };
         set.insert(*a);
@@ -413,20 +451,19 @@ pub fn select_functions(inv: &Inventory, req: &BindRequest, plan: &mut Plan) -> 
             }
             let related = named.iter().any(|n| n.same_slot(m)) || named.contains(m);
             if !related {
-                plan.refusals.push(Refusal {
-                    address: *a,
-                    reason: format!(
+                plan.refusals.push(Refusal::hard(
+                    *a,
+                    format!(
                         "IOMMU group {g} also holds {}, which is not a function of the named device; \
                          binding the group would take it from the host too",
                         dev_label(md)
                     ),
-                    fix: format!(
+                    format!(
                         "name it as well to move both (gpupass bind {a} {m}), or bind only {a} with --only \
                          (the group then stays unusable for a VM), or move the card to a slot whose \
                          upstream port has ACS so it gets its own group"
                     ),
-                    forceable: false,
-                });
+                ));
                 continue;
             }
             set.insert(*m);
@@ -484,12 +521,7 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
             )
         }
     };
-    Some(Refusal {
-        address: addr,
-        reason,
-        fix,
-        forceable: true,
-    })
+    Some(Refusal::forceable(addr, reason, fix))
 }
 
 /// Plan `gpupass bind`: pure over the inventory, the host facts and the request.
@@ -498,12 +530,11 @@ pub fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan 
     if let Some(d) = &req.driver {
         if !driver_allows_vfio(Some(d)) {
             if let Some(a) = req.addresses.first() {
-                plan.refusals.push(Refusal {
-                    address: *a,
-                    reason: format!("--driver {d} is not a VFIO driver or pci-stub, so the group would not be usable by VFIO"),
-                    fix: "use --driver vfio-pci or a VFIO variant driver (name ending in _vfio_pci)".into(),
-                    forceable: false,
-                });
+                plan.refusals.push(Refusal::hard(
+                    *a,
+                    format!("--driver {d} is not a VFIO driver or pci-stub, so the group would not be usable by VFIO"),
+                    "use --driver vfio-pci or a VFIO variant driver (name ending in _vfio_pci)",
+                ));
             }
         }
     }
@@ -659,21 +690,11 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
     };
     for a in &req.addresses {
         let Some(d) = inv.device(a) else {
-            plan.refusals.push(Refusal {
-                address: *a,
-                reason: "no such PCI device on this host".into(),
-                fix: "`gpupass list --all` shows the devices there are".into(),
-                forceable: false,
-            });
+            plan.refusals.push(Refusal::no_such_device(*a));
             continue;
         };
         if d.is_bridge {
-            plan.refusals.push(Refusal {
-                address: *a,
-                reason: "is a PCI bridge; gpupass never binds bridges".into(),
-                fix: "name the device behind it".into(),
-                forceable: false,
-            });
+            plan.refusals.push(Refusal::bridge_unbind(*a));
             continue;
         }
         match (req.only, d.iommu_group) {
@@ -721,15 +742,14 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
             groups.insert(g);
             if let Some(users) = facts.vfio_open.get(&g) {
                 for (pid, comm) in users {
-                    plan.refusals.push(Refusal {
-                        address: *a,
-                        reason: format!(
+                    plan.refusals.push(Refusal::hard(
+                        *a,
+                        format!(
                             "IOMMU group {g} is open by pid {pid} ({comm}) through /dev/vfio/{g}; \
                              the kernel would block the unbind until it lets go"
                         ),
-                        fix: format!("stop the VM or container using it (pid {pid}) first"),
-                        forceable: false,
-                    });
+                        format!("stop the VM or container using it (pid {pid}) first"),
+                    ));
                 }
             }
         }

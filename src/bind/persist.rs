@@ -55,26 +55,13 @@ pub fn plan_persist(
     req: &BindRequest,
     remove: bool,
 ) -> PersistPlan {
-    let mut sel = Plan {
-        action: Action::Bind,
-        groups: Vec::new(),
-        functions: Vec::new(),
-        steps: Vec::new(),
-        refusals: Vec::new(),
-        warnings: Vec::new(),
-        notes: Vec::new(),
-    };
+    let mut sel = Plan::new(Action::Bind);
     let funcs: Vec<PciAddress> = if remove {
         // Remove whatever overrides the selection's groups hold; no refusals about the group.
         let mut set = BTreeSet::new();
         for a in &req.addresses {
             let Some(d) = inv.device(a) else {
-                sel.refusals.push(Refusal {
-                    address: *a,
-                    reason: "no such PCI device on this host".into(),
-                    fix: "`gpupass list --all` shows the devices there are".into(),
-                    forceable: false,
-                });
+                sel.refusals.push(Refusal::no_such_device(*a));
                 continue;
             };
             set.insert(*a);

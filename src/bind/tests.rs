@@ -432,3 +432,74 @@ fn unbind_refused_while_a_process_holds_the_group() {
         "{e}"
     );
 }
+
+#[test]
+fn selection_refusals_are_one_record_in_bind_unbind_and_persist() {
+    // The text is what docs/errors.md (E-BIND-02, -03, -08) and the golden outputs show.
+    let (inv, f) = view("workstation");
+    let missing = a("0000:7f:00.0");
+    let bridge = a("00:01.0");
+    let expect = [
+        (
+            Refusal::no_such_device(missing),
+            "no such PCI device on this host",
+            "`gpupass list --all` shows the devices there are",
+        ),
+        (
+            Refusal::bridge_bind(bridge),
+            "is a PCI bridge; VFIO assigns endpoint devices and bridges never block a group",
+            "bind the device behind it (`gpupass groups` lists the group's endpoints)",
+        ),
+        (
+            Refusal::bridge_unbind(bridge),
+            "is a PCI bridge; gpupass never binds bridges",
+            "name the device behind it",
+        ),
+    ];
+    for (r, reason, fix) in &expect {
+        assert_eq!(
+            (r.reason.as_str(), r.fix.as_str(), r.forceable),
+            (*reason, *fix, false)
+        );
+    }
+    let unbind = |addr: PciAddress| {
+        plan_unbind(
+            &inv,
+            &f,
+            &BoundState::new(),
+            &UnbindRequest {
+                addresses: vec![addr],
+                ..Default::default()
+            },
+        )
+        .refusals
+    };
+    let persist = |addr: PciAddress, remove: bool| {
+        let r = BindRequest {
+            addresses: vec![addr],
+            ..Default::default()
+        };
+        persist::plan_persist(&inv, &f, &BoundState::new(), &r, remove).refusals
+    };
+    let missing_req = req(&["0000:7f:00.0"]);
+    assert_eq!(
+        plan_bind(&inv, &f, &missing_req).refusals,
+        [Refusal::no_such_device(missing)]
+    );
+    assert_eq!(unbind(missing), [Refusal::no_such_device(missing)]);
+    assert_eq!(persist(missing, false), [Refusal::no_such_device(missing)]);
+    assert_eq!(persist(missing, true), [Refusal::no_such_device(missing)]);
+    assert_eq!(
+        plan_bind(&inv, &f, &req(&["00:01.0"])).refusals,
+        [Refusal::bridge_bind(bridge)]
+    );
+    assert_eq!(persist(bridge, false), [Refusal::bridge_bind(bridge)]);
+    assert_eq!(unbind(bridge), [Refusal::bridge_unbind(bridge)]);
+    let (inv, f) = view("nvidia-minors");
+    let p = plan_bind(&inv, &f, &req(&["07:00.0"]));
+    assert_eq!(p.refusals, [Refusal::no_iommu_group(a("07:00.0"))]);
+    assert_eq!(
+        p.refusals[0].fix,
+        "enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line; see `gpupass check`)"
+    );
+}

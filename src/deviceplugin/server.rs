@@ -14,6 +14,13 @@
 //! 4. registers every resource again when `kubelet.sock` was recreated (a new inode or ctime).
 //!
 //! Sockets are created with mode 0600 (only root, i.e. the kubelet, may talk to them).
+//!
+//! Logs go through `tracing` (stderr; warnings by default, `-v` for the info lines). A failure
+//! that repeats every round (a socket that cannot be bound, a host that cannot be read) is
+//! logged once per distinct error and once when it clears ([`LogOnce`]). A registration the
+//! kubelet refuses (or a kubelet that cannot be reached) is retried with a backoff from 1 s,
+//! doubling up to 30 s ([`Backoff`]), one warning per attempt; a new `kubelet.sock` retries at
+//! once.
 
 use super::proto::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use super::proto::registration_client::RegistrationClient;
@@ -33,10 +40,68 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
+use tracing::{debug, info, warn};
+
+/// Logs a failure that recurs every round once per distinct message, and says when it clears.
+#[derive(Debug, Default)]
+pub struct LogOnce {
+    last: Option<String>,
+}
+
+impl LogOnce {
+    /// Whether `msg` should be logged: it differs from the failure logged last.
+    pub fn failed(&mut self, msg: &str) -> bool {
+        if self.last.as_deref() == Some(msg) {
+            return false;
+        }
+        self.last = Some(msg.to_string());
+        true
+    }
+
+    /// Whether a logged failure has just cleared (log that once).
+    pub fn cleared(&mut self) -> bool {
+        self.last.take().is_some()
+    }
+}
+
+/// First delay before a refused registration is tried again.
+pub const REGISTER_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest delay between registration attempts.
+pub const REGISTER_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// When to try a refused registration again: after 1 s, then doubling up to 30 s.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Backoff {
+    delay: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl Backoff {
+    /// Whether an attempt may be made at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.next.is_none_or(|t| now >= t)
+    }
+
+    /// An attempt failed at `now`: the delay until the next one.
+    pub fn failed(&mut self, now: Instant) -> Duration {
+        let d = match self.delay {
+            None => REGISTER_RETRY_FIRST,
+            Some(d) => (d * 2).min(REGISTER_RETRY_MAX),
+        };
+        self.delay = Some(d);
+        self.next = Some(now + d);
+        d
+    }
+
+    /// Success, or a new kubelet: the next attempt is made at once.
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+}
 
 /// Why the plugin could not run.
 #[derive(Debug, thiserror::Error)]
@@ -201,7 +266,10 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
     socket: PathBuf,
     socket_id: Option<FileId>,
+    /// False after the socket went away and a new one could not be bound yet.
+    serving: bool,
     registered: bool,
+    retry: Backoff,
 }
 
 fn start_server(
@@ -230,7 +298,7 @@ fn start_server(
             .serve_with_incoming(incoming)
             .await;
         if let Err(e) = r {
-            eprintln!("gpupass device-plugin: server for {label} stopped: {e}");
+            warn!("server for {label} stopped: {e}");
         }
     });
     Ok((task, path))
@@ -274,6 +342,16 @@ fn cdi_spec_present(cfg: &Config) -> bool {
     cfg.host.cdi_dynamic_dir().join(&name).exists() || cfg.host.cdi_static_dir().join(&name).exists()
 }
 
+/// Log that `name` cannot be served, once per distinct error.
+fn serve_failed(errors: &mut BTreeMap<String, LogOnce>, name: &str, e: &std::io::Error) {
+    let msg = format!("cannot serve {name}: {e}");
+    if errors.entry(name.to_string()).or_default().failed(&msg) {
+        warn!("{msg}; trying again every round, logged again only when the error changes");
+    } else {
+        debug!("{msg}");
+    }
+}
+
 /// Run the plugin until `shutdown` completes; removes its sockets on the way out.
 pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>) -> Result<(), PluginError> {
     // The host first: a wrong --root must not leave a socket directory behind.
@@ -293,6 +371,9 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
         cfg,
     });
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    // Per resource: the last "cannot serve" error logged; and the host scan's.
+    let mut serve_errors: BTreeMap<String, LogOnce> = BTreeMap::new();
+    let mut scan_error = LogOnce::default();
     let mut kubelet_id: Option<FileId> = None;
     let mut first_round = true;
     tokio::pin!(shutdown);
@@ -311,16 +392,25 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                     }
                 });
             }
-            Err(e) => eprintln!("gpupass device-plugin: no kernel uevents ({e}); polling only"),
+            Err(e) => warn!("no kernel uevents ({e}); polling only"),
         }
     }
     loop {
         if !first_round {
             let host = shared.cfg.host.clone();
-            match tokio::task::spawn_blocking(move || crate::inventory::scan(&host)).await {
-                Ok(Ok(inv)) => *shared.inv.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(inv),
-                Ok(Err(e)) => eprintln!("gpupass device-plugin: cannot read the host: {e}"),
-                Err(e) => eprintln!("gpupass device-plugin: scan failed: {e}"),
+            let err = match tokio::task::spawn_blocking(move || crate::inventory::scan(&host)).await {
+                Ok(Ok(inv)) => {
+                    *shared.inv.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(inv);
+                    None
+                }
+                Ok(Err(e)) => Some(format!("cannot read the host: {e}")),
+                Err(e) => Some(format!("scan failed: {e}")),
+            };
+            match err {
+                Some(e) if scan_error.failed(&e) => warn!("{e}; serving the last inventory read"),
+                Some(e) => debug!("{e}"),
+                None if scan_error.cleared() => warn!("the host can be read again"),
+                None => {}
             }
         }
         first_round = false;
@@ -345,12 +435,12 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                         for d in &m.devices {
                             if old.devices.iter().find(|o| o.id == d.id).map(|o| o.healthy) != Some(d.healthy)
                             {
-                                eprintln!(
-                                    "gpupass device-plugin: {name} {} is now {}{}",
-                                    d.id,
-                                    if d.healthy { "Healthy" } else { "Unhealthy" },
-                                    d.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default()
-                                );
+                                let why = d.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+                                if d.healthy {
+                                    info!("{name} {} is now Healthy{why}", d.id);
+                                } else {
+                                    warn!("{name} {} is now Unhealthy{why}", d.id);
+                                }
                             }
                         }
                         r.tx.send_replace(m);
@@ -365,8 +455,11 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                         } else {
                             "device model"
                         };
-                        eprintln!(
-                            "gpupass device-plugin: serving {name} ({kind}, {} devices) on {}",
+                        if serve_errors.remove(&name).is_some_and(|mut o| o.cleared()) {
+                            warn!("{name} can be served again");
+                        }
+                        info!(
+                            "serving {name} ({kind}, {} devices) on {}",
                             r.devices.len(),
                             socket.display()
                         );
@@ -378,11 +471,13 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                                 task,
                                 socket,
                                 socket_id,
+                                serving: true,
                                 registered: false,
+                                retry: Backoff::default(),
                             },
                         );
                     }
-                    Err(e) => eprintln!("gpupass device-plugin: cannot serve {name}: {e}"),
+                    Err(e) => serve_failed(&mut serve_errors, &name, &e),
                 }
             }
         }
@@ -392,38 +487,50 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
         let kubelet_new = kid.is_some() && kid != kubelet_id;
         kubelet_id = kid;
         for (name, r) in running.iter_mut() {
-            if file_id(&r.socket) != r.socket_id {
-                eprintln!(
-                    "gpupass device-plugin: {} was removed; serving {name} again",
-                    r.socket.display()
-                );
+            if r.serving && file_id(&r.socket) != r.socket_id {
+                info!("{} was removed; serving {name} again", r.socket.display());
                 r.task.abort();
+                r.serving = false;
+            }
+            if !r.serving {
                 let rx = r.tx.subscribe();
                 match start_server(&shared, name, rx) {
                     Ok((task, socket)) => {
+                        if serve_errors.remove(name).is_some_and(|mut o| o.cleared()) {
+                            warn!("{name} can be served again");
+                        }
                         r.task = task;
                         r.socket_id = file_id(&socket);
                         r.socket = socket;
+                        r.serving = true;
                         r.registered = false;
+                        r.retry.reset();
                     }
                     Err(e) => {
-                        eprintln!("gpupass device-plugin: cannot serve {name}: {e}");
+                        serve_failed(&mut serve_errors, name, &e);
                         continue;
                     }
                 }
             }
-            if kubelet_new && r.registered {
-                eprintln!("gpupass device-plugin: kubelet.sock was recreated; registering {name} again");
-                r.registered = false;
+            if kubelet_new {
+                if r.registered {
+                    info!("kubelet.sock was recreated; registering {name} again");
+                    r.registered = false;
+                }
+                r.retry.reset();
             }
-            if !r.registered && kid.is_some() {
+            if !r.registered && kid.is_some() && r.retry.due(Instant::now()) {
                 let endpoint = socket_name(name);
                 match register(&shared.cfg.socket_dir, &endpoint, name).await {
                     Ok(()) => {
-                        eprintln!("gpupass device-plugin: registered {name} (endpoint {endpoint})");
+                        info!("registered {name} (endpoint {endpoint})");
                         r.registered = true;
+                        r.retry.reset();
                     }
-                    Err(e) => eprintln!("gpupass device-plugin: {name}: {e}; retrying"),
+                    Err(e) => {
+                        let d = r.retry.failed(Instant::now());
+                        warn!("{name}: {e}; retrying in {d:?}");
+                    }
                 }
             }
         }
@@ -461,4 +568,43 @@ pub fn run(cfg: Config) -> Result<(), PluginError> {
         };
         serve(cfg, stop).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_once_per_distinct_error_and_once_on_recovery() {
+        let mut o = LogOnce::default();
+        assert!(!o.cleared(), "nothing failed yet");
+        assert!(o.failed("cannot serve x: EACCES"));
+        assert!(!o.failed("cannot serve x: EACCES"));
+        assert!(!o.failed("cannot serve x: EACCES"));
+        assert!(o.failed("cannot serve x: EISDIR"), "a new error is logged");
+        assert!(
+            o.failed("cannot serve x: EACCES"),
+            "and the old one again after it"
+        );
+        assert!(o.cleared());
+        assert!(!o.cleared(), "recovery is logged once");
+        assert!(
+            o.failed("cannot serve x: EACCES"),
+            "a failure after recovery is logged"
+        );
+    }
+
+    #[test]
+    fn registration_backoff_doubles_to_a_bound_and_resets() {
+        let t0 = Instant::now();
+        let mut b = Backoff::default();
+        assert!(b.due(t0));
+        let delays: Vec<u64> = (0..8).map(|_| b.failed(t0).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert!(!b.due(t0 + Duration::from_secs(29)));
+        assert!(b.due(t0 + Duration::from_secs(30)));
+        b.reset();
+        assert!(b.due(t0));
+        assert_eq!(b.failed(t0), REGISTER_RETRY_FIRST);
+    }
 }

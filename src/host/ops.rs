@@ -363,6 +363,11 @@ impl FakeHost {
             [.., "mdev_supported_types", ty, "create"] => self.mdev_create(rel, ty, v),
             ["sys", "bus", "pci", "devices", addr, "nvidia", "current_vgpu_type"] => self.vgpu_set(addr, v),
             ["sys", "bus", "mdev", "devices", uuid, "remove"] => self.mdev_remove(uuid),
+            ["sys", "fs", "cgroup", "devices", .., file]
+                if *file == "devices.allow" || *file == "devices.deny" =>
+            {
+                self.devices_rule(rel, *file == "devices.allow", v)
+            }
             _ => {
                 let full = self.root.root().join(rel);
                 if !full.exists() {
@@ -371,6 +376,30 @@ impl FakeHost {
                 fs::write(full, value)
             }
         }
+    }
+
+    /// The cgroup v1 devices controller: a rule written to `devices.allow` shows in the cgroup's
+    /// `devices.list`, the same rule written to `devices.deny` takes it out again.
+    fn devices_rule(&self, rel: &Path, allow: bool, rule: &str) -> io::Result<()> {
+        let full = self.root.root().join(rel);
+        if !full.exists() {
+            return Err(io::Error::from_raw_os_error(2));
+        }
+        let list = full.with_file_name("devices.list");
+        let text = match fs::read_to_string(&list) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        let mut rules: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        if allow {
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        } else {
+            rules.retain(|r| *r != rule);
+        }
+        fs::write(list, rules.iter().map(|r| format!("{r}\n")).collect::<String>())
     }
 
     fn mdev_create(&self, rel: &Path, ty: &str, uuid: &str) -> io::Result<()> {
@@ -695,6 +724,26 @@ mod tests {
         f.write(&cur, "0").unwrap();
         assert_eq!(fs::read_to_string(&cur).unwrap(), "0\n");
         assert_eq!(types(&f).len(), 2);
+    }
+
+    #[test]
+    fn cgroup_v1_device_rules_show_in_devices_list() {
+        let (t, f) = host();
+        let cg = f.root().cgroup_root().join("devices/ctr");
+        fs::create_dir_all(&cg).unwrap();
+        for n in ["devices.allow", "devices.deny"] {
+            fs::write(cg.join(n), "").unwrap();
+        }
+        fs::write(cg.join("devices.list"), "c 136:* rwm\n").unwrap();
+        let list = || fs::read_to_string(cg.join("devices.list")).unwrap();
+        f.write(&cg.join("devices.allow"), "c 10:196 rwm").unwrap();
+        f.write(&cg.join("devices.allow"), "c 10:196 rwm").unwrap();
+        assert_eq!(list(), "c 136:* rwm\nc 10:196 rwm\n");
+        f.write(&cg.join("devices.deny"), "c 10:196 rwm").unwrap();
+        assert_eq!(list(), "c 136:* rwm\n");
+        // No controller there: ENOENT, as on a host without the v1 devices hierarchy.
+        let other = t.path().join("sys/fs/cgroup/devices/other/devices.allow");
+        assert_eq!(f.write(&other, "c 1:3 rwm").unwrap_err().raw_os_error(), Some(2));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!    character device). Any problem: a clear message on stderr, a non-zero exit, nothing
 //!    created;
 //! 2. allows the nodes in the container's devices cgroup (v1: `c MAJ:MIN rwm` into
-//!    `devices.allow` of the cgroup named in `/proc/<pid>/cgroup`). On cgroup v2 device access
+//!    `devices.allow` of the cgroup named in `/proc/<pid>/cgroup`; when a later step fails the
+//!    same rules go to `devices.deny`, and a failure of that is reported). On cgroup v2 device access
 //!    is an eBPF program the runtime attaches from `linux.resources.devices` in config.json;
 //!    the hook cannot change it and says so unless config.json already allows the nodes;
 //! 3. joins the container's mount namespace (`setns` on `/proc/<pid>/ns/mnt`, see `ns.rs`) and
@@ -70,6 +71,15 @@ pub enum HookError {
     },
     #[error("cannot enter the mount namespace of pid {pid}: {reason}; run the hook as root from the runtime's createRuntime (or prestart) hooks, while the container's process exists")]
     Namespace { pid: u32, reason: String },
+    #[error("{error}; and the devices cgroup still allows {rules}: taking {them} back through {path} failed: {source}; the runtime drops {them} with the failed container's cgroup")]
+    NotRevoked {
+        error: Box<HookError>,
+        rules: String,
+        them: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("refusing {path} under the rootfs: {reason}")]
     Unsafe { path: String, reason: String },
     #[error("cannot create {path} in the container: {reason}")]
@@ -83,6 +93,7 @@ impl HookError {
     pub fn exit_code(&self) -> i32 {
         match self {
             HookError::BadState { .. } | HookError::BadRequest { .. } => 2,
+            HookError::NotRevoked { error, .. } => error.exit_code(),
             _ => 1,
         }
     }
@@ -312,6 +323,39 @@ fn bounded_stdin() -> Result<Vec<u8>, HookError> {
     Ok(buf)
 }
 
+/// The rules the hook added to a cgroup v1 devices controller, to take back (`devices.deny`)
+/// when a later step fails.
+struct Allowed {
+    ops: Box<dyn crate::host::ops::HostOps>,
+    deny: PathBuf,
+    rules: Vec<String>,
+}
+
+impl Allowed {
+    /// Write every rule to `devices.deny` (best effort: all are tried) and return `err`, or
+    /// `err` wrapped with the rules still allowed when taking them back failed.
+    fn revoke(self, err: HookError) -> HookError {
+        let mut left = Vec::new();
+        let mut first = None;
+        for r in &self.rules {
+            if let Err(e) = self.ops.write(&self.deny, r) {
+                left.push(r.as_str());
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => err,
+            Some(source) => HookError::NotRevoked {
+                error: Box::new(err),
+                rules: left.join(", "),
+                them: if left.len() == 1 { "it" } else { "them" },
+                path: self.ops.root().display(&self.deny),
+                source,
+            },
+        }
+    }
+}
+
 /// Run the hook for one OCI state document.
 pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
     let st: State = serde_json::from_slice(state).map_err(|e| HookError::BadState {
@@ -399,22 +443,37 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
     })?;
     let mut report = Report::default();
 
-    // 2. The devices cgroup.
+    // 2. The devices cgroup. On v1 the rules written are taken back if a later step fails.
+    let mut allowed: Option<Allowed> = None;
     match device_cgroup(&cg_text) {
         Some(DeviceCgroup::V1(rel)) => {
-            let allow = host
+            let dir = host
                 .cgroup_root()
                 .join("devices")
-                .join(rel.trim_start_matches('/'))
-                .join("devices.allow");
-            let ops = crate::host::ops::for_root(host.clone());
+                .join(rel.trim_start_matches('/'));
+            let allow = dir.join("devices.allow");
+            let mut rules: Vec<String> = Vec::new();
             for n in &nodes {
-                ops.write(&allow, &format!("c {}:{} rwm", n.major, n.minor))
-                    .map_err(|e| HookError::Cgroup {
+                let r = format!("c {}:{} rwm", n.major, n.minor);
+                if !rules.contains(&r) {
+                    rules.push(r);
+                }
+            }
+            let mut done = Allowed {
+                ops: crate::host::ops::for_root(host.clone()),
+                deny: dir.join("devices.deny"),
+                rules: Vec::new(),
+            };
+            for r in rules {
+                if let Err(e) = done.ops.write(&allow, &r) {
+                    return Err(done.revoke(HookError::Cgroup {
                         path: host.display(&allow),
                         source: e,
-                    })?;
+                    }));
+                }
+                done.rules.push(r);
             }
+            allowed = Some(done);
         }
         Some(DeviceCgroup::V2) | None => {
             let missing: Vec<String> = nodes
@@ -432,13 +491,25 @@ linux.resources.devices in config.json (or request the devices through CDI), els
         }
     }
 
-    // 3. The nodes, inside the container's mount namespace.
-    ns::enter_mount_ns(&ns_file).map_err(|e| HookError::Namespace {
-        pid,
-        reason: e.to_string(),
-    })?;
-    report.created = ns::create_nodes(&rootfs, &nodes)?;
-    Ok(report)
+    // 3. The nodes, inside the container's mount namespace. A failure takes the cgroup rules
+    // back; after entering the namespace that is best effort: the runtime has not pivoted into
+    // the rootfs at createRuntime, so the host's cgroup paths still resolve there.
+    let res = ns::enter_mount_ns(&ns_file)
+        .map_err(|e| HookError::Namespace {
+            pid,
+            reason: e.to_string(),
+        })
+        .and_then(|()| ns::create_nodes(&rootfs, &nodes));
+    match res {
+        Ok(created) => {
+            report.created = created;
+            Ok(report)
+        }
+        Err(e) => Err(match allowed {
+            Some(a) => a.revoke(e),
+            None => e,
+        }),
+    }
 }
 
 /// `gpupass oci-hook`: the state on stdin; messages on stderr; the exit status.
