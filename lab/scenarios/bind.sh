@@ -111,35 +111,31 @@ lab_expect continue-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
 # 7b. In use, on the real kernel: a process holding 00:05.0's DRM node open refuses the bind
 # (naming the pid), a process holding /dev/vfio/N open refuses the unbind; both change nothing,
 # and both go through once the holder is gone.
+# held STEP NODE MODE WANT-DRIVERS CMD...: while a process holds NODE open (MODE < or <>), CMD
+# must fail with exit 1 naming that pid and leave the drivers at WANT-DRIVERS.
+held() {
+  _st=$1 _node=$2 _mode=$3 _want=$4; shift 4
+  sh -c "exec 7$_mode $_node; exec sleep 60" &
+  _holder=$!
+  sleep 0.3
+  "$@" > "$_st.out" 2> "$_st.err"; _rc=$?
+  if [ $_rc = 1 ] && grep -q "pid $_holder" "$_st.err" && [ "$(drivers)" = "$_want" ]; then
+    lab_pass "$_st" "rc=1, names pid $_holder, nothing changed"
+  else
+    lab_fail "$_st" "rc=$_rc drivers=$(drivers) :: $(tr '\n' '|' < "$_st.err")"
+  fi
+  kill $_holder; wait $_holder 2> /dev/null
+  lab_file "$_st.err" "$_st.err"
+}
 card=$(ls /sys/bus/pci/devices/$VGA/drm 2>/dev/null | grep '^card' | head -1)
 if [ -n "$card" ] && [ -c /dev/dri/$card ]; then
-  sh -c "exec 7< /dev/dri/$card; exec sleep 60" &
-  holder=$!
-  sleep 0.3
-  gpupass bind 00:05.0 > inuse-bind.out 2> inuse-bind.err; rc=$?
-  if [ $rc = 1 ] && grep -q "pid $holder" inuse-bind.err && [ "$(drivers)" = "bochs-drm snd_hda_intel" ]; then
-    lab_pass drm-open-refused "rc=1, names pid $holder, nothing changed"
-  else
-    lab_fail drm-open-refused "rc=$rc drivers=$(drivers) :: $(tr '\n' '|' < inuse-bind.err)"
-  fi
-  kill $holder; wait $holder 2> /dev/null
-  lab_file inuse-bind.err inuse-bind.err
+  held drm-open-refused /dev/dri/$card "<" "bochs-drm snd_hda_intel" gpupass bind 00:05.0
 else
   lab_fail drm-open-refused "no DRM card node for $VGA"
 fi
 lab_check inuse-bind gpupass bind 00:05.0
 g=$(basename "$(readlink /sys/bus/pci/devices/$VGA/iommu_group)")
-sh -c "exec 7<> /dev/vfio/$g; exec sleep 60" &
-holder=$!
-sleep 0.3
-gpupass unbind 00:05.0 > inuse-unbind.out 2> inuse-unbind.err; rc=$?
-if [ $rc = 1 ] && grep -q "pid $holder" inuse-unbind.err && [ "$(drivers)" = "vfio-pci vfio-pci" ]; then
-  lab_pass vfio-open-refused "rc=1, names pid $holder, nothing changed"
-else
-  lab_fail vfio-open-refused "rc=$rc drivers=$(drivers) :: $(tr '\n' '|' < inuse-unbind.err)"
-fi
-kill $holder; wait $holder 2> /dev/null
-lab_file inuse-unbind.err inuse-unbind.err
+held vfio-open-refused /dev/vfio/$g "<>" "vfio-pci vfio-pci" gpupass unbind 00:05.0
 lab_check inuse-unbind gpupass unbind 00:05.0
 lab_expect inuse-end-drivers "bochs-drm snd_hda_intel" "$(drivers)"
 

@@ -421,6 +421,36 @@ pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
     f
 }
 
+/// A filesystem mounted at `mountpoint` (as the mount table escapes it) from the block device
+/// `dev_link` (`sys/dev/block/M:m` or `sys/class/block/<name>`): a use of every function that
+/// device, or what it is built from, sits under.
+fn mount_on(
+    host: &HostRoot,
+    idx: &FnIndex,
+    f: &mut HostFacts,
+    add: &dyn Fn(&mut HostFacts, PciAddress, Use),
+    dev_link: &Path,
+    mountpoint: &str,
+    fstype: &str,
+) {
+    let mut chain = Vec::new();
+    block_closure(host, dev_link, &mut chain, 0);
+    for c in chain {
+        if let Some(a) = idx.owner(&c) {
+            let block = c
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let u = Use::Mount {
+                block,
+                mountpoint: unescape_mount(mountpoint),
+                fstype: fstype.to_string(),
+            };
+            add(f, a, u);
+        }
+    }
+}
+
 /// Mounted filesystems, swap and network interfaces that are up, on the functions in view.
 fn host_uses(
     host: &HostRoot,
@@ -444,25 +474,8 @@ fn host_uses(
             if majmin.starts_with("0:") {
                 continue;
             }
-            let mut chain = Vec::new();
-            block_closure(host, &host.sys_dev_block(majmin), &mut chain, 0);
-            for c in chain {
-                if let Some(a) = idx.owner(&c) {
-                    let block = c
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    add(
-                        f,
-                        a,
-                        Use::Mount {
-                            block,
-                            mountpoint: unescape_mount(fields[4]),
-                            fstype: post.first().unwrap_or(&"?").to_string(),
-                        },
-                    );
-                }
-            }
+            let fstype = post.first().unwrap_or(&"?");
+            mount_on(host, idx, f, add, &host.sys_dev_block(majmin), fields[4], fstype);
         }
     } else if let Ok(text) = read_bounded(&host.proc_self_mounts(), 16 << 20) {
         for line in text.lines() {
@@ -476,25 +489,15 @@ fn host_uses(
             if name.contains('/') {
                 continue;
             }
-            let mut chain = Vec::new();
-            block_closure(host, &host.sys_class("block").join(name), &mut chain, 0);
-            for c in chain {
-                if let Some(a) = idx.owner(&c) {
-                    let block = c
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    add(
-                        f,
-                        a,
-                        Use::Mount {
-                            block,
-                            mountpoint: unescape_mount(fl[1]),
-                            fstype: fl[2].to_string(),
-                        },
-                    );
-                }
-            }
+            mount_on(
+                host,
+                idx,
+                f,
+                add,
+                &host.sys_class("block").join(name),
+                fl[1],
+                fl[2],
+            );
         }
     }
     if let Ok(text) = read_bounded(&host.proc_swaps(), 1 << 20) {

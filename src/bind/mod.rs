@@ -378,6 +378,40 @@ pub fn module_for_driver(driver: &str, facts: &HostFacts) -> String {
     driver.replace('-', "_")
 }
 
+/// The kernel's way to move one function to another driver, as plan steps: write
+/// `driver_override`, unbind it from `from` (when it has a driver), ask `drivers_probe` to bind
+/// it, then check the `driver` link (the probe reports success even when nothing binds).
+fn push_move(
+    body: &mut Vec<Step>,
+    a: &PciAddress,
+    override_value: String,
+    from: Option<&str>,
+    expect: Expect,
+) {
+    body.push(Step::Write {
+        address: *a,
+        path: override_path(a),
+        value: override_value,
+    });
+    if let Some(cur) = from {
+        body.push(Step::Write {
+            address: *a,
+            path: unbind_path(cur),
+            value: a.to_string(),
+        });
+    }
+    body.push(Step::Write {
+        address: *a,
+        path: PROBE_PATH.into(),
+        value: a.to_string(),
+    });
+    body.push(Step::CheckDriver {
+        address: *a,
+        path: driver_link_path(a),
+        expect,
+    });
+}
+
 fn sys_path(host_rel: &str) -> String {
     format!("/{host_rel}")
 }
@@ -607,30 +641,15 @@ pub fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan 
             module: Some(module_for_driver(&target, facts)),
             driver_override: Some(target.clone()),
         };
-        body.push(Step::Write {
-            address: *a,
-            path: override_path(a),
-            value: target.clone(),
-        });
-        if let Some(cur) = &d.driver {
-            body.push(Step::Write {
-                address: *a,
-                path: unbind_path(cur),
-                value: a.to_string(),
-            });
-        }
-        body.push(Step::Write {
-            address: *a,
-            path: PROBE_PATH.into(),
-            value: a.to_string(),
-        });
-        body.push(Step::CheckDriver {
-            address: *a,
-            path: driver_link_path(a),
-            expect: Expect::Driver {
+        push_move(
+            &mut body,
+            a,
+            target.clone(),
+            d.driver.as_deref(),
+            Expect::Driver {
                 driver: target.clone(),
             },
-        });
+        );
         if let Some(g) = d.iommu_group {
             if is_vfio_driver(&target) {
                 vfio_groups.insert(g);
@@ -784,26 +803,7 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
             Some(o) if !is_vfio_driver(o) => o.clone(),
             _ => "\n".to_string(),
         };
-        body.push(Step::Write {
-            address: *a,
-            path: override_path(a),
-            value: override_value,
-        });
-        body.push(Step::Write {
-            address: *a,
-            path: unbind_path(&cur),
-            value: a.to_string(),
-        });
-        body.push(Step::Write {
-            address: *a,
-            path: PROBE_PATH.into(),
-            value: a.to_string(),
-        });
-        body.push(Step::CheckDriver {
-            address: *a,
-            path: driver_link_path(a),
-            expect,
-        });
+        push_move(&mut body, a, override_value, Some(&cur), expect);
         if let Some(p) = &d.persistent_driver {
             if is_vfio_driver(p) {
                 plan.warnings.push(format!(
