@@ -114,18 +114,18 @@ lab_expect continue-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
 # held STEP NODE MODE WANT-DRIVERS CMD...: while a process holds NODE open (MODE < or <>), CMD
 # must fail with exit 1 naming that pid and leave the drivers at WANT-DRIVERS.
 held() {
-  _st=$1 _node=$2 _mode=$3 _want=$4; shift 4
-  sh -c "exec 7$_mode $_node; exec sleep 60" &
-  _holder=$!
+  hstep=$1 hnode=$2 hmode=$3 hwant=$4; shift 4
+  sh -c "exec 7$hmode $hnode; exec sleep 60" &
+  hpid=$!
   sleep 0.3
-  "$@" > "$_st.out" 2> "$_st.err"; _rc=$?
-  if [ $_rc = 1 ] && grep -q "pid $_holder" "$_st.err" && [ "$(drivers)" = "$_want" ]; then
-    lab_pass "$_st" "rc=1, names pid $_holder, nothing changed"
+  "$@" > "$hstep.out" 2> "$hstep.err"; hrc=$?
+  if [ $hrc = 1 ] && grep -q "pid $hpid" "$hstep.err" && [ "$(drivers)" = "$hwant" ]; then
+    lab_pass "$hstep" "rc=1, names pid $hpid, nothing changed"
   else
-    lab_fail "$_st" "rc=$_rc drivers=$(drivers) :: $(tr '\n' '|' < "$_st.err")"
+    lab_fail "$hstep" "rc=$hrc drivers=$(drivers) :: $(tr '\n' '|' < "$hstep.err")"
   fi
-  kill $_holder; wait $_holder 2> /dev/null
-  lab_file "$_st.err" "$_st.err"
+  kill $hpid; wait $hpid 2> /dev/null
+  lab_file "$hstep.err" "$hstep.err"
 }
 card=$(ls /sys/bus/pci/devices/$VGA/drm 2>/dev/null | grep '^card' | head -1)
 if [ -n "$card" ] && [ -c /dev/dri/$card ]; then
@@ -139,6 +139,38 @@ held vfio-open-refused /dev/vfio/$g "<>" "vfio-pci vfio-pci" gpupass unbind 00:0
 lab_check inuse-unbind gpupass unbind 00:05.0
 lab_expect inuse-end-drivers "bochs-drm snd_hda_intel" "$(drivers)"
 
+# 7c. vfio-pci not loaded: bind loads it (the plan's first step) and goes on.
+if rmmod vfio_pci 2> rmmod.err; then
+  gpupass bind 00:05.0 > modload.txt 2>&1; rc=$?
+  if [ $rc = 0 ] && [ -d /sys/module/vfio_pci ] && [ "$(drivers)" = "vfio-pci vfio-pci" ]; then
+    lab_pass vfio-pci-loaded "bind loaded vfio_pci and bound the group"
+  else
+    lab_fail vfio-pci-loaded "rc=$rc module=$([ -d /sys/module/vfio_pci ] && echo loaded || echo absent) drivers=$(drivers) :: $(tr '\n' '|' < modload.txt)"
+  fi
+  # unbind --group G, the group by number.
+  lab_run unbind-group unbind-group.txt gpupass unbind --group $G
+  lab_expect unbind-group-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+else
+  lab_fail vfio-pci-loaded "cannot unload vfio_pci to test it: $(cat rmmod.err)"
+fi
+
+# 7d. A group bound by someone else (plain sysfs writes, no journal entry): unbind reprobes each
+# function and says which driver claimed it.
+for f in $HDA $VGA; do
+  echo vfio-pci > /sys/bus/pci/devices/$f/driver_override
+  echo $f > /sys/bus/pci/devices/$f/driver/unbind
+  echo $f > /sys/bus/pci/drivers_probe
+done
+lab_expect foreign-bound "vfio-pci vfio-pci" "$(drivers)"
+lab_run foreign-unbind foreign-unbind.txt gpupass unbind 00:05.0
+if grep -q "no journal entry" foreign-unbind.txt && grep -q "$VGA: reprobed, claimed by bochs-drm" foreign-unbind.txt &&
+  grep -q "$HDA: reprobed, claimed by snd_hda_intel" foreign-unbind.txt; then
+  lab_pass foreign-unbind-reports "$(grep -c 'reprobed, claimed by' foreign-unbind.txt) functions reprobed, each driver named"
+else
+  lab_fail foreign-unbind-reports "$(tr '\n' '|' < foreign-unbind.txt)"
+fi
+lab_expect foreign-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+
 # 8. persist: driverctl files (read back by Debian's driverctl in bind.check on the host).
 lab_run persist persist.txt gpupass persist 00:05.0
 lab_expect persist-file vfio-pci "$(cat /etc/driverctl.d/pci-$VGA 2>/dev/null)"
@@ -147,6 +179,13 @@ if grep -q "softdep bochs pre: vfio-pci" persist.txt && grep -q "vfio-pci.ids=12
   lab_pass persist-lines "$(grep -o 'vfio-pci.ids=[^ ]*' persist.txt)"
 else
   lab_fail persist-lines "$(tr '\n' '|' < persist.txt)"
+fi
+# list/show name the persisted driver.
+gpupass show 00:05.0 > persist-show.txt 2>&1
+if grep -q "Persistent driver.*vfio-pci (driverctl)" persist-show.txt; then
+  lab_pass persist-shown "$(grep 'Persistent driver' persist-show.txt | tr -s ' ')"
+else
+  lab_fail persist-shown "$(tr '\n' '|' < persist-show.txt)"
 fi
 rm -rf /tmp/snap
 gpupass snapshot /tmp/snap > /dev/null && mkdir -p /tmp/snap/etc && cp -r /etc/driverctl.d /tmp/snap/etc/
