@@ -458,6 +458,18 @@ fn container_v1_ns_fails(r: &Path) -> Guard {
     bundle_char_nodes(r)
 }
 
+/// As `container_v1_ns_fails`, in an allow-all cgroup (`a *:* rwm`: no runtime restricts it, or
+/// the container shares the host's cgroup): the hook writes no rule, so there is none to take
+/// back and no device is denied afterwards.
+/// The cgroup has no devices.allow or devices.deny here: any write would fail and show.
+fn container_v1_allow_all_ns_fails(r: &Path) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
+    let cg = r.join("sys/fs/cgroup/devices/ctr");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("devices.list"), "a *:* rwm\n").unwrap();
+    bundle_char_nodes(r)
+}
+
 /// As `container_v1_ns_fails`, without devices.deny: the rules cannot be taken back.
 fn container_v1_ns_fails_no_deny(r: &Path) -> Guard {
     container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
@@ -1894,6 +1906,26 @@ row!(
         ..Case::DEFAULT
     }
 );
+
+/// E-HOOK-17 in an allow-all cgroup: nothing written to devices.allow or devices.deny (the
+/// tree, devices.list included, is as before). A hook that denied its rules here once took
+/// /dev/vfio/vfio away from every process sharing the cgroup.
+#[test]
+fn e_hook_17_in_an_allow_all_cgroup() {
+    check(
+        "E-HOOK-17",
+        Case {
+            host: "vfio-numa",
+            args: &["oci-hook"],
+            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            needles: &[
+                "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
+            ],
+            setup: container_v1_allow_all_ns_fails,
+            ..Case::DEFAULT
+        },
+    )
+}
 
 /// E-HOOK-17 before any write: no namespace file at all (cgroup v2).
 #[test]

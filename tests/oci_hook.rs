@@ -292,6 +292,12 @@ fn symlinks_in_the_rootfs_are_not_followed() {
             0,
             "escaped through {link_at}"
         );
+        // The stand-in container shares this test's devices cgroup: the failed hook must not
+        // have denied its devices there (it once did, and mknod of /dev/vfio/vfio failed for
+        // every process in the cgroup from then on).
+        let probe = work.path().join(format!("probe{i}"));
+        mknod(&probe, 10, 196);
+        mknod(&probe, 240, 40);
     }
 }
 

@@ -323,6 +323,22 @@ fn bounded_stdin() -> Result<Vec<u8>, HookError> {
     Ok(buf)
 }
 
+/// Whether a cgroup v1 `devices.list` grants `rwm` on char device `major:minor` (an `a` or `c`
+/// entry, `*` matching any number). An allow-all cgroup lists exactly `a *:* rwm`.
+fn v1_list_allows(list: &str, major: u64, minor: u64) -> bool {
+    list.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (Some(t), Some(mm), Some(acc)) = (f.next(), f.next(), f.next()) else {
+            return false;
+        };
+        let Some((ma, mi)) = mm.split_once(':') else {
+            return false;
+        };
+        let num = |s: &str, v: u64| s == "*" || s.parse::<u64>() == Ok(v);
+        (t == "a" || t == "c") && num(ma, major) && num(mi, minor) && "rwm".chars().all(|c| acc.contains(c))
+    })
+}
+
 /// The rules the hook added to a cgroup v1 devices controller, to take back (`devices.deny`)
 /// when a later step fails.
 struct Allowed {
@@ -452,10 +468,19 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
                 .join("devices")
                 .join(rel.trim_start_matches('/'));
             let allow = dir.join("devices.allow");
+            // Only rules the cgroup lacks are written, so that taking them back restores what
+            // was there: a device the cgroup already allows is never denied afterwards. An
+            // allow-all cgroup (`a *:* rwm`: no runtime restricts it, or the container shares
+            // a cgroup with the host) gets no writes at all; its hidden deny exceptions are
+            // the administrator's, and an allow would lift them.
+            let list = crate::host::read_bounded(&dir.join("devices.list"), 1 << 20).ok();
             let mut rules: Vec<String> = Vec::new();
             for n in &nodes {
                 let r = format!("c {}:{} rwm", n.major, n.minor);
-                if !rules.contains(&r) {
+                let present = list
+                    .as_deref()
+                    .is_some_and(|l| v1_list_allows(l, n.major, n.minor));
+                if !present && !rules.contains(&r) {
                     rules.push(r);
                 }
             }
@@ -577,6 +602,19 @@ mod tests {
         }
         let reqs = parse_request("0000:17:00.0,42").unwrap();
         assert_eq!(plan(&part, &reqs).unwrap(), plan(&full, &reqs).unwrap());
+    }
+
+    #[test]
+    fn v1_device_lists() {
+        let runc = "c 1:3 rwm\nc 1:5 rwm\nc 136:* rwm\nc *:* m\nb *:* m\nc 10:200 rwm\n";
+        assert!(v1_list_allows(runc, 136, 4));
+        assert!(v1_list_allows(runc, 10, 200));
+        assert!(!v1_list_allows(runc, 10, 196), "c *:* m grants mknod only");
+        assert!(!v1_list_allows(runc, 240, 40));
+        assert!(v1_list_allows("a *:* rwm\n", 240, 40));
+        assert!(!v1_list_allows("c 240:40 rw\n", 240, 40), "rwm needs all three");
+        assert!(!v1_list_allows("", 10, 196));
+        assert!(!v1_list_allows("garbage\nc x:y rwm\n", 10, 196));
     }
 
     #[test]
