@@ -23,7 +23,10 @@ fn ms(d: Duration) -> String {
 }
 
 fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpupass"))
+    // GPUPASS_BENCH_BIN: measure another build (an older commit) with the same harness.
+    std::env::var_os("GPUPASS_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpupass")))
 }
 
 /// Point `addr`'s driver link at `driver` (absolute link; gpupass reads only its last component).
