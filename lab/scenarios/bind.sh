@@ -139,6 +139,17 @@ held vfio-open-refused /dev/vfio/$g "<>" "vfio-pci vfio-pci" gpupass unbind 00:0
 lab_check inuse-unbind gpupass unbind 00:05.0
 lab_expect inuse-end-drivers "bochs-drm snd_hda_intel" "$(drivers)"
 
+# 7b'. Addresses that cannot be bound: one that does not exist, and a bridge (the root port
+# 00:08.0): exit 1 with the reason, nothing changed.
+gpupass bind 00:1f.7 > noaddr.txt 2> noaddr.err; rc=$?
+if [ $rc = 1 ] && grep -q "no such PCI device" noaddr.err; then lab_pass no-such-address "$(grep -o 'no such PCI device[^;]*' noaddr.err | head -1)"; else lab_fail no-such-address "rc=$rc $(tr '\n' '|' < noaddr.err)"; fi
+gpupass bind 00:08.0 > bridge.txt 2> bridge.err; rc=$?
+if [ $rc = 1 ] && grep -q "bridge" bridge.err && [ "$(lab_driver 0000:00:08.0)" = pcieport ]; then
+  lab_pass bridge-refused "$(grep -o 'is a PCI bridge[^;]*' bridge.err | head -1)"
+else
+  lab_fail bridge-refused "rc=$rc driver=$(lab_driver 0000:00:08.0) $(tr '\n' '|' < bridge.err)"
+fi
+
 # 7c. vfio-pci not loaded: bind loads it (the plan's first step) and goes on.
 if rmmod vfio_pci 2> rmmod.err; then
   gpupass bind 00:05.0 > modload.txt 2>&1; rc=$?
