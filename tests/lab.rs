@@ -20,6 +20,7 @@ const SCENARIOS: &[&str] = &[
     "events",
     "bind",
     "inuse",
+    "mixedgroup",
     "mdev",
     "boot",
     "concurrency",
@@ -136,6 +137,12 @@ fn lab_bind() {
 #[test]
 fn lab_inuse() {
     assert_scenario("inuse");
+}
+
+/// Unrelated devices in one group (behind a PCIe-to-PCI bridge): refused, naming the other.
+#[test]
+fn lab_mixedgroup() {
+    assert_scenario("mixedgroup");
 }
 
 #[test]
