@@ -819,6 +819,30 @@ row!(
         ..Case::DEFAULT
     }
 );
+/// A CUDA process holding the GPU's own NVIDIA node (hgx-8gpu: 03:00.0 is minor 0).
+fn cuda_process_on_nvidia0(r: &Path) -> Guard {
+    let p = r.join("proc/4321");
+    std::fs::create_dir_all(p.join("fd")).unwrap();
+    std::fs::write(p.join("comm"), "python3\n").unwrap();
+    std::os::unix::fs::symlink("/dev/nvidia0", p.join("fd/5")).unwrap();
+    std::os::unix::fs::symlink("/dev/nvidiactl", p.join("fd/6")).unwrap();
+    None
+}
+
+row!(
+    e_bind_20,
+    Case {
+        host: "hgx-8gpu",
+        args: &["bind", "03:00.0"],
+        needles: &[
+            "/dev/nvidia0 is open by pid 4321 (python3): it is using this GPU through NVIDIA's driver",
+            "fix: stop python3 (pid 4321) first (`nvidia-smi` lists the GPU's processes)",
+        ],
+        setup: cuda_process_on_nvidia0,
+        ..Case::DEFAULT
+    }
+);
+
 row!(
     e_bind_07,
     Case {

@@ -41,6 +41,12 @@ pub enum Use {
         pid: u32,
         comm: String,
     },
+    /// `/dev/nvidia<minor>` of a GPU on NVIDIA's driver held open (a CUDA or graphics process).
+    NvidiaOpen {
+        node: String,
+        pid: u32,
+        comm: String,
+    },
     /// A framebuffer; `console` names the bound framebuffer vtconsole, if any.
     Framebuffer {
         fb: String,
@@ -312,19 +318,43 @@ pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
         }
     }
 
-    // Open file descriptors: those DRM nodes, and VFIO group nodes.
+    // `/dev/nvidia<minor>` of the functions in view that are on NVIDIA's driver (the minor is
+    // in `proc/driver/nvidia/gpus/<address>/information`).
+    let mut nv_nodes: BTreeMap<String, PciAddress> = BTreeMap::new();
+    if need.uses {
+        for d in inv
+            .devices
+            .iter()
+            .filter(|d| d.driver.as_deref() == Some("nvidia"))
+        {
+            let info = host
+                .nvidia_gpus_proc()
+                .join(d.address.to_string())
+                .join("information");
+            if let Ok(text) = read_bounded(&info, 64 << 10) {
+                if let Some(m) = crate::inventory::parse_nvidia_information(&text).minor {
+                    nv_nodes.insert(format!("nvidia{m}"), d.address);
+                }
+            }
+        }
+    }
+
+    // Open file descriptors: those DRM and NVIDIA nodes, and VFIO group nodes.
+    let devdir = format!("{}/", host.display(&host.dev()));
     let dri = format!("{}/", host.display(&host.dev().join("dri")));
     let vfio = format!("{}/", host.display(&host.dev_vfio()));
     let wanted = |t: &str| {
         t.strip_prefix(dri.as_str())
             .is_some_and(|n| drm_nodes.contains_key(n))
+            || t.strip_prefix(devdir.as_str())
+                .is_some_and(|n| nv_nodes.contains_key(n))
             || (need.vfio_open
                 && t.strip_prefix(vfio.as_str())
                     .is_some_and(|g| g.parse::<u32>().is_ok()))
     };
     // The walk over every process is the dearest fact: skip it when there is nothing to find.
     let vfio_present = need.vfio_open && inv.groups.iter().any(|g| g.vfio_node_present);
-    let (mut open, unreadable) = if drm_nodes.is_empty() && !vfio_present {
+    let (mut open, unreadable) = if drm_nodes.is_empty() && nv_nodes.is_empty() && !vfio_present {
         (Vec::new(), 0)
     } else {
         crate::host::open_files(host, &wanted)
@@ -348,6 +378,20 @@ pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
                     },
                 );
             }
+        } else if let Some((node, a)) = o
+            .target
+            .strip_prefix(devdir.as_str())
+            .and_then(|n| nv_nodes.get_key_value(n))
+        {
+            add(
+                &mut f,
+                *a,
+                Use::NvidiaOpen {
+                    node: node.clone(),
+                    pid: o.pid,
+                    comm: o.comm,
+                },
+            );
         } else if let Some(g) = o
             .target
             .strip_prefix(vfio.as_str())

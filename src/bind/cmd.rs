@@ -35,7 +35,7 @@ pub struct BindArgs {
     #[arg(long, value_name = "NAME", value_parser = parse_driver)]
     pub driver: Option<String>,
     /// Override refusals where that is sane (boot VGA with a console, mounted filesystems, up
-    /// network interfaces, open DRM nodes)
+    /// network interfaces, open DRM nodes, GPUs in use through NVIDIA's driver)
     #[arg(long)]
     pub force: bool,
     /// Print the exact ordered sysfs writes and checks; change nothing

@@ -539,6 +539,10 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
             format!("/dev/dri/{node} is open by pid {pid} ({comm})"),
             format!("stop {comm} (pid {pid}) or log out of the graphical session on this GPU"),
         ),
+        Use::NvidiaOpen { node, pid, comm } => (
+            format!("/dev/{node} is open by pid {pid} ({comm}): it is using this GPU through NVIDIA's driver"),
+            format!("stop {comm} (pid {pid}) first (`nvidia-smi` lists the GPU's processes); unbinding under it can hang or kill it"),
+        ),
         Use::Framebuffer { fb, console } => {
             if dev.boot_vga != Some(true) {
                 return None;

@@ -503,3 +503,50 @@ fn selection_refusals_are_one_record_in_bind_unbind_and_persist() {
         "enable the IOMMU (intel_iommu=on or amd_iommu=on on the kernel command line; see `gpupass check`)"
     );
 }
+
+/// A GPU on NVIDIA's driver with a CUDA process holding its `/dev/nvidia<minor>` is refused
+/// (forceable), naming the node, the pid and nvidia-smi; a GPU whose node nobody holds, and
+/// the shared `/dev/nvidiactl`, do not count.
+#[test]
+fn a_process_on_dev_nvidia_minor_refuses_the_bind() {
+    let t = tempfile::tempdir().unwrap();
+    let mut b = HostBuilder::new(t.path()).unwrap();
+    b.kernel("6.8.0-1-generic", "intel_iommu=on", &["nvidia"])
+        .unwrap();
+    for (addr, group, minor) in [("07:00.0", 7u32, 2u32), ("0f:00.0", 15, 0)] {
+        b.add(
+            &DevSpec::new(addr, 0x10de, 0x20b0, 0x030200)
+                .group(group)
+                .driver("nvidia"),
+        )
+        .unwrap();
+        b.nvidia_info(&a(addr), minor, "NVIDIA A100-SXM4-40GB", &format!("GPU-{minor}"))
+            .unwrap();
+    }
+    b.open_fd(777, "python3", 5, "/dev/nvidia2").unwrap();
+    b.open_fd(777, "python3", 6, "/dev/nvidiactl").unwrap();
+    b.open_fd(778, "nvidia-persiste", 3, "/dev/nvidiactl").unwrap();
+    let h = HostRoot::new(t.path());
+    let inv = inventory::scan(&h).unwrap();
+    let f = checks::gather(&h, &inv);
+    assert_eq!(
+        f.uses_of(&a("07:00.0")),
+        &[Use::NvidiaOpen {
+            node: "nvidia2".into(),
+            pid: 777,
+            comm: "python3".into()
+        }]
+    );
+    assert!(f.uses_of(&a("0f:00.0")).is_empty());
+    let p = plan_bind(&inv, &f, &req(&["07:00.0"]));
+    assert_eq!(p.refusals.len(), 1, "{:?}", p.refusals);
+    let r = &p.refusals[0];
+    assert!(
+        r.reason.contains("/dev/nvidia2 is open by pid 777 (python3)"),
+        "{}",
+        r.reason
+    );
+    assert!(r.fix.contains("nvidia-smi"), "{}", r.fix);
+    assert!(r.forceable && p.blocking(true).is_empty(), "--force overrides it");
+    assert!(plan_bind(&inv, &f, &req(&["0f:00.0"])).refusals.is_empty());
+}
