@@ -438,51 +438,46 @@ fn container_v1_without_controller(r: &Path) -> Guard {
     bundle_char_nodes(r)
 }
 
-/// A cgroup v1 devices controller for the container's cgroup `ctr` (the fake kernel shows the
-/// rules in devices.list), with or without devices.deny.
-fn v1_controller(r: &Path, deny: bool) {
+/// A container (pid 4242, cgroup `ctr`) on cgroup v1 whose devices controller has
+/// devices.allow and devices.deny only when asked, and `list` as its devices.list (the fake
+/// kernel shows written rules there). Its mount namespace file is no namespace, so entering it
+/// fails after the cgroup step.
+fn container_v1(r: &Path, allow: bool, deny: bool, list: &str) -> Guard {
+    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
     let cg = r.join("sys/fs/cgroup/devices/ctr");
     std::fs::create_dir_all(&cg).unwrap();
-    std::fs::write(cg.join("devices.allow"), "").unwrap();
+    if allow {
+        std::fs::write(cg.join("devices.allow"), "").unwrap();
+    }
     if deny {
         std::fs::write(cg.join("devices.deny"), "").unwrap();
     }
-    std::fs::write(cg.join("devices.list"), "c 136:* rwm\n").unwrap();
+    std::fs::write(cg.join("devices.list"), list).unwrap();
+    bundle_char_nodes(r)
 }
 
-/// Cgroup v1 with the devices controller; the mount namespace file is no namespace, so
-/// entering it fails after the devices.allow writes.
+/// Runc's kind of cgroup (deny by default, a pty rule): the rules are written, then taken back.
 fn container_v1_ns_fails(r: &Path) -> Guard {
-    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
-    v1_controller(r, true);
-    bundle_char_nodes(r)
+    container_v1(r, true, true, "c 136:* rwm\n")
 }
 
-/// As `container_v1_ns_fails`, in an allow-all cgroup (`a *:* rwm`: no runtime restricts it, or
-/// the container shares the host's cgroup): the hook writes no rule, so there is none to take
-/// back and no device is denied afterwards.
-/// The cgroup has no devices.allow or devices.deny here: any write would fail and show.
+/// An allow-all cgroup (`a *:* rwm`: no runtime restricts it, or the container shares the
+/// host's cgroup): the hook writes no rule, so there is none to take back and no device is
+/// denied afterwards. It has no devices.allow or devices.deny here: any write would fail and
+/// show.
 fn container_v1_allow_all_ns_fails(r: &Path) -> Guard {
-    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
-    let cg = r.join("sys/fs/cgroup/devices/ctr");
-    std::fs::create_dir_all(&cg).unwrap();
-    std::fs::write(cg.join("devices.list"), "a *:* rwm\n").unwrap();
-    bundle_char_nodes(r)
+    container_v1(r, false, false, "a *:* rwm\n")
 }
 
 /// As `container_v1_ns_fails`, without devices.deny: the rules cannot be taken back.
 fn container_v1_ns_fails_no_deny(r: &Path) -> Guard {
-    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
-    v1_controller(r, false);
-    bundle_char_nodes(r)
+    container_v1(r, true, false, "c 136:* rwm\n")
 }
 
 /// Cgroup v1 with the devices controller and two distinct rules to write (group 40's node is
 /// /dev/zero), so the second devices.allow write can fail after the first.
 fn container_v1_two_rules(r: &Path) -> Guard {
-    container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
-    v1_controller(r, true);
-    let g = bundle_char_nodes(r);
+    let g = container_v1(r, true, true, "c 136:* rwm\n");
     let p = r.join("dev/vfio/40");
     std::fs::remove_file(&p).unwrap();
     std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
