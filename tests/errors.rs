@@ -484,6 +484,9 @@ fn container_v1_two_rules(r: &Path) -> Guard {
     g
 }
 
+/// The OCI state of container pid 4242 asking for IOMMU group 40 (`{root}`: the scratch copy).
+const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#;
+
 /// Rows covered outside this file (real kernel, KVM, libvirt), as docs/errors.md says.
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
@@ -1776,7 +1779,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["gpupass oci-hook: bundle {root}/bundle: cannot read config.json"],
         setup: bundle_without_config,
         ..Case::DEFAULT
@@ -1787,7 +1790,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["bundle {root}/bundle: config.json is not JSON"],
         setup: bundle_config_not_json,
         ..Case::DEFAULT
@@ -1798,7 +1801,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["bundle {root}/bundle: config.json has no root.path"],
         setup: bundle_without_root_path,
         ..Case::DEFAULT
@@ -1809,7 +1812,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["bundle {root}/bundle: root.path {root}/bundle/nothere is not a directory"],
         setup: bundle_rootfs_missing,
         ..Case::DEFAULT
@@ -1880,7 +1883,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &[
             "host device node /dev/vfio/40 is missing: is the vfio module loaded and the device bound?"
         ],
@@ -1893,7 +1896,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["host path /dev/vfio/vfio is not a character device; the hook needs the live host's /dev"],
         setup: bundle,
         ..Case::DEFAULT
@@ -1904,7 +1907,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["cannot read /proc/4242/cgroup: No such file or directory"],
         setup: bundle_char_nodes,
         ..Case::DEFAULT
@@ -1917,7 +1920,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &[
             "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
         ],
@@ -1936,7 +1939,7 @@ fn e_hook_17_in_an_allow_all_cgroup() {
         Case {
             host: "vfio-numa",
             args: &["oci-hook"],
-            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            stdin: STATE_GROUP_40,
             needles: &[
                 "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
             ],
@@ -1954,7 +1957,7 @@ fn e_hook_17_without_ns_file() {
         Case {
             host: "vfio-numa",
             args: &["oci-hook"],
-            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            stdin: STATE_GROUP_40,
             needles: &[
                 "cannot enter the mount namespace of pid 4242: /proc/4242/ns/mnt: No such file or directory",
                 "run the hook as root from the runtime's createRuntime (or prestart) hooks",
@@ -1974,7 +1977,7 @@ fn e_hook_18_after_a_first_rule() {
             host: "vfio-numa",
             args: &["oci-hook"],
             env: &[("GPUPASS_FAIL_WRITE", "2")],
-            stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+            stdin: STATE_GROUP_40,
             needles: &[
                 "cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: injected failure at write 2",
             ],
@@ -1988,7 +1991,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &["cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: No such file or directory", "cgroup v1 devices controller"],
         setup: container_v1_without_controller,
         ..Case::DEFAULT
@@ -1999,7 +2002,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["oci-hook"],
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &[
             "gpupass oci-hook: cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root",
             "; and the devices cgroup still allows c 1:3 rwm: taking it back through /sys/fs/cgroup/devices/ctr/devices.deny failed: No such file or directory (os error 2); the runtime drops it with the failed container's cgroup"
@@ -2015,7 +2018,7 @@ row!(
         host: "vfio-numa",
         args: &["oci-hook"],
         root: "{root}/nope",
-        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#,
+        stdin: STATE_GROUP_40,
         needles: &[
             "gpupass oci-hook: cannot list PCI devices at {root}/nope/sys/bus/pci/devices",
             "(or is --root right)?"
