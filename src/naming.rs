@@ -21,7 +21,7 @@
 //! truncates to 63 characters (and falls back to the device id when nothing is left), so the
 //! kubelet never rejects a registration.
 
-use crate::model::PciDevice;
+use crate::model::{Inventory, MdevInstance, PciAddress, PciDevice};
 
 /// Longest name part Kubernetes accepts in a qualified name.
 pub const MAX_NAME_PART: usize = 63;
@@ -98,6 +98,23 @@ pub fn mdev_resource_name(parent_vendor_id: &str, type_name: &str) -> String {
         .collect();
     let part = qualified_part(&cleaned).unwrap_or_else(|| "mdev".into());
     format!("{}/{part}", vendor_domain(parent_vendor_id))
+}
+
+/// The resource name of an mdev instance: its type's name (the type id when the parent does not
+/// list it) under its parent's vendor domain (`0000` when the parent is unknown).
+pub fn mdev_instance_resource_name(inv: &Inventory, m: &MdevInstance) -> String {
+    let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
+    let type_name = parent
+        .and_then(|p| {
+            p.mdev_types
+                .iter()
+                .find(|t| Some(&t.id) == m.type_id.as_ref())
+                .and_then(|t| t.name.clone())
+        })
+        .or_else(|| m.type_id.clone())
+        .unwrap_or_else(|| "mdev".into());
+    let vendor = parent.map(|p| p.vendor_id.as_str()).unwrap_or("0000");
+    mdev_resource_name(vendor, &type_name)
 }
 
 /// KubeVirt's environment variable for a resource: `PCI_RESOURCE` + `nvidia.com/X` →

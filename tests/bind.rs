@@ -10,14 +10,8 @@ use std::process::{Command, Output, Stdio};
 use util::*;
 
 fn cmd(root: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
-    c.arg("--root")
-        .arg(root)
-        .args(args)
-        .env_remove("GPUPASS_ROOT")
-        .env_remove("GPUPASS_FAIL_WRITE")
-        .env_remove("GPUPASS_CRASH_AFTER_WRITE")
-        .env("GPUPASS_FAKE_KERNEL", "1");
+    let mut c = fake_kernel(&["--root", root.to_str().expect("a UTF-8 root")]);
+    c.args(args);
     c
 }
 
@@ -123,12 +117,7 @@ fn bind_then_unbind_round_trip() {
     );
     assert!(r.join("dev/vfio/1").exists());
     let g: serde_json::Value = serde_json::from_str(&ok(&run(r, &["groups", "--json"]))).unwrap();
-    let g1 = g["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["number"] == 1)
-        .unwrap();
+    let g1 = group_json(&g, 1);
     assert_eq!(g1["viable"], true, "{g1}");
     // Again: a no-op that says so.
     let again = ok(&run(r, &["bind", "01:00.1"]));
@@ -223,12 +212,7 @@ fn only_reports_viability_first_and_binds_just_that_function() {
     assert_eq!(driver(r, GPU).as_deref(), Some("vfio-pci"));
     assert_eq!(driver(r, AUDIO).as_deref(), Some("snd_hda_intel"));
     let g: serde_json::Value = serde_json::from_str(&ok(&run(r, &["groups", "--json"]))).unwrap();
-    let g1 = g["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["number"] == 1)
-        .unwrap();
+    let g1 = group_json(&g, 1);
     assert_eq!(g1["viable"], false);
     assert_eq!(g1["blockers"][0]["address"], AUDIO);
 }

@@ -447,14 +447,7 @@ fn podman_consumes_the_generated_specs() {
     // kernel's "local/experimental" range, unused here.
     let vfio = scratch_host("vfio-numa");
     let v = vfio.path();
-    mknod(&v.join("dev/vfio/vfio"), 10, 196);
-    for g in [40, 41, 42, 60, 61] {
-        mknod(&v.join(format!("dev/vfio/{g}")), 240, g);
-    }
-    mknod(&v.join("dev/iommu"), 10, 123);
-    for n in 0..6 {
-        mknod(&v.join(format!("dev/vfio/devices/vfio{n}")), 241, n);
-    }
+    vfio_stand_in_nodes(v);
     mknod(&v.join("dev/nvidia0"), 195, 0);
     mknod(&v.join("dev/nvidiactl"), 195, 255);
     mknod(&v.join("dev/nvidia-uvm"), 242, 0);

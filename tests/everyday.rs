@@ -40,14 +40,7 @@ fn man_page_documents_commands_and_exit_statuses() {
 fn quiet_by_default_and_every_sysfs_write_logged_with_vv() {
     let t = scratch_host("workstation");
     let root = t.path().to_str().unwrap();
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
-            .args(args)
-            .env("GPUPASS_FAKE_KERNEL", "1")
-            .env_remove("GPUPASS_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| fake_kernel(args).output().unwrap();
     let o = run(&["--root", root, "bind", "01:00.0"]);
     ok(&o);
     assert!(
@@ -105,14 +98,7 @@ fn startup_reapplies_persistent_binds_and_is_idempotent() {
     }
     // A non-VFIO override is driverctl's business, not a bind.
     std::fs::write(dir.join("pci-0000:03:00.0"), "igc\n").unwrap();
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
-            .args(args)
-            .env("GPUPASS_FAKE_KERNEL", "1")
-            .env_remove("GPUPASS_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| fake_kernel(args).output().unwrap();
     let out = ok(&run(&["--root", root, "startup"]));
     assert!(
         out.contains("persistent binds to vfio-pci: 0000:01:00.0 0000:01:00.1"),
@@ -120,12 +106,7 @@ fn startup_reapplies_persistent_binds_and_is_idempotent() {
     );
     let v: serde_json::Value =
         serde_json::from_str(&ok(&run(&["--root", root, "groups", "--json"]))).unwrap();
-    let g1 = v["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["number"] == 1)
-        .unwrap();
+    let g1 = group_json(&v, 1);
     assert_eq!(g1["viable"], true, "{g1}");
     let again = ok(&run(&["--root", root, "startup"]));
     assert!(again.contains("persistent binds: nothing to do"), "{again}");
@@ -143,12 +124,7 @@ fn startup_warns_about_override_files_it_cannot_use_and_binds_the_rest() {
     std::fs::write(dir.join("README"), "notes\n").unwrap();
     std::fs::create_dir(dir.join("pci-0000:03:00.0")).unwrap(); // unreadable as a file
     std::fs::write(dir.join("usb-1-1"), "usbhid\n").unwrap(); // another bus: driverctl's business
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
-        .args(["--root", root, "startup"])
-        .env("GPUPASS_FAKE_KERNEL", "1")
-        .env_remove("GPUPASS_ROOT")
-        .output()
-        .unwrap();
+    let o = fake_kernel(&["--root", root, "startup"]).output().unwrap();
     let out = ok(&o);
     let err = stderr(&o);
     assert!(

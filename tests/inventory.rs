@@ -99,12 +99,7 @@ fn json_has_the_documented_fields() {
 #[test]
 fn groups_know_viability_and_blockers() {
     let v = json(&on_host("workstation", &["groups", "--json"]));
-    let g1 = v["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["number"] == 1)
-        .unwrap();
+    let g1 = group_json(&v, 1);
     assert_eq!(g1["members"].as_array().unwrap().len(), 3);
     assert_eq!(g1["viable"], false);
     let blockers: Vec<&str> = g1["blockers"]

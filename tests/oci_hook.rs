@@ -12,14 +12,7 @@ use util::*;
 fn hook_host() -> tempfile::TempDir {
     let t = scratch_host("vfio-numa");
     let r = t.path();
-    mknod(&r.join("dev/vfio/vfio"), 10, 196);
-    for g in [40, 41, 42, 60, 61] {
-        mknod(&r.join(format!("dev/vfio/{g}")), 240, g);
-    }
-    mknod(&r.join("dev/iommu"), 10, 123);
-    for n in 0..6 {
-        mknod(&r.join(format!("dev/vfio/devices/vfio{n}")), 241, n);
-    }
+    vfio_stand_in_nodes(r);
     std::fs::remove_dir_all(r.join("proc")).unwrap();
     std::os::unix::fs::symlink("/proc", r.join("proc")).unwrap();
     std::fs::create_dir_all(r.join("sys/fs")).unwrap();

@@ -327,14 +327,17 @@ pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
             .iter()
             .filter(|d| d.driver.as_deref() == Some("nvidia"))
         {
-            let info = host
-                .nvidia_gpus_proc()
-                .join(d.address.to_string())
-                .join("information");
-            if let Ok(text) = read_bounded(&info, 64 << 10) {
-                if let Some(m) = crate::inventory::parse_nvidia_information(&text).minor {
-                    nv_nodes.insert(format!("nvidia{m}"), d.address);
-                }
+            // A full scan has the minor already; a light one (bind) reads it here.
+            let minor = d.nvidia.as_ref().and_then(|n| n.minor).or_else(|| {
+                let info = host
+                    .nvidia_gpus_proc()
+                    .join(d.address.to_string())
+                    .join("information");
+                let text = read_bounded(&info, 64 << 10).ok()?;
+                crate::inventory::parse_nvidia_information(&text).minor
+            });
+            if let Some(m) = minor {
+                nv_nodes.insert(format!("nvidia{m}"), d.address);
             }
         }
     }

@@ -25,7 +25,7 @@
 
 use crate::container::DriverFiles;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Inventory, PciAddress, PciDevice};
+use crate::model::{is_vfio_driver, Inventory, PciDevice};
 use crate::naming;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -466,18 +466,7 @@ VFIO cdev exists; is the vfio module loaded?",
             warnings.push(format!("mdev {:?} left out: not a valid CDI device name", m.uuid));
             continue;
         }
-        let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
-        let type_name = parent
-            .and_then(|p| {
-                p.mdev_types
-                    .iter()
-                    .find(|t| Some(&t.id) == m.type_id.as_ref())
-                    .and_then(|t| t.name.clone())
-            })
-            .or_else(|| m.type_id.clone())
-            .unwrap_or_else(|| "mdev".into());
-        let vendor = parent.map(|p| p.vendor_id.as_str()).unwrap_or("0000");
-        let res = naming::mdev_resource_name(vendor, &type_name);
+        let res = naming::mdev_instance_resource_name(inv, m);
         devices.push(Device {
             name: m.uuid.clone(),
             container_edits: ContainerEdits {

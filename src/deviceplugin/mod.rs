@@ -113,29 +113,6 @@ fn pci_problem(inv: &Inventory, d: &PciDevice) -> Option<String> {
     None
 }
 
-fn mdev_type_name(inv: &Inventory, m: &crate::model::MdevInstance) -> (String, String) {
-    let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
-    let name = parent
-        .and_then(|p| {
-            p.mdev_types
-                .iter()
-                .find(|t| Some(&t.id) == m.type_id.as_ref())
-                .and_then(|t| t.name.clone())
-        })
-        .or_else(|| m.type_id.clone())
-        .unwrap_or_else(|| "mdev".into());
-    let vendor = parent
-        .map(|p| p.vendor_id.clone())
-        .unwrap_or_else(|| "0000".into());
-    (vendor, name)
-}
-
-/// The resource name of an mdev instance.
-pub fn mdev_resource(inv: &Inventory, m: &crate::model::MdevInstance) -> String {
-    let (vendor, name) = mdev_type_name(inv, m);
-    naming::mdev_resource_name(&vendor, &name)
-}
-
 /// Every resource of the host: VFIO-bound functions (bridges excluded) by model, active mdevs
 /// by type. Health: still bound to a VFIO driver, group viable, its device node present
 /// (devices that vanish are handled by [`merge`]).
@@ -162,7 +139,7 @@ pub fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
             });
     }
     for m in &inv.mdevs {
-        let name = mdev_resource(inv, m);
+        let name = naming::mdev_instance_resource_name(inv, m);
         let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
         let problem = match m.iommu_group {
             None => Some("no IOMMU group".to_string()),
@@ -303,7 +280,7 @@ pub fn allocate(
                 }
             }
         } else if let Some(m) = inv.mdev(id) {
-            if mdev_resource(inv, m) != resource {
+            if naming::mdev_instance_resource_name(inv, m) != resource {
                 return Err(AllocError::Unknown {
                     id: id.clone(),
                     resource: resource.into(),

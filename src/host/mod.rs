@@ -295,48 +295,50 @@ pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
         .open(path)?;
     let fd: rustix::fd::OwnedFd = f.into();
     let size = regular_only(&fd)?;
-    // Read into a buffer of the file's size (sysfs says 4096, procfs 0): one read instead of a
-    // doubling series from 32 bytes.
-    let cap = if size == 0 {
-        4096
-    } else {
-        size.min(limit) as usize + 1
-    };
-    read_all_bounded_cap(fs::File::from(fd), limit, cap)
+    read_all_bounded_sized(fs::File::from(fd), limit, Some(size))
 }
 
 /// Like [`read_bounded`], but any readable file, pipes included (`--from-json <(ssh host gpupass
 /// list --all --json)`): for files the user names, never for host paths.
 pub fn read_bounded_any(path: &Path, limit: u64) -> io::Result<String> {
-    read_all_bounded(fs::File::open(path)?, limit)
+    read_all_bounded_sized(fs::File::open(path)?, limit, None)
 }
 
-fn read_all_bounded(f: fs::File, limit: u64) -> io::Result<String> {
-    read_all_bounded_cap(f, limit, 0)
-}
+/// What sysfs reports as the size of every attribute.
+const SYSFS_PAGE: u64 = 4096;
 
-fn read_all_bounded_cap(f: fs::File, limit: u64, cap: usize) -> io::Result<String> {
+/// Read at most `limit` bytes (lossy UTF-8, trailing newlines and NULs trimmed). `size`, the
+/// file's `st_size` when known, sizes the buffer: one read instead of a doubling series from 32
+/// bytes. A sysfs attribute (size 4096) is filled by its show() on the first read, so a read
+/// shorter than the page is the whole value and the second, empty read is skipped; procfs
+/// files say 0 and are read to the end.
+fn read_all_bounded_sized(f: fs::File, limit: u64, size: Option<u64>) -> io::Result<String> {
     let mut f = f.take(limit);
     let mut buf = Vec::new();
-    if cap == SYSFS_PAGE + 1 {
-        // A sysfs attribute (st_size 4096) is filled by its show() on the first read: a read
-        // shorter than the page is the whole value, and the second, empty read is skipped.
-        buf.resize(cap, 0);
-        let n = f.read(&mut buf)?;
-        buf.truncate(n);
-        if n == 0 || n >= SYSFS_PAGE {
+    match size {
+        Some(SYSFS_PAGE) => {
+            buf.resize(SYSFS_PAGE as usize + 1, 0);
+            let n = f.read(&mut buf)?;
+            buf.truncate(n);
+            if n == 0 || n as u64 >= SYSFS_PAGE {
+                f.read_to_end(&mut buf)?;
+            }
+        }
+        Some(0) => {
+            buf.reserve(4096);
             f.read_to_end(&mut buf)?;
         }
-    } else {
-        buf.reserve(cap);
-        f.read_to_end(&mut buf)?;
+        Some(n) => {
+            buf.reserve(n.min(limit) as usize + 1);
+            f.read_to_end(&mut buf)?;
+        }
+        None => {
+            f.read_to_end(&mut buf)?;
+        }
     }
     let s = String::from_utf8_lossy(&buf);
     Ok(s.trim_end_matches(['\n', '\0']).to_string())
 }
-
-/// What sysfs reports as the size of every attribute.
-const SYSFS_PAGE: usize = 4096;
 
 /// Read at most `limit` bytes of a file as raw bytes.
 pub fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {

@@ -166,6 +166,46 @@ pub fn need_tool(tool: &str) -> bool {
     false
 }
 
+/// The real binary on the fake kernel (`GPUPASS_FAKE_KERNEL=1`: writes under `--root` take
+/// the kernel's visible effect), with no root or failpoint inherited from the environment.
+#[allow(dead_code)]
+pub fn fake_kernel(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    c.args(args)
+        .env_remove("GPUPASS_ROOT")
+        .env_remove("GPUPASS_FAIL_WRITE")
+        .env_remove("GPUPASS_CRASH_AFTER_WRITE")
+        .env("GPUPASS_FAKE_KERNEL", "1");
+    c
+}
+
+/// IOMMU group `n` of `gpupass groups --json` output (panics when it is not there).
+#[allow(dead_code)]
+pub fn group_json(groups: &serde_json::Value, n: u64) -> serde_json::Value {
+    groups["groups"]
+        .as_array()
+        .expect("a groups array")
+        .iter()
+        .find(|g| g["number"] == n)
+        .unwrap_or_else(|| panic!("no group {n} in {groups}"))
+        .clone()
+}
+
+/// Stand-in VFIO nodes on a fixture root (this machine has no VFIO devices): the container
+/// (10:196) and iommufd (10:123) nodes, groups 40-42, 60, 61 as 240:N and cdevs vfio0-5 as
+/// 241:N (240-242 are the kernel's local/experimental majors, unused here).
+#[allow(dead_code)]
+pub fn vfio_stand_in_nodes(r: &Path) {
+    mknod(&r.join("dev/vfio/vfio"), 10, 196);
+    for g in [40, 41, 42, 60, 61] {
+        mknod(&r.join(format!("dev/vfio/{g}")), 240, g);
+    }
+    mknod(&r.join("dev/iommu"), 10, 123);
+    for n in 0..6 {
+        mknod(&r.join(format!("dev/vfio/devices/vfio{n}")), 241, n);
+    }
+}
+
 /// A character device node (stand-in for /dev/vfio/N in container tests).
 pub fn mknod(path: &Path, major: u32, minor: u32) {
     let _ = std::fs::remove_file(path);
