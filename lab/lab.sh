@@ -3,6 +3,14 @@
 # emulated Intel IOMMU) with a set of emulated GPUs and runs scenario scripts
 # inside it.  See docs/lab.md for the device map and the guest protocol.
 #
+#   lab/lab.sh [--kernel 6.1|6.12] COMMAND ...
+#
+#   --kernel 6.1    Debian 12's kernel package (default): cgroup v1 devices,
+#                   legacy VFIO container only
+#   --kernel 6.12   the lab's own build of Debian's linux-source-6.12
+#                   (lab/kernel/): iommufd, VFIO device cdev and the legacy
+#                   container, unified cgroup v2 hierarchy only
+#
 #   lab/lab.sh run SCENARIO [SCENARIO...]   one boot, scenarios run in order
 #   lab/lab.sh demo                          gpupass list/groups/check, streamed
 #   lab/lab.sh prepare                       packages + kernel cache only
@@ -11,7 +19,8 @@
 #
 # Environment:
 #   GPUPASS_LAB_CACHE   cache root (default ~/.cache/gpupass-lab)
-#   GPUPASS_LAB_OUT     result root (default <repo>/target/lab/out)
+#   GPUPASS_LAB_OUT     result root (default <repo>/target/lab/out, <repo>/target/lab/out-6.12)
+#   GPUPASS_LAB_QEMU    use this qemu-system-x86_64 instead of the cached Debian 10.0
 #   GPUPASS_LAB_BIN     use this gpupass binary instead of building one
 #   GPUPASS_LAB_KERNEL  use this cache entry (<release>_<debversion>) without asking apt
 #   GPUPASS_LAB_TIMEOUT base wall-clock limit per boot in seconds (default 240)
@@ -22,7 +31,22 @@ set -euo pipefail
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$LAB_DIR")
 CACHE_ROOT=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
-OUT_ROOT=${GPUPASS_LAB_OUT:-$REPO/target/lab/out}
+# Kernel leg: 6.1 (Debian 12's package) or 6.12 (built by lab/kernel/build.sh).
+LEG=6.1
+if [[ ${1:-} == --kernel ]]; then
+  LEG=${2:-}; shift 2 || true
+elif [[ ${1:-} == --kernel=* ]]; then
+  LEG=${1#--kernel=}; shift
+fi
+case $LEG in
+  6.1 | 6.12) ;;
+  *) printf 'lab: error: --kernel takes 6.1 or 6.12, not "%s"\n' "$LEG" >&2; exit 2 ;;
+esac
+if [[ $LEG == 6.1 ]]; then
+  OUT_ROOT=${GPUPASS_LAB_OUT:-$REPO/target/lab/out}
+else
+  OUT_ROOT=${GPUPASS_LAB_OUT:-$REPO/target/lab/out-$LEG}
+fi
 BASE_TIMEOUT=${GPUPASS_LAB_TIMEOUT:-240}
 TARGET_TRIPLE=x86_64-unknown-linux-gnu
 
@@ -47,7 +71,6 @@ SAMPLE_MODULES=(mtty mdpy mdpy-fb mbochs)
 
 # Host packages the lab needs: "command-or-path package".
 HOST_PACKAGES=(
-  "qemu-system-x86_64 qemu-system-x86"
   "/bin/busybox busybox-static"
   "cpio cpio"
   "depmod kmod"
@@ -56,6 +79,14 @@ HOST_PACKAGES=(
   "gcc gcc"
   "make make"
   "timeout coreutils"
+)
+# The 6.12 leg builds its kernel: Kbuild's host tools.
+KBUILD_PACKAGES=(
+  "flex flex"
+  "bison bison"
+  "bc bc"
+  "/usr/include/libelf.h libelf-dev"
+  "/usr/include/openssl/ssl.h libssl-dev"
 )
 
 log() { printf 'lab: %s\n' "$*" >&2; }
@@ -80,10 +111,13 @@ need_root_for() {
 }
 
 ensure_packages() {
-  local missing=() entry cmd pkg
-  for entry in "${HOST_PACKAGES[@]}"; do
+  local missing=() entry cmd pkg entries=("${HOST_PACKAGES[@]}")
+  [[ $LEG == 6.12 ]] && entries+=("${KBUILD_PACKAGES[@]}")
+  for entry in "${entries[@]}"; do
     cmd=${entry% *} pkg=${entry#* }
-    if [[ $cmd == /* ]]; then
+    if [[ $cmd == /usr/include/* ]]; then
+      [[ -f $cmd ]] || missing+=("$pkg")
+    elif [[ $cmd == /* ]]; then
       # busybox must be the static build: the initramfs has no libc.
       dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
     else
@@ -99,6 +133,18 @@ ensure_packages() {
       --no-install-recommends --no-remove "${missing[@]}" >&2 ||
       die "apt-get install ${missing[*]} failed (the lab never lets apt remove packages; resolve the conflict by hand)"
   fi
+}
+
+# --------------------------------------------------------------------------
+# QEMU: Debian's 10.0 from bookworm-backports, unpacked into the cache
+# (lab/tools/qemu.sh); never installed, so nothing the machine has is removed.
+
+QEMU_BIN=''
+prepare_qemu() {
+  [[ -n $QEMU_BIN ]] && return
+  local t0; t0=$(now)
+  QEMU_BIN=$("$LAB_DIR/tools/qemu.sh" prepare "$CACHE_ROOT") || die "could not prepare the lab's QEMU"
+  log "qemu: $("$QEMU_BIN" --version | head -1) ($(elapsed "$t0") s)"
 }
 
 # --------------------------------------------------------------------------
@@ -131,6 +177,13 @@ download_debs() {
 
 prepare_kernel() {
   mkdir -p "$CACHE_ROOT"
+  if [[ $LEG == 6.12 ]]; then
+    local t0; t0=$(now)
+    KDIR=$("$LAB_DIR/kernel/build.sh" "$CACHE_ROOT") || die "could not build the lab's 6.12 kernel"
+    KREL=$(cat "$KDIR/release") KVER=$(basename "$KDIR")
+    log "kernel $KREL (lab build $(basename "$KDIR")) in $(elapsed "$t0") s"
+    return
+  fi
   resolve_kernel
   if [[ -f $KDIR/.complete ]]; then
     log "kernel $KREL ($KVER) from cache $KDIR"
@@ -249,6 +302,7 @@ ensure_module_pool() {
   missing=$(python3 "$LAB_DIR/tools/labtool.py" missing --pool "$KDIR/modules/lib/modules/$KREL" \
     --samples "$KDIR/samples" -- "$@") || die "labtool missing failed"
   [[ -z $missing ]] && return 0
+  [[ $LEG == 6.12 ]] && die "the 6.12 lab kernel has no module(s) $missing: add them to lab/kernel/lab-6.12.config"
   log "module pool lacks: $missing; re-extracting from the image package"
   (
     flock 9
@@ -338,6 +392,11 @@ build_initramfs() { # WORK SCENARIOS...
       seen+="$name "; echo "$m" >>"$root/lab/modules.list"; mods+=("$name")
     done < <(scenario_decl "$s" modules)
     cp "$(scenario_file "$s")" "$root/lab/scenarios/$s.sh"
+    # "# lab-carry: qemu": the lab's QEMU 10.0 with its libraries and firmware
+    # at /opt/qemu/bin/qemu-system-x86_64 in the guest (nested VMs).
+    if scenario_decl "$s" carry | grep -qw qemu && [[ ! -d $root/opt/qemu ]]; then
+      "$LAB_DIR/tools/qemu.sh" carry "$CACHE_ROOT" "$root" || die "could not carry QEMU into the guest"
+    fi
     # "# lab-files: /usr/bin/x": host binaries a scenario runs in the guest, with their libraries.
     local f lib
     for f in $(scenario_decl "$s" files); do
@@ -361,6 +420,10 @@ build_initramfs() { # WORK SCENARIOS...
     echo "LAB_SCENARIOS='$*'"
     echo "LAB_KREL='$KREL'"
     echo "LAB_HAVE_GPUPASS=$([[ -n $GPUPASS_BIN ]] && echo 1 || echo 0)"
+    echo "LAB_KERNEL=$LEG"
+    # 6.12: the unified hierarchy only, as current distributions boot;
+    # 6.1: cgroup v1 with the devices controller (the legacy container path).
+    echo "LAB_CGROUP=$([[ $LEG == 6.12 ]] && echo v2 || echo v1)"
   } >"$root/lab/config"
   (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) |
     gzip -1 >"$work/initramfs.cpio.gz"
@@ -371,8 +434,15 @@ build_initramfs() { # WORK SCENARIOS...
 
 qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   local work=$1 append=$2; shift 2
+  local s line
+  # "# lab-append: words": kernel command-line words a scenario needs.
+  for s in "$@"; do
+    while IFS= read -r line; do append+=" $line"; done < <(scenario_decl "$s" append)
+  done
+  # The big-BAR device's memory: a sparse file (no disk blocks until written).
+  truncate -s 16G "$work/bigbar.img"
   # shellcheck disable=SC2054  # commas are QEMU's option syntax
-  QEMU=(qemu-system-x86_64 -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
+  QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
     -nodefaults -display none -no-reboot
     -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
     -append "console=ttyS0 panic=-1 quiet no_timer_check intel_iommu=on iommu=pt $append"
@@ -386,8 +456,14 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
     -device edu,bus=pcie.0,addr=0x6
     -device pci-testdev,bus=pcie.0,addr=0x7
     -device pcie-root-port,id=rp1,bus=pcie.0,addr=0x8,chassis=1
-    -device bochs-display,bus=rp1)
-  local s line
+    -device bochs-display,bus=rp1
+    # A 16 GiB 64-bit prefetchable BAR (ivshmem-plain BAR2), the stand-in for an
+    # H100/H200 BAR1; the firmware places it above 4 GiB.
+    -object memory-backend-file,id=lab-bigbar,mem-path="$work/bigbar.img",size=16G,share=on
+    -device ivshmem-plain,memdev=lab-bigbar,bus=pcie.0,addr=0xc
+    # MSI-X (5 vectors), MSI and INTx without a vendor driver: e1000e's ICS register
+    # raises an interrupt cause on demand (docs/lab.md).  No netdev: a NIC with no peer.
+    -device e1000e,bus=pcie.0,addr=0xd,mac=52:54:00:12:34:56)
   for s in "$@"; do
     while IFS= read -r line; do
       [[ -n $line ]] || continue
@@ -421,6 +497,7 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   # Clear old results first, so nothing stale survives a failed preparation.
   for a in "${scen[@]}"; do rm -rf "${OUT_ROOT:?}/$a"; mkdir -p "$OUT_ROOT/$a"; done
   ensure_packages
+  prepare_qemu
   prepare_kernel
   build_gpupass
   for a in "${scen[@]}"; do
@@ -489,6 +566,7 @@ cmd_run() { # [--update-fixture] SCENARIOS...
 
 cmd_shell() {
   ensure_packages
+  prepare_qemu
   prepare_kernel
   build_gpupass
   mkdir -p "$REPO/target/lab/work"
@@ -504,6 +582,7 @@ cmd_shell() {
 
 cmd_prepare() {
   ensure_packages
+  prepare_qemu
   prepare_kernel
   build_gpupass
   if [[ -n $GPUPASS_BIN ]]; then log "gpupass: $GPUPASS_BIN"; else log "gpupass: not available: $GPUPASS_WHY"; fi

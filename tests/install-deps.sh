@@ -4,7 +4,14 @@
 # everything is present.
 set -euo pipefail
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+# QEMU is not installed: the lab (and tests/vm_outputs.rs) unpack Debian's qemu-system-x86 10.0
+# from bookworm-backports into the lab cache (lab/tools/qemu.sh), which matches the qemu-utils
+# 10.0 these machines come with; bookworm's 7.2 could only be installed by removing it.
+# The lab's 6.12 kernel is built from linux-source-6.12 (lab/kernel/build.sh) with these:
+for p in flex bison bc; do command -v $p >/dev/null || need+=($p); done
+[ -f /usr/include/libelf.h ] || need+=(libelf-dev)
+[ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
+command -v xz >/dev/null || need+=(xz-utils)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 command -v depmod >/dev/null || need+=(kmod)
@@ -27,6 +34,6 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/libvirt/libvirt.h ] || need+=(libvirt-dev)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${need[@]}"
 fi
 

@@ -5,7 +5,7 @@
 //! `-device X,help`, and the whole argument list by starting QEMU with it.
 //!
 //! The consumer checks fail, never skip, when a tool is missing: .ci/run installs
-//! libvirt-clients, libxml2-utils and qemu-system-x86.
+//! libvirt-clients and libxml2-utils, and the lab's QEMU 10.0 (lab/tools/qemu.sh).
 
 mod util;
 use std::collections::BTreeSet;
@@ -68,6 +68,9 @@ const WS_GPU: &[&str] = &["0000:01:00.0", "0000:01:00.1"];
 const T4_MDEV: &str = "2f3e4d5c-6b7a-4988-8776-655443322110";
 
 fn tool(name: &str) -> Command {
+    if name == "qemu-system-x86_64" {
+        return lab_qemu();
+    }
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {name}")])
         .output()
@@ -76,9 +79,34 @@ fn tool(name: &str) -> Command {
     assert!(
         found,
         "{name} is not installed; it is the real consumer this test checks against \
-         (apt-get install libvirt-clients libxml2-utils qemu-system-x86; .ci/run does it)"
+         (apt-get install libvirt-clients libxml2-utils; .ci/run does it)"
     );
     Command::new(name)
+}
+
+/// The lab's QEMU (Debian's 10.0 from bookworm-backports, unpacked into the lab cache by
+/// `lab/tools/qemu.sh`; nothing is installed): the QEMU the nested lab VMs run, so the
+/// properties checked here are the ones that boot there.
+fn lab_qemu() -> Command {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cache = std::env::var("GPUPASS_LAB_CACHE").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/gpupass-lab",
+            std::env::var("HOME").unwrap_or_else(|_| "/root".into())
+        )
+    });
+    let o = Command::new("bash")
+        .arg(repo.join("lab/tools/qemu.sh"))
+        .args(["prepare", &cache])
+        .output()
+        .expect("run lab/tools/qemu.sh");
+    assert!(
+        o.status.success(),
+        "lab/tools/qemu.sh could not provide QEMU 10.0 (it fetches Debian's qemu-system-x86 \
+         from bookworm-backports into {cache}):\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Command::new(String::from_utf8_lossy(&o.stdout).trim())
 }
 
 /// Validate a domain XML with libvirt's RNG schemas and define it on the test driver.

@@ -53,3 +53,15 @@ lab_run() {
 lab_group() { _l=$(readlink "/sys/bus/pci/devices/$1/iommu_group" 2>/dev/null) && basename "$_l"; }
 # lab_driver BDF: bound driver name (empty if none).
 lab_driver() { _l=$(readlink "/sys/bus/pci/devices/$1/driver" 2>/dev/null) && basename "$_l"; }
+
+# lab_caps BDF: the PCI capability IDs of a function (0x..), walked from config space.
+lab_caps() {
+  _cfg=/sys/bus/pci/devices/$1/config
+  _b() { od -An -tu1 -j "$1" -N1 "$_cfg" | tr -d ' '; }
+  _p=$(_b 52) _out='' _n=0
+  while [ "${_p:-0}" -ne 0 ] && [ $_n -lt 48 ]; do
+    _out="$_out $(printf '0x%02x' "$(_b "$_p")")"
+    _p=$(_b $((_p + 1))); _n=$((_n + 1))
+  done
+  echo $_out
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The lab's QEMU: Debian's qemu-system-x86 10.0 from bookworm-backports (the
+# same build as the qemu-utils 10.0 these machines come with; iommufd needs
+# QEMU 8.2+), with the libraries the system lacks, unpacked into the lab
+# cache.  Nothing is installed and the system's apt configuration is never
+# touched, so no preinstalled package is ever removed.
+#
+#   lab/tools/qemu.sh prepare CACHE_ROOT     print the path of the qemu-system-x86_64 wrapper
+#   lab/tools/qemu.sh carry CACHE_ROOT ROOT  copy QEMU, its libraries and firmware into
+#                                            the initramfs tree ROOT (/opt/qemu/bin/...)
+#
+# GPUPASS_LAB_QEMU=/path/to/qemu-system-x86_64 uses another QEMU instead.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+action=$1 CACHE_ROOT=$2
+SUITE=bookworm-backports
+log() { printf 'lab: qemu: %s\n' "$*" >&2; }
+die() { printf 'lab: error: qemu: %s\n' "$*" >&2; exit 2; }
+
+prepare() {
+  if [[ -n ${GPUPASS_LAB_QEMU:-} ]]; then echo "$GPUPASS_LAB_QEMU"; return; fi
+  local state=$CACHE_ROOT/apt ver entry
+  # A complete entry is used without asking apt (offline re-runs).
+  entry=$(ls -d "$CACHE_ROOT"/qemu-*/.complete 2>/dev/null | sort -V | tail -1 || true)
+  if [[ -n $entry && -z ${GPUPASS_LAB_QEMU_REFRESH:-} ]]; then
+    echo "$(dirname "$entry")/bin/qemu-system-x86_64"; return
+  fi
+  ver=$("$HERE/aptfetch.sh" "$state" $SUITE version qemu-system-x86)
+  [[ -n $ver ]] || die "no qemu-system-x86 in $SUITE"
+  entry=$CACHE_ROOT/qemu-${ver//[:~+]/_}
+  if [[ ! -f $entry/.complete ]]; then
+    local t0; t0=$(date +%s)
+    log "fetching qemu-system-x86 $ver and the libraries this system lacks from $SUITE"
+    rm -rf "$entry"; mkdir -p "$entry/debs" "$entry/root" "$entry/bin"
+    "$HERE/aptfetch.sh" "$state" $SUITE closure "$entry/debs" "qemu-system-x86=$ver" >"$entry/packages"
+    local d
+    for d in "$entry"/debs/*.deb; do dpkg -x "$d" "$entry/root"; done
+    rm -rf "$entry/debs" "$entry/root/usr/share/doc" "$entry/root/usr/share/man"
+    # The wrapper finds everything relative to itself, so the same tree
+    # works when copied into the lab guest (busybox sh).
+    cat >"$entry/bin/qemu-system-x86_64" <<'WRAP'
+#!/bin/sh
+r=$(cd "$(dirname "$0")/../root" && pwd)
+LD_LIBRARY_PATH=$r/usr/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+QEMU_MODULE_DIR=$r/usr/lib/x86_64-linux-gnu/qemu \
+  exec "$r/usr/bin/qemu-system-x86_64" -L "$r/usr/share/qemu" -L "$r/usr/share/seabios" \
+  -L "$r/usr/lib/ipxe/qemu" "$@"
+WRAP
+    chmod +x "$entry/bin/qemu-system-x86_64"
+    "$entry/bin/qemu-system-x86_64" --version >&2 || die "the unpacked QEMU does not run"
+    echo "$ver fetched in $(($(date +%s) - t0)) s" >"$entry/.complete"
+    log "qemu $ver ready in $(($(date +%s) - t0)) s ($(du -sh "$entry" | cut -f1))"
+  fi
+  echo "$entry/bin/qemu-system-x86_64"
+}
+
+carry() { # ROOT: copy the QEMU tree and the system libraries it links into ROOT
+  local root=$3 wrapper entry lib
+  wrapper=$(prepare)
+  entry=$(dirname "$(dirname "$wrapper")")
+  mkdir -p "$root/opt/qemu"
+  cp -a "$entry/bin" "$entry/root" "$root/opt/qemu/"
+  # Only what the lab's guests use: drop other architectures' firmware.
+  rm -f "$root"/opt/qemu/root/usr/share/qemu/{openbios-*,u-boot*,skiboot.lid,slof.bin,s390-*,hppa-*,palcode-*,*.dtb,npcm*}
+  local r=$entry/root
+  for lib in $(LD_LIBRARY_PATH=$r/usr/lib/x86_64-linux-gnu:$r/lib/x86_64-linux-gnu \
+    ldd "$r/usr/bin/qemu-system-x86_64" | grep -o '/[^ ]*' | grep -v "^$r"); do
+    [[ -e $root$lib ]] || cp -L --parents "$lib" "$root"
+  done
+}
+
+case $action in
+  prepare) prepare ;;
+  carry) carry "$@" ;;
+  *) die "unknown action $action" ;;
+esac
