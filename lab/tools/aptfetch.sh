@@ -13,6 +13,9 @@
 set -euo pipefail
 state=$1 suite=$2 action=$3; shift 3
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial"
+# One apt at a time on this private state (the lab's legs prepare side by side).
+exec 8>"$state/.lock"
+flock 8
 src=$state/sources.list
 case $suite in
   *-security) uri=http://deb.debian.org/debian-security ;;

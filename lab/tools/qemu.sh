@@ -28,6 +28,9 @@ prepare() {
   ver=$("$HERE/aptfetch.sh" "$state" $SUITE version qemu-system-x86)
   [[ -n $ver ]] || die "no qemu-system-x86 in $SUITE"
   entry=$CACHE_ROOT/qemu-${ver//[:~+]/_}
+  mkdir -p "$CACHE_ROOT"
+  exec 7>"$entry.lock"
+  flock 7
   if [[ ! -f $entry/.complete ]]; then
     local t0; t0=$(date +%s)
     log "fetching qemu-system-x86 $ver and the libraries this system lacks from $SUITE"
