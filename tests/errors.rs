@@ -490,7 +490,7 @@ const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creati
 /// Rows covered outside this file (real kernel, KVM, libvirt), as docs/errors.md says.
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
-    ("E-BIND-19", "lab: lab/scenarios/bind.sh (a real vfio-pci.ids= claim); the fake kernel has no ids table"),
+    ("E-BIND-19", "lab: lab/scenarios/vfioids.sh step e-bind-19 (a boot with vfio_pci.ids=1af4:1044 for the scenario's own 00:10.0); the fake kernel has no ids table"),
     ("E-MDEV-20", "lab: lab/scenarios/mdev.sh; unit: src/mdev/ops.rs (the fake kernel always makes the instance)"),
     ("E-OUT-14", "integration: tests/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)"),
     ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)"),

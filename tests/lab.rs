@@ -31,6 +31,7 @@ const SCENARIOS: &[&str] = &[
     "concurrency",
     "cdiwatch",
     "startup",
+    "vfioids",
 ];
 
 struct LabRun {
@@ -145,7 +146,8 @@ leg!(
         boot,
         concurrency,
         cdiwatch,
-        startup
+        startup,
+        vfioids
     ]
 );
 leg!(
@@ -164,6 +166,7 @@ leg!(
         boot,
         concurrency,
         cdiwatch,
-        startup
+        startup,
+        vfioids
     ]
 );

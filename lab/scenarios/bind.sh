@@ -1,6 +1,23 @@
-# lab-about: gpupass bind/unbind/recover/persist on the real kernel: VGA+HDA group 00:05.x, --only, boot VGA refusal, crash at every write + recover
+# lab-about: gpupass bind/unbind/recover/persist on the real kernel: VGA+HDA group 00:05.x, --only, boot VGA refusal, rollback at every write and crash after every write + recover, for bind and for unbind
 # lab-needs: gpupass
-# lab-timeout: 240
+# lab-timeout: 300
+# lab-steps: start-drivers same-group dry-run dry-run-changes-nothing bind bind-drivers
+# lab-steps: bind-node bind-viable bind-again bind-noop unbind unbind-drivers unbind-overrides
+# lab-steps: unbind-node only-warning only-drivers only-not-viable only-unbind
+# lab-steps: only-unbind-drivers bootvga-refused bootvga-untouched bootvga-force-dry-run
+# lab-steps: bootvga-still-untouched bind-writes rollback-1 rollback-2 rollback-3 rollback-4
+# lab-steps: rollback-5 rollback-6 crash-1 crash-2 crash-3 crash-4 crash-5 crash-6
+# lab-steps: recover-continue continue-drivers continue-unbind continue-unbind-drivers
+# lab-steps: unbind-loops-bind unbind-dry-run unbind-writes unbind-rollback-1 unbind-rollback-2
+# lab-steps: unbind-rollback-3 unbind-rollback-4 unbind-rollback-5 unbind-rollback-6
+# lab-steps: unbind-crash-1 unbind-crash-2 unbind-crash-3 unbind-crash-4 unbind-crash-5
+# lab-steps: unbind-crash-6 unbind-recover-continue unbind-continue-drivers
+# lab-steps: unbind-continue-overrides drm-open-refused inuse-bind vfio-open-refused
+# lab-steps: inuse-unbind inuse-end-drivers no-such-address bridge-refused vfio-pci-loaded
+# lab-steps: unbind-group unbind-group-drivers foreign-bound foreign-unbind
+# lab-steps: foreign-unbind-reports foreign-unbind-drivers persist persist-file persist-file-hda
+# lab-steps: persist-lines persist-shown persist-remove persist-removed end-drivers
+# lab-steps: host/driverctl
 # Real driver moves on the guest kernel (never on the host). 00:05.0 (VGA, bochs-drm) and
 # 00:05.1 (ICH9 HDA, snd_hda_intel) share one IOMMU group, like a GPU and its HDMI audio.
 VGA=0000:00:05.0
@@ -68,9 +85,15 @@ lab_expect bootvga-untouched bochs-drm "$(lab_driver $BOOT)"
 lab_run bootvga-force-dry-run bootvga-force.txt gpupass bind --force --dry-run 00:02.0
 lab_expect bootvga-still-untouched bochs-drm "$(lab_driver $BOOT)"
 
+# writes PLANFILE: how many sysfs writes a --dry-run plan makes (its "N. write ..." steps); the
+# failpoint loops below run once per write, so they cover every write the plan has.
+writes() { grep -c '^ *[0-9]*\. write ' "$1"; }
+W=$(writes plan.txt)
+lab_expect bind-writes 6 "$W"
+
 # 6. Rollback: a failing write at every position leaves everything as it was.
 n=1
-while [ $n -le 6 ]; do
+while [ $n -le "$W" ]; do
   GPUPASS_FAIL_WRITE=$n gpupass bind 00:05.0 > fail.txt 2> fail.err
   rc=$?
   d=$(drivers); o=$(overrides)
@@ -84,7 +107,7 @@ done
 
 # 7. Crash after each write of a bind; the next command warns; recover restores every time.
 n=1
-while [ $n -le 6 ]; do
+while [ $n -le "$W" ]; do
   GPUPASS_CRASH_AFTER_WRITE=$n gpupass bind 00:05.0 > crash.txt 2> crash.err
   rc=$?
   mid="$(drivers) / $(overrides)"
@@ -107,6 +130,51 @@ lab_run recover-continue recover-continue.txt gpupass recover --continue
 lab_expect continue-drivers "vfio-pci vfio-pci" "$(drivers)"
 lab_run continue-unbind continue-unbind.txt gpupass unbind --all
 lab_expect continue-unbind-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+
+# 7a. The same for unbind (docs/bind.md: rollback and recovery hold for both directions). From
+# the group on vfio-pci (bound by gpupass): a failing write at every position of the unbind
+# rolls it back to vfio-pci; a crash after every write is warned about and `recover` puts the
+# group back on vfio-pci; a crash then `recover --continue` finishes the unbind. The unbind
+# moves the VGA first (writes 1-3), then the HDA (4-6): only a crash after write 6 and the
+# final --continue probe snd_hda_intel (2 of its 32 probes per boot, see docs/bind.md).
+lab_check unbind-loops-bind gpupass bind 00:05.0
+lab_run unbind-dry-run unbind-plan.txt gpupass unbind --dry-run 00:05.0
+U=$(writes unbind-plan.txt)
+lab_expect unbind-writes 6 "$U"
+n=1
+while [ $n -le "$U" ]; do
+  GPUPASS_FAIL_WRITE=$n gpupass unbind 00:05.0 > fail.txt 2> fail.err
+  rc=$?
+  d=$(drivers); o=$(overrides)
+  if [ $rc = 1 ] && grep -q "rolled back" fail.err && [ "$d" = "vfio-pci vfio-pci" ] && [ "$o" = "vfio-pci vfio-pci" ]; then
+    lab_pass unbind-rollback-$n "write $n failed, rolled back: $d"
+  else
+    lab_fail unbind-rollback-$n "rc=$rc drivers='$d' overrides='$o' :: $(tail -1 fail.err)"
+  fi
+  n=$((n + 1))
+done
+n=1
+while [ $n -le "$U" ]; do
+  GPUPASS_CRASH_AFTER_WRITE=$n gpupass unbind 00:05.0 > crash.txt 2> crash.err
+  rc=$?
+  mid="$(drivers) / $(overrides)"
+  gpupass list > /dev/null 2> warn.err
+  if grep -q "unfinished gpupass unbind" warn.err; then w=warned; else w=silent; fi
+  gpupass recover > recover.txt 2> recover.err
+  rrc=$?
+  d=$(drivers); o=$(overrides)
+  if [ $rc -ge 128 ] && [ $w = warned ] && [ $rrc = 0 ] && [ "$d" = "vfio-pci vfio-pci" ] && [ "$o" = "vfio-pci vfio-pci" ]; then
+    lab_pass unbind-crash-$n "rc=$rc mid-state '$mid', list $w, recover -> $d"
+  else
+    lab_fail unbind-crash-$n "rc=$rc mid='$mid' list=$w recover-rc=$rrc drivers='$d' overrides='$o' :: $(tail -1 recover.err)"
+  fi
+  n=$((n + 1))
+done
+cp /run/gpupass/journal.jsonl unbind-journal.jsonl 2>/dev/null && lab_file unbind-journal.jsonl unbind-journal.jsonl
+GPUPASS_CRASH_AFTER_WRITE=3 gpupass unbind 00:05.0 > /dev/null 2>&1
+lab_run unbind-recover-continue unbind-recover-continue.txt gpupass recover --continue
+lab_expect unbind-continue-drivers "bochs-drm snd_hda_intel" "$(drivers)"
+lab_expect unbind-continue-overrides "(null) (null)" "$(overrides)"
 
 # 7b. In use, on the real kernel: a process holding 00:05.0's DRM node open refuses the bind
 # (naming the pid), a process holding /dev/vfio/N open refuses the unbind; both change nothing,

@@ -2,6 +2,7 @@
 # lab-needs: gpupass
 # lab-files: /bin/bash /usr/sbin/driverctl
 # lab-timeout: 300
+# lab-steps: floor-idiom floor-strict floor-script gpupass driverctl exec end-drivers
 # Not a timed test: it reports figures (LAB-RESULT ... PASS <numbers>) for docs/performance.md.
 #
 # One round trip moves the two-function IOMMU group 00:05.0 (bochs-drm) + 00:05.1

@@ -2,6 +2,7 @@
 # lab-needs: gpupass
 # lab-files: /usr/bin/strace
 # lab-timeout: 300
+# lab-steps: end-driver
 # Prints phase timestamps of three bind+unbind round trips (the JSON log's timestamps are
 # microseconds) and one `strace -c` per command, for docs/performance.md.
 VGA=0000:00:05.0

@@ -1,10 +1,15 @@
 # lab-about: gpupass boot: the VMM in nested KVM with a VFIO bochs-display (mmapped BAR) and an mbochs mdev (trapped BAR)
 # lab-needs: gpupass
 # lab-timeout: 300
+# lab-steps: dev-kvm emulated emulated-dispi emulated-json-status emulated-timing
+# lab-steps: refuses-unbound bind bind-driver vfio vfio-dev vfio-dispi vfio-bar2-slot
+# lab-steps: vfio-loop-rc vfio-loop-exits-mmapped vfio-timing vfio-timing-1 vfio-timing-2
+# lab-steps: vfio-timing-3 unbind restored bind-only bind-only-driver group-not-viable
+# lab-steps: unbind-only vga-restored mdev-create mdev mdev-dev mdev-dispi mdev-bar2-trapped
+# lab-steps: mdev-loop-rc mdev-loop-exits-trapped mdev-timing mdev-removed triple-fault timeout
 #
-# Binding uses `gpupass bind` / `gpupass unbind`; should they fail, plain sysfs writes
-# (driver_override + unbind + drivers_probe) keep the boot checks running, and the console
-# says so.
+# Binding is `gpupass bind` / `gpupass unbind` only, each its own step: a failing bind or unbind
+# fails the scenario (there is no fallback to plain sysfs writes).
 
 T=120          # gpupass boot --timeout (nested KVM under TCG is slow)
 LOOP=100000    # reads in the exit-counting loops
@@ -15,32 +20,7 @@ json_get() { grep -m1 "\"$2\":" "$1" | sed 's/.*: *//; s/,$//'; }
 # loop_exits FILE: exits counted between the firmware's loop marks.
 loop_exits() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 '"total":' | sed 's/.*: *//; s/,$//'; }
 
-# bind_vfio ADDR [--only] / restore_driver ADDR
-bind_vfio() {
-  if gpupass bind --help >/dev/null 2>&1; then
-    gpupass bind $2 "$1" > "bind-$1.txt" 2>&1 && return 0
-    echo "gpupass bind $2 $1 failed: $(tail -1 "bind-$1.txt"); falling back to sysfs writes"
-  fi
-  _d=/sys/bus/pci/devices/$1
-  echo vfio-pci > "$_d/driver_override"
-  _cur=$(lab_driver "$1")
-  [ -n "$_cur" ] && echo "$1" > "/sys/bus/pci/drivers/$_cur/unbind"
-  echo "$1" > /sys/bus/pci/drivers_probe
-  [ "$(lab_driver "$1")" = vfio-pci ]
-}
-restore_driver() {
-  if gpupass unbind --help >/dev/null 2>&1; then
-    gpupass unbind "$1" > "unbind-$1.txt" 2>&1 && return 0
-    echo "gpupass unbind $1 failed: $(tail -1 "unbind-$1.txt"); falling back to sysfs writes"
-  fi
-  _d=/sys/bus/pci/devices/$1
-  echo > "$_d/driver_override"
-  [ -n "$(lab_driver "$1")" ] && echo "$1" > "/sys/bus/pci/drivers/$(lab_driver "$1")/unbind"
-  echo "$1" > /sys/bus/pci/drivers_probe
-}
-
 lab_check dev-kvm test -c /dev/kvm
-if gpupass bind --help >/dev/null 2>&1; then lab_pass binder "gpupass bind"; else lab_pass binder "sysfs writes (gpupass bind not in this build)"; fi
 
 # ---- 1. emulated device under nested KVM
 lab_run emulated emulated.txt gpupass boot --emulated --timeout $T
@@ -60,7 +40,8 @@ if [ $rc = 1 ] && grep -q "run \`gpupass bind $D\` first" notbound.err; then
 else
   lab_fail refuses-unbound "rc=$rc $(cat notbound.err)"
 fi
-if bind_vfio $D; then lab_pass bind "$D -> vfio-pci"; else lab_fail bind "$D is on '$(lab_driver $D)'"; fi
+lab_run bind bind.txt gpupass bind $D
+lab_expect bind-driver vfio-pci "$(lab_driver $D)"
 lab_run vfio vfio.txt gpupass boot --device $D --timeout $T
 lab_expect vfio-dev "1234:1111" "$(grep "^FW dev 00:01.0" vfio.txt | cut -d" " -f4)"
 lab_expect vfio-dispi "FW dispi 00:01.0 0xb0c5" "$(grep '^FW dispi' vfio.txt)"
@@ -79,13 +60,14 @@ for i in 1 2 3; do
   gpupass boot --device $D --timeout $T --json > vfio-t$i.json 2>/dev/null
   lab_pass vfio-timing-$i "total_us=$(json_get vfio-t$i.json total_us) setup_us=$(json_get vfio-t$i.json setup_us) run_us=$(json_get vfio-t$i.json run_us)"
 done
-restore_driver $D
+lab_run unbind unbind.txt gpupass unbind $D
 lab_expect restored "$orig" "$(lab_driver $D)"
 
 # ---- 3. a group with one function on vfio-pci is refused with the member that blocks it
 V=0000:00:05.0
 vorig=$(lab_driver $V)
-bind_vfio $V --only
+lab_run bind-only bind-only.txt gpupass bind --only $V
+lab_expect bind-only-driver vfio-pci "$(lab_driver $V)"
 gpupass boot --device $V --timeout $T > nv.txt 2> nv.err
 rc=$?
 if [ $rc = 1 ] && grep -q "not viable: it also holds 0000:00:05.1 (snd_hda_intel)" nv.err; then
@@ -93,7 +75,7 @@ if [ $rc = 1 ] && grep -q "not viable: it also holds 0000:00:05.1 (snd_hda_intel
 else
   lab_fail group-not-viable "rc=$rc $(cat nv.err)"
 fi
-restore_driver $V
+lab_run unbind-only unbind-only.txt gpupass unbind $V
 lab_expect vga-restored "$vorig" "$(lab_driver $V)"
 
 # ---- 4. mbochs mdev (BAR2 not mmappable -> trapped, forwarded with region reads)

@@ -1,5 +1,6 @@
 # lab-about: `gpupass cdi generate --write --watch` rewrites the CDI spec when another tool (plain sysfs writes) binds a device
 # lab-needs: gpupass
+# lab-steps: initial-no-group refreshed-after-bind refreshed-after-unbind restored refresh-lines
 d=0000:00:03.0
 dev=/sys/bus/pci/devices/$d
 g=$(lab_group $d)

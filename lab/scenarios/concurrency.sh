@@ -1,6 +1,8 @@
 # lab-about: 8 gpupass processes at once on the real kernel (bind/unbind 00:03.0, 00:05.0+00:05.1, 01:00.0; mdev create/remove on mbochs): every group whole afterwards, journal closed, no mdev leaked, no panic
 # lab-needs: gpupass
 # lab-timeout: 300
+# lab-steps: exit-statuses did-bind did-unbind did-mdev-create did-mdev-remove group-00:05-whole
+# lab-steps: journal-closed mdevs-after drivers-restored
 # The real-kernel twin of tests/concurrency.rs. The global flock serializes the driver changes;
 # mdev create/remove race in the kernel (available_instances), where a refusal is a legal answer.
 A=0000:00:03.0

@@ -1,5 +1,6 @@
 # lab-about: gpupass events sees the kernel's unbind/bind uevents of a real driver change
 # lab-needs: gpupass
+# lab-steps: bound restored events-exit unbind-seen vfio-bind-seen native-bind-seen
 d=0000:00:03.0
 dev=/sys/bus/pci/devices/$d
 gpupass events --json --count 6 --timeout 20 > events.json 2> events.err &

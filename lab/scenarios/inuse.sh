@@ -7,6 +7,8 @@
 # lab-modules: nls_ascii
 # lab-qemu: -netdev user,id=lab-n0,restrict=on -device virtio-net-pci,netdev=lab-n0,bus=pcie.0,addr=0x9
 # lab-qemu: -drive file=fat:16:/etc/apt,format=raw,if=none,id=lab-d0,readonly=on -device virtio-blk-pci,drive=lab-d0,bus=pcie.0,addr=0xa
+# lab-steps: net-up net-up-refused net-down-binds disk-mounted disk-mounted-refused
+# lab-steps: disk-unmounted-binds end-drivers
 #
 # The disk is QEMU's read-only virtual FAT view of the host's /etc/apt (on every Debian host):
 # something the guest can mount without an image file. Each device sits alone in its IOMMU

@@ -1,5 +1,8 @@
 # lab-about: gpupass list/groups/check in the guest, compared on the host with the kernel's own view
 # lab-needs: gpupass
+# lab-steps: list-all groups check check-json list kernel-view host/devices-match
+# lab-steps: host/device-fields host/group-members host/vga-hda-group
+# lab-steps: host/list-groups-consistent
 lab_run list-all list.json gpupass list --all --json
 lab_run groups groups.json gpupass groups --json
 lab_run check check.txt gpupass check

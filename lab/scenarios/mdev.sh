@@ -2,6 +2,13 @@
 # lab-needs: gpupass
 # lab-files: /usr/bin/mdevctl
 # lab-timeout: 240
+# lab-steps: types types-json parent-mbochs parent-mdpy parent-mtty types-agree create
+# lab-steps: sysfs-device vfio-node list list-shows remove-in-use-refused list-in-use
+# lab-steps: exhausted-error kernel-agrees remove-*>=2 available-restored unknown-parent
+# lab-steps: unknown-type malformed-uuid attr-rollback errors-changed-nothing mdevctl-present
+# lab-steps: gpupass-define mdevctl-sees-gpupass-definition mdevctl-define
+# lab-steps: gpupass-sees-mdevctl-definition gpupass-start-mdevctl-definition
+# lab-steps: mdevctl-sees-gpupass-start mdevctl-stops-it start-auto-all undefine-both bench
 #
 # `lab-files` asks the runner to copy these host binaries (and the shared libraries `ldd`
 # names) into the initramfs; Debian's mdevctl is dynamically linked (libc, libgcc_s).

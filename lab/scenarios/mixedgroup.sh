@@ -1,6 +1,7 @@
 # lab-about: a group shared by unrelated devices (conventional PCI behind a PCIe-to-PCI bridge) is refused on the real kernel, naming the other member and the ways out; --only binds the named one alone
 # lab-needs: gpupass
 # lab-qemu: -device pcie-pci-bridge,id=lab-pb,bus=pcie.0,addr=0xb -device edu,bus=lab-pb,addr=0x1 -device pci-testdev,bus=lab-pb,addr=0x2
+# lab-steps: one-group members mixed-refused only-binds only-unbind end-driver
 #
 # Devices behind a PCIe-to-PCI bridge reach the IOMMU with the bridge's requester ID, so the
 # kernel puts the bridge and both devices in one IOMMU group: the edu device and the test device

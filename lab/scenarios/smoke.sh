@@ -1,4 +1,11 @@
 # lab-about: kernel boots, IOMMU groups exist, VFIO/mdev/kvm load (no gpupass needed)
+# lab-steps: kernel dmar iommu-groups module-vfio module-vfio_iommu_type1 module-vfio_pci
+# lab-steps: module-mdev module-mbochs module-mdpy module-mtty module-kvm_amd module-bochs
+# lab-steps: module-virtio_gpu module-snd_hda_intel dev-vfio dev-kvm kvm-nested vga-driver
+# lab-steps: vga-id vga-hda-group virtio-gpu-driver hda-driver mdev-parents bigbar msix-cap
+# lab-steps: edu-msi-cap host/groups-file
+# lab-steps-6.1: no-iommufd cgroup-v1-devices
+# lab-steps-6.12: dev-iommu cgroup-unified cgroup-v1-mounts vfio-cdev vfio-cdev-released
 lab_pass kernel "$(uname -r)"
 lab_check dmar test -e /sys/class/iommu/dmar0
 n=$(ls /sys/kernel/iommu_groups | wc -l)

@@ -1,5 +1,7 @@
 # lab-about: gpupass snapshot of the guest, replayed with --root on the host (--update-fixture writes tests/fixtures/hosts/qemu-lab)
 # lab-needs: gpupass
+# lab-steps: snapshot list-all list-all-json groups-json replay-in-guest replay-equal
+# lab-steps: snapshot-size host/unpack host/host-replay host/host-replay-json
 lab_run snapshot snapshot.out gpupass snapshot /tmp/snap
 lab_run list-all list.txt gpupass list --all
 lab_run list-all-json list.json gpupass list --all --json

@@ -1,5 +1,7 @@
 # lab-about: the boot entry point (gpupass startup, as gpupass-startup.service runs it) re-applies a persisted bind and starts an auto mdev definition; idempotent
 # lab-needs: gpupass
+# lab-steps: persist persisted-file define before-bind startup bound-at-startup mdev-started
+# lab-steps: startup-again idempotent unbind unpersist stop undefine restored
 d=0000:00:03.0
 orig=$(lab_driver $d)
 mkdir -p /etc

@@ -6,12 +6,14 @@
   closure  --pool POOL --samples DIR --dst DIR -- NAME...   modules of one initramfs
   collect  --data CHANNEL_LOG --out OUTROOT -- SCENARIO...  split the guest's data channel
   report   --out OUTROOT --qemu-rc N ... -- SCENARIO...     print the verdict, exit 0/1
+  steps    [--kernel RELEASE] -- SCENARIO...              print each scenario's declared steps
 
 The guest protocol (written by lab/guest/lib.sh on /dev/ttyS1) is described in
-docs/lab.md.
+docs/lab.md, and so are the `# lab-steps:` declarations the report enforces.
 """
 import argparse
 import base64
+import fnmatch
 import hashlib
 import json
 import lzma
@@ -281,6 +283,70 @@ def cmd_collect(a):
     return rc
 
 
+# ---------------------------------------------------------------- declared steps
+
+SCENARIOS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "scenarios")
+STEPS_RE = re.compile(r"^# lab-steps(?:-([0-9][0-9.]*))?:(.*)$")
+MIN_RE = re.compile(r"^(.+)>=([0-9]+)$")
+
+
+def leg_matches(leg, release):
+    """A `# lab-steps-LEG:` line applies when the booted kernel's release is LEG or LEG.x / LEG-x
+    (6.1 matches 6.1.0-48-amd64, not 6.12.117)."""
+    return bool(release) and (release == leg or release.startswith(leg + ".") or release.startswith(leg + "-"))
+
+
+def declared_steps(path, release):
+    """The step declarations of one scenario script: a list of (pattern, minimum) from its
+    `# lab-steps:` lines and the `# lab-steps-LEG:` lines whose LEG the booted kernel is, or
+    None when the script declares nothing. A word is a step name, a glob (`rollback-*`) or either
+    with `>=N` (at least N distinct step names match); `host/NAME` is a step of the host check."""
+    found, out = False, []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = STEPS_RE.match(line.rstrip("\n"))
+            if not m:
+                continue
+            found = True
+            if m.group(1) and not leg_matches(m.group(1), release):
+                continue
+            for word in m.group(2).split():
+                mm = MIN_RE.match(word)
+                out.append((mm.group(1), int(mm.group(2))) if mm else (word, 1))
+    return out if found else None
+
+
+def missing_steps(decl, steps):
+    """Declarations not met by the reported step names: [(pattern, minimum, matched)]."""
+    names = set(steps)
+    miss = []
+    for pat, want in decl:
+        if any(c in pat for c in "*?["):
+            got = sorted(n for n in names if fnmatch.fnmatchcase(n, pat))
+        else:
+            got = [pat] if pat in names else []
+        if len(got) < want:
+            miss.append((pat, want, got))
+    return miss
+
+
+def describe_missing(pat, want, got):
+    if want == 1 and not any(c in pat for c in "*?["):
+        return f"declared step {pat} was not reported"
+    if want == 1:
+        return f"declared steps {pat}: none reported"
+    return f"declared steps {pat}>={want}: {len(got)} reported" + (f" ({' '.join(got)})" if got else "")
+
+
+def cmd_steps(a):
+    for s in a.scenarios:
+        path = os.path.join(a.scenarios_dir, s + ".sh")
+        d = declared_steps(path, a.kernel) if os.path.exists(path) else None
+        words = " ".join(p if w == 1 else f"{p}>={w}" for p, w in d) if d else "(none declared)"
+        print(f"{s}: {words}")
+    return 0
+
+
 # ---------------------------------------------------------------- report
 
 PANIC_RE = re.compile(r"Kernel panic[^\r\n]*")
@@ -368,8 +434,28 @@ def cmd_report(a):
             sf.append(f"{s}: scenario script exited {g['end_rc']}")
         if not res:
             sf.append(f"{s}: no result lines")
+        # The steps the scenario declares it reports (`# lab-steps:`): one that is not reported
+        # fails the scenario, so a step that silently stops running cannot pass by accident.
+        path = os.path.join(a.scenarios_dir, s + ".sh")
+        decl = declared_steps(path, g.get("kernel")) if os.path.exists(path) else None
+        if decl is None:
+            sf.append(f"{s}: declares no steps (a `# lab-steps:` line in lab/scenarios/{s}.sh; docs/lab.md)")
+        else:
+            reported = [r["step"] for r in g.get("results", [])] + ["host/" + r["step"] for r in host]
+            miss = missing_steps(decl, reported)
+            for pat, want, got in miss:
+                lines.append(f"  MISS {pat if want == 1 else f'{pat}>={want}'}  declared in lab-steps, "
+                             f"{len(got)} reported")
+            if miss and (not g.get("begun") or g.get("end_rc") is None):
+                # Cut short: the failure above says where; name the first few it never reached.
+                names = [p if w == 1 else f"{p}>={w}" for p, w, _ in miss]
+                sf.append(f"{s}: {len(miss)} declared steps not reported: {' '.join(names[:8])}"
+                          + (" ..." if len(names) > 8 else ""))
+            else:
+                sf += [f"{s}/{describe_missing(p, w, got)}" for p, w, got in miss]
         verdict = "FAIL" if sf or boot_fail else "PASS"
-        lines.append(f"== {s}: {verdict} ({len(res)} steps)  console: {os.path.join(d, 'console.log')}")
+        ndecl = f", {len(decl)} declared" if decl else ""
+        lines.append(f"== {s}: {verdict} ({len(res)} steps{ndecl})  console: {os.path.join(d, 'console.log')}")
         with open(os.path.join(d, "verdict"), "w") as f:
             f.write(verdict + "\n" + "".join(x + "\n" for x in boot_fail + sf))
         failures += sf
@@ -409,10 +495,15 @@ def main():
     m.add_argument("--timeout", default="?")
     m.add_argument("--boot-seconds", default="?")
     m.add_argument("--total-seconds", default="?")
+    m.add_argument("--scenarios-dir", default=SCENARIOS_DIR, help="where SCENARIO.sh and its lab-steps are")
+    m.add_argument("scenarios", nargs="*")
+    m = sub.add_parser("steps")
+    m.add_argument("--kernel", default="", help="booted kernel release (selects lab-steps-LEG lines)")
+    m.add_argument("--scenarios-dir", default=SCENARIOS_DIR)
     m.add_argument("scenarios", nargs="*")
     a = p.parse_args()
     return {"modules": cmd_modules, "missing": cmd_missing, "closure": cmd_closure,
-            "collect": cmd_collect, "report": cmd_report}[a.cmd](a)
+            "collect": cmd_collect, "report": cmd_report, "steps": cmd_steps}[a.cmd](a)
 
 
 if __name__ == "__main__":
