@@ -433,6 +433,23 @@ fn container_without_ns(r: &Path) -> Guard {
     bundle_char_nodes(r)
 }
 
+/// A container on the unified hierarchy (cgroup v2 only: `/sys/fs/cgroup` holds
+/// `cgroup.controllers`) whose cgroup directory `ctr` is missing.
+fn container_v2_no_cgroup(r: &Path) -> Guard {
+    container_proc(r, "0::/ctr\n", true);
+    std::fs::create_dir_all(r.join("sys/fs/cgroup")).unwrap();
+    std::fs::write(r.join("sys/fs/cgroup/cgroup.controllers"), "").unwrap();
+    bundle_char_nodes(r)
+}
+
+/// As `container_v2_no_cgroup`, with `ctr` a plain directory (no cgroup): the kernel refuses
+/// the BPF_PROG_QUERY, before anything is loaded or attached.
+fn container_v2_not_a_cgroup(r: &Path) -> Guard {
+    let g = container_v2_no_cgroup(r);
+    std::fs::create_dir_all(r.join("sys/fs/cgroup/ctr")).unwrap();
+    g
+}
+
 fn container_v1_without_controller(r: &Path) -> Guard {
     container_proc(r, "4:devices:/ctr\n0::/ctr\n", true);
     bundle_char_nodes(r)
@@ -1997,6 +2014,38 @@ row!(
         ..Case::DEFAULT
     }
 );
+row!(
+    e_hook_23,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: STATE_GROUP_40,
+        needles: &[
+            "gpupass oci-hook: cannot allow the devices in cgroup /sys/fs/cgroup/ctr (cgroup v2 device filter): cannot open it: No such file or directory (os error 2); run the hook as root (CAP_SYS_ADMIN and CAP_BPF) on a kernel with CONFIG_CGROUP_BPF, or request the devices through CDI"
+        ],
+        setup: container_v2_no_cgroup,
+        ..Case::DEFAULT
+    }
+);
+
+/// E-HOOK-23 from the kernel: the directory is no cgroup, BPF_PROG_QUERY refuses it.
+#[test]
+fn e_hook_23_not_a_cgroup() {
+    check(
+        "E-HOOK-23",
+        Case {
+            host: "vfio-numa",
+            args: &["oci-hook"],
+            stdin: STATE_GROUP_40,
+            needles: &[
+                "cannot allow the devices in cgroup /sys/fs/cgroup/ctr (cgroup v2 device filter): BPF_PROG_QUERY (device programs of the cgroup): ",
+                "run the hook as root",
+            ],
+            setup: container_v2_not_a_cgroup,
+            ..Case::DEFAULT
+        },
+    )
+}
 row!(
     e_hook_22,
     Case {

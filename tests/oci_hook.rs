@@ -264,7 +264,7 @@ fn symlinks_in_the_rootfs_are_not_followed() {
     let work = tempfile::tempdir().unwrap();
     let outside = work.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
-    for (i, link_at) in ["dev", "dev/vfio"].iter().enumerate() {
+    for (i, link_at) in ["dev", "dev/vfio", "dev/vfio/devices"].iter().enumerate() {
         let b = plain_bundle(&work.path().join(format!("s{i}")), Some("0000:17:00.0"));
         let at = b.join("rootfs").join(link_at);
         std::fs::create_dir_all(at.parent().unwrap()).unwrap();
@@ -385,4 +385,266 @@ fn podman_runs_the_hook_from_a_hooks_dir() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(!o.status.success() && !all.contains("end"), "{all}");
+}
+
+/// Where this machine mounts the unified (cgroup v2) hierarchy: `/sys/fs/cgroup` on a v2-only
+/// host, `/sys/fs/cgroup/unified` on a hybrid one.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mi.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next() == Some("cgroup2"))
+            .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
+    })
+}
+
+/// "Allow c 1:3 (/dev/null), deny everything else": a runtime's device program in small.
+fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
+    use gpupass::oci_hook::bpf::Insn;
+    vec![
+        Insn::ldx_w(2, 1, 0),
+        Insn::and_imm(2, 0xffff),
+        Insn::ldx_w(4, 1, 4),
+        Insn::ldx_w(5, 1, 8),
+        Insn::jne_imm(2, 2, 4),
+        Insn::jne_imm(4, 1, 3),
+        Insn::jne_imm(5, 3, 2),
+        Insn::mov_imm(0, 1),
+        Insn::exit(),
+        Insn::mov_imm(0, 0),
+        Insn::exit(),
+    ]
+}
+
+/// A stand-in container on the real kernel's cgroup v2 hierarchy: a process in a private mount
+/// namespace, in a fresh cgroup with `runtime_program` attached as runc attaches its filter
+/// (BPF_F_ALLOW_MULTI). It waits for a line on stdin, then runs `script`.
+struct V2Container {
+    cg: PathBuf,
+    child: std::process::Child,
+    original: u32,
+}
+
+impl V2Container {
+    fn new(host: &Path, tag: &str, script: &str) -> V2Container {
+        use gpupass::oci_hook::bpf;
+        use std::os::fd::AsFd;
+        let mount = cgroup2_mount().expect("no cgroup2 mount: the cgroup v2 hook test needs one");
+        let cg = mount.join(format!("gpupass-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir(&cg).unwrap();
+        let dir = std::fs::File::open(&cg).unwrap();
+        let prog = bpf::load(&runtime_program(), "test_runtime").expect("BPF_PROG_LOAD (CONFIG_CGROUP_BPF?)");
+        bpf::attach(dir.as_fd(), prog.as_fd(), bpf::BPF_F_ALLOW_MULTI, None).unwrap();
+        let original = bpf::query(dir.as_fd(), false).unwrap().ids;
+        assert_eq!(original.len(), 1);
+        let child = Command::new("unshare")
+            .args(["-m", "sh", "-c", &format!("read go; {script}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+        let rel = cg.strip_prefix(&mount).unwrap().display().to_string();
+        let p = host.join(format!("proc/{pid}"));
+        std::fs::create_dir_all(p.join("ns")).unwrap();
+        std::fs::write(p.join("cgroup"), format!("0::/{rel}\n")).unwrap();
+        // unshare has made its namespace once its pid's ns link differs from ours.
+        for _ in 0..100 {
+            if std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()
+                != std::fs::read_link("/proc/self/ns/mnt").ok()
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::os::unix::fs::symlink(format!("/proc/{pid}/ns/mnt"), p.join("ns/mnt")).unwrap();
+        V2Container {
+            cg,
+            child,
+            original: original[0],
+        }
+    }
+    fn programs(&self) -> Vec<u32> {
+        use std::os::fd::AsFd;
+        let dir = std::fs::File::open(&self.cg).unwrap();
+        gpupass::oci_hook::bpf::query(dir.as_fd(), false).unwrap().ids
+    }
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    /// Let the script run; its output.
+    fn run(mut self) -> String {
+        use std::io::Write;
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let o = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap());
+        let o = o.wait_with_output().unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    }
+}
+
+impl Drop for V2Container {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.cg).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// A host whose cgroup tree is this machine's unified hierarchy and whose /proc is made per
+/// test (the container's cgroup line and its namespace link), with stand-in VFIO nodes.
+fn v2_host() -> tempfile::TempDir {
+    let t = scratch_host("vfio-numa");
+    let r = t.path();
+    vfio_stand_in_nodes(r);
+    std::fs::remove_dir_all(r.join("proc")).unwrap();
+    std::fs::create_dir_all(r.join("sys/fs")).unwrap();
+    let _ = std::fs::remove_dir_all(r.join("sys/fs/cgroup"));
+    std::os::unix::fs::symlink(cgroup2_mount().expect("a cgroup2 mount"), r.join("sys/fs/cgroup")).unwrap();
+    t
+}
+
+/// Open each path; one line per path: `<label>: OK` or `<label>: <error>`.
+fn probe_script(items: &[(&str, String)]) -> String {
+    items
+        .iter()
+        .map(|(label, path)| format!("if r=$(head -c1 {path} 2>&1 >/dev/null); then echo '{label}: OK'; else echo \"{label}: $r\"; fi; "))
+        .collect()
+}
+
+/// cgroup v2 on the real kernel (this machine's unified hierarchy; the BPF device hook also
+/// runs there on a hybrid host): the hook replaces the runtime's device program with one that
+/// allows the requested nodes and otherwise runs the runtime's instructions; a failure after
+/// the swap puts the runtime's program back.
+#[test]
+fn cgroup_v2_device_filter_is_extended_and_restored() {
+    if !need_tool("unshare") {
+        return;
+    }
+    let host = v2_host();
+    let r = host.path();
+    let work = tempfile::tempdir().unwrap();
+    let b = plain_bundle(&work.path().join("ok"), Some("0000:17:00.0"));
+    let rootfs = b.join("rootfs");
+    let script = probe_script(&[
+        ("requested", rootfs.join("dev/vfio/40").display().to_string()),
+        ("not-requested", r.join("dev/vfio/41").display().to_string()),
+        ("runtime-allowed", "/dev/null".into()),
+        ("runtime-denied", "/dev/zero".into()),
+    ]);
+    let c = V2Container::new(r, "ok", &script);
+    let o = hook(r, &state(&b, c.pid()));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let now = c.programs();
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now[0], c.original, "the runtime's program was not replaced");
+    let out = c.run();
+    for want in [
+        "requested: head: cannot open",
+        "not-requested: head: cannot open",
+        "runtime-allowed: OK",
+        "runtime-denied: head: cannot open",
+    ] {
+        assert!(out.contains(want), "{want:?} in:\n{out}");
+    }
+    let line = |l: &str| out.lines().find(|x| x.starts_with(l)).unwrap_or("").to_string();
+    assert!(line("requested:").contains("No such device or address"), "{out}");
+    assert!(
+        line("not-requested:").contains("Operation not permitted"),
+        "{out}"
+    );
+    assert!(
+        line("runtime-denied:").contains("Operation not permitted"),
+        "{out}"
+    );
+
+    // A file planted where /dev/vfio/40 goes: the hook fails after the swap; the runtime's
+    // program is back and the node stays denied.
+    let b = plain_bundle(&work.path().join("planted"), Some("0000:17:00.0"));
+    std::fs::create_dir_all(b.join("rootfs/dev/vfio")).unwrap();
+    std::fs::write(b.join("rootfs/dev/vfio/40"), "planted").unwrap();
+    let script = probe_script(&[("host-40", r.join("dev/vfio/40").display().to_string())]);
+    let c = V2Container::new(r, "planted", &script);
+    let o = hook(r, &state(&b, c.pid()));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("/dev/vfio/40 under the rootfs: something else already exists there"),
+        "{err}"
+    );
+    assert_eq!(
+        c.programs(),
+        [c.original],
+        "the runtime's program was not restored"
+    );
+    let out = c.run();
+    assert!(
+        out.contains("host-40: ") && out.contains("Operation not permitted"),
+        "{out}"
+    );
+    let left: Vec<_> = std::fs::read_dir(b.join("rootfs/dev/vfio"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["40"], "nodes made before the failure were not removed");
+}
+
+/// A file or a different node where a requested node goes is refused ("something else already
+/// exists there"), the nodes made before it are removed; the same node already there is fine.
+#[test]
+fn something_else_where_a_node_goes_is_refused() {
+    if !need_tool("unshare") {
+        return;
+    }
+    let host = hook_host();
+    let work = tempfile::tempdir().unwrap();
+    for (i, plant) in ["file", "other-node", "same-node"].iter().enumerate() {
+        let b = plain_bundle(&work.path().join(format!("p{i}")), Some("0000:17:00.0"));
+        let at = b.join("rootfs/dev/vfio/40");
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        match *plant {
+            "file" => std::fs::write(&at, "x").unwrap(),
+            "other-node" => mknod(&at, 1, 3),
+            _ => mknod(&at, 240, 40),
+        }
+        let mut sleeper = Command::new("unshare")
+            .args(["-m", "sleep", "30"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let o = hook(host.path(), &state(&b, sleeper.id()));
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        let err = stderr(&o);
+        let mut left: Vec<String> = std::fs::read_dir(b.join("rootfs/dev/vfio"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        if *plant == "same-node" {
+            assert_eq!(o.status.code(), Some(0), "{err}");
+            assert_eq!(left, ["40", "devices", "vfio"], "{err}");
+        } else {
+            assert_eq!(o.status.code(), Some(1), "{plant}: {err}");
+            assert!(
+                err.contains("refusing /dev/vfio/40 under the rootfs: something else already exists there"),
+                "{plant}: {err}"
+            );
+            assert_eq!(
+                left,
+                ["40"],
+                "{plant}: /dev/vfio/vfio made before it was not removed"
+            );
+        }
+    }
 }

@@ -14,9 +14,10 @@
 //!    created;
 //! 2. allows the nodes in the container's devices cgroup (v1: `c MAJ:MIN rwm` into
 //!    `devices.allow` of the cgroup named in `/proc/<pid>/cgroup`; when a later step fails the
-//!    same rules go to `devices.deny`, and a failure of that is reported). On cgroup v2 device access
-//!    is an eBPF program the runtime attaches from `linux.resources.devices` in config.json;
-//!    the hook cannot change it and says so unless config.json already allows the nodes;
+//!    same rules go to `devices.deny`, and a failure of that is reported). On cgroup v2 device
+//!    access is the eBPF program(s) the runtime attached to that cgroup: each is replaced,
+//!    atomically, by one that allows the nodes and otherwise runs the runtime's instructions
+//!    unchanged (`bpf.rs`); a later failure swaps the runtime's programs back;
 //! 3. joins the container's mount namespace (`setns` on `/proc/<pid>/ns/mnt`, see `ns.rs`) and
 //!    creates the nodes under the rootfs with the host nodes' type, numbers, mode and owner,
 //!    walking the path one component at a time with `O_NOFOLLOW`, so a symlink planted in the
@@ -24,6 +25,7 @@
 //!
 //! Without the annotation the hook does nothing, so it can be installed for every container.
 
+pub mod bpf;
 mod ns;
 
 use crate::host::HostRoot;
@@ -84,6 +86,8 @@ pub enum HookError {
     Unsafe { path: String, reason: String },
     #[error("cannot create {path} in the container: {reason}")]
     Create { path: String, reason: String },
+    #[error("cannot allow the devices in cgroup {cgroup} (cgroup v2 device filter): {reason}; run the hook as root (CAP_SYS_ADMIN and CAP_BPF) on a kernel with CONFIG_CGROUP_BPF, or request the devices through CDI, which has the runtime put them in its own filter")]
+    Bpf { cgroup: String, reason: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
 }
@@ -261,13 +265,13 @@ fn host_node(host: &HostRoot, path: &str) -> Result<Node, HookError> {
 pub enum DeviceCgroup {
     /// v1: the `devices` controller path of the process.
     V1(String),
-    /// v2 (unified): device rules are an eBPF program of the runtime.
-    V2,
+    /// v2 (unified): the cgroup path; device rules are eBPF programs attached to it.
+    V2(String),
 }
 
 /// Parse `/proc/<pid>/cgroup` (`ID:controllers:path` lines).
 pub fn device_cgroup(text: &str) -> Option<DeviceCgroup> {
-    let mut unified = false;
+    let mut unified = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -275,10 +279,22 @@ pub fn device_cgroup(text: &str) -> Option<DeviceCgroup> {
             return Some(DeviceCgroup::V1(path.to_string()));
         }
         if ctrl.is_empty() {
-            unified = true;
+            unified = Some(DeviceCgroup::V2(path.to_string()));
         }
     }
-    unified.then_some(DeviceCgroup::V2)
+    unified
+}
+
+/// The directory of a cgroup v2 path: under `/sys/fs/cgroup` when that is the unified
+/// hierarchy, else under `/sys/fs/cgroup/unified` (the hybrid layout).
+fn v2_dir(host: &HostRoot, rel: &str) -> PathBuf {
+    let root = host.cgroup_root();
+    let base = if root.join("cgroup.controllers").exists() {
+        root
+    } else {
+        root.join("unified")
+    };
+    base.join(rel.trim_start_matches('/'))
 }
 
 /// Whether config.json's `linux.resources.devices` allows a char node (for cgroup v2).
@@ -461,6 +477,7 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
 
     // 2. The devices cgroup. On v1 the rules written are taken back if a later step fails.
     let mut allowed: Option<Allowed> = None;
+    let mut v2: Option<(bpf::Extended, String)> = None;
     match device_cgroup(&cg_text) {
         Some(DeviceCgroup::V1(rel)) => {
             let dir = host
@@ -500,17 +517,50 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
             }
             allowed = Some(done);
         }
-        Some(DeviceCgroup::V2) | None => {
-            let missing: Vec<String> = nodes
-                .iter()
-                .filter(|n| !config_allows(&config, n))
-                .map(|n| format!("c {}:{} rwm ({})", n.major, n.minor, n.path))
-                .collect();
-            if !missing.is_empty() {
+        Some(DeviceCgroup::V2(rel)) => {
+            let dir = v2_dir(host, &rel);
+            let shown = host.display(&dir);
+            let bpf_err = |reason: String| HookError::Bpf {
+                cgroup: shown.clone(),
+                reason,
+            };
+            if rel.split('/').any(|c| c == "..") {
+                return Err(bpf_err(format!(
+                    "{} names the cgroup path {rel:?}",
+                    host.display(&cg_path)
+                )));
+            }
+            let fd = std::fs::File::open(&dir).map_err(|e| bpf_err(format!("cannot open it: {e}")))?;
+            let mut grants: Vec<bpf::Grant> = Vec::new();
+            for n in &nodes {
+                let g = bpf::Grant {
+                    major: n.major as u32,
+                    minor: n.minor as u32,
+                    access: bpf::ACC_READ | bpf::ACC_WRITE | bpf::ACC_MKNOD,
+                };
+                if !grants.contains(&g) {
+                    grants.push(g);
+                }
+            }
+            let ext = bpf::grant(fd.into(), &grants).map_err(|e| bpf_err(e.to_string()))?;
+            if ext.count() == 0 && ext.ancestors == 0 {
+                // No device program decides for this cgroup: every device is allowed already.
+            } else if ext.ancestors > 0 {
                 report.notes.push(format!(
-                    "cgroup v2: the runtime's device filter decides access; add allow rules for {} to \
-linux.resources.devices in config.json (or request the devices through CDI), else opening them fails with EPERM",
-                    missing.join(", ")
+                    "cgroup v2: {} device program(s) attached to ancestors of {shown} also decide; \
+gpupass extends only the container cgroup's own, so if an ancestor denies {} opening fails with EPERM",
+                    ext.ancestors,
+                    rules_text(&nodes)
+                ));
+            }
+            v2 = Some((ext, shown));
+        }
+        None => {
+            if !nodes.iter().all(|n| config_allows(&config, n)) {
+                report.notes.push(format!(
+                    "{} names no cgroup; the devices {} are allowed only if the runtime allows them",
+                    host.display(&cg_path),
+                    rules_text(&nodes)
                 ));
             }
         }
@@ -530,11 +580,30 @@ linux.resources.devices in config.json (or request the devices through CDI), els
             report.created = created;
             Ok(report)
         }
-        Err(e) => Err(match allowed {
-            Some(a) => a.revoke(e),
-            None => e,
+        Err(e) => Err(match (allowed, v2) {
+            (Some(a), _) => a.revoke(e),
+            (None, Some((ext, shown))) => match ext.restore() {
+                Ok(()) => e,
+                Err((ids, source)) => HookError::NotRevoked {
+                    error: Box::new(e),
+                    rules: rules_text(&nodes),
+                    them: if nodes.len() == 1 { "it" } else { "them" },
+                    path: format!("{shown} (gpupass's device program(s) {ids:?} stay attached)"),
+                    source,
+                },
+            },
+            (None, None) => e,
         }),
     }
+}
+
+/// `c 240:40 rwm (/dev/vfio/40), ...`
+fn rules_text(nodes: &[Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("c {}:{} rwm ({})", n.major, n.minor, n.path))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `gpupass oci-hook`: the state on stdin; messages on stderr; the exit status.
@@ -624,7 +693,10 @@ mod tests {
             device_cgroup(v1),
             Some(DeviceCgroup::V1("/user.slice/abc".into()))
         );
-        assert_eq!(device_cgroup("0::/system.slice/x\n"), Some(DeviceCgroup::V2));
+        assert_eq!(
+            device_cgroup("0::/system.slice/x\n"),
+            Some(DeviceCgroup::V2("/system.slice/x".into()))
+        );
         assert_eq!(device_cgroup("garbage"), None);
     }
 
