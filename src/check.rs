@@ -251,6 +251,7 @@ pub fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
             None,
         ));
     }
+    items.extend(iommufd_items(inv));
     items.push(if host.dev().join("kvm").exists() {
         item("dev-kvm", Status::Pass, "/dev/kvm exists".into(), None)
     } else {
@@ -265,4 +266,64 @@ pub fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
     });
     let ready = !items.iter().any(|i| i.status == Status::Fail);
     Readiness { items, ready }
+}
+
+/// iommufd readiness and what serves `/dev/vfio/vfio` (docs/iommufd.md). A kernel older than
+/// the VFIO cdev (6.1) is no error: the legacy backend serves everything there.
+fn iommufd_items(inv: &Inventory) -> Vec<CheckItem> {
+    use crate::model::VfioContainer;
+    let Some(f) = &inv.iommufd else {
+        return Vec::new();
+    };
+    let old_kernel = inv
+        .kernel
+        .as_deref()
+        .and_then(crate::backend::kernel_version)
+        .is_some_and(|v| v < crate::backend::CDEV_SINCE)
+        && f.kernel_cdev != Some(true);
+    let mut items = vec![if f.usable {
+        let n = inv.devices.iter().filter(|d| d.vfio_cdev.is_some()).count();
+        item(
+            "iommufd",
+            Status::Pass,
+            format!(
+                "iommufd is usable: /dev/iommu exists and the kernel has the VFIO device cdev ({n} function(s) have one); --backend auto uses it"
+            ),
+            None,
+        )
+    } else {
+        let reason = f.reason.clone().unwrap_or_default();
+        let kernel_lacks = old_kernel || f.kernel_cdev == Some(false);
+        let fix = if kernel_lacks {
+            None
+        } else if !f.loaded {
+            Some(
+                "modprobe iommufd (a kernel built with CONFIG_IOMMUFD and CONFIG_VFIO_DEVICE_CDEV, 6.6+)"
+                    .into(),
+            )
+        } else {
+            Some(format!(
+                "{}; until then --backend auto uses legacy",
+                crate::backend::IOMMUFD_NEEDS
+            ))
+        };
+        item(
+            "iommufd",
+            if kernel_lacks { Status::Pass } else { Status::Warn },
+            format!("iommufd is not usable: {reason}"),
+            fix,
+        )
+    }];
+    let detail = match f.vfio_container {
+        VfioContainer::Legacy => "/dev/vfio/vfio is VFIO's legacy container (type1 IOMMU)",
+        VfioContainer::IommufdEmulation => {
+            "/dev/vfio/vfio is iommufd's emulation of the legacy container (CONFIG_IOMMUFD_VFIO_CONTAINER)"
+        }
+        VfioContainer::Absent => "/dev/vfio/vfio does not exist",
+        VfioContainer::Unknown => {
+            "/dev/vfio/vfio exists; whether it is the legacy container or iommufd's emulation is unknown (no kernel config, vfio_iommu_type1 not loaded)"
+        }
+    };
+    items.push(item("vfio-container", Status::Pass, detail.into(), None));
+    items
 }

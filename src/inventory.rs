@@ -599,6 +599,13 @@ impl Reader<'_> {
         } else {
             None
         };
+        let (vfio_cdev_dev, vfio_cdev_node_present) = match &vfio_cdev {
+            Some(c) => (
+                read_attr(&dir.join("vfio-dev").join(c).join("dev")).ok(),
+                Some(self.host.vfio_cdev_node(c).exists()),
+            ),
+            None => (None, None),
+        };
         let persistent_driver = self.tables.driverctl.get(&a).cloned();
 
         PciDevice {
@@ -632,6 +639,9 @@ impl Reader<'_> {
             current_vgpu_type,
             nvidia,
             vfio_cdev,
+            vfio_cdev_dev,
+            vfio_cdev_node_present,
+            backends: Vec::new(),
             persistent_driver,
         }
     }
@@ -719,7 +729,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     let mdev_parents = read_virtual_mdev_parents(host, &devices, &mut warnings);
     let groups = read_groups(host, &devices, &mdevs, &mut warnings);
     let kernel = read_attr(&host.path("proc/sys/kernel/osrelease")).ok();
-    Ok(Inventory {
+    let mut inv = Inventory {
         schema_version: SCHEMA_VERSION,
         kernel,
         devices,
@@ -728,8 +738,11 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         mdev_parents,
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
+        iommufd: None,
         warnings,
-    })
+    };
+    crate::backend::annotate(host, &mut inv);
+    Ok(inv)
 }
 
 /// `f` over `items` in chunks of at least `per_thread`, one thread per chunk up to the cores (8
@@ -1012,6 +1025,7 @@ fn read_groups_only(
             blockers,
             vfio_node: format!("/dev/vfio/{n}"),
             vfio_node_present: vfio_nodes.contains(&n.to_string()),
+            backends: Vec::new(),
             members,
             mdev_members,
         });
@@ -1086,7 +1100,7 @@ pub fn scan_groups(
         })
         .collect();
     let groups = read_groups_only(host, &devices, &[], Some(&numbers), Some(&listed), &mut warnings);
-    Ok(Inventory {
+    let mut inv = Inventory {
         schema_version: SCHEMA_VERSION,
         kernel: read_attr(&host.path("proc/sys/kernel/osrelease")).ok(),
         devices,
@@ -1095,8 +1109,11 @@ pub fn scan_groups(
         mdev_parents: Vec::new(),
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
+        iommufd: None,
         warnings,
-    })
+    };
+    crate::backend::annotate(host, &mut inv);
+    Ok(inv)
 }
 
 /// Load an inventory saved with `--json`.

@@ -23,6 +23,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod backend;
 pub mod bind;
 pub mod boot;
 pub mod cdi;

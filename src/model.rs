@@ -237,6 +237,16 @@ pub struct PciDevice {
     pub nvidia: Option<NvidiaInfo>,
     /// The VFIO character device (`vfio-dev/vfioN`) when the kernel has the VFIO cdev.
     pub vfio_cdev: Option<String>,
+    /// That cdev's `major:minor` (`vfio-dev/vfioN/dev`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio_cdev_dev: Option<String>,
+    /// Whether `/dev/vfio/devices/vfioN` exists; `null` when the function has no cdev.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio_cdev_node_present: Option<bool>,
+    /// The backends that can hand this function to a VMM or container now (docs/iommufd.md):
+    /// `legacy` (group + container nodes), `iommufd` (cdev + `/dev/iommu`). Empty when neither.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<Backend>,
     /// Driver pinned by driverctl (`/etc/driverctl.d/pci-<address>`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent_driver: Option<String>,
@@ -283,6 +293,65 @@ impl PciDevice {
     }
 }
 
+/// How a VFIO device reaches its user (docs/iommufd.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The group and container: `/dev/vfio/<group>` + `/dev/vfio/vfio` (type1 IOMMU).
+    Legacy,
+    /// The device cdev and iommufd: `/dev/vfio/devices/vfioN` + `/dev/iommu` (Linux 6.6+).
+    Iommufd,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Legacy => "legacy",
+            Backend::Iommufd => "iommufd",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What serves `/dev/vfio/vfio`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VfioContainer {
+    /// VFIO's own container (`CONFIG_VFIO_CONTAINER`, type1 IOMMU driver).
+    Legacy,
+    /// iommufd's emulation of it (`CONFIG_IOMMUFD_VFIO_CONTAINER`).
+    IommufdEmulation,
+    /// `/dev/vfio/vfio` does not exist.
+    Absent,
+    /// It exists, but neither the kernel config nor the modules tell which.
+    Unknown,
+}
+
+/// What the host offers for the iommufd backend, and why it is not usable when it is not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IommufdFacts {
+    /// `/dev/iommu` exists.
+    pub dev_iommu: bool,
+    /// iommufd is in the kernel now: `sys/module/iommufd`, `sys/class/misc/iommu` or an
+    /// `iommu` line in `proc/misc`.
+    pub loaded: bool,
+    /// Whether the kernel has the VFIO device cdev (6.6+ with `CONFIG_VFIO_DEVICE_CDEV`);
+    /// `null` when neither its config nor its devices tell.
+    pub kernel_cdev: Option<bool>,
+    /// Where the kernel config was read (`/proc/config.gz`, `/boot/config-<release>`).
+    pub config: Option<String>,
+    pub vfio_container: VfioContainer,
+    /// The iommufd backend can serve VFIO-bound functions now.
+    pub usable: bool,
+    /// Why not, when not usable.
+    pub reason: Option<String>,
+}
+
 /// Whether a driver name is a VFIO driver (vfio-pci or a variant such as `mlx5_vfio_pci`).
 pub fn is_vfio_driver(driver: &str) -> bool {
     let d = driver.replace('-', "_");
@@ -320,6 +389,9 @@ pub struct IommuGroup {
     /// `/dev/vfio/<number>`, present when a VFIO driver holds the group.
     pub vfio_node: String,
     pub vfio_node_present: bool,
+    /// Backends that serve every VFIO-bound member now (docs/iommufd.md); empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<Backend>,
 }
 
 /// An active mediated device instance (`/sys/bus/mdev/devices/<uuid>`).
@@ -366,6 +438,9 @@ pub struct Inventory {
     /// Whether `/dev/iommu` (iommufd) exists.
     #[serde(default)]
     pub iommufd_present: bool,
+    /// iommufd readiness (docs/iommufd.md); absent in inventories saved by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommufd: Option<IommufdFacts>,
     /// Things that could not be read; the fields concerned are `null`.
     #[serde(default)]
     pub warnings: Vec<String>,

@@ -325,3 +325,49 @@ fn captured_lab_host_has_the_real_kernel_layout() {
     assert_eq!(d["device"]["parent"], "0000:00:08.0");
     assert_eq!(d["group"]["members"], serde_json::json!(["0000:01:00.0"]));
 }
+
+/// The VFIO cdev of each function (name, major:minor, node) and the backends that serve it now,
+/// in `show`, `list --json` and `groups`; `check` says whether iommufd is usable and why not.
+#[test]
+fn cdev_and_backends_per_function() {
+    let v = json(&on_host("vfio-numa", &["show", "17:00.0", "--json"]));
+    let d = &v["device"];
+    assert_eq!(d["vfio_cdev"], "vfio0");
+    assert_eq!(d["vfio_cdev_dev"], "511:0");
+    assert_eq!(d["vfio_cdev_node_present"], true);
+    assert_eq!(d["backends"], serde_json::json!(["legacy", "iommufd"]));
+    assert_eq!(v["group"]["backends"], serde_json::json!(["legacy", "iommufd"]));
+    let text = ok(&on_host("vfio-numa", &["show", "17:00.0"]));
+    assert!(text.contains("/dev/vfio/devices/vfio0 511:0"), "{text}");
+    assert!(text.contains("legacy,iommufd"), "{text}");
+    let v = json(&on_host("vfio-numa", &["list", "--all", "--json"]));
+    assert_eq!(v["iommufd"]["usable"], true);
+    assert_eq!(v["iommufd"]["vfio_container"], "legacy");
+    let on_nvidia = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["driver"] == "nvidia")
+        .unwrap();
+    assert!(on_nvidia.get("backends").is_none(), "{on_nvidia}");
+    let g = ok(&on_host("vfio-numa", &["groups"]));
+    assert!(g.contains("BACKENDS"), "{g}");
+    assert!(g.contains("legacy,iommufd"), "{g}");
+    let g = json(&on_host("vfio-numa", &["groups", "--json"]));
+    assert!(g["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|g| g["backends"] == serde_json::json!(["legacy", "iommufd"])));
+
+    let c = ok(&on_host("vfio-numa", &["check"]));
+    assert!(
+        c.contains("PASS  iommufd") && c.contains("iommufd is usable"),
+        "{c}"
+    );
+    assert!(c.contains("legacy container"), "{c}");
+    // 6.1: no cdev; said, and not an error.
+    let c = ok(&on_host("qemu-lab", &["check"]));
+    assert!(c.contains("PASS  iommufd"), "{c}");
+    assert!(c.contains("6.1 predates the VFIO device cdev (6.6)"), "{c}");
+}

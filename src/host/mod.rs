@@ -83,6 +83,25 @@ impl HostRoot {
     pub fn dev_vfio(&self) -> PathBuf {
         self.path("dev/vfio")
     }
+    /// `/dev/vfio/devices/<name>`: a VFIO device cdev (`vfio0`).
+    pub fn vfio_cdev_node(&self, name: &str) -> PathBuf {
+        self.path("dev/vfio/devices").join(name)
+    }
+    /// `/dev/iommu`: iommufd.
+    pub fn dev_iommu(&self) -> PathBuf {
+        self.path("dev/iommu")
+    }
+    /// `/sys/class/misc/<name>`: a misc character device (`vfio`, `iommu`).
+    pub fn sys_class_misc(&self, name: &str) -> PathBuf {
+        self.path("sys/class/misc").join(name)
+    }
+    /// The running kernel's build config: `/proc/config.gz` (gzip) and `/boot/config-<release>`.
+    pub fn kernel_configs(&self, release: &str) -> [PathBuf; 2] {
+        [
+            self.path("boot").join(format!("config-{release}")),
+            self.path("proc/config.gz"),
+        ]
+    }
     /// `/dev/kvm`, which `gpupass boot` opens.
     pub fn dev_kvm(&self) -> PathBuf {
         self.path("dev/kvm")

@@ -135,7 +135,19 @@ pub fn show(inv: &Inventory, d: &PciDevice) -> String {
         },
     );
     if let Some(c) = &d.vfio_cdev {
-        kv("VFIO cdev", format!("/dev/vfio/devices/{c}"));
+        let node = match d.vfio_cdev_node_present {
+            Some(false) => " (node missing)",
+            _ => "",
+        };
+        let dev = d
+            .vfio_cdev_dev
+            .as_deref()
+            .map(|m| format!(" {m}"))
+            .unwrap_or_default();
+        kv("VFIO cdev", format!("/dev/vfio/devices/{c}{dev}{node}"));
+    }
+    if d.driver.as_deref().is_some_and(crate::model::is_vfio_driver) {
+        kv("Backends", backends(&d.backends));
     }
     for b in &d.bars {
         kv(&format!("BAR{}", b.index), bar_line(b));
@@ -230,6 +242,7 @@ pub fn groups(inv: &Inventory) -> String {
         "VIABLE".into(),
         "MEMBER".into(),
         "DRIVER".into(),
+        "BACKENDS".into(),
         "NAME".into(),
     ]];
     for g in &inv.groups {
@@ -245,17 +258,23 @@ pub fn groups(inv: &Inventory) -> String {
                     }
                 })
                 .unwrap_or_default();
+            let vfio = d.is_some_and(|x| x.driver.as_deref().is_some_and(crate::model::is_vfio_driver));
             (
                 m.to_string(),
                 d.map(|x| opt(&x.driver)).unwrap_or_else(|| "?".into()),
+                if vfio {
+                    backends(&d.map(|x| x.backends.clone()).unwrap_or_default())
+                } else {
+                    "-".into()
+                },
                 name,
             )
         });
         let mdevs = g
             .mdev_members
             .iter()
-            .map(|u| (u.clone(), "mdev".to_string(), String::new()));
-        for (i, (member, driver, name)) in pci.chain(mdevs).enumerate() {
+            .map(|u| (u.clone(), "mdev".to_string(), "-".to_string(), String::new()));
+        for (i, (member, driver, backs, name)) in pci.chain(mdevs).enumerate() {
             let (num, viable) = if i == 0 {
                 (
                     g.number.to_string(),
@@ -264,7 +283,7 @@ pub fn groups(inv: &Inventory) -> String {
             } else {
                 (String::new(), String::new())
             };
-            rows.push(vec![num, viable, member, driver, name]);
+            rows.push(vec![num, viable, member, driver, backs, name]);
         }
     }
     let mut s = columns(&rows);
@@ -272,6 +291,15 @@ pub fn groups(inv: &Inventory) -> String {
         s.push_str("(no IOMMU groups: the IOMMU is off; see `gpupass check`)\n");
     }
     s
+}
+
+/// `legacy,iommufd`, or `none` for a VFIO function no backend serves now.
+fn backends(b: &[crate::model::Backend]) -> String {
+    if b.is_empty() {
+        "none".into()
+    } else {
+        b.iter().map(|x| x.as_str()).collect::<Vec<_>>().join(",")
+    }
 }
 
 /// `gpupass check`.
