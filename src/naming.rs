@@ -10,10 +10,17 @@
 //!   `/` and `.` and whitespace runs turned into `_`, and every other character that is not
 //!   `[A-Za-z0-9_]` dropped: `AD102 [GeForce RTX 4090]` → `AD102_GEFORCE_RTX_4090`.
 //!   Without a pci.ids name, NAME is the device id (`2684`), as that plugin falls back.
-//! - mdev type: `<vendor domain of the parent>/<type name>` with whitespace runs turned into
-//!   `_`, case kept: `GRID T4-1Q` → `nvidia.com/GRID_T4-1Q`.
+//! - mdev type: `<vendor domain of the parent>/<type name>` with whitespace runs and `-` turned
+//!   into `_`, case kept: `GRID T4-1Q` → `nvidia.com/GRID_T4_1Q`. (NVIDIA's plugin keeps the
+//!   `-`; gpupass does not, see below.)
 //! - env var (KubeVirt `util.ResourceNameToEnvVar`): `PREFIX_` + the resource name upper-cased
 //!   with `/` and `.` turned into `_`: `PCI_RESOURCE_NVIDIA_COM_AD102_GEFORCE_RTX_4090`.
+//!
+//! Every resource name is chosen so that this transformation gives a POSIX environment name
+//! (`[A-Z0-9_]`, not starting with a digit): no `-` anywhere (`pci1af4.gpupass.io`, not
+//! `pci-1af4...`; `GRID_T4_1Q`). A name with `-` reaches the container (`env` shows it), but
+//! busybox `sh` and dash drop it from the environment they pass on, and most entrypoints are
+//! shell scripts; the variable gpupass sets stays the one KubeVirt looks up for the resource.
 //!
 //! Kubernetes requires the part after `/` to be a qualified name (at most 63 characters,
 //! `[A-Za-z0-9]` at both ends, `[-A-Za-z0-9_.]` inside). The NVIDIA convention yields that for
@@ -29,13 +36,14 @@ pub const MAX_NAME_PART: usize = 63;
 /// DNS domain used as the resource prefix for a PCI vendor id (4 hex digits, any case):
 /// `nvidia.com` (10de), `amd.com` (1002), `intel.com` (8086), the domains those vendors' own
 /// plugins register under; any other vendor gets `pci-<vendor id>.gpupass.io` (a DNS subdomain
-/// of gpupass's own, so it can never collide with a vendor plugin's resource).
+/// of gpupass's own, so it can never collide with a vendor plugin's resource; no `-`, so the
+/// environment name made from it is a POSIX name).
 pub fn vendor_domain(vendor_id: &str) -> String {
     match vendor_id.trim_start_matches("0x").to_ascii_lowercase().as_str() {
         "10de" => "nvidia.com".into(),
         "1002" => "amd.com".into(),
         "8086" => "intel.com".into(),
-        other => format!("pci-{other}.gpupass.io"),
+        other => format!("pci{other}.gpupass.io"),
     }
 }
 
@@ -88,13 +96,14 @@ pub fn pci_resource_name(dev: &PciDevice) -> String {
     )
 }
 
-/// `nvidia.com/GRID_T4-1Q` for an mdev type: the type's `name` (its directory id when it has
-/// no name) with whitespace runs as `_`, under the parent's vendor domain.
+/// `nvidia.com/GRID_T4_1Q` for an mdev type: the type's `name` (its directory id when it has
+/// no name) with whitespace runs and `-` as `_`, under the parent's vendor domain.
 pub fn mdev_resource_name(parent_vendor_id: &str, type_name: &str) -> String {
     let joined = type_name.split_whitespace().collect::<Vec<_>>().join("_");
     let cleaned: String = joined
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        .map(|c| if c == '-' { '_' } else { c })
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.'))
         .collect();
     let part = qualified_part(&cleaned).unwrap_or_else(|| "mdev".into());
     format!("{}/{part}", vendor_domain(parent_vendor_id))
@@ -121,7 +130,18 @@ pub fn mdev_instance_resource_name(inv: &Inventory, m: &MdevInstance) -> String 
 /// `PCI_RESOURCE_NVIDIA_COM_X` (prefixes KubeVirt uses: `PCI_RESOURCE`, `MDEV_PCI_RESOURCE`).
 pub fn resource_env_var(prefix: &str, resource_name: &str) -> String {
     let v = resource_name.to_uppercase().replace(['/', '.'], "_");
-    format!("{prefix}_{v}")
+    let name = format!("{prefix}_{v}");
+    debug_assert!(is_posix_env_name(&name), "{name} is not a POSIX environment name");
+    name
+}
+
+/// `[A-Z0-9_]+`, not starting with a digit: a name every shell passes on.
+pub fn is_posix_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
 #[cfg(test)]
@@ -169,23 +189,43 @@ mod tests {
         assert_eq!(vendor_domain("10DE"), "nvidia.com");
         assert_eq!(vendor_domain("1002"), "amd.com");
         assert_eq!(vendor_domain("8086"), "intel.com");
-        assert_eq!(vendor_domain("1AF4"), "pci-1af4.gpupass.io");
+        assert_eq!(vendor_domain("1AF4"), "pci1af4.gpupass.io");
     }
 
     #[test]
     fn mdev_names_and_env_vars() {
-        assert_eq!(mdev_resource_name("10de", "GRID T4-1Q"), "nvidia.com/GRID_T4-1Q");
+        assert_eq!(mdev_resource_name("10de", "GRID T4-1Q"), "nvidia.com/GRID_T4_1Q");
         assert_eq!(
             mdev_resource_name("8086", "i915-GVTg_V5_4"),
-            "intel.com/i915-GVTg_V5_4"
+            "intel.com/i915_GVTg_V5_4"
         );
+        assert_eq!(mdev_resource_name("1b36", "mtty-2"), "pci1b36.gpupass.io/mtty_2");
         assert_eq!(
             resource_env_var("PCI_RESOURCE", "nvidia.com/AD102_GEFORCE_RTX_4090"),
             "PCI_RESOURCE_NVIDIA_COM_AD102_GEFORCE_RTX_4090"
         );
         assert_eq!(
-            resource_env_var("MDEV_PCI_RESOURCE", "nvidia.com/GRID_T4-1Q"),
-            "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1Q"
+            resource_env_var("MDEV_PCI_RESOURCE", "nvidia.com/GRID_T4_1Q"),
+            "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4_1Q"
         );
+        assert!(is_posix_env_name("PCI_RESOURCE_PCI1234_GPUPASS_IO_1111"));
+        for bad in ["PCI_RESOURCE_PCI-1234_GPUPASS_IO_1111", "1X", "", "a_b", "X.Y"] {
+            assert!(!is_posix_env_name(bad), "{bad}");
+        }
+    }
+
+    /// Every resource name gpupass can make gives a POSIX environment name.
+    #[test]
+    fn every_env_name_is_posix() {
+        for vendor in ["10de", "1002", "8086", "1af4", "1234", "abcd"] {
+            for name in [Some("GRID T4-1Q"), Some("a-b.c/d"), Some("--"), None] {
+                let pci = format!("{}/{}", vendor_domain(vendor), pci_device_name_part(name, "1eb8"));
+                let mdev = mdev_resource_name(vendor, name.unwrap_or("nvidia-222"));
+                for (prefix, res) in [("PCI_RESOURCE", &pci), ("MDEV_PCI_RESOURCE", &mdev)] {
+                    let v = resource_env_var(prefix, res);
+                    assert!(is_posix_env_name(&v), "{res} -> {v}");
+                }
+            }
+        }
     }
 }

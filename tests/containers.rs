@@ -61,6 +61,52 @@ fn loader_checks(spec: &serde_json::Value) {
     let _: gpupass::cdi::Spec = serde_json::from_value(spec.clone()).expect("no unknown fields");
 }
 
+/// Every environment variable of every generated CDI spec survives a shell: busybox `sh` and
+/// dash (Debian's /bin/sh) pass it on to what they run. A name with `-` (once
+/// `PCI_RESOURCE_PCI-1234_GPUPASS_IO_1111`) is dropped by both, and most entrypoints are shell
+/// scripts.
+#[test]
+fn cdi_env_names_survive_a_shell() {
+    let mut seen = 0;
+    for h in HOSTS {
+        let o = on_host(h, &["cdi", "generate"]);
+        let spec: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+        // One container's environment per device (devices of one model set the same name).
+        let devices = spec["devices"].as_array().unwrap().iter();
+        for e in std::iter::once(&spec["containerEdits"]).chain(devices.map(|d| &d["containerEdits"])) {
+            let env: Vec<String> = e["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            if env.is_empty() {
+                continue;
+            }
+            for sh in [&["/bin/busybox", "sh"][..], &["dash"][..]] {
+                let out = Command::new("env")
+                    .arg("-i")
+                    .args(&env)
+                    .args(sh)
+                    .args(["-c", "env"])
+                    .output()
+                    .unwrap();
+                let got = String::from_utf8_lossy(&out.stdout);
+                for kv in &env {
+                    assert!(
+                        got.lines().any(|l| l == kv),
+                        "{h}: {sh:?} dropped {kv:?}; it passed on:\n{got}"
+                    );
+                    let name = kv.split_once('=').unwrap().0;
+                    assert!(gpupass::naming::is_posix_env_name(name), "{h}: {name}");
+                }
+            }
+            seen += env.len();
+        }
+    }
+    assert!(seen > 5, "the fixture hosts' specs set only {seen} variables");
+}
+
 #[test]
 fn cdi_specs_match_golden_and_validate_against_the_official_schema() {
     let validator = cdi_validator();

@@ -454,7 +454,7 @@ async fn plugin_serves_mdev_types() {
     let mut kubelet = Kubelet::start(sockets.path());
     let _plugin = Plugin::start(host.path(), sockets.path(), logs.path());
     let regs = kubelet
-        .expect(&["nvidia.com/GRID_T4-1B"], Duration::from_secs(15))
+        .expect(&["nvidia.com/GRID_T4_1B"], Duration::from_secs(15))
         .await;
     let mut c = dial(sockets.path().join(&regs[0].endpoint)).await;
     let l = c
@@ -476,7 +476,7 @@ async fn plugin_serves_mdev_types() {
     let r = &r.container_responses[0];
     assert_eq!(paths(r), ["/dev/vfio/vfio", "/dev/vfio/100"]);
     assert_eq!(
-        r.envs["MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4-1B"],
+        r.envs["MDEV_PCI_RESOURCE_NVIDIA_COM_GRID_T4_1B"],
         "2f3e4d5c-6b7a-4988-8776-655443322110"
     );
     let e = c

@@ -652,7 +652,7 @@ fn kubevirt_snippets_golden() {
     let y = ok(&on_host("mdev-t4", &["kubevirt", T4_MDEV]));
     golden("mdev-t4/kubevirt.yaml", &y);
     assert!(
-        y.contains("mdevNameSelector: \"GRID T4-1B\"\n          resourceName: \"nvidia.com/GRID_T4-1B\""),
+        y.contains("mdevNameSelector: \"GRID T4-1B\"\n          resourceName: \"nvidia.com/GRID_T4_1B\""),
         "{y}"
     );
 }
