@@ -32,6 +32,7 @@ const SCENARIOS: &[&str] = &[
     "cdiwatch",
     "startup",
     "vfioids",
+    "cgroupv2",
 ];
 
 struct LabRun {
@@ -147,7 +148,8 @@ leg!(
         concurrency,
         cdiwatch,
         startup,
-        vfioids
+        vfioids,
+        cgroupv2
     ]
 );
 leg!(
@@ -167,6 +169,7 @@ leg!(
         concurrency,
         cdiwatch,
         startup,
-        vfioids
+        vfioids,
+        cgroupv2
     ]
 );
