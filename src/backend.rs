@@ -195,6 +195,12 @@ pub fn annotate(host: &HostRoot, inv: &mut Inventory) {
         usable: reason.is_none(),
         reason,
     });
+    fill_backends(inv);
+}
+
+/// Fill every device's and group's `backends` from the inventory alone (also for inventories
+/// saved by versions that did not record them).
+pub fn fill_backends(inv: &mut Inventory) {
     let backends: Vec<Vec<Backend>> = inv.devices.iter().map(|d| servable(inv, d)).collect();
     for (d, b) in inv.devices.iter_mut().zip(backends) {
         d.backends = b;

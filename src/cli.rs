@@ -329,6 +329,12 @@ pub enum CdiCommand {
         /// The host's / as the container runtime sees it, for the driver's files
         #[arg(long, value_name = "DIR", default_value = "/")]
         driver_root: String,
+        /// VFIO node set of each device: legacy (/dev/vfio/N + /dev/vfio/vfio), iommufd
+        /// (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves the
+        /// device through it, else legacy; devices both serve also get legacy-NAME and
+        /// iommufd-NAME). docs/iommufd.md
+        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+        backend: crate::backend::Policy,
     },
 }
 
@@ -620,6 +626,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                     kind,
                     dev_root,
                     driver_root,
+                    backend,
                 },
         } => {
             let inv = ctx.inventory()?;
@@ -629,6 +636,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 version: cdi_version,
                 dev_root,
                 driver_root,
+                backend,
             };
             let usage = |e: &crate::cdi::CdiError| matches!(e, crate::cdi::CdiError::VersionTooLow { .. });
             if write {

@@ -1122,7 +1122,7 @@ pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    let inv: Inventory = serde_json::from_str(&text).map_err(|e| InventoryError::BadJson {
+    let mut inv: Inventory = serde_json::from_str(&text).map_err(|e| InventoryError::BadJson {
         path: path.display().to_string(),
         reason: format!("{e} (expected the output of `gpupass list --all --json`)"),
     })?;
@@ -1134,6 +1134,10 @@ pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
                 inv.schema_version
             ),
         });
+    }
+    if inv.iommufd.is_none() {
+        // Saved before backends were recorded: derive them from the nodes it did record.
+        crate::backend::fill_backends(&mut inv);
     }
     Ok(inv)
 }

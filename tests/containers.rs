@@ -156,28 +156,27 @@ fn cdi_content_for_vfio_hosts() {
             .map(|n| n["path"].as_str().unwrap().to_string())
             .collect()
     };
-    // Legacy container + group node, and the cdev + iommufd (the host has both).
+    // One backend per CDI device (docs/iommufd.md): the host has both, so `auto` gives the
+    // cdev + iommufd under the plain name, and each backend under its own name.
     assert_eq!(
         paths(&dev("0000:17:00.0")),
-        [
-            "/dev/vfio/vfio",
-            "/dev/vfio/40",
-            "/dev/iommu",
-            "/dev/vfio/devices/vfio0"
-        ]
+        ["/dev/iommu", "/dev/vfio/devices/vfio0"]
+    );
+    assert_eq!(
+        paths(&dev("legacy-0000:17:00.0")),
+        ["/dev/vfio/vfio", "/dev/vfio/40"]
+    );
+    assert_eq!(
+        paths(&dev("iommufd-0000:17:00.0")),
+        ["/dev/iommu", "/dev/vfio/devices/vfio0"]
     );
     // The group with GPU + audio: both cdevs, one env per model, only that group's addresses.
     let g = dev("group-42");
     assert_eq!(
         paths(&g),
-        [
-            "/dev/vfio/vfio",
-            "/dev/vfio/42",
-            "/dev/iommu",
-            "/dev/vfio/devices/vfio4",
-            "/dev/vfio/devices/vfio5"
-        ]
+        ["/dev/iommu", "/dev/vfio/devices/vfio4", "/dev/vfio/devices/vfio5"]
     );
+    assert_eq!(paths(&dev("legacy-group-42")), ["/dev/vfio/vfio", "/dev/vfio/42"]);
     assert_eq!(
         g["containerEdits"]["env"],
         serde_json::json!([
@@ -531,12 +530,34 @@ fn podman_consumes_the_generated_specs() {
         ]));
     }
 
-    // One VFIO function: its group, the container node, its cdev, iommufd, and the env.
+    // One VFIO function through iommufd (the plain name under `auto`): its cdev and iommufd,
+    // never the group or container node, and the env.
     let o = podman_run(
         &conf,
         &[format!("{kv}=0000:17:00.0")],
-        "stat -c '%n %F %t %T' /dev/vfio/vfio /dev/vfio/40 /dev/iommu /dev/vfio/devices/vfio0; \
-         test -e /dev/vfio/41 && echo LEAK; env",
+        "stat -c '%n %F %t %T' /dev/iommu /dev/vfio/devices/vfio0; \
+         test -e /dev/vfio/41 && echo LEAK; test -e /dev/vfio/40 && echo MIXED; \
+         test -e /dev/vfio/vfio && echo MIXED; env",
+    );
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "podman: {}\n{out}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("/dev/vfio/devices/vfio0 character special file f1 0"),
+        "{out}"
+    );
+    assert!(out.contains("/dev/iommu character special file a 7b"), "{out}");
+    assert!(!out.contains("LEAK"), "another group's node leaked in: {out}");
+    assert!(!out.contains("MIXED"), "legacy nodes with the iommufd set: {out}");
+    // The same function through the legacy backend, by its legacy- name.
+    let o = podman_run(
+        &conf,
+        &[format!("{kv}=legacy-0000:17:00.0")],
+        "stat -c '%n %F %t %T' /dev/vfio/vfio /dev/vfio/40; \
+         test -e /dev/iommu && echo MIXED; test -e /dev/vfio/devices/vfio0 && echo MIXED; env",
     );
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
@@ -549,12 +570,7 @@ fn podman_consumes_the_generated_specs() {
         out.contains("/dev/vfio/vfio character special file a c4"),
         "{out}"
     );
-    assert!(
-        out.contains("/dev/vfio/devices/vfio0 character special file f1 0"),
-        "{out}"
-    );
-    assert!(out.contains("/dev/iommu character special file a 7b"), "{out}");
-    assert!(!out.contains("LEAK"), "another group's node leaked in: {out}");
+    assert!(!out.contains("MIXED"), "iommufd nodes with the legacy set: {out}");
     assert!(
         out.contains("PCI_RESOURCE_NVIDIA_COM_AD102GL_L40S=0000:17:00.0\n"),
         "{out}"
@@ -564,7 +580,7 @@ fn podman_consumes_the_generated_specs() {
     let o = podman_run(
         &conf,
         &[format!("{kv}=group-42")],
-        "stat -c '%n %t %T' /dev/vfio/42 /dev/vfio/devices/vfio4 /dev/vfio/devices/vfio5; env",
+        "stat -c '%n %t %T' /dev/vfio/devices/vfio4 /dev/vfio/devices/vfio5; env",
     );
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
@@ -572,7 +588,7 @@ fn podman_consumes_the_generated_specs() {
         "podman: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(out.contains("/dev/vfio/42 f0 2a"), "{out}");
+    assert!(out.contains("/dev/vfio/devices/vfio5 f1 5"), "{out}");
     assert!(
         out.contains("PCI_RESOURCE_NVIDIA_COM_GA102GL_RTX_A6000=0000:4b:00.0"),
         "{out}"

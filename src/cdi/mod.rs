@@ -7,9 +7,11 @@
 //!
 //! - for every IOMMU group held by a VFIO driver: one device per VFIO-bound function, named by
 //!   its PCI address (`gpupass.dev/pci=0000:17:00.0`), and one for the whole group
-//!   (`gpupass.dev/pci=group-40`). Device nodes: `/dev/vfio/vfio` + `/dev/vfio/<group>` where
-//!   the host has the legacy VFIO container, and `/dev/iommu` + `/dev/vfio/devices/vfioN` where
-//!   it has the VFIO cdev and iommufd (both sets when both exist, so either kind of VMM works).
+//!   (`gpupass.dev/pci=group-40`). Device nodes: one backend's set, never both (docs/iommufd.md,
+//!   `--backend`): legacy `/dev/vfio/vfio` + `/dev/vfio/<group>`, iommufd `/dev/iommu` +
+//!   `/dev/vfio/devices/vfioN`. Under `auto` the plain name carries iommufd where the kernel
+//!   serves the device through it, else legacy; a device both serve also gets
+//!   `legacy-<name>` and `iommufd-<name>`, so a consumer picks one.
 //!   Env `PCI_RESOURCE_<RESOURCE>=<address>[,...]`, the variable KubeVirt reads;
 //! - for every active mdev: a device named by its UUID with `/dev/vfio/vfio` +
 //!   `/dev/vfio/<group>` and `MDEV_PCI_RESOURCE_<RESOURCE>=<uuid>`;
@@ -23,9 +25,10 @@
 //! or `hostPath` need 0.5.0, mount `type` 0.4.0, a `.` in the class or annotations 0.6.0.
 //! Podman 4.3 accepts at most 0.5.0, so gpupass uses no newer field.
 
+use crate::backend::{self, BackendError, Policy};
 use crate::container::DriverFiles;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Inventory, PciDevice};
+use crate::model::{is_vfio_driver, Backend, Inventory, PciDevice};
 use crate::naming;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -63,6 +66,10 @@ newer; pin {needed} or drop --cdi-version"
     Read { path: String, reason: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("internal error: CDI device {device} would carry {reason}; please report it")]
+    MixedBackends { device: String, reason: String },
 }
 
 /// A CDI spec version the reference loader knows.
@@ -263,6 +270,9 @@ pub struct Options {
     pub dev_root: String,
     /// Where the host's `/` is for the driver's files (`/` normally).
     pub driver_root: String,
+    /// Which VFIO node set the devices carry (docs/iommufd.md).
+    #[serde(default)]
+    pub backend: Policy,
 }
 
 impl Default for Options {
@@ -272,6 +282,7 @@ impl Default for Options {
             version: None,
             dev_root: "/dev".into(),
             driver_root: "/".into(),
+            backend: Policy::Auto,
         }
     }
 }
@@ -346,12 +357,6 @@ pub fn min_version(spec: &Spec) -> (CdiVersion, &'static str) {
     v
 }
 
-fn push_unique<T: PartialEq>(v: &mut Vec<T>, x: T) {
-    if !v.contains(&x) {
-        v.push(x);
-    }
-}
-
 /// `PCI_RESOURCE_<RES>=a,b` entries for VFIO functions, grouped by resource, in order.
 fn pci_env(devs: &[&PciDevice]) -> Vec<String> {
     let mut by_res: Vec<(String, Vec<String>)> = Vec::new();
@@ -368,10 +373,65 @@ fn pci_env(devs: &[&PciDevice]) -> Vec<String> {
         .collect()
 }
 
+/// The rule every spec keeps: each device carries the VFIO nodes of one backend only.
+pub fn check_backends(devices: &[Device]) -> Result<(), CdiError> {
+    for d in devices {
+        backend::check_one_backend(d.container_edits.device_nodes.iter().map(|n| n.path.as_str())).map_err(
+            |reason| CdiError::MixedBackends {
+                device: d.name.clone(),
+                reason,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// One backend's device nodes for functions of a group.
+fn nodes(opts: &Options, b: Backend, group: u32, devs: &[&PciDevice]) -> Vec<DeviceNode> {
+    backend::nodes(b, group, devs)
+        .iter()
+        .map(|p| opts.node(p))
+        .collect()
+}
+
+/// Under `auto`, a device (or group) both backends serve also gets one CDI device per backend,
+/// named `legacy-<name>` and `iommufd-<name>`, so a consumer can pick one; the plain name
+/// carries the `auto` choice. Explicit policies name no alternatives.
+fn alternatives(policy: Policy, available: &[Backend]) -> Vec<Backend> {
+    if policy == Policy::Auto && available.len() > 1 {
+        available.to_vec()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Why a VFIO function of a viable group is left out under `policy`.
+fn left_out(inv: &Inventory, policy: Policy, name: &str, d: &PciDevice, group: u32) -> String {
+    let legacy_missing =
+        format!("/dev/vfio/vfio or /dev/vfio/{group} is missing; is the vfio module loaded?");
+    let reason = match policy {
+        Policy::Legacy => legacy_missing,
+        Policy::Iommufd => backend::why_not_iommufd(inv, d),
+        Policy::Auto => format!(
+            "neither /dev/vfio/vfio with /dev/vfio/{group} nor /dev/iommu with a VFIO cdev exists; is the vfio module loaded?"
+        ),
+    };
+    format!("{name} left out (--backend {policy}): {reason}")
+}
+
 /// Render the spec. Pure: reads only `inv` and `files`.
 pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Rendered, CdiError> {
     let mut devices = Vec::new();
     let mut warnings = Vec::new();
+    if opts.backend == Policy::Iommufd {
+        if let Err(reason) = backend::iommufd_ready(inv) {
+            return Err(BackendError::IommufdUnavailable {
+                what: "cdi generate".into(),
+                reason,
+            }
+            .into());
+        }
+    }
 
     // VFIO groups.
     for g in &inv.groups {
@@ -397,59 +457,74 @@ pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Re
             ));
             continue;
         }
-        let legacy = inv.vfio_container_present && g.vfio_node_present;
-        let cdev = |d: &PciDevice| {
-            d.vfio_cdev
-                .as_ref()
-                .filter(|_| inv.iommufd_present)
-                .map(|c| format!("/dev/vfio/devices/{c}"))
-        };
-        if !legacy && vfio.iter().all(|d| cdev(d).is_none()) {
-            warnings.push(format!(
-                "group {} left out: neither /dev/vfio/vfio with /dev/vfio/{} nor /dev/iommu with a \
-VFIO cdev exists; is the vfio module loaded?",
-                g.number, g.number
-            ));
-            continue;
-        }
-        let legacy_nodes = |nodes: &mut Vec<DeviceNode>| {
-            if legacy {
-                nodes.push(opts.node("/dev/vfio/vfio"));
-                nodes.push(opts.node(&format!("/dev/vfio/{}", g.number)));
-            }
-        };
-        let mut group_nodes = Vec::new();
-        legacy_nodes(&mut group_nodes);
-        for d in &vfio {
-            let mut nodes = Vec::new();
-            legacy_nodes(&mut nodes);
-            if let Some(c) = cdev(d) {
-                nodes.push(opts.node("/dev/iommu"));
-                nodes.push(opts.node(&c));
-                push_unique(&mut group_nodes, opts.node("/dev/iommu"));
-                group_nodes.push(opts.node(&c));
-            }
+        let usable: Vec<(&PciDevice, Backend)> = vfio
+            .iter()
+            .filter_map(|d| match backend::choose(opts.backend, d) {
+                Some(b) => Some((*d, b)),
+                None => {
+                    warnings.push(left_out(inv, opts.backend, &d.address.to_string(), d, g.number));
+                    None
+                }
+            })
+            .collect();
+        for (d, b) in &usable {
+            let edits = |b: Backend| ContainerEdits {
+                env: pci_env(&[d]),
+                device_nodes: nodes(opts, b, g.number, &[d]),
+                mounts: Vec::new(),
+            };
+            let name = d.address.to_string();
             devices.push(Device {
-                name: d.address.to_string(),
-                container_edits: ContainerEdits {
-                    env: pci_env(&[d]),
-                    device_nodes: nodes,
-                    mounts: Vec::new(),
-                },
+                name: name.clone(),
+                container_edits: edits(*b),
             });
+            for alt in alternatives(opts.backend, &d.backends) {
+                devices.push(Device {
+                    name: format!("{alt}-{name}"),
+                    container_edits: edits(alt),
+                });
+            }
         }
+        let group_choice = match opts.backend {
+            Policy::Legacy => g.backends.contains(&Backend::Legacy).then_some(Backend::Legacy),
+            Policy::Iommufd => g.backends.contains(&Backend::Iommufd).then_some(Backend::Iommufd),
+            Policy::Auto => g.backends.iter().copied().max(),
+        };
+        let Some(gb) = group_choice else {
+            if !usable.is_empty() {
+                warnings.push(format!(
+                    "group-{} left out: no {} node set serves every VFIO function of the group",
+                    g.number, opts.backend
+                ));
+            }
+            continue;
+        };
+        let edits = |b: Backend| ContainerEdits {
+            env: pci_env(&vfio),
+            device_nodes: nodes(opts, b, g.number, &vfio),
+            mounts: Vec::new(),
+        };
         devices.push(Device {
             name: format!("group-{}", g.number),
-            container_edits: ContainerEdits {
-                env: pci_env(&vfio),
-                device_nodes: group_nodes,
-                mounts: Vec::new(),
-            },
+            container_edits: edits(gb),
         });
+        for alt in alternatives(opts.backend, &g.backends) {
+            devices.push(Device {
+                name: format!("{alt}-group-{}", g.number),
+                container_edits: edits(alt),
+            });
+        }
     }
 
     // Mediated devices.
     for m in &inv.mdevs {
+        if opts.backend == Policy::Iommufd {
+            warnings.push(format!(
+                "mdev {} left out: --backend iommufd; gpupass hands mdevs out through their group (legacy or auto)",
+                m.uuid
+            ));
+            continue;
+        }
         let Some(gn) = m.iommu_group else {
             warnings.push(format!("mdev {} left out: it has no IOMMU group", m.uuid));
             continue;
@@ -526,6 +601,7 @@ VFIO cdev exists; is the vfio module loaded?",
         });
     }
 
+    check_backends(&devices)?;
     if devices.is_empty() {
         return Err(CdiError::Empty);
     }
@@ -758,6 +834,117 @@ mod tests {
         for bad in ["0.2.0", "0.5", "1.2.0", "x", ""] {
             assert!(bad.parse::<CdiVersion>().is_err(), "{bad}");
         }
+    }
+
+    /// Every fixture host, every policy: one node set per CDI device; a mixed set is refused.
+    #[test]
+    fn one_backend_per_device() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in crate::fixtures::NAMES {
+            let root = dir.path().join(name);
+            crate::fixtures::build(name, &root).unwrap();
+            let inv = crate::inventory::scan(&HostRoot::new(&root)).unwrap();
+            for policy in [Policy::Legacy, Policy::Iommufd, Policy::Auto] {
+                let opts = Options {
+                    backend: policy,
+                    ..Options::default()
+                };
+                let Ok(r) = render(&inv, &DriverFiles::default(), &opts) else {
+                    continue;
+                };
+                check_backends(&r.spec.devices).unwrap();
+                for d in &r.spec.devices {
+                    let paths = d.container_edits.device_nodes.iter().map(|n| n.path.as_str());
+                    let b = backend::check_one_backend(paths).unwrap();
+                    match (policy, b) {
+                        (Policy::Legacy, Some(Backend::Iommufd))
+                        | (Policy::Iommufd, Some(Backend::Legacy)) => {
+                            panic!("{name} {policy}: {} carries {b:?}", d.name)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let mixed = Device {
+            name: "0000:01:00.0".into(),
+            container_edits: ContainerEdits {
+                env: Vec::new(),
+                device_nodes: [
+                    "/dev/vfio/vfio",
+                    "/dev/vfio/1",
+                    "/dev/iommu",
+                    "/dev/vfio/devices/vfio0",
+                ]
+                .iter()
+                .map(|p| Options::default().node(p))
+                .collect(),
+                mounts: Vec::new(),
+            },
+        };
+        let e = check_backends(&[mixed]).unwrap_err().to_string();
+        assert!(e.contains("mixed VFIO backends"), "{e}");
+    }
+
+    /// vfio-numa (6.8, cdev + iommufd): auto gives iommufd under the plain names and both
+    /// backends under legacy-/iommufd- names; legacy gives today's legacy set; 6.1 and
+    /// --backend iommufd is an error naming the kernel requirement.
+    #[test]
+    fn backend_policies_on_a_cdev_host() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        let inv = crate::inventory::scan(&HostRoot::new(dir.path())).unwrap();
+        let spec = |p| {
+            let opts = Options {
+                backend: p,
+                ..Options::default()
+            };
+            render(&inv, &DriverFiles::default(), &opts).unwrap().spec
+        };
+        let nodes = |s: &Spec, n: &str| -> Vec<String> {
+            s.devices
+                .iter()
+                .find(|d| d.name == n)
+                .unwrap_or_else(|| panic!("no {n}"))
+                .container_edits
+                .device_nodes
+                .iter()
+                .map(|d| d.path.clone())
+                .collect()
+        };
+        let auto = spec(Policy::Auto);
+        assert_eq!(
+            nodes(&auto, "0000:17:00.0"),
+            ["/dev/iommu", "/dev/vfio/devices/vfio0"]
+        );
+        assert_eq!(
+            nodes(&auto, "legacy-0000:17:00.0"),
+            ["/dev/vfio/vfio", "/dev/vfio/40"]
+        );
+        assert_eq!(
+            nodes(&auto, "iommufd-group-40"),
+            ["/dev/iommu", "/dev/vfio/devices/vfio0"]
+        );
+        let legacy = spec(Policy::Legacy);
+        assert_eq!(nodes(&legacy, "group-40"), ["/dev/vfio/vfio", "/dev/vfio/40"]);
+        assert!(!legacy.devices.iter().any(|d| d.name.starts_with("legacy-")));
+        let iommufd = spec(Policy::Iommufd);
+        assert_eq!(
+            nodes(&iommufd, "group-42"),
+            ["/dev/iommu", "/dev/vfio/devices/vfio4", "/dev/vfio/devices/vfio5"]
+        );
+
+        let old = tempfile::tempdir().unwrap();
+        crate::fixtures::build("hgx-8gpu", old.path()).unwrap();
+        let inv = crate::inventory::scan(&HostRoot::new(old.path())).unwrap();
+        let opts = Options {
+            backend: Policy::Iommufd,
+            ..Options::default()
+        };
+        let e = render(&inv, &DriverFiles::default(), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("6.1 predates") && e.contains("Linux 6.6"), "{e}");
     }
 
     #[test]
