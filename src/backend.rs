@@ -78,7 +78,7 @@ impl FromStr for Policy {
 /// A backend that cannot serve what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
-    #[error("--backend iommufd: {what} cannot use iommufd on this host: {reason}; {IOMMUFD_NEEDS}; use --backend legacy or auto")]
+    #[error("--backend iommufd: {what} cannot use iommufd: {reason}; {IOMMUFD_NEEDS}; use --backend legacy or auto")]
     IommufdUnavailable { what: String, reason: String },
     #[error("--backend iommufd: {what} is not supported: {reason}; use --backend legacy or auto")]
     IommufdUnsupported { what: String, reason: String },

@@ -1650,6 +1650,21 @@ row!(
     }
 );
 row!(
+    e_backend_01,
+    Case {
+        host: "hgx-8gpu",
+        args: &["qemu-args", "03:00.0", "--backend", "iommufd"],
+        code: 1,
+        needles: &[
+            "--backend iommufd: this host cannot use iommufd",
+            "kernel 6.1 predates the VFIO device cdev (6.6)",
+            "Linux 6.6 or newer",
+            "use --backend legacy or auto"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_cdi_02,
     Case {
         host: "vfio-numa",

@@ -903,3 +903,59 @@ fn attach_without_the_feature_explains_how_to_get_it() {
     );
     fails(&o, 1, &["--features libvirt", "virsh attach-device"]);
 }
+
+/// `qemu-args --backend iommufd` (and `auto` on a cdev host): one `-object iommufd` and
+/// `iommufd=` on each `vfio-pci,host=`, a property the lab's QEMU 10.0 has; QEMU accepts the
+/// object and the device up to opening `/dev/iommu` or the host device (neither exists here).
+#[test]
+fn qemu_args_on_iommufd() {
+    let args = |backend: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&ok(&run_root(
+            &host("vfio-numa"),
+            &["qemu-args", "4b:00.0", "--backend", backend, "--json"],
+        )))
+        .unwrap();
+        v["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let a = args("iommufd");
+    assert_eq!(a[..2], ["-object", "iommufd,id=iommufd0"]);
+    let vfio: Vec<&String> = a.iter().filter(|x| x.starts_with("vfio-pci,")).collect();
+    assert_eq!(vfio.len(), 2, "{a:?}");
+    assert!(vfio.iter().all(|d| d.ends_with(",iommufd=iommufd0")), "{a:?}");
+    assert_eq!(args("auto"), a, "auto picks iommufd where the kernel has it");
+    let legacy = args("legacy");
+    assert!(!legacy.iter().any(|x| x.contains("iommufd")), "{legacy:?}");
+    assert!(qemu_properties("vfio-pci").contains("iommufd"));
+
+    if std::path::Path::new("/dev/iommu").exists() || std::path::Path::new("/dev/vfio/devices").exists() {
+        eprintln!("skipping the QEMU start: this machine has /dev/iommu or VFIO cdevs");
+        return;
+    }
+    let o = tool("qemu-system-x86_64")
+        .args([
+            "-machine",
+            "q35,accel=tcg",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-S",
+        ])
+        .args(["-monitor", "none", "-serial", "none"])
+        .args(&a)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        (err.contains("/dev/iommu") || err.contains(": vfio "))
+            && !err.contains("Property '")
+            && !err.contains("Parameter '")
+            && !err.contains("Bus '"),
+        "QEMU rejected the iommufd arguments before opening a node:\n{err}"
+    );
+}

@@ -426,7 +426,7 @@ pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Re
     if opts.backend == Policy::Iommufd {
         if let Err(reason) = backend::iommufd_ready(inv) {
             return Err(BackendError::IommufdUnavailable {
-                what: "cdi generate".into(),
+                what: "this host".into(),
                 reason,
             }
             .into());

@@ -5,7 +5,9 @@
 //! on slot 0 of that port's bus. Pure: works from the [`Selection`] only.
 //!
 //! QEMU facts encoded here (`-device vfio-pci,help`, `-device pcie-root-port,help`, QEMU 7.2):
-//! - `vfio-pci,host=DDDD:BB:DD.F` opens a PCI function through `/dev/vfio/<group>`;
+//! - `vfio-pci,host=DDDD:BB:DD.F` opens a PCI function through `/dev/vfio/<group>`; with
+//!   `iommufd=ID` (QEMU 8.2+) through its cdev `/dev/vfio/devices/vfioN` and the
+//!   `-object iommufd,id=ID` (`/dev/iommu`) instead;
 //!   `vfio-pci,sysfsdev=PATH` opens an mdev by its sysfs directory.
 //! - `addr=SS.F` places a device at slot SS function F of its bus; function 0 of a slot with
 //!   siblings needs `multifunction=on`, and a slot without function 0 is invisible to guests.
@@ -38,7 +40,13 @@ pub struct QemuOptions {
     /// First `pcie.0` slot for the root ports (default 0x10, clear of the slots QEMU's
     /// default devices take).
     pub first_slot: u8,
+    /// Open the PCI functions through iommufd (`-object iommufd,id=iommufd0` and `iommufd=`
+    /// on each `vfio-pci,host=`), not the legacy group and container (docs/iommufd.md).
+    pub iommufd: bool,
 }
+
+/// The id of the one iommufd object the arguments create.
+pub const IOMMUFD_ID: &str = "iommufd0";
 
 impl Default for QemuOptions {
     fn default() -> Self {
@@ -47,6 +55,7 @@ impl Default for QemuOptions {
             rom_file: None,
             display: false,
             first_slot: 0x10,
+            iommufd: false,
         }
     }
 }
@@ -80,6 +89,13 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         }
     }
     let mut out = Vec::new();
+    let iommufd = if opts.iommufd && sel.slots().next().is_some() {
+        out.push("-object".to_string());
+        out.push(format!("iommufd,id={IOMMUFD_ID}"));
+        format!(",iommufd={IOMMUFD_ID}")
+    } else {
+        String::new()
+    };
     let mut dev = |v: String| {
         out.push("-device".to_string());
         out.push(v);
@@ -121,7 +137,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
                         ""
                     };
                     dev(format!(
-                        "vfio-pci,host={},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}",
+                        "vfio-pci,host={},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}{iommufd}",
                         f.device.address,
                         f.guest_function,
                         rom(f.requested)

@@ -44,6 +44,8 @@ pub enum VmOutError {
     },
     #[error("{0}")]
     Verify(String),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
 }
 
 impl VmOutError {
@@ -195,6 +197,11 @@ pub struct QemuArgsArgs {
     /// First pcie.0 slot for the root ports (hex like 0x10 or decimal)
     #[arg(long, value_parser = parse_slot, default_value = "0x10", value_name = "SLOT")]
     pub first_slot: u8,
+    /// VFIO backend of the PCI functions: legacy (group + container), iommufd (-object
+    /// iommufd and iommufd= on each vfio-pci; QEMU 8.2+, Linux 6.6+), auto (iommufd where
+    /// the kernel has it, else legacy). docs/iommufd.md
+    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+    pub backend: crate::backend::Policy,
 }
 
 #[derive(Debug, Args)]
@@ -425,13 +432,21 @@ pub fn run_qemu(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, VmOutError> {
+    // A kernel without iommufd fails `--backend iommufd` before anything else is said.
+    crate::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
+    let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
+    let backend = crate::backend::resolve_vm(a.backend, inv, &addrs, None)?;
     let opts = qemu::QemuOptions {
         rom_bar: a.rom_bar.map(OnOff::bool),
         rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
         display: a.display,
         first_slot: a.first_slot,
+        iommufd: backend == crate::model::Backend::Iommufd,
     };
+    if opts.iommufd && sel.mdevs().next().is_some() {
+        eprintln!("note: mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd");
+    }
     let hd = libvirt::HostdevOptions {
         display: a.display,
         ..Default::default()
