@@ -150,20 +150,32 @@ fn refuse(step: impl Into<String>, why: &str) -> BpfError {
 }
 
 /// `bpf(cmd, attr, size)`: the fd or value it returns, or errno.
+///
+/// The kernel gets a zeroed 256-byte buffer that starts with `attr` (and `attr` gets the first
+/// bytes back): some commands write fields past the ones this module sets (`BPF_PROG_QUERY`
+/// stores `query.revision` at offset 56 on 6.6+), and the kernel accepts a larger buffer as
+/// long as the bytes it does not know are zero.
 fn sys_bpf<T>(cmd: libc::c_int, attr: &mut T) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live, exclusively borrowed `#[repr(C)]` struct of this module whose
-    // layout is a prefix of the kernel's `union bpf_attr` member for `cmd`, with every padding
-    // byte explicit and zeroed (the kernel rejects non-zero unknown tail bytes, and reads no
-    // more than `size` bytes). Pointers inside it point to buffers that outlive the call with
-    // the lengths given next to them.
+    let mut buf = [0u64; 32];
+    let n = std::mem::size_of::<T>();
+    assert!(n <= std::mem::size_of_val(&buf));
+    // SAFETY: `attr` is a `#[repr(C)]` struct of plain integers of this module, `n` bytes long,
+    // and `buf` has room for them; the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(attr as *const T as *const u8, buf.as_mut_ptr() as *mut u8, n) };
+    // SAFETY: `buf` is a live, exclusively borrowed buffer of the size passed; its head is the
+    // kernel's `union bpf_attr` member for `cmd` and the rest is zero. Pointers inside it point
+    // to buffers that outlive the call with the lengths given next to them.
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
-            attr as *mut T as *mut libc::c_void,
-            std::mem::size_of::<T>() as libc::c_uint,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            std::mem::size_of_val(&buf) as libc::c_uint,
         )
     };
+    // SAFETY: as above, the other way round; every bit pattern is a valid value of `T`'s
+    // integer fields.
+    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr() as *const u8, attr as *mut T as *mut u8, n) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -430,6 +442,9 @@ pub fn unextendable(insns: &[Insn]) -> Option<&'static str> {
         if i.code == 0x18 && i.src() != 0 {
             return Some("it references maps");
         }
+        if i.src() > 10 || i.regs & 0xf > 10 {
+            return Some("the kernel shows it with blinded constants (net.core.bpf_jit_harden=2)");
+        }
     }
     None
 }
@@ -624,5 +639,6 @@ mod tests {
         assert_eq!(unextendable(&runtime()), None);
         assert!(unextendable(&[Insn::new(0x85, 0, 0, 0, 1)]).is_some());
         assert!(unextendable(&[Insn::new(0x18, 1, 1, 0, 3), Insn::new(0, 0, 0, 0, 0)]).is_some());
+        assert!(unextendable(&[Insn::mov_imm(11, 3)]).is_some());
     }
 }
