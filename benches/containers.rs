@@ -265,6 +265,7 @@ fn allocate() {
             poll: Duration::from_millis(500),
             cdi: gpupass::deviceplugin::CdiMode::Never,
             cdi_kind: gpupass::cdi::Kind::default(),
+            backend: gpupass::backend::Policy::Auto,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(gpupass::deviceplugin::server::serve(cfg, async {
@@ -306,7 +307,14 @@ fn allocate() {
         let mut pure = Vec::with_capacity(10_000);
         for _ in 0..10_000 {
             let s = Instant::now();
-            let r = gpupass::deviceplugin::allocate(&inv, "nvidia.com/AD102GL_L40S", &ids, None).unwrap();
+            let r = gpupass::deviceplugin::allocate(
+                &inv,
+                "nvidia.com/AD102GL_L40S",
+                &ids,
+                None,
+                gpupass::backend::Policy::Auto,
+            )
+            .unwrap();
             pure.push(s.elapsed());
             assert_eq!(r.devices.len(), 6);
         }

@@ -248,6 +248,11 @@ pub enum Command {
         /// CDI kind of those names
         #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
         cdi_kind: crate::cdi::Kind,
+        /// VFIO node set of each allocated function: legacy (/dev/vfio/N + /dev/vfio/vfio),
+        /// iommufd (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves
+        /// the function through it, else legacy). docs/iommufd.md
+        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+        backend: crate::backend::Policy,
     },
     #[command(about = BIND_ABOUT)]
     Bind(crate::bind::cmd::BindArgs),
@@ -718,6 +723,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             poll_ms,
             cdi,
             cdi_kind,
+            backend,
         } => {
             let dir = socket_dir.unwrap_or_else(|| ctx.host.kubelet_device_plugins());
             let cfg = crate::deviceplugin::Config {
@@ -726,6 +732,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 poll: std::time::Duration::from_millis(poll_ms),
                 cdi,
                 cdi_kind,
+                backend,
             };
             crate::deviceplugin::server::run(cfg)?;
             Ok(0)

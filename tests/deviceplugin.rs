@@ -245,22 +245,15 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
         ]
     );
 
-    // Allocate: the group's nodes, the cdev + iommufd, env with only the allocated address.
+    // Allocate: one backend's nodes (`--backend auto` on a cdev host: the cdev + iommufd,
+    // never the group and container too), env with only the allocated address.
     let r = c
         .allocate(alloc_req(&["0000:31:00.0"]))
         .await
         .unwrap()
         .into_inner();
     let r = &r.container_responses[0];
-    assert_eq!(
-        paths(r),
-        [
-            "/dev/vfio/vfio",
-            "/dev/vfio/41",
-            "/dev/iommu",
-            "/dev/vfio/devices/vfio1"
-        ]
-    );
+    assert_eq!(paths(r), ["/dev/iommu", "/dev/vfio/devices/vfio1"]);
     assert!(r
         .devices
         .iter()
@@ -328,7 +321,7 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
         .await
         .unwrap();
 
-    // The whole group of the A6000 (GPU + audio): both cdevs.
+    // The whole group of the A6000 (GPU + audio): both cdevs, no legacy node.
     let mut a = dial(dir.join(&regs.iter().find(|r| r.resource_name == A6000).unwrap().endpoint)).await;
     let r = a
         .allocate(alloc_req(&["0000:4b:00.0"]))
@@ -337,13 +330,7 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
         .into_inner();
     assert_eq!(
         paths(&r.container_responses[0]),
-        [
-            "/dev/vfio/vfio",
-            "/dev/vfio/42",
-            "/dev/iommu",
-            "/dev/vfio/devices/vfio4",
-            "/dev/vfio/devices/vfio5"
-        ]
+        ["/dev/iommu", "/dev/vfio/devices/vfio4", "/dev/vfio/devices/vfio5"]
     );
 
     // Health: unbind 0000:ca:00.0 (driver link and group node go away) → Unhealthy within 1 s.

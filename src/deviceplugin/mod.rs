@@ -16,6 +16,7 @@ pub mod proto {
     tonic::include_proto!("v1beta1");
 }
 
+use crate::backend::{self, Policy};
 use crate::cdi::Kind;
 use crate::host::HostRoot;
 use crate::model::{is_vfio_driver, Inventory, PciAddress, PciDevice};
@@ -48,6 +49,8 @@ pub struct Config {
     pub poll: Duration,
     pub cdi: CdiMode,
     pub cdi_kind: Kind,
+    /// Which VFIO node set an allocation gets (docs/iommufd.md).
+    pub backend: Policy,
 }
 
 /// Whether a resource holds PCI functions or mdevs.
@@ -105,9 +108,7 @@ fn pci_problem(inv: &Inventory, d: &PciDevice) -> Option<String> {
     if !g.viable {
         return Some(format!("group {} is not viable", g.number));
     }
-    let legacy = inv.vfio_container_present && g.vfio_node_present;
-    let cdev = inv.iommufd_present && d.vfio_cdev.is_some();
-    if !legacy && !cdev {
+    if d.backends.is_empty() {
         return Some(format!("/dev/vfio/{} is missing", g.number));
     }
     None
@@ -228,16 +229,21 @@ fn spec(path: &str) -> proto::DeviceSpec {
     }
 }
 
-/// The reply for one container: DeviceSpecs for every group of the allocated devices (every
-/// member's cdev too when the host has iommufd), `PCI_RESOURCE_<RES>` (or
+/// The reply for one container: DeviceSpecs of one backend per allocated function, chosen by
+/// `policy` (legacy: its group node and `/dev/vfio/vfio`; iommufd: its cdev and `/dev/iommu`;
+/// never both, docs/iommufd.md; mdevs: legacy), `PCI_RESOURCE_<RES>` (or
 /// `MDEV_PCI_RESOURCE_<RES>`) listing only the allocated IDs, in request order, and the CDI
-/// device names when `cdi` is given.
+/// device names when `cdi` is given (the names of a spec generated with `--backend auto`:
+/// the plain name under `auto`, `legacy-`/`iommufd-` names for an explicit policy where both
+/// backends serve the function).
 pub fn allocate(
     inv: &Inventory,
     resource: &str,
     ids: &[String],
     cdi: Option<&Kind>,
+    policy: Policy,
 ) -> Result<proto::ContainerAllocateResponse, AllocError> {
+    let mut cdi_names = Vec::new();
     let mut devices: Vec<proto::DeviceSpec> = Vec::new();
     let mut add = |p: String| {
         if !devices.iter().any(|d| d.container_path == p) {
@@ -267,18 +273,28 @@ pub fn allocate(
                     id: id.clone(),
                     reason: "no IOMMU group".into(),
                 })?;
-            if inv.vfio_container_present && g.vfio_node_present {
-                add("/dev/vfio/vfio".into());
-                add(format!("/dev/vfio/{}", g.number));
+            let b = backend::choose(policy, d).ok_or_else(|| AllocError::NotReady {
+                id: id.clone(),
+                reason: match policy {
+                    Policy::Iommufd => format!("--backend iommufd: {}", backend::why_not_iommufd(inv, d)),
+                    _ => format!("/dev/vfio/{} is missing", g.number),
+                },
+            })?;
+            // The group is the unit, as with the legacy group node: every VFIO member's cdev.
+            let members: Vec<&PciDevice> = g
+                .members
+                .iter()
+                .filter_map(|a| inv.device(a))
+                .filter(|m| m.backends.contains(&b))
+                .collect();
+            for p in backend::nodes(b, g.number, &members) {
+                add(p);
             }
-            if inv.iommufd_present {
-                for m in g.members.iter().filter_map(|a| inv.device(a)) {
-                    if let Some(c) = &m.vfio_cdev {
-                        add("/dev/iommu".into());
-                        add(format!("/dev/vfio/devices/{c}"));
-                    }
-                }
-            }
+            cdi_names.push(if policy != Policy::Auto && d.backends.len() > 1 {
+                format!("{b}-{id}")
+            } else {
+                id.clone()
+            });
         } else if let Some(m) = inv.mdev(id) {
             if naming::mdev_instance_resource_name(inv, m) != resource {
                 return Err(AllocError::Unknown {
@@ -293,6 +309,7 @@ pub fn allocate(
             is_mdev = true;
             add("/dev/vfio/vfio".into());
             add(format!("/dev/vfio/{g}"));
+            cdi_names.push(id.clone());
         } else if crate::snapshot::is_uuid(id) {
             return Err(AllocError::Unknown {
                 id: id.clone(),
@@ -312,7 +329,7 @@ pub fn allocate(
         envs.insert(naming::resource_env_var(prefix, resource), ids.join(","));
     }
     let cdi_devices = match cdi {
-        Some(k) => ids
+        Some(k) => cdi_names
             .iter()
             .map(|id| proto::CdiDevice {
                 name: format!("{k}={id}"),
@@ -320,6 +337,12 @@ pub fn allocate(
             .collect(),
         None => Vec::new(),
     };
+    if let Err(reason) = backend::check_one_backend(devices.iter().map(|d| d.container_path.as_str())) {
+        return Err(AllocError::NotReady {
+            id: ids.join(","),
+            reason,
+        });
+    }
     Ok(proto::ContainerAllocateResponse {
         envs,
         mounts: Vec::new(),
@@ -404,6 +427,52 @@ pub fn preferred(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every policy hands out one node set; an explicit one names the CDI device of that
+    /// backend; iommufd where the kernel lacks it is refused with the reason.
+    #[test]
+    fn allocate_follows_the_backend_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        let inv = crate::inventory::scan(&HostRoot::new(dir.path())).unwrap();
+        let d = inv.device(&"0000:17:00.0".parse().unwrap()).unwrap();
+        let res = naming::pci_resource_name(d);
+        let kind = Kind::default();
+        let ids = ["0000:17:00.0".to_string()];
+        let paths = |p| -> (Vec<String>, Vec<String>) {
+            let r = allocate(&inv, &res, &ids, Some(&kind), p).unwrap();
+            (
+                r.devices.iter().map(|d| d.container_path.clone()).collect(),
+                r.cdi_devices.iter().map(|c| c.name.clone()).collect(),
+            )
+        };
+        assert_eq!(
+            paths(Policy::Legacy),
+            (
+                vec!["/dev/vfio/vfio".into(), "/dev/vfio/40".into()],
+                vec!["gpupass.dev/pci=legacy-0000:17:00.0".into()]
+            )
+        );
+        assert_eq!(
+            paths(Policy::Iommufd).0,
+            ["/dev/iommu", "/dev/vfio/devices/vfio0"]
+        );
+        assert_eq!(paths(Policy::Auto).1, ["gpupass.dev/pci=0000:17:00.0"]);
+        let mut no_iommufd = inv.clone();
+        no_iommufd.iommufd_present = false;
+        crate::backend::fill_backends(&mut no_iommufd);
+        assert_eq!(
+            allocate(&no_iommufd, &res, &ids, None, Policy::Auto)
+                .unwrap()
+                .devices
+                .len(),
+            2
+        );
+        let e = allocate(&no_iommufd, &res, &ids, None, Policy::Iommufd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--backend iommufd"), "{e}");
+    }
 
     fn res(devs: &[(&str, Option<i64>)]) -> Resource {
         Resource {

@@ -201,7 +201,14 @@ impl DevicePlugin for PluginService {
                     return Err(e.to_status());
                 }
             }
-            let resp = allocate(&inv, &self.resource, &c.devices_ids, kind).map_err(|e| e.to_status())?;
+            let resp = allocate(
+                &inv,
+                &self.resource,
+                &c.devices_ids,
+                kind,
+                self.shared.cfg.backend,
+            )
+            .map_err(|e| e.to_status())?;
             // The inventory may be one poll old: check the driver link of each function now.
             for id in &c.devices_ids {
                 if let Ok(a) = id.parse::<PciAddress>() {
