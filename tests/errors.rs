@@ -1665,6 +1665,34 @@ row!(
     }
 );
 row!(
+    e_backend_02,
+    Case {
+        host: "vfio-numa",
+        args: &["xml", "hostdev", "4b:00.0", "--backend", "iommufd", "--libvirt-version", "9.0"],
+        code: 1,
+        needles: &[
+            "--backend iommufd: the target libvirt 9.0 (from --libvirt-version) cannot open hostdevs through iommufd",
+            "<driver iommufd='yes'/> on a hostdev needs libvirt 12.1",
+            "the domain-wide <iommufd enabled='yes'/> 12.2",
+            "use --backend legacy or auto"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_backend_03,
+    Case {
+        host: "vfio-numa",
+        args: &["xml", "hostdev", "4b:00.0", "--libvirt-version", "twelve"],
+        code: 2,
+        needles: &[
+            "invalid value 'twelve' for '--libvirt-version <X.Y>'",
+            "expected MAJOR.MINOR[.MICRO] like 12.1 or 9.0.0"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_cdi_02,
     Case {
         host: "vfio-numa",

@@ -471,7 +471,12 @@ fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
             vec!["qemu-args", "05:00.0", "--first-slot", "0x1c"],
         ),
         (host("mdev-t4"), vec!["qemu-args", T4_MDEV, "--display"]),
-        (host("sriov-vgpu"), vec!["qemu-args", "41:00.4"]),
+        // sriov-vgpu has the VFIO cdev and /dev/iommu, where `auto` picks iommufd: these
+        // checks are of the legacy properties (qemu_args_on_iommufd checks the iommufd ones).
+        (
+            host("sriov-vgpu"),
+            vec!["qemu-args", "41:00.4", "--backend", "legacy"],
+        ),
     ];
     let mut out = Vec::new();
     for (root, args) in runs {
@@ -958,4 +963,151 @@ fn qemu_args_on_iommufd() {
             && !err.contains("Bus '"),
         "QEMU rejected the iommufd arguments before opening a node:\n{err}"
     );
+}
+
+/// libvirt 12.9's RNG schemas (Debian trixie-backports, fetched into the lab cache by
+/// tests/fetch-libvirt-schemas.sh; nothing installed): the first schemas with the iommufd
+/// elements.
+fn libvirt_12_9_schemas() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = Command::new("bash")
+        .arg(repo.join("tests/fetch-libvirt-schemas.sh"))
+        .output()
+        .expect("run tests/fetch-libvirt-schemas.sh");
+    assert!(
+        o.status.success(),
+        "tests/fetch-libvirt-schemas.sh could not provide libvirt 12.9's schemas:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+}
+
+/// Validate a domain XML with `xmllint --relaxng` against a schema directory.
+fn validates_with(schemas: &Path, xml: &str, what: &str) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("domain.xml");
+    std::fs::write(&f, xml).unwrap();
+    let v = tool("xmllint")
+        .args(["--noout", "--relaxng"])
+        .arg(schemas.join("domain.rng"))
+        .arg(&f)
+        .output()
+        .unwrap();
+    if !v.status.success() {
+        eprintln!("{what}: {}", String::from_utf8_lossy(&v.stderr));
+    }
+    v.status.success()
+}
+
+/// `xml --backend iommufd|auto|legacy --libvirt-version`: `<driver iommufd='yes'/>` per PCI
+/// hostdev from 12.1, the domain-wide `<iommufd enabled='yes'/>` from 12.2; validated against
+/// libvirt 12.9's schemas, and the legacy output still against the system's 9.0.
+#[test]
+fn xml_on_iommufd() {
+    let root = host("vfio-numa");
+    let s129 = libvirt_12_9_schemas();
+    let domain = |extra: &[&str]| -> String {
+        let mut a = vec![
+            "xml", "domain", "--name", "vm1", "--memory", "1G", "--vcpus", "2", "--device", "4b:00.0",
+        ];
+        a.extend_from_slice(extra);
+        ok(&run_root(&root, &a))
+    };
+    let full = domain(&["--backend", "iommufd", "--libvirt-version", "12.9"]);
+    assert_eq!(
+        full.matches("<driver name=\"vfio\" iommufd=\"yes\"/>").count(),
+        2,
+        "{full}"
+    );
+    assert_eq!(full.matches("<iommufd enabled=\"yes\"/>").count(), 1, "{full}");
+    assert!(validates_with(&s129, &full, "12.9 iommufd domain"), "{full}");
+    assert_eq!(
+        domain(&["--libvirt-version", "12.9.0"]),
+        full,
+        "auto takes iommufd where kernel and libvirt have it"
+    );
+
+    let per_hostdev = domain(&["--backend", "iommufd", "--libvirt-version", "12.1"]);
+    assert_eq!(per_hostdev.matches("iommufd=\"yes\"").count(), 2, "{per_hostdev}");
+    assert!(
+        !per_hostdev.contains("<iommufd "),
+        "12.1 has no domain-wide element:\n{per_hostdev}"
+    );
+    assert!(validates_with(&s129, &per_hostdev, "12.1 iommufd domain"));
+
+    let frags = ok(&run_root(
+        &root,
+        &[
+            "xml",
+            "hostdev",
+            "4b:00.0",
+            "--backend",
+            "iommufd",
+            "--libvirt-version",
+            "12.1",
+        ],
+    ));
+    assert_eq!(frags.matches("iommufd=\"yes\"").count(), 2, "{frags}");
+    assert!(validates_with(&s129, &wrap_hostdevs(&frags), "12.1 hostdevs"));
+
+    // Legacy output: the same with every target, valid for the system's libvirt 9.0 and 12.9.
+    let legacy = domain(&["--backend", "legacy", "--libvirt-version", "12.9"]);
+    assert!(!legacy.contains("iommufd"), "{legacy}");
+    assert_eq!(
+        domain(&["--libvirt-version", "9.0"]),
+        legacy,
+        "auto with a 9.0 target is legacy"
+    );
+    libvirt_accepts(&legacy, "legacy domain");
+    assert!(validates_with(&s129, &legacy, "legacy domain on 12.9"));
+    // The iommufd output is what 9.0's schema cannot express.
+    assert!(!validates_with(
+        Path::new("/usr/share/libvirt/schemas"),
+        &full,
+        "iommufd on 9.0"
+    ));
+
+    // A target below 12.1 cannot take iommufd: an error naming both versions, nothing written.
+    let o = run_root(
+        &root,
+        &[
+            "xml",
+            "hostdev",
+            "4b:00.0",
+            "--backend",
+            "iommufd",
+            "--libvirt-version",
+            "12.0",
+        ],
+    );
+    fails(
+        &o,
+        1,
+        &[
+            "the target libvirt 12.0 (from --libvirt-version)",
+            "needs libvirt 12.1",
+            "12.2",
+        ],
+    );
+    // A kernel without iommufd fails first (E-BACKEND-01), whatever the target.
+    let o = run_root(
+        &host("hgx-8gpu"),
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "x",
+            "--memory",
+            "1G",
+            "--vcpus",
+            "1",
+            "--device",
+            "03:00.0",
+            "--backend",
+            "iommufd",
+            "--libvirt-version",
+            "12.9",
+        ],
+    );
+    fails(&o, 1, &["this host cannot use iommufd", "6.6"]);
 }

@@ -15,6 +15,11 @@
 //!   the bus number is the `index` of a PCI controller. On q35 a `pcie-root-port` controller
 //!   provides one bus with one slot (0); `multifunction='on'` on function 0 lets functions 1-7
 //!   of the same slot exist.
+//! - iommufd (docs/iommufd.md): libvirt 12.1 opens a PCI hostdev through its VFIO cdev and
+//!   `/dev/iommu` with `<driver name='vfio' iommufd='yes'/>` (`hostdevDriver` in 12.9's
+//!   basictypes.rng); 12.2 adds the domain-wide `<iommufd enabled='yes' [fdgroup=]/>` (a child
+//!   of `<domain>`, 12.9's domaincommon.rng). mdev hostdevs take no `<driver>`: they stay on
+//!   the group and container.
 
 use crate::model::PciAddress;
 use crate::output::selection::{SelectedMdev, Selection, SlotGroup, Target};
@@ -37,6 +42,79 @@ pub enum LibvirtError {
     },
     #[error("--display: none of the selected devices is a display-capable vGPU (an mdev of device_api vfio-pci on a display controller): {list}")]
     NoDisplayCapable { list: String },
+    #[error("--backend iommufd: the target libvirt {target} ({source_}) cannot open hostdevs through iommufd: <driver iommufd='yes'/> on a hostdev needs libvirt {per_hostdev}, the domain-wide <iommufd enabled='yes'/> {domain_wide}; pass --libvirt-version with the version the VM will run on (12.1 or newer), or use --backend legacy or auto")]
+    IommufdTooOld {
+        target: LibvirtVersion,
+        source_: String,
+        per_hostdev: LibvirtVersion,
+        domain_wide: LibvirtVersion,
+    },
+}
+
+/// A libvirt release, as `--libvirt-version X.Y[.Z]` names the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LibvirtVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl LibvirtVersion {
+    /// `<driver iommufd='yes'/>` on a PCI hostdev (libvirt NEWS, 12.1.0).
+    pub const HOSTDEV_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 1 };
+    /// The domain-wide `<iommufd enabled='yes'/>` (libvirt NEWS, 12.2.0).
+    pub const DOMAIN_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 2 };
+    /// The target when the installed libvirt cannot be read: Debian 12's.
+    pub const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
+
+    /// What this target can express with iommufd.
+    pub fn iommufd(self) -> IommufdXml {
+        IommufdXml {
+            per_hostdev: self >= Self::HOSTDEV_IOMMUFD,
+            domain_wide: self >= Self::DOMAIN_IOMMUFD,
+        }
+    }
+}
+
+impl std::fmt::Display for LibvirtVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for LibvirtVersion {
+    type Err = String;
+    /// `12.1`, `12.9.0`, or what `virsh --version` prints (`9.0.0`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad =
+            || format!("invalid libvirt version {s:?}: expected MAJOR.MINOR[.MICRO] like 12.1 or 9.0.0");
+        let t = s.trim();
+        let mut it = t.split('.');
+        let num = |p: Option<&str>| -> Result<u32, String> {
+            let p = p.ok_or_else(bad)?;
+            if p.is_empty() || p.len() > 6 || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            p.parse().map_err(|_| bad())
+        };
+        let major = num(it.next())?;
+        let minor = num(it.next())?;
+        if let Some(micro) = it.next() {
+            num(Some(micro))?;
+        }
+        if it.next().is_some() || major == 0 {
+            return Err(bad());
+        }
+        Ok(LibvirtVersion { major, minor })
+    }
+}
+
+/// The iommufd elements a target libvirt accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IommufdXml {
+    /// `<driver name='vfio' iommufd='yes'/>` on each PCI hostdev (12.1+).
+    pub per_hostdev: bool,
+    /// `<iommufd enabled='yes'/>` in the domain (12.2+).
+    pub domain_wide: bool,
 }
 
 /// Options of a `<hostdev>` element.
@@ -50,6 +128,8 @@ pub struct HostdevOptions {
     pub rom_file: Option<String>,
     /// `display='on'` on display-capable mdevs.
     pub display: bool,
+    /// `iommufd='yes'` on each PCI hostdev's `<driver>` (libvirt 12.1+; docs/iommufd.md).
+    pub iommufd: bool,
 }
 
 /// Guest PCI address of one hostdev.
@@ -111,9 +191,11 @@ fn write_pci_hostdev(
         .with_attribute(("type", "pci"))
         .with_attribute(("managed", if opts.managed { "yes" } else { "no" }))
         .write_inner_content(|w| {
-            w.create_element("driver")
-                .with_attribute(("name", "vfio"))
-                .write_empty()?;
+            let mut d = w.create_element("driver").with_attribute(("name", "vfio"));
+            if opts.iommufd {
+                d = d.with_attribute(("iommufd", "yes"));
+            }
+            d.write_empty()?;
             w.create_element("source").write_inner_content(|w| {
                 let attrs = pci_address_attrs(host);
                 w.create_element("address")
@@ -337,6 +419,8 @@ pub struct DomainSpec {
     /// `<memoryBacking><locked/>`: lock all guest memory (libvirt then lifts RLIMIT_MEMLOCK).
     pub locked: bool,
     pub hostdev: HostdevOptions,
+    /// The domain-wide `<iommufd enabled='yes'/>` (libvirt 12.2+; docs/iommufd.md).
+    pub iommufd_domain: bool,
 }
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
@@ -375,6 +459,9 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                     .write_inner_content(|w| empty(w, "locked", &[]))?;
             }
             text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?;
+            if spec.iommufd_domain {
+                empty(w, "iommufd", &[("enabled", "yes")])?;
+            }
             let mut os = w.create_element("os");
             if spec.firmware == Firmware::Efi {
                 os = os.with_attribute(("firmware", "efi"));

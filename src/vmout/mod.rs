@@ -120,8 +120,121 @@ impl LibvirtDeviceArgs {
             rom_bar: self.rom_bar.map(OnOff::bool),
             rom_file: self.rom_file.as_ref().map(|p| p.display().to_string()),
             display: self.display,
+            iommufd: false,
         }
     }
+}
+
+/// The VFIO backend of `xml` and the libvirt it targets (docs/iommufd.md).
+#[derive(Debug, Clone, Args)]
+pub struct XmlBackendArgs {
+    /// VFIO backend of the PCI functions: legacy (group + container), iommufd (<driver
+    /// iommufd='yes'/> per hostdev, libvirt 12.1+; the domain-wide <iommufd enabled='yes'/>,
+    /// 12.2+), auto (iommufd where the kernel and the target libvirt have it, else legacy)
+    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+    pub backend: crate::backend::Policy,
+    /// The libvirt the XML is for, X.Y (default: the installed libvirt's version, from `virsh
+    /// --version` or its library, else 9.0)
+    #[arg(long, value_name = "X.Y")]
+    pub libvirt_version: Option<libvirt::LibvirtVersion>,
+}
+
+/// The installed libvirt's version and how it was read: `virsh --version`, else the name of
+/// the library (`libvirt.so.0.<major*1000+minor>.<micro>`), else [`libvirt::LibvirtVersion::FALLBACK`].
+pub fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
+    if let Ok(o) = std::process::Command::new("virsh")
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        if let Ok(v) = String::from_utf8_lossy(&o.stdout).trim().parse() {
+            if o.status.success() {
+                return (v, "installed, from virsh --version".into());
+            }
+        }
+    }
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ] {
+        let Ok(rd) = std::fs::read_dir(dir) else { continue };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("libvirt.so.0.")) else {
+                continue;
+            };
+            if let Some(n) = rest.split('.').next().and_then(|n| n.parse::<u32>().ok()) {
+                if n >= 1000 {
+                    let v = libvirt::LibvirtVersion {
+                        major: n / 1000,
+                        minor: n % 1000,
+                    };
+                    return (v, format!("installed, from {dir}/{}", name.to_string_lossy()));
+                }
+            }
+        }
+    }
+    (
+        libvirt::LibvirtVersion::FALLBACK,
+        "no installed libvirt found; the default".into(),
+    )
+}
+
+/// Resolve `xml --backend`: the kernel decides first (E-BACKEND-01), then the target
+/// libvirt (12.1 for `<driver iommufd='yes'/>`, 12.2 for the domain-wide element).
+fn xml_iommufd(
+    inv: &Inventory,
+    sel: &Selection,
+    a: &XmlBackendArgs,
+    domain: bool,
+) -> Result<libvirt::IommufdXml, VmOutError> {
+    let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
+    let kernel = crate::backend::resolve_vm(a.backend, inv, &addrs, None)?;
+    if kernel != crate::model::Backend::Iommufd || addrs.is_empty() {
+        return Ok(libvirt::IommufdXml::default());
+    }
+    let (target, source) = match a.libvirt_version {
+        Some(v) => (v, "from --libvirt-version".to_string()),
+        None => installed_libvirt(),
+    };
+    let mut x = target.iommufd();
+    if !x.per_hostdev {
+        if a.backend == crate::backend::Policy::Iommufd {
+            return Err(libvirt::LibvirtError::IommufdTooOld {
+                target,
+                source_: source,
+                per_hostdev: libvirt::LibvirtVersion::HOSTDEV_IOMMUFD,
+                domain_wide: libvirt::LibvirtVersion::DOMAIN_IOMMUFD,
+            }
+            .into());
+        }
+        eprintln!(
+            "note: --backend auto: the target libvirt {target} ({source}) has no iommufd hostdevs (12.1+); using the legacy group and container (name the VM's libvirt with --libvirt-version)"
+        );
+        return Ok(libvirt::IommufdXml::default());
+    }
+    if sel.mdevs().next().is_some() {
+        eprintln!(
+            "note: mdevs stay on the legacy group and container; only the PCI functions use iommufd{}",
+            if domain {
+                " (so no domain-wide <iommufd/>)"
+            } else {
+                ""
+            }
+        );
+        x.domain_wide = false;
+    } else if domain && !x.domain_wide {
+        eprintln!(
+            "note: libvirt {target} ({source}): iommufd per hostdev only; the domain-wide <iommufd enabled='yes'/> needs 12.2"
+        );
+    }
+    if !domain {
+        x.domain_wide = false;
+    }
+    Ok(x)
 }
 
 #[derive(Debug, Subcommand)]
@@ -143,6 +256,8 @@ pub struct HostdevArgs {
     /// share the slot): e.g. 0000:05:00.0, bus 05 being a pcie-root-port of your domain
     #[arg(long, value_name = "ADDRESS")]
     pub guest_address: Option<PciAddress>,
+    #[command(flatten)]
+    pub vfio: XmlBackendArgs,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +290,8 @@ pub struct DomainArgs {
     pub locked: bool,
     #[command(flatten)]
     pub dev: LibvirtDeviceArgs,
+    #[command(flatten)]
+    pub vfio: XmlBackendArgs,
 }
 
 #[derive(Debug, Args)]
@@ -377,8 +494,11 @@ pub fn run_xml(
 ) -> Result<i32, VmOutError> {
     match cmd {
         XmlCommand::Hostdev(a) => {
+            // A kernel without iommufd fails `--backend iommufd` before anything else is said.
+            crate::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
             let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
-            let opts = a.dev.hostdev_options();
+            let mut opts = a.dev.hostdev_options();
+            opts.iommufd = xml_iommufd(inv, &sel, &a.vfio, false)?.per_hostdev;
             print_notes(&libvirt::check_display(&sel, &opts)?);
             let devs = libvirt::hostdevs(&sel, &opts, a.guest_address)?;
             if a.guest_address.is_none() {
@@ -398,8 +518,11 @@ pub fn run_xml(
             Ok(0)
         }
         XmlCommand::Domain(a) => {
+            crate::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
             let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
-            let hostdev = a.dev.hostdev_options();
+            let x = xml_iommufd(inv, &sel, &a.vfio, true)?;
+            let mut hostdev = a.dev.hostdev_options();
+            hostdev.iommufd = x.per_hostdev;
             print_notes(&libvirt::check_display(&sel, &hostdev)?);
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
@@ -413,6 +536,7 @@ pub fn run_xml(
                 viommu: a.viommu,
                 locked: a.locked,
                 hostdev,
+                iommufd_domain: x.domain_wide,
             };
             let xml = libvirt::domain(&sel, &spec)?;
             if json {
