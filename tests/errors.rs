@@ -1693,6 +1693,20 @@ row!(
     }
 );
 row!(
+    e_backend_04,
+    Case {
+        host: "vfio-numa",
+        args: &["kubevirt", "4b:00.0", "--backend", "iommufd"],
+        code: 2,
+        needles: &[
+            "--backend iommufd needs --external-provider",
+            "KubeVirt's own PCI device plugin hands out the group node",
+            "gpupass device-plugin --backend iommufd"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_cdi_02,
     Case {
         host: "vfio-numa",

@@ -1111,3 +1111,78 @@ fn xml_on_iommufd() {
     );
     fails(&o, 1, &["this host cannot use iommufd", "6.6"]);
 }
+
+/// `kubevirt --backend`: iommufd adds KubeVirt 1.9's `IOMMUFD` feature gate and needs an
+/// external provider (gpupass's device plugin hands out the cdev); `auto` takes it only with
+/// one; legacy and hosts without iommufd keep the snippet as it was.
+#[test]
+fn kubevirt_on_iommufd() {
+    let root = host("vfio-numa");
+    let patch = |extra: &[&str]| -> serde_json::Value {
+        let mut a = vec!["kubevirt", "4b:00.0", "--json"];
+        a.extend_from_slice(extra);
+        serde_json::from_str(&ok(&run_root(&root, &a))).unwrap()
+    };
+    let j = patch(&["--external-provider", "--backend", "iommufd"]);
+    let conf = &j["spec"]["configuration"];
+    assert_eq!(
+        conf["developerConfiguration"]["featureGates"],
+        serde_json::json!(["IOMMUFD"])
+    );
+    assert_eq!(
+        conf["permittedHostDevices"]["pciHostDevices"][0]["externalResourceProvider"],
+        true
+    );
+    assert_eq!(
+        patch(&["--external-provider"]),
+        j,
+        "auto with an external provider is iommufd"
+    );
+    for legacy in [
+        &["--external-provider", "--backend", "legacy"][..],
+        &[][..],
+        &["--backend", "auto"][..],
+    ] {
+        let l = patch(legacy);
+        assert!(
+            l["spec"]["configuration"].get("developerConfiguration").is_none(),
+            "{legacy:?}: {l}"
+        );
+    }
+    let y = ok(&run_root(
+        &root,
+        &[
+            "kubevirt",
+            "4b:00.0",
+            "--external-provider",
+            "--backend",
+            "iommufd",
+        ],
+    ));
+    assert!(
+        y.contains(
+            "developerConfiguration:\n      featureGates:\n        - \"IOMMUFD\"\n    permittedHostDevices:"
+        ),
+        "{y}"
+    );
+    assert!(y.contains("gpupass device-plugin --backend iommufd"), "{y}");
+
+    // iommufd on a kernel without it: E-BACKEND-01, whatever the provider.
+    let o = run_root(
+        &host("hgx-8gpu"),
+        &[
+            "kubevirt",
+            "03:00.0",
+            "--external-provider",
+            "--backend",
+            "iommufd",
+        ],
+    );
+    fails(&o, 1, &["this host cannot use iommufd"]);
+    let ws = vfio_host("workstation", WS_GPU);
+    let y = ok(&run_root(
+        ws.path(),
+        &["kubevirt", "01:00.0", "--external-provider"],
+    ));
+    assert!(!y.contains("IOMMUFD"), "{y}");
+}

@@ -10,6 +10,12 @@
 //! - A VM asks for them by `deviceName` (= resourceName) under
 //!   `spec.domain.devices.gpus` (display devices, vGPUs) or `.hostDevices` (anything else).
 //! - Resource names come from [`crate::naming`], shared with gpupass's device plugin.
+//! - iommufd (KubeVirt 1.9, alpha; kubevirt/enhancements VEP 266, docs/iommufd.md): with the
+//!   feature gate `IOMMUFD` in `spec.configuration.developerConfiguration.featureGates`,
+//!   virt-launcher opens a host device through iommufd when its cdev
+//!   `/dev/vfio/devices/vfioN` and `/dev/iommu` are in the pod, else through the group.
+//!   KubeVirt's own PCI device plugin hands out the group node, so iommufd needs an external
+//!   provider that hands out the cdev (gpupass `device-plugin --backend iommufd`).
 
 use crate::naming;
 use crate::output::selection::Selection;
@@ -107,9 +113,17 @@ fn permitted_value(p: &Permitted, external: bool) -> Value {
     Value::Object(obj)
 }
 
-/// JSON form: a merge patch for the KubeVirt CR.
-pub fn json_patch(p: &Permitted, external: bool) -> Value {
-    json!({ "spec": { "configuration": { "permittedHostDevices": permitted_value(p, external) } } })
+/// The feature gate KubeVirt 1.9 needs for iommufd host devices.
+pub const IOMMUFD_GATE: &str = "IOMMUFD";
+
+/// JSON form: a merge patch for the KubeVirt CR; with `iommufd`, the `IOMMUFD` gate too.
+pub fn json_patch(p: &Permitted, external: bool, iommufd: bool) -> Value {
+    let mut v =
+        json!({ "spec": { "configuration": { "permittedHostDevices": permitted_value(p, external) } } });
+    if iommufd {
+        v["spec"]["configuration"]["developerConfiguration"] = json!({ "featureGates": [IOMMUFD_GATE] });
+    }
+    v
 }
 
 fn q(s: &str) -> String {
@@ -118,12 +132,36 @@ fn q(s: &str) -> String {
 }
 
 /// YAML form: the same merge patch, with comments on how to apply it and use it in a VM.
-pub fn yaml(p: &Permitted, external: bool) -> String {
+pub fn yaml(p: &Permitted, external: bool, iommufd: bool) -> String {
     let mut y = String::new();
     y.push_str("# KubeVirt permittedHostDevices (gpupass kubevirt)\n");
     y.push_str("# apply: kubectl patch kubevirt kubevirt -n kubevirt --type merge --patch-file THIS_FILE\n");
     y.push_str("# (a merge patch replaces these lists: add the devices you already permit)\n");
-    y.push_str("spec:\n  configuration:\n    permittedHostDevices:\n");
+    if iommufd {
+        y.push_str(
+            "# VFIO backend: iommufd (KubeVirt 1.9+, alpha gate IOMMUFD): the PCI resources must come\n",
+        );
+        y.push_str(
+            "# from `gpupass device-plugin --backend iommufd` (each allocation: /dev/vfio/devices/vfioN\n",
+        );
+        y.push_str("# + /dev/iommu, never the group)\n");
+        if !p.mdev.is_empty() {
+            y.push_str("# mdevs stay on the group and container\n");
+        }
+    } else if external && !p.pci.is_empty() {
+        y.push_str(
+            "# VFIO backend: legacy: run `gpupass device-plugin --backend legacy` (group + container)\n",
+        );
+    }
+    y.push_str("spec:\n  configuration:\n");
+    if iommufd {
+        y.push_str("    # a merge patch replaces this list: keep the gates you already enable\n");
+        y.push_str(&format!(
+            "    developerConfiguration:\n      featureGates:\n        - {}\n",
+            q(IOMMUFD_GATE)
+        ));
+    }
+    y.push_str("    permittedHostDevices:\n");
     if !p.pci.is_empty() {
         y.push_str("      pciHostDevices:\n");
         for e in &p.pci {

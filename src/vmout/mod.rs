@@ -333,6 +333,12 @@ pub struct KubevirtArgs {
     /// kubevirt-gpu-device-plugin) instead of KubeVirt's own
     #[arg(long)]
     pub external_provider: bool,
+    /// VFIO backend of the PCI functions: legacy (group + container), iommufd (KubeVirt
+    /// 1.9's IOMMUFD feature gate; needs --external-provider: gpupass device-plugin --backend
+    /// iommufd hands out the cdev), auto (iommufd where the kernel has it and the resources
+    /// come from an external provider, else legacy). docs/iommufd.md
+    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+    pub backend: crate::backend::Policy,
 }
 
 #[derive(Debug, Args)]
@@ -599,12 +605,31 @@ pub fn run_kubevirt(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, VmOutError> {
+    use crate::backend::Policy;
+    if a.backend == Policy::Iommufd && !a.external_provider {
+        return Err(VmOutError::Usage(
+            "--backend iommufd needs --external-provider: KubeVirt's own PCI device plugin hands out the group node (legacy); iommufd needs a device plugin that hands out /dev/vfio/devices/vfioN and /dev/iommu (gpupass device-plugin --backend iommufd)".into(),
+        ));
+    }
+    crate::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Kubevirt)?;
+    let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
+    // auto without an external provider: KubeVirt's own plugin gives the group, so legacy.
+    let policy = if a.external_provider {
+        a.backend
+    } else {
+        Policy::Legacy
+    };
+    let iommufd = !addrs.is_empty()
+        && crate::backend::resolve_vm(policy, inv, &addrs, None)? == crate::model::Backend::Iommufd;
+    if iommufd && sel.mdevs().next().is_some() {
+        eprintln!("note: mdevs stay on the legacy group and container; only the PCI functions use iommufd");
+    }
     let p = kubevirt::permitted(&sel);
     if json {
-        json_out(out, &kubevirt::json_patch(&p, a.external_provider))?;
+        json_out(out, &kubevirt::json_patch(&p, a.external_provider, iommufd))?;
     } else {
-        out.write_all(kubevirt::yaml(&p, a.external_provider).as_bytes())?;
+        out.write_all(kubevirt::yaml(&p, a.external_provider, iommufd).as_bytes())?;
     }
     Ok(0)
 }
