@@ -5,7 +5,7 @@
 #   lab/kernel/build.sh CACHE_ROOT    prints the cache entry directory on stdout
 #
 # The entry is keyed by the source version and the sha256 of the config
-# fragment and this script, so a change to either builds anew; an entry is
+# fragment and $SCHEME below, so a change to either builds anew; an entry is
 # complete when it holds .complete.  Layout (what lab.sh expects of any
 # kernel entry): vmlinux, config, modules/lib/modules/<release>/ (the module
 # pool, with modules.dep), samples/*.ko, release.
@@ -24,7 +24,9 @@ state=$CACHE_ROOT/apt
 # 6.12 stable updates of the same package.  Take the newest either offers.
 ver=${GPUPASS_LAB_KSRC_VERSION:-$(APTFETCH_MATCH=bookworm "$HERE/../tools/aptfetch.sh" "$state" bookworm-backports version linux-source-6.12)}
 [[ -n $ver ]] || die "no linux-source-6.12 in bookworm-backports or bookworm-security"
-key=$(cat "$FRAG" "$HERE/build.sh" | sha256sum | cut -c1-12)
+# Bump SCHEME when a change to this script changes what it builds.
+SCHEME=1
+key=$( (cat "$FRAG"; echo "scheme $SCHEME") | sha256sum | cut -c1-12)
 entry=$CACHE_ROOT/lab-6.12_${ver}_$key
 if [[ -f $entry/.complete ]]; then echo "$entry"; exit 0; fi
 mkdir -p "$entry"
@@ -50,6 +52,9 @@ fi
 # change rebuilds only what changed (about a minute) when it is kept.
 obj=$CACHE_ROOT/obj-6.12_$ver
 mkdir -p "$obj"
+# Entries of different keys share the object tree: one make in it at a time.
+exec 8>"$obj.lock"
+flock 8
 log "configuring (x86_64_defconfig + kvm_guest.config + $(basename "$FRAG"))"
 make -s -C "$src/linux" O="$obj" x86_64_defconfig >&2
 kvmcfg=$src/linux/kernel/configs/kvm_guest.config
