@@ -132,12 +132,23 @@ def cmd_modules(a):
     return 0
 
 
+def pool_dep_file(pool):
+    """The dependency table of a pool: the 6.1 leg's extracted subset keeps the package's full
+    table as modules.dep.full; the 6.12 leg's pool is a whole `modules_install` tree (built by
+    lab/kernel/build.sh), whose own modules.dep lists everything it has."""
+    full = os.path.join(pool, "modules.dep.full")
+    return "modules.dep.full" if os.path.exists(full) else "modules.dep"
+
+
 def load_pool(pool):
     p = os.path.join(pool, "pool.list")
-    if not os.path.exists(p):
-        return []
-    with open(p) as f:
-        return [l.strip() for l in f if l.strip()]
+    if os.path.exists(p):
+        with open(p) as f:
+            return [l.strip() for l in f if l.strip()]
+    # No pool.list: a whole modules_install tree (6.12), every module in its modules.dep.
+    if os.path.exists(os.path.join(pool, "modules.dep")):
+        return list(read_dep(pool)[1])
+    return []
 
 
 def cmd_missing(a):
@@ -150,12 +161,14 @@ def cmd_missing(a):
 
 
 def cmd_closure(a):
-    deps, paths = read_dep(a.pool, "modules.dep.full")
+    deps, paths = read_dep(a.pool, pool_dep_file(a.pool))
     builtin = read_builtin(a.pool)
     samples = {}
     if os.path.isdir(a.samples):
         for f in os.listdir(a.samples):
-            samples[modname(f)] = os.path.join(a.samples, f)
+            # A kernel built with its samples (6.12) has them in its own tree: take them from there.
+            if modname(f) not in paths:
+                samples[modname(f)] = os.path.join(a.samples, f)
     want = []
     for n in a.names:
         n = modname(n)
@@ -443,15 +456,15 @@ def cmd_report(a):
         else:
             reported = [r["step"] for r in g.get("results", [])] + ["host/" + r["step"] for r in host]
             miss = missing_steps(decl, reported)
-            for pat, want, got in miss:
-                lines.append(f"  MISS {pat if want == 1 else f'{pat}>={want}'}  declared in lab-steps, "
-                             f"{len(got)} reported")
             if miss and (not g.get("begun") or g.get("end_rc") is None):
                 # Cut short: the failure above says where; name the first few it never reached.
                 names = [p if w == 1 else f"{p}>={w}" for p, w, _ in miss]
                 sf.append(f"{s}: {len(miss)} declared steps not reported: {' '.join(names[:8])}"
                           + (" ..." if len(names) > 8 else ""))
             else:
+                for pat, want, got in miss:
+                    lines.append(f"  MISS {pat if want == 1 else f'{pat}>={want}'}  declared in lab-steps, "
+                                 f"{len(got)} reported")
                 sf += [f"{s}/{describe_missing(p, w, got)}" for p, w, got in miss]
         verdict = "FAIL" if sf or boot_fail else "PASS"
         ndecl = f", {len(decl)} declared" if decl else ""
