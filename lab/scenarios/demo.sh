@@ -1,5 +1,6 @@
 # lab-about: show gpupass on the emulated GPUs (list, groups, check), streamed to the terminal
 # lab-needs: gpupass
+# lab-steps: list list-all groups show check
 echo; echo "### gpupass list  (GPUs and display devices)"
 lab_run list list.txt gpupass list
 echo; echo "### gpupass list --all"
