@@ -374,6 +374,13 @@ fn bundle(r: &Path) -> Guard {
     None
 }
 
+/// A bundle on a host whose /dev/iommu is gone (iommufd not loaded).
+fn bundle_without_dev_iommu(r: &Path) -> Guard {
+    std::fs::remove_file(r.join("dev/iommu")).unwrap();
+    oci_bundle(r, Some(OCI_CONFIG));
+    None
+}
+
 fn bundle_without_config(r: &Path) -> Guard {
     oci_bundle(r, None);
     None
@@ -1907,6 +1914,35 @@ row!(
     }
 );
 row!(
+    e_hook_24,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        code: 2,
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40","gpupass.dev/backend":"both"}}"#,
+        needles: &[
+            r#"gpupass oci-hook: annotation gpupass.dev/backend="both": expected legacy, iommufd or auto"#
+        ],
+        setup: bundle,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_hook_25,
+    Case {
+        host: "vfio-numa",
+        args: &["oci-hook"],
+        stdin: r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40","gpupass.dev/backend":"iommufd"}}"#,
+        needles: &[
+            "gpupass oci-hook: --backend iommufd (annotation gpupass.dev/backend): IOMMU group 40 cannot use iommufd: /dev/iommu does not exist",
+            "Linux 6.6 or newer",
+            "use legacy or auto"
+        ],
+        setup: bundle_without_dev_iommu,
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_hook_10,
     Case {
         host: "vfio-numa",
@@ -1971,7 +2007,7 @@ row!(
         host: "vfio-numa",
         args: &["oci-hook"],
         stdin: STATE_GROUP_40,
-        needles: &["host path /dev/vfio/vfio is not a character device; the hook needs the live host's /dev"],
+        needles: &["host path /dev/iommu is not a character device; the hook needs the live host's /dev"],
         setup: bundle,
         ..Case::DEFAULT
     }

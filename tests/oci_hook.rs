@@ -34,6 +34,17 @@ fn busybox_rootfs(rootfs: &Path) {
 
 /// A bundle from `runc spec` running `script`, with gpupass as a createRuntime hook.
 fn bundle(dir: &Path, host_root: &Path, annotation: Option<&str>, script: &str) -> PathBuf {
+    bundle_on(dir, host_root, annotation, None, script)
+}
+
+/// `bundle` with the `gpupass.dev/backend` annotation too.
+fn bundle_on(
+    dir: &Path,
+    host_root: &Path,
+    annotation: Option<&str>,
+    backend: Option<&str>,
+    script: &str,
+) -> PathBuf {
     let b = dir.join("bundle");
     std::fs::create_dir_all(&b).unwrap();
     busybox_rootfs(&b.join("rootfs"));
@@ -45,6 +56,9 @@ fn bundle(dir: &Path, host_root: &Path, annotation: Option<&str>, script: &str) 
     c["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
     if let Some(a) = annotation {
         c["annotations"] = serde_json::json!({ "gpupass.dev/devices": a });
+        if let Some(be) = backend {
+            c["annotations"]["gpupass.dev/backend"] = be.into();
+        }
     }
     c["hooks"] = serde_json::json!({ "createRuntime": [{
         "path": env!("CARGO_BIN_EXE_gpupass"),
@@ -67,44 +81,72 @@ fn runc_run(state: &Path, bundle: &Path, id: &str) -> Output {
         .unwrap()
 }
 
+/// One backend's node set per device (docs/iommufd.md): on this cdev host `auto` gives the
+/// cdevs and `/dev/iommu` and never the group or container; `gpupass.dev/backend: legacy`
+/// gives the group and container and never the cdevs.
 #[test]
 fn hook_gives_a_runc_container_its_vfio_nodes() {
     if !need_tool("runc") {
         return;
     }
     let host = hook_host();
-    let work = tempfile::tempdir().unwrap();
-    let script = "stat -c '%n %F %t %T %a' /dev/vfio/vfio /dev/vfio/40 /dev/vfio/42 /dev/iommu \
-                  /dev/vfio/devices/vfio0 /dev/vfio/devices/vfio4 /dev/vfio/devices/vfio5; \
-                  test -e /dev/vfio/41 && echo LEAK; cat /dev/vfio/40; cat /dev/vfio/42; echo done";
-    let b = bundle(work.path(), host.path(), Some("0000:17:00.0,42"), script);
-    let id = format!("gpupass-hook-{}", std::process::id());
-    let o = runc_run(&work.path().join("state"), &b, &id);
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(o.status.success(), "runc failed: {err}\n{out}");
-    for want in [
-        "/dev/vfio/vfio character special file a c4",
-        "/dev/vfio/40 character special file f0 28",
-        "/dev/vfio/42 character special file f0 2a",
-        "/dev/iommu character special file a 7b",
-        "/dev/vfio/devices/vfio0 character special file f1 0",
-        "/dev/vfio/devices/vfio4 character special file f1 4",
-        "/dev/vfio/devices/vfio5 character special file f1 5",
+    for (backend, script, want, gone) in [
+        (
+            None,
+            "stat -c '%n %F %t %T %a' /dev/iommu /dev/vfio/devices/vfio0 /dev/vfio/devices/vfio4 \
+             /dev/vfio/devices/vfio5; for n in /dev/vfio/vfio /dev/vfio/40 /dev/vfio/42 /dev/vfio/41 \
+             /dev/vfio/devices/vfio1; do test -e $n && echo LEAK $n; done; cat /dev/iommu; \
+             cat /dev/vfio/devices/vfio0; echo done",
+            &[
+                "/dev/iommu character special file a 7b",
+                "/dev/vfio/devices/vfio0 character special file f1 0",
+                "/dev/vfio/devices/vfio4 character special file f1 4",
+                "/dev/vfio/devices/vfio5 character special file f1 5",
+            ][..],
+            "legacy",
+        ),
+        (
+            Some("legacy"),
+            "stat -c '%n %F %t %T %a' /dev/vfio/vfio /dev/vfio/40 /dev/vfio/42; \
+             for n in /dev/iommu /dev/vfio/devices /dev/vfio/41; do test -e $n && echo LEAK $n; done; \
+             cat /dev/vfio/40; cat /dev/vfio/42; echo done",
+            &[
+                "/dev/vfio/vfio character special file a c4",
+                "/dev/vfio/40 character special file f0 28",
+                "/dev/vfio/42 character special file f0 2a",
+            ][..],
+            "iommufd",
+        ),
     ] {
-        assert!(out.contains(want), "missing {want:?} in:\n{out}\n{err}");
+        let work = tempfile::tempdir().unwrap();
+        let b = bundle_on(work.path(), host.path(), Some("0000:17:00.0,42"), backend, script);
+        let id = format!(
+            "gpupass-hook-{}-{}",
+            std::process::id(),
+            backend.unwrap_or("auto")
+        );
+        let o = runc_run(&work.path().join("state"), &b, &id);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "runc failed: {err}\n{out}");
+        for w in want {
+            assert!(out.contains(w), "{backend:?}: missing {w:?} in:\n{out}\n{err}");
+        }
+        assert!(
+            !out.contains("LEAK"),
+            "{backend:?}: {gone} nodes handed out too:\n{out}"
+        );
+        // The devices cgroup lets the open through to the (absent) driver: ENXIO, not EPERM.
+        let all = format!("{out}{err}");
+        assert!(!all.contains("Operation not permitted"), "{all}");
+        assert!(all.contains("No such device or address"), "{all}");
+        assert!(out.contains("done"));
+        // Created in the container's mount namespace only.
+        assert!(
+            !b.join("rootfs/dev/vfio").exists() && !b.join("rootfs/dev/iommu").exists(),
+            "nodes leaked onto the host rootfs"
+        );
     }
-    assert!(!out.contains("LEAK"), "{out}");
-    // The devices cgroup lets the open through to the (absent) driver: ENXIO, not EPERM.
-    let all = format!("{out}{err}");
-    assert!(!all.contains("Operation not permitted"), "{all}");
-    assert!(all.contains("No such device or address"), "{all}");
-    assert!(out.contains("done"));
-    // Created in the container's mount namespace only.
-    assert!(
-        !b.join("rootfs/dev/vfio").exists(),
-        "nodes leaked onto the host rootfs"
-    );
 }
 
 #[test]
@@ -143,11 +185,17 @@ fn hook(host: &Path, state: &str) -> Output {
 }
 
 fn plain_bundle(dir: &Path, annotation: Option<&str>) -> PathBuf {
+    plain_bundle_on(dir, annotation, "legacy")
+}
+
+fn plain_bundle_on(dir: &Path, annotation: Option<&str>, backend: &str) -> PathBuf {
     let b = dir.join("b");
     std::fs::create_dir_all(b.join("rootfs")).unwrap();
     let mut c = serde_json::json!({"ociVersion": "1.0.2", "root": {"path": "rootfs"}});
     if let Some(a) = annotation {
-        c["annotations"] = serde_json::json!({ "gpupass.dev/devices": a });
+        // These tests are about the group node paths: pin the legacy backend (this host has
+        // the cdevs too, where `auto` would pick iommufd).
+        c["annotations"] = serde_json::json!({ "gpupass.dev/devices": a, "gpupass.dev/backend": backend });
     }
     std::fs::write(b.join("config.json"), c.to_string()).unwrap();
     b
@@ -242,7 +290,7 @@ fn malformed_inputs_are_refused_and_nothing_is_created() {
     let o = hook(host.path(), &state(&b, me));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("/dev/vfio/devices/vfio1 is missing"),
+        stderr(&o).contains("host device node /dev/vfio/41 is missing"),
         "{}",
         stderr(&o)
     );
@@ -265,7 +313,12 @@ fn symlinks_in_the_rootfs_are_not_followed() {
     let outside = work.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     for (i, link_at) in ["dev", "dev/vfio", "dev/vfio/devices"].iter().enumerate() {
-        let b = plain_bundle(&work.path().join(format!("s{i}")), Some("0000:17:00.0"));
+        // iommufd: its nodes are under all three (/dev/iommu, /dev/vfio/devices/vfio0).
+        let b = plain_bundle_on(
+            &work.path().join(format!("s{i}")),
+            Some("0000:17:00.0"),
+            "iommufd",
+        );
         let at = b.join("rootfs").join(link_at);
         std::fs::create_dir_all(at.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(&outside, &at).unwrap();
@@ -348,6 +401,7 @@ fn podman_runs_the_hook_from_a_hooks_dir() {
             .args(["run", "--rm"]);
         if let Some(a) = annotation {
             c.args(["--annotation", &format!("gpupass.dev/devices={a}")]);
+            c.args(["--annotation", "gpupass.dev/backend=legacy"]);
         }
         c.args([
             tag,
@@ -633,7 +687,7 @@ fn something_else_where_a_node_goes_is_refused() {
         left.sort();
         if *plant == "same-node" {
             assert_eq!(o.status.code(), Some(0), "{err}");
-            assert_eq!(left, ["40", "devices", "vfio"], "{err}");
+            assert_eq!(left, ["40", "vfio"], "{err}");
         } else {
             assert_eq!(o.status.code(), Some(1), "{plant}: {err}");
             assert!(

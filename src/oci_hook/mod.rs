@@ -28,8 +28,9 @@
 pub mod bpf;
 mod ns;
 
+use crate::backend::{self, Policy};
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::io::Read;
@@ -37,6 +38,9 @@ use std::path::{Path, PathBuf};
 
 /// The annotation that requests devices.
 pub const ANNOTATION: &str = "gpupass.dev/devices";
+/// The annotation that picks the VFIO backend: `legacy`, `iommufd` or `auto` (the default;
+/// docs/iommufd.md).
+pub const BACKEND_ANNOTATION: &str = "gpupass.dev/backend";
 
 /// Why the hook refused.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +92,10 @@ pub enum HookError {
     Create { path: String, reason: String },
     #[error("cannot allow the devices in cgroup {cgroup} (cgroup v2 device filter): {reason}; run the hook as root (CAP_SYS_ADMIN and CAP_BPF) on a kernel with CONFIG_CGROUP_BPF, or request the devices through CDI, which has the runtime put them in its own filter")]
     Bpf { cgroup: String, reason: String },
+    #[error("annotation {BACKEND_ANNOTATION}={value:?}: expected legacy, iommufd or auto")]
+    BadBackend { value: String },
+    #[error("--backend iommufd (annotation {BACKEND_ANNOTATION}): {what} cannot use iommufd: {reason}; {}; use legacy or auto", crate::backend::IOMMUFD_NEEDS)]
+    NoIommufd { what: String, reason: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
 }
@@ -96,7 +104,7 @@ impl HookError {
     /// 2 for malformed input (state, annotation), 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            HookError::BadState { .. } | HookError::BadRequest { .. } => 2,
+            HookError::BadState { .. } | HookError::BadRequest { .. } | HookError::BadBackend { .. } => 2,
             HookError::NotRevoked { error, .. } => error.exit_code(),
             _ => 1,
         }
@@ -148,10 +156,11 @@ pub fn parse_request(value: &str) -> Result<Vec<Request>, HookError> {
     Ok(out)
 }
 
-/// The device nodes (container paths, `/dev/...`) a request needs: the group node and the
-/// legacy container node when the host has them, the cdev and `/dev/iommu` when it has those.
+/// The device nodes (container paths, `/dev/...`) a request needs, one backend's set per
+/// request (`backend::choose` under `policy`): legacy the group node and the container,
+/// iommufd `/dev/iommu` and the requested functions' cdevs (a group: its VFIO members').
 /// Pure over the inventory.
-pub fn plan(inv: &Inventory, reqs: &[Request]) -> Result<Vec<String>, HookError> {
+pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<String>, HookError> {
     let mut nodes: Vec<String> = Vec::new();
     let mut add = |p: String| {
         if !nodes.contains(&p) {
@@ -205,25 +214,36 @@ pub fn plan(inv: &Inventory, reqs: &[Request]) -> Result<Vec<String>, HookError>
                 blockers: b.join(", "),
             });
         }
-        let legacy = inv.vfio_container_present && group.vfio_node_present;
-        let mut any = legacy;
-        if legacy {
-            add("/dev/vfio/vfio".into());
-            add(format!("/dev/vfio/{}", group.number));
-        }
-        if inv.iommufd_present {
-            for d in devices {
-                if let Some(c) = &d.vfio_cdev {
-                    add("/dev/iommu".into());
-                    add(format!("/dev/vfio/devices/{c}"));
-                    any = true;
-                }
+        // One backend for the whole request: the one every requested function has.
+        let picks: Vec<Option<Backend>> = devices.iter().map(|d| backend::choose(policy, d)).collect();
+        let chosen = match picks.first().copied().flatten() {
+            Some(b) if picks.iter().all(|p| *p == Some(b)) => Some(b),
+            // Under auto, functions that differ fall back to what serves them all.
+            _ if policy == Policy::Auto && devices.iter().all(|d| d.backends.contains(&Backend::Legacy)) => {
+                Some(Backend::Legacy)
             }
-        }
-        if !any {
+            _ => None,
+        };
+        let Some(b) = chosen else {
+            if policy == Policy::Iommufd {
+                let d = devices
+                    .iter()
+                    .find(|d| !d.backends.contains(&Backend::Iommufd))
+                    .unwrap_or(&devices[0]);
+                return Err(HookError::NoIommufd {
+                    what: match r {
+                        Request::Device(a) => a.to_string(),
+                        Request::Group(n) => format!("IOMMU group {n}"),
+                    },
+                    reason: backend::why_not_iommufd(inv, d),
+                });
+            }
             return Err(HookError::NoNode {
                 path: format!("/dev/vfio/{}", group.number),
             });
+        };
+        for p in backend::nodes(b, group.number, &devices) {
+            add(p);
         }
     }
     Ok(nodes)
@@ -422,6 +442,14 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
         return Ok(Report::default());
     };
     let reqs = parse_request(&value)?;
+    let policy = match st.annotations.get(BACKEND_ANNOTATION).cloned().or_else(|| {
+        config["annotations"][BACKEND_ANNOTATION]
+            .as_str()
+            .map(str::to_string)
+    }) {
+        None => Policy::Auto,
+        Some(v) => v.parse().map_err(|_| HookError::BadBackend { value: v })?,
+    };
     let pid = st.pid.filter(|p| *p > 0).ok_or_else(|| HookError::BadState {
         reason: "no pid: run gpupass as a createRuntime (or prestart) hook".into(),
     })?;
@@ -458,7 +486,7 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
         })
         .collect();
     let inv = crate::inventory::scan_groups(host, &addrs, &groups).map_err(HookError::Inventory)?;
-    let paths = plan(&inv, &reqs)?;
+    let paths = plan(&inv, &reqs, policy)?;
     let nodes: Vec<Node> = paths
         .iter()
         .map(|p| host_node(host, p))
@@ -670,7 +698,21 @@ mod tests {
             assert_eq!(d, &f);
         }
         let reqs = parse_request("0000:17:00.0,42").unwrap();
-        assert_eq!(plan(&part, &reqs).unwrap(), plan(&full, &reqs).unwrap());
+        assert_eq!(
+            plan(&part, &reqs, Policy::Auto).unwrap(),
+            plan(&full, &reqs, Policy::Auto).unwrap()
+        );
+        // One backend's node set per request, never both.
+        for policy in [Policy::Legacy, Policy::Iommufd, Policy::Auto] {
+            let nodes = plan(&full, &reqs, policy).unwrap();
+            let b = backend::check_one_backend(nodes.iter().map(String::as_str)).unwrap();
+            let want = if policy == Policy::Legacy {
+                Backend::Legacy
+            } else {
+                Backend::Iommufd
+            };
+            assert_eq!(b, Some(want), "{policy}: {nodes:?}");
+        }
     }
 
     #[test]
