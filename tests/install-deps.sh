@@ -14,6 +14,8 @@ for p in flex bison bc; do command -v $p >/dev/null || need+=($p); done
 command -v xz >/dev/null || need+=(xz-utils)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
+# tests/labtool.rs and the lab runner (lab/tools/labtool.py)
+command -v python3 >/dev/null || need+=(python3)
 command -v depmod >/dev/null || need+=(kmod)
 command -v lspci >/dev/null || need+=(pciutils)
 # Containers: podman + runc consume the CDI specs and run the OCI hook (tests/containers.rs,

