@@ -21,7 +21,9 @@
 //!   `CONFIG_IOMMUFD_VFIO_CONTAINER` (which needs `VFIO_CONTAINER` off).
 
 use crate::host::{read_bounded, HostRoot};
-use crate::model::{is_vfio_driver, Backend, Inventory, IommufdFacts, PciAddress, PciDevice, VfioContainer};
+use crate::model::{
+    is_vfio_driver, Backend, Inventory, IommuGroup, IommufdFacts, PciAddress, PciDevice, VfioContainer,
+};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -198,6 +200,15 @@ pub fn annotate(host: &HostRoot, inv: &mut Inventory) {
     fill_backends(inv);
 }
 
+/// The members of group `g` bound to a VFIO driver (the ones a consumer can be handed).
+pub fn vfio_members<'a>(inv: &'a Inventory, g: &IommuGroup) -> Vec<&'a PciDevice> {
+    g.members
+        .iter()
+        .filter_map(|a| inv.device(a))
+        .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
+        .collect()
+}
+
 /// Fill every device's and group's `backends` from the inventory alone (also for inventories
 /// saved by versions that did not record them).
 pub fn fill_backends(inv: &mut Inventory) {
@@ -209,12 +220,7 @@ pub fn fill_backends(inv: &mut Inventory) {
         .groups
         .iter()
         .map(|g| {
-            let vfio: Vec<&PciDevice> = g
-                .members
-                .iter()
-                .filter_map(|a| inv.device(a))
-                .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
-                .collect();
+            let vfio = vfio_members(inv, g);
             [Backend::Legacy, Backend::Iommufd]
                 .into_iter()
                 .filter(|b| !vfio.is_empty() && vfio.iter().all(|d| d.backends.contains(b)))

@@ -112,8 +112,10 @@ fn assert_scenario(run: &LabRun, leg: &str, scenario: &str) {
 }
 
 /// One `#[test]` per scenario and leg: `leg_6_1::smoke`, `leg_6_12::smoke`, ...
+/// `$attr` goes on each scenario test: a `doc` for a leg that runs, an `ignore` with the reason
+/// for one that does not yet.
 macro_rules! leg {
-    ($module:ident, $leg:literal, [$($scenario:ident),* $(,)?]) => {
+    ($module:ident, $leg:literal, #[$attr:meta], [$($scenario:ident),* $(,)?]) => {
         mod $module {
             use super::*;
             static RUN: OnceLock<LabRun> = OnceLock::new();
@@ -124,24 +126,7 @@ macro_rules! leg {
             }
             $(
                 #[test]
-                fn $scenario() {
-                    assert_scenario(lab_run($leg, &RUN), $leg, stringify!($scenario));
-                }
-            )*
-        }
-    };
-    ($module:ident, $leg:literal, [$($scenario:ident),* $(,)?], ignored = $why:literal) => {
-        mod $module {
-            use super::*;
-            static RUN: OnceLock<LabRun> = OnceLock::new();
-            #[test]
-            fn every_scenario_has_a_test() {
-                let mine = [$(stringify!($scenario)),*];
-                assert_eq!(mine.as_slice(), SCENARIOS, "SCENARIOS and the tests of {}", $leg);
-            }
-            $(
-                #[test]
-                #[ignore = $why]
+                #[$attr]
                 fn $scenario() {
                     assert_scenario(lab_run($leg, &RUN), $leg, stringify!($scenario));
                 }
@@ -153,6 +138,7 @@ macro_rules! leg {
 leg!(
     leg_6_1,
     "6.1",
+    #[doc = "Runs in the 6.1 leg's shared boot."],
     [
         smoke,
         inventory,
@@ -175,6 +161,10 @@ leg!(
 leg!(
     leg_6_12,
     "6.12",
+    #[ignore = "the 6.12 leg is not green yet (issue 13): smoke, snapshot, bind, inuse, boot, \
+               concurrency and cgroupv2 failed in its shared boot; the lab config now has the \
+               two known fixes (SND_DYNAMIC_MINORS, the framebuffer console), not yet booted; \
+               run with --ignored"],
     [
         smoke,
         inventory,
@@ -192,8 +182,5 @@ leg!(
         startup,
         vfioids,
         cgroupv2
-    ],
-    ignored = "the 6.12 leg is not green yet (issue 13): bind needs CONFIG_SND_DYNAMIC_MINORS and \
-               the framebuffer console in the lab config, and smoke, snapshot, inuse, \
-               concurrency and cgroupv2 fail in its shared boot; run with --ignored"
+    ]
 );

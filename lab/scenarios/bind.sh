@@ -91,38 +91,51 @@ writes() { grep -c '^ *[0-9]*\. write ' "$1"; }
 W=$(writes plan.txt)
 lab_expect bind-writes 6 "$W"
 
+# fail_loop VERB COUNT PREFIX WANT: a failing write at every position of `gpupass VERB 00:05.0`
+# rolls back to WANT ("drivers / overrides" of 00:05.0 and 00:05.1).
+fail_loop() {
+  n=1
+  while [ $n -le "$2" ]; do
+    GPUPASS_FAIL_WRITE=$n gpupass "$1" 00:05.0 > fail.txt 2> fail.err
+    rc=$?
+    got="$(drivers) / $(overrides)"
+    if [ $rc = 1 ] && grep -q "rolled back" fail.err && [ "$got" = "$4" ]; then
+      lab_pass "$3-$n" "write $n failed, rolled back: $got"
+    else
+      lab_fail "$3-$n" "rc=$rc state='$got' :: $(tail -1 fail.err)"
+    fi
+    n=$((n + 1))
+  done
+}
+# crash_loop VERB COUNT PREFIX WANT: a crash after every write of `gpupass VERB 00:05.0` is
+# warned about by the next command, and `recover` restores WANT.
+crash_loop() {
+  n=1
+  while [ $n -le "$2" ]; do
+    GPUPASS_CRASH_AFTER_WRITE=$n gpupass "$1" 00:05.0 > crash.txt 2> crash.err
+    rc=$?
+    mid="$(drivers) / $(overrides)"
+    gpupass list > /dev/null 2> warn.err
+    if grep -q "unfinished gpupass $1" warn.err; then w=warned; else w=silent; fi
+    gpupass recover > recover.txt 2> recover.err
+    rrc=$?
+    got="$(drivers) / $(overrides)"
+    if [ $rc -ge 128 ] && [ $w = warned ] && [ $rrc = 0 ] && [ "$got" = "$4" ]; then
+      lab_pass "$3-$n" "rc=$rc mid-state '$mid', list $w, recover -> $got"
+    else
+      lab_fail "$3-$n" "rc=$rc mid='$mid' list=$w recover-rc=$rrc state='$got' :: $(tail -1 recover.err)"
+    fi
+    n=$((n + 1))
+  done
+}
+UNBOUND="bochs-drm snd_hda_intel / (null) (null)"
+BOUND="vfio-pci vfio-pci / vfio-pci vfio-pci"
+
 # 6. Rollback: a failing write at every position leaves everything as it was.
-n=1
-while [ $n -le "$W" ]; do
-  GPUPASS_FAIL_WRITE=$n gpupass bind 00:05.0 > fail.txt 2> fail.err
-  rc=$?
-  d=$(drivers); o=$(overrides)
-  if [ $rc = 1 ] && grep -q "rolled back" fail.err && [ "$d" = "bochs-drm snd_hda_intel" ] && [ "$o" = "(null) (null)" ]; then
-    lab_pass rollback-$n "write $n failed, rolled back: $d"
-  else
-    lab_fail rollback-$n "rc=$rc drivers='$d' overrides='$o' :: $(tail -1 fail.err)"
-  fi
-  n=$((n + 1))
-done
+fail_loop bind "$W" rollback "$UNBOUND"
 
 # 7. Crash after each write of a bind; the next command warns; recover restores every time.
-n=1
-while [ $n -le "$W" ]; do
-  GPUPASS_CRASH_AFTER_WRITE=$n gpupass bind 00:05.0 > crash.txt 2> crash.err
-  rc=$?
-  mid="$(drivers) / $(overrides)"
-  gpupass list > /dev/null 2> warn.err
-  if grep -q "unfinished gpupass bind" warn.err; then w=warned; else w=silent; fi
-  gpupass recover > recover.txt 2> recover.err
-  rrc=$?
-  d=$(drivers); o=$(overrides)
-  if [ $rc -ge 128 ] && [ $w = warned ] && [ $rrc = 0 ] && [ "$d" = "bochs-drm snd_hda_intel" ] && [ "$o" = "(null) (null)" ]; then
-    lab_pass crash-$n "rc=$rc mid-state '$mid', list $w, recover -> $d"
-  else
-    lab_fail crash-$n "rc=$rc mid='$mid' list=$w recover-rc=$rrc drivers='$d' overrides='$o' :: $(tail -1 recover.err)"
-  fi
-  n=$((n + 1))
-done
+crash_loop bind "$W" crash "$UNBOUND"
 cp /run/gpupass/journal.jsonl journal.jsonl 2>/dev/null && lab_file journal.jsonl journal.jsonl
 # A crash then recover --continue completes the bind instead.
 GPUPASS_CRASH_AFTER_WRITE=3 gpupass bind 00:05.0 > /dev/null 2>&1
@@ -141,35 +154,8 @@ lab_check unbind-loops-bind gpupass bind 00:05.0
 lab_run unbind-dry-run unbind-plan.txt gpupass unbind --dry-run 00:05.0
 U=$(writes unbind-plan.txt)
 lab_expect unbind-writes 6 "$U"
-n=1
-while [ $n -le "$U" ]; do
-  GPUPASS_FAIL_WRITE=$n gpupass unbind 00:05.0 > fail.txt 2> fail.err
-  rc=$?
-  d=$(drivers); o=$(overrides)
-  if [ $rc = 1 ] && grep -q "rolled back" fail.err && [ "$d" = "vfio-pci vfio-pci" ] && [ "$o" = "vfio-pci vfio-pci" ]; then
-    lab_pass unbind-rollback-$n "write $n failed, rolled back: $d"
-  else
-    lab_fail unbind-rollback-$n "rc=$rc drivers='$d' overrides='$o' :: $(tail -1 fail.err)"
-  fi
-  n=$((n + 1))
-done
-n=1
-while [ $n -le "$U" ]; do
-  GPUPASS_CRASH_AFTER_WRITE=$n gpupass unbind 00:05.0 > crash.txt 2> crash.err
-  rc=$?
-  mid="$(drivers) / $(overrides)"
-  gpupass list > /dev/null 2> warn.err
-  if grep -q "unfinished gpupass unbind" warn.err; then w=warned; else w=silent; fi
-  gpupass recover > recover.txt 2> recover.err
-  rrc=$?
-  d=$(drivers); o=$(overrides)
-  if [ $rc -ge 128 ] && [ $w = warned ] && [ $rrc = 0 ] && [ "$d" = "vfio-pci vfio-pci" ] && [ "$o" = "vfio-pci vfio-pci" ]; then
-    lab_pass unbind-crash-$n "rc=$rc mid-state '$mid', list $w, recover -> $d"
-  else
-    lab_fail unbind-crash-$n "rc=$rc mid='$mid' list=$w recover-rc=$rrc drivers='$d' overrides='$o' :: $(tail -1 recover.err)"
-  fi
-  n=$((n + 1))
-done
+fail_loop unbind "$U" unbind-rollback "$BOUND"
+crash_loop unbind "$U" unbind-crash "$BOUND"
 cp /run/gpupass/journal.jsonl unbind-journal.jsonl 2>/dev/null && lab_file unbind-journal.jsonl unbind-journal.jsonl
 GPUPASS_CRASH_AFTER_WRITE=3 gpupass unbind 00:05.0 > /dev/null 2>&1
 lab_run unbind-recover-continue unbind-recover-continue.txt gpupass recover --continue

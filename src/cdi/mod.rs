@@ -28,7 +28,7 @@
 use crate::backend::{self, BackendError, Policy};
 use crate::container::DriverFiles;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Backend, Inventory, PciDevice};
+use crate::model::{Backend, Inventory, PciDevice};
 use crate::naming;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -435,12 +435,7 @@ pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Re
 
     // VFIO groups.
     for g in &inv.groups {
-        let vfio: Vec<&PciDevice> = g
-            .members
-            .iter()
-            .filter_map(|a| inv.device(a))
-            .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
-            .collect();
+        let vfio = backend::vfio_members(inv, g);
         if vfio.is_empty() {
             continue;
         }
