@@ -12,7 +12,9 @@
 #                   container, unified cgroup v2 hierarchy only
 #
 #   lab/lab.sh run SCENARIO [SCENARIO...]   one boot, scenarios run in order
-#   lab/lab.sh demo                          gpupass list/groups/check, streamed
+#   lab/lab.sh demo                          the whole job on the real kernel, streamed:
+#                                            inventory, check, bind, VM outputs, boot through
+#                                            VFIO, an mdev, CDI, unbind; a summary table
 #   lab/lab.sh prepare                       packages + kernel cache only
 #   lab/lab.sh shell                         interactive busybox shell in the guest
 #   lab/lab.sh list                          scenarios available
@@ -22,6 +24,8 @@
 #   GPUPASS_LAB_OUT     result root (default <repo>/target/lab/out, <repo>/target/lab/out-6.12)
 #   GPUPASS_LAB_QEMU    use this qemu-system-x86_64 instead of the cached Debian 10.0
 #   GPUPASS_LAB_BIN     use this gpupass binary instead of building one
+#   GPUPASS_LAB_PROFILE cargo profile of the guest's gpupass (default lab: release at
+#                       opt-level 1, quick to build; release for benchmarks)
 #   GPUPASS_LAB_KERNEL  use this cache entry (<release>_<debversion>) without asking apt
 #   GPUPASS_LAB_TIMEOUT base wall-clock limit per boot in seconds (default 240)
 #   GPUPASS_LAB_UPDATE_FIXTURE=1   the snapshot scenario rewrites tests/fixtures/hosts/qemu-lab

@@ -310,7 +310,19 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         }
     }
     // The kernel's module tables, cut to what gpupass looks up (VFIO variants, availability).
+    // The kernel config: `/proc/config.gz` by presence (gpupass does not inflate it), and
+    // `/boot/config-<release>` cut to the VFIO/iommufd options the backend facts read.
+    c.copy_if_exists_empty(Path::new("proc/config.gz"))?;
     if let Ok(rel) = crate::host::read_attr(&src.path("proc/sys/kernel/osrelease")) {
+        let cfg = Path::new("boot").join(format!("config-{}", rel.trim()));
+        if let Ok(text) = crate::host::read_bounded(&src.root().join(&cfg), 8 << 20) {
+            let lines: String = text
+                .lines()
+                .filter(|l| l.contains("CONFIG_VFIO") || l.contains("CONFIG_IOMMUFD"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            c.write(&cfg, lines.as_bytes())?;
+        }
         let mdir = Path::new("lib/modules").join(rel.trim());
         for (table, keep) in [
             ("modules.alias", &["vfio_pci:"][..]),

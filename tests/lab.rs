@@ -112,8 +112,8 @@ fn assert_scenario(run: &LabRun, leg: &str, scenario: &str) {
 }
 
 /// One `#[test]` per scenario and leg: `leg_6_1::smoke`, `leg_6_12::smoke`, ...
-/// `$attr` goes on each scenario test: a `doc` for a leg that runs, an `ignore` with the reason
-/// for one that does not yet.
+/// `$attr` goes on each scenario test: a `doc` for a leg that runs (an `ignore` with the reason
+/// would park a leg that is not green).
 macro_rules! leg {
     ($module:ident, $leg:literal, #[$attr:meta], [$($scenario:ident),* $(,)?]) => {
         mod $module {
@@ -161,10 +161,7 @@ leg!(
 leg!(
     leg_6_12,
     "6.12",
-    #[ignore = "the 6.12 leg is not green yet (issue 13): smoke, snapshot, bind, inuse, boot, \
-               concurrency and cgroupv2 failed in its shared boot; the lab config now has the \
-               two known fixes (SND_DYNAMIC_MINORS, the framebuffer console), not yet booted; \
-               run with --ignored"],
+    #[doc = "Runs in the 6.12 leg's shared boot (the lab's own kernel build)."],
     [
         smoke,
         inventory,

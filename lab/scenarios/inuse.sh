@@ -53,7 +53,7 @@ fi
 blk=$(ls /sys/bus/pci/devices/$DISK/virtio*/block 2>/dev/null | head -1)
 part=$(ls /sys/class/block/ | grep "^${blk}[0-9]" | head -1)
 mkdir -p /mnt/lab-disk
-if [ -z "$blk" ] || ! mount -t vfat -o ro "/dev/${part:-$blk}" /mnt/lab-disk 2> mount.err; then
+if [ -z "$blk" ] || ! mount -t vfat -o ro,iocharset=ascii "/dev/${part:-$blk}" /mnt/lab-disk 2> mount.err; then
   lab_fail disk-mounted "cannot mount /dev/${part:-$blk} of $DISK :: $(cat mount.err 2>/dev/null)"
 else
   lab_pass disk-mounted "/dev/${part:-$blk} on /mnt/lab-disk ($(ls /mnt/lab-disk | wc -l) entries)"

@@ -26,10 +26,12 @@ lab_expect hda-driver snd_hda_intel "$(lab_driver 0000:00:05.1)"
 n=$(ls /sys/class/mdev_bus 2>/dev/null | wc -l)
 if [ "$n" -ge 3 ]; then lab_pass mdev-parents "$(ls /sys/class/mdev_bus | tr '\n' ' ')"; else lab_fail mdev-parents "$n parents"; fi
 # ---- the leg: 6.12 has iommufd + the VFIO cdev and only cgroup v2; 6.1 neither, cgroup v1
-fs=$(stat -f -c %T /sys/fs/cgroup 2>/dev/null)
+# The filesystem type of /sys/fs/cgroup by its magic (busybox stat names no cgroup2fs):
+# 0x63677270 is CGROUP2_SUPER_MAGIC.
+fs=$(stat -f -c %t /sys/fs/cgroup 2>/dev/null)
 if [ "$LAB_KERNEL" = 6.12 ]; then
   lab_check dev-iommu test -c /dev/iommu
-  lab_expect cgroup-unified cgroup2fs "$fs"
+  lab_expect cgroup-unified 63677270 "$fs"
   lab_expect cgroup-v1-mounts 0 "$(awk '$3 == "cgroup"' /proc/mounts | wc -l)"
   # A device bound to vfio-pci gets its cdev: /dev/vfio/devices/vfioN.
   D=0000:00:07.0
