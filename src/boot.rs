@@ -50,6 +50,12 @@ pub fn summary(r: &BootReport) -> String {
         r.timing.run_us as f64 / 1000.0,
         r.timing.setup_us as f64 / 1000.0
     );
+    if let Some(b) = r.backend {
+        s.push_str(&format!(
+            "gpupass: VFIO backend {b}: {}\n",
+            r.vfio_nodes.join(" + ")
+        ));
+    }
     let kinds: Vec<String> = r.exits.by_kind.iter().map(|(k, v)| format!("{k} {v}")).collect();
     s.push_str(&format!(
         "gpupass: {} VM exits: {}\n",

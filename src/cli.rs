@@ -271,6 +271,9 @@ pub enum Command {
     Xml(crate::vmout::XmlCommand),
     /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
     QemuArgs(crate::vmout::QemuArgsArgs),
+    /// As root: open /dev/iommu and the devices' VFIO cdevs, then exec a VMM (QEMU) with them
+    /// inherited and its device arguments pointing at them (fd=), optionally as another user
+    Launch(crate::vmout::launch::LaunchArgs),
     /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
     Kubevirt(crate::vmout::KubevirtArgs),
     /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
@@ -304,6 +307,11 @@ pub enum Command {
         /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
         #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
         read_bar: Option<u8>,
+        /// VFIO backend: the group + container (legacy), the device cdev + /dev/iommu
+        /// (iommufd), or iommufd where the kernel serves the device through it (auto; an mdev
+        /// stays legacy under auto)
+        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
+        backend: crate::backend::Policy,
     },
 }
 
@@ -456,6 +464,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Startup { .. } => Some("startup"),
         Command::OciHook => Some("oci-hook"),
         Command::DevicePlugin { .. } => Some("device-plugin"),
+        Command::Launch(_) => Some("launch"),
         _ => None,
     };
     if let (Some(name), Some(_)) = (live, &ctx.from_json) {
@@ -542,6 +551,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             timeout,
             read_loop,
             read_bar,
+            backend,
         } => {
             use crate::vfio_dev::VfioTarget;
             use crate::vmm::{BootOptions, Target};
@@ -561,6 +571,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 timeout,
                 read_loop,
                 read_bar,
+                backend,
             };
             match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, out) {
                 Ok(status) => Ok(status),
@@ -742,6 +753,12 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Recover(a) => Ok(crate::bind::cmd::run_recover(&ctx.host, a, ctx.json, out)?),
         Command::Persist(a) => Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?),
         Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
+        Command::Launch(a) => vm_exit(crate::vmout::launch::run(
+            &ctx.host,
+            &ctx.inventory()?,
+            &a,
+            &mut std::io::stderr(),
+        )),
         Command::QemuArgs(a) => vm_exit(crate::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
         Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
         Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),

@@ -592,19 +592,25 @@ impl Reader<'_> {
                 }
             }
         };
+        // `vfio-dev/vfioN` is the VFIO device's sysfs node (Linux 6.1+); it is a character
+        // device, the cdev, only where it has a `dev` attribute (6.6+ with
+        // CONFIG_VFIO_DEVICE_CDEV): on 6.1 the directory is there and the `dev` file is not.
         let vfio_cdev = if self.present.contains("vfio-dev") {
-            dir_names(&dir.join("vfio-dev"))
-                .ok()
-                .and_then(|v| v.into_iter().find(|n| n.starts_with("vfio")))
+            dir_names(&dir.join("vfio-dev")).ok().and_then(|v| {
+                v.into_iter().find_map(|n| {
+                    let dev = read_attr(&dir.join("vfio-dev").join(&n).join("dev")).ok()?;
+                    n.starts_with("vfio").then_some((n, dev))
+                })
+            })
         } else {
             None
         };
-        let (vfio_cdev_dev, vfio_cdev_node_present) = match &vfio_cdev {
-            Some(c) => (
-                read_attr(&dir.join("vfio-dev").join(c).join("dev")).ok(),
-                Some(self.host.vfio_cdev_node(c).exists()),
-            ),
-            None => (None, None),
+        let (vfio_cdev, vfio_cdev_dev, vfio_cdev_node_present) = match vfio_cdev {
+            Some((c, dev)) => {
+                let present = Some(self.host.vfio_cdev_node(&c).exists());
+                (Some(c), Some(dev), present)
+            }
+            None => (None, None, None),
         };
         let persistent_driver = self.tables.driverctl.get(&a).cloned();
 

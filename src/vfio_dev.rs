@@ -1,6 +1,7 @@
 //! A thin wrapper over vfio-ioctls for `gpupass boot`: check a device can be opened (driver,
-//! IOMMU group viability, device nodes), open it through the legacy container/group API, map
-//! guest RAM for DMA, and describe its BARs for the VMM.
+//! IOMMU group viability, device nodes), open it through one VFIO backend (the legacy
+//! container/group, or the device cdev bound to iommufd: docs/iommufd.md), map guest RAM for
+//! DMA, and describe its BARs for the VMM.
 //!
 //! VFIO facts used here:
 //! - A PCI function is opened by name (its address) through its group's `/dev/vfio/<N>`; an
@@ -14,11 +15,21 @@
 //! - `VFIO_IOMMU_MAP_DMA` (type1v2) maps process memory at an IOVA; with IOVA = GPA the device
 //!   sees guest RAM where the guest's drivers will point it.
 //!
+//! - iommufd (Linux 6.6+): the function's cdev `/dev/vfio/devices/vfioN` (named by
+//!   `<sysfs>/vfio-dev/vfioN`) is opened, added to the KVM VFIO device
+//!   (`KVM_DEV_VFIO_FILE_ADD`, before the bind: drivers such as NVIDIA's vGPU need the KVM
+//!   pointer when the device is opened), bound to an iommufd (`VFIO_DEVICE_BIND_IOMMUFD`) and
+//!   attached to an IOAS (`VFIO_DEVICE_ATTACH_IOMMUFD_PT`); guest RAM is mapped into the IOAS
+//!   at IOVA = GPA (`IOMMU_IOAS_MAP`). vfio-ioctls' `VfioDevice::new_from_fd` does the three
+//!   steps in that order. An mdev gets a cdev too where its parent's driver supports it.
+//!
 //! vfio-ioctls 0.10 opens `/dev/vfio/vfio` and `/dev/vfio/<N>` itself (no root override), so
-//! the nodes are checked under the [`HostRoot`] and the open itself needs the live root `/`.
+//! the nodes are checked under the [`HostRoot`] and the open itself needs the live root `/`;
+//! the iommufd path opens `/dev/iommu` and the cdev through the [`HostRoot`].
 
+use crate::backend::{self, BackendError, Policy};
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
 use crate::vmm::bars::{carve_pieces, BarRegions, HostArea, PresentedDevice};
 use crate::vmm::memory::RamRegion;
 use crate::vmm::pci::{walk_capabilities, BarSpec, ConfigBackend};
@@ -28,7 +39,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
-use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps, VfioRegionInfoCap};
+use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioIommufd, VfioOps, VfioRegionInfoCap};
 use vm_memory::{FileOffset, MmapRegion};
 
 /// What to open.
@@ -75,6 +86,15 @@ pub enum VfioDevError {
     },
     #[error("cannot mmap BAR{bar} of {what}: {reason}")]
     Mmap { what: String, bar: u8, reason: String },
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("cannot open {node} for {what}: {source}; `gpupass check` shows whether iommufd is usable here, or use --backend legacy")]
+    OpenNode {
+        node: String,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl VfioDevError {
@@ -101,16 +121,49 @@ pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
     }
 }
 
-/// A target that passed the checks: its sysfs path (what vfio-ioctls opens), group, name.
+/// A target that passed the checks: its sysfs path (what vfio-ioctls opens), group, name, and
+/// the backend it will be opened through (with its cdev's name under iommufd).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub sysfs: PathBuf,
     pub group: u32,
     pub name: String,
+    pub backend: Backend,
+    /// `vfioN` under iommufd: the node is `/dev/vfio/devices/vfioN`.
+    pub cdev: Option<String>,
 }
 
-/// Check `target` against the inventory and the device nodes, without opening anything.
-pub fn resolve(host: &HostRoot, inv: &Inventory, target: &VfioTarget) -> Result<Resolved, VfioDevError> {
+impl Resolved {
+    /// The device nodes this backend opens, as the user sees them.
+    pub fn nodes(&self) -> Vec<String> {
+        match (&self.backend, &self.cdev) {
+            (Backend::Iommufd, Some(c)) => vec![format!("/dev/vfio/devices/{c}"), "/dev/iommu".into()],
+            _ => vec![format!("/dev/vfio/{}", self.group), "/dev/vfio/vfio".into()],
+        }
+    }
+}
+
+/// The single `vfio-dev/vfioN` entry under a device's sysfs directory that is a character
+/// device (has a `dev` attribute: 6.6+; on 6.1 the directory exists without one): the cdev.
+fn sysfs_cdev(sysfs: &Path) -> Option<String> {
+    let dir = sysfs.join("vfio-dev");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("vfio") && dir.join(n).join("dev").exists())
+        .collect();
+    (names.len() == 1).then(|| names.remove(0))
+}
+
+/// Check `target` against the inventory and the device nodes, without opening anything, and
+/// pick its backend by `policy` (docs/iommufd.md: `auto` is iommufd where the kernel serves the
+/// function through it; an mdev stays on its group under `auto`, as in every other consumer).
+pub fn resolve(
+    host: &HostRoot,
+    inv: &Inventory,
+    target: &VfioTarget,
+    policy: Policy,
+) -> Result<Resolved, VfioDevError> {
     let (sysfs, group, name) = match target {
         VfioTarget::Pci(addr) => {
             let d = inv
@@ -164,33 +217,81 @@ pub fn resolve(host: &HostRoot, inv: &Inventory, target: &VfioTarget) -> Result<
             });
         }
     }
-    for node in [
-        host.dev_vfio().join("vfio"),
-        host.dev_vfio().join(group.to_string()),
-    ] {
+    let (backend, cdev) = match target {
+        VfioTarget::Pci(addr) => match backend::resolve_vm(policy, inv, &[*addr], None)? {
+            Backend::Legacy => (Backend::Legacy, None),
+            Backend::Iommufd => {
+                let cdev = inv
+                    .device(addr)
+                    .and_then(|d| d.vfio_cdev.clone())
+                    .or_else(|| sysfs_cdev(&sysfs));
+                (Backend::Iommufd, cdev)
+            }
+        },
+        VfioTarget::Mdev(_) if policy != Policy::Iommufd => (Backend::Legacy, None),
+        VfioTarget::Mdev(_) => {
+            backend::iommufd_ready(inv).map_err(|reason| BackendError::IommufdUnavailable {
+                what: name.clone(),
+                reason,
+            })?;
+            let cdev = sysfs_cdev(&sysfs).ok_or_else(|| BackendError::IommufdUnavailable {
+                what: name.clone(),
+                reason: format!(
+                    "{} has no vfio-dev/vfioN (its parent driver registers no VFIO device cdev)",
+                    host.display(&sysfs)
+                ),
+            })?;
+            (Backend::Iommufd, Some(cdev))
+        }
+    };
+    let nodes = match &cdev {
+        Some(c) if backend == Backend::Iommufd => {
+            vec![host.dev_vfio().join("devices").join(c), host.dev_iommu()]
+        }
+        _ => vec![
+            host.dev_vfio().join("vfio"),
+            host.dev_vfio().join(group.to_string()),
+        ],
+    };
+    if backend == Backend::Iommufd && cdev.is_none() {
+        return Err(BackendError::IommufdUnavailable {
+            what: name,
+            reason: "it has no vfio-dev/vfioN in sysfs".into(),
+        }
+        .into());
+    }
+    for node in nodes {
         if !node.exists() {
             return Err(VfioDevError::NoNode {
                 node: host.display(&node),
             });
         }
     }
-    Ok(Resolved { sysfs, group, name })
+    Ok(Resolved {
+        sysfs,
+        group,
+        name,
+        backend,
+        cdev,
+    })
 }
 
-/// An open device and its container; unmaps its DMA mappings when dropped.
+/// An open device and its IOMMU context (the legacy container or an iommufd IOAS); unmaps its
+/// DMA mappings when dropped.
 pub struct VfioSession {
-    container: Arc<VfioContainer>,
+    ops: Arc<dyn VfioOps>,
     device: Arc<VfioDevice>,
     mapped: Vec<(u64, u64)>,
     /// Whether the group was added to a KVM VFIO device (KVM_DEV_TYPE_VFIO).
     pub kvm_vfio_device: bool,
     pub name: String,
+    pub backend: Backend,
 }
 
 impl Drop for VfioSession {
     fn drop(&mut self) {
         for (iova, len) in self.mapped.drain(..) {
-            let _ = self.container.vfio_dma_unmap(iova, len as usize);
+            let _ = self.ops.vfio_dma_unmap(iova, len as usize);
         }
     }
 }
@@ -222,15 +323,41 @@ pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, Vfi
         what: r.name.clone(),
         source,
     };
-    let container = Arc::new(VfioContainer::new(handle).map_err(open_err)?);
-    let ops: Arc<dyn VfioOps> = container.clone();
-    let device = Arc::new(VfioDevice::new(&r.sysfs, ops, false).map_err(open_err)?);
+    let (ops, device): (Arc<dyn VfioOps>, VfioDevice) = match (r.backend, &r.cdev) {
+        (Backend::Iommufd, Some(cdev)) => {
+            let open_rw = |node: PathBuf| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&node)
+                    .map_err(|source| VfioDevError::OpenNode {
+                        node: host.display(&node),
+                        what: r.name.clone(),
+                        source,
+                    })
+            };
+            let iommu = open_rw(host.dev_iommu())?;
+            let cdev_file = open_rw(host.dev_vfio().join("devices").join(cdev))?;
+            let iommufd = Arc::new(iommufd_ioctls::IommuFd::new_from_fd(iommu));
+            // Allocates the IOAS; the KVM VFIO device gets the cdev (KVM_DEV_VFIO_FILE_ADD)
+            // before the bind, inside new_from_fd.
+            let ctx = Arc::new(VfioIommufd::new(iommufd, None, handle).map_err(open_err)?);
+            let device = VfioDevice::new_from_fd(cdev_file, ctx.clone(), true).map_err(open_err)?;
+            (ctx, device)
+        }
+        _ => {
+            let container: Arc<dyn VfioOps> = Arc::new(VfioContainer::new(handle).map_err(open_err)?);
+            let device = VfioDevice::new(&r.sysfs, container.clone(), false).map_err(open_err)?;
+            (container, device)
+        }
+    };
     Ok(VfioSession {
-        container,
-        device,
+        ops,
+        device: Arc::new(device),
         mapped: Vec::new(),
         kvm_vfio_device,
         name: r.name.clone(),
+        backend: r.backend,
     })
 }
 
@@ -243,7 +370,7 @@ impl VfioSession {
             // outlives this session (boot() drops the session, which unmaps, before the
             // memory). gpupass only touches guest RAM through vm-memory's volatile accessors,
             // never through Rust references, so device DMA into it is not undefined behaviour.
-            unsafe { self.container.vfio_dma_map(r.gpa, r.len as usize, r.host) }.map_err(|source| {
+            unsafe { self.ops.vfio_dma_map(r.gpa, r.len as usize, r.host) }.map_err(|source| {
                 VfioDevError::DmaMap {
                     gpa: r.gpa,
                     len: r.len,

@@ -327,3 +327,79 @@ fn mdev_is_found_by_uuid_and_its_group() {
         stderr(&o)
     );
 }
+
+/// `--backend` picks the node set `boot` checks and opens (docs/iommufd.md): under iommufd the
+/// cdev and `/dev/iommu`, under legacy the group and container; with every check passed, the
+/// open itself needs the live host.
+#[test]
+fn backend_picks_the_nodes_boot_checks() {
+    let t = scratch_host("vfio-numa");
+    let root = t.path().to_str().unwrap();
+    let boot = |backend: &str| {
+        gpupass(&[
+            "--root",
+            root,
+            "boot",
+            "--device",
+            "17:00.0",
+            "--backend",
+            backend,
+        ])
+    };
+    for b in ["iommufd", "auto", "legacy"] {
+        let o = boot(b);
+        assert_eq!(o.status.code(), Some(1), "{b}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("VFIO needs the live host"),
+            "{b}: {}",
+            stderr(&o)
+        );
+    }
+    // Without its cdev node: iommufd says which node is missing; auto falls back to the group.
+    std::fs::remove_file(t.path().join("dev/vfio/devices/vfio0")).unwrap();
+    let o = boot("iommufd");
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("--backend iommufd: 0000:17:00.0 cannot use iommufd")
+            && e.contains("/dev/vfio/devices/vfio0 does not exist")
+            && e.contains("use --backend legacy or auto"),
+        "{e}"
+    );
+    let o = boot("auto");
+    assert!(stderr(&o).contains("VFIO needs the live host"), "{}", stderr(&o));
+    // Without the group node, legacy names it, while iommufd is not affected by it.
+    std::fs::rename(t.path().join("dev/vfio/40"), t.path().join("dev/vfio/40.away")).unwrap();
+    let o = boot("legacy");
+    assert!(
+        stderr(&o).contains("/dev/vfio/40 does not exist"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::rename(t.path().join("dev/vfio/40.away"), t.path().join("dev/vfio/40")).unwrap();
+    // Without /dev/iommu nothing can use iommufd.
+    std::fs::remove_file(t.path().join("dev/iommu")).unwrap();
+    let o = boot("iommufd");
+    assert!(
+        stderr(&o).contains("cannot use iommufd: /dev/iommu does not exist"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// An mdev stays on its group under `auto`; `--backend iommufd` needs its cdev, which a parent
+/// without VFIO cdev support (or a kernel before 6.6) does not give.
+#[test]
+fn mdev_backend_iommufd_needs_its_cdev() {
+    let uuid = "2f3e4d5c-6b7a-4988-8776-655443322110";
+    let o = on_host("mdev-t4", &["boot", "--mdev", uuid, "--backend", "auto"]);
+    assert!(stderr(&o).contains("VFIO needs the live host"), "{}", stderr(&o));
+    let o = on_host("mdev-t4", &["boot", "--mdev", uuid, "--backend", "iommufd"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains(&format!("--backend iommufd: mdev {uuid} cannot use iommufd"))
+            && e.contains("kernel 5.15 predates the VFIO device cdev"),
+        "{e}"
+    );
+}

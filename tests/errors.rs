@@ -527,6 +527,7 @@ const ELSEWHERE: &[(&str, &str)] = &[
     ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/oci_hook.rs covers the working path under runc"),
     ("E-DP-05", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
     ("E-DP-06", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)"),
+    ("E-LAUNCH-03", "lab: lab/scenarios/nested.sh (launch-exec-error step)"),
     ("E-DP-07", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)"),
 ];
 
@@ -2244,6 +2245,40 @@ row!(
         args: &["cdi", "generate", "--watch"],
         code: 2,
         needles: &["the following required arguments were not provided", "--write"],
+        ..Case::DEFAULT
+    }
+);
+
+row!(
+    e_launch_01,
+    Case {
+        host: "vfio-numa",
+        args: &["launch", "--device", "17:00.0", "--", "/bin/true"],
+        code: 1,
+        needles: &[
+            "gpupass launch opens the live host's /dev/iommu",
+            "cannot run against --root",
+            "(drop --root)"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_launch_02,
+    Case {
+        host: "mdev-t4",
+        args: &[
+            "launch",
+            "--device",
+            "2f3e4d5c-6b7a-4988-8776-655443322110",
+            "--",
+            "/bin/true"
+        ],
+        code: 2,
+        needles: &[
+            "passes PCI functions (their cdevs), not mdev 2f3e4d5c-6b7a-4988-8776-655443322110",
+            "gpupass qemu-args"
+        ],
         ..Case::DEFAULT
     }
 );

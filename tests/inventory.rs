@@ -371,3 +371,25 @@ fn cdev_and_backends_per_function() {
     assert!(c.contains("PASS  iommufd"), "{c}");
     assert!(c.contains("6.1 predates the VFIO device cdev (6.6)"), "{c}");
 }
+
+/// Linux 6.1 already gives a VFIO device its sysfs node `vfio-dev/vfioN`, but no character
+/// device (no `dev` attribute) before 6.6: that is no cdev, and iommufd does not serve it.
+#[test]
+fn a_vfio_dev_directory_without_dev_is_no_cdev() {
+    let t = scratch_host("vfio-numa");
+    let root = t.path().to_str().unwrap();
+    let dev = t
+        .path()
+        .join("sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/vfio-dev/vfio0/dev");
+    let show = |root: &str| {
+        let o = gpupass(&["--root", root, "--json", "show", "17:00.0"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["device"]["vfio_cdev"].clone(), v["device"]["backends"].clone())
+    };
+    assert_eq!(show(root).0, "vfio0");
+    std::fs::remove_file(&dev).unwrap();
+    let (cdev, backends) = show(root);
+    assert!(cdev.is_null(), "{cdev}");
+    assert_eq!(backends, serde_json::json!(["legacy"]));
+}

@@ -5,7 +5,9 @@
 # lab-steps: qemu-version dev-kvm bind bind-driver qemu-args l2-exit l2-kvm l2-start
 # lab-steps: l2-ids l2-bars big-bind big-bind-driver big-qemu-args big-l1-bars big-exit
 # lab-steps: big-start big-ids big-bars big-above-4g big-window big-hole64-exit big-hole64-bars
-# lab-steps: big-hole64-window unbind restored big-unbind big-restored duration
+# lab-steps: big-hole64-window unbind restored big-unbind big-restored duration qemu-args-backend
+# lab-steps-6.12: launch-args launch-exit launch-ids launch-bars launch-nodes launch-exec-error
+# lab-steps-6.1: launch-refused
 #
 # The L2 guest is the firmware QEMU loads (SeaBIOS 1.16.3): booting a Linux kernel in L2 under
 # nested SVM inside TCG is too slow for a smoke test, while SeaBIOS enumerates PCI, sizes and
@@ -172,6 +174,60 @@ else
   lab_fail l2-start "$(ids $D) not enumerated after ${L2_TOTAL} s: $(tail -2 seabios.log | tr '\n' ' ')"
 fi
 seen l2- $D seabios.log
+# qemu-args' default backend (auto): iommufd on 6.12 (the L2 above opened the cdev), the group
+# and container on 6.1.
+if [ "$LAB_KERNEL" = 6.12 ]; then want="iommufd 1"; else want="legacy 0"; fi
+got=$(grep -c 'iommufd=iommufd0' qemu-args.txt)
+[ "$got" -gt 0 ] && got="iommufd $got" || got="legacy 0"
+lab_expect qemu-args-backend "$want" "$got"
+
+# ---- 1b. gpupass launch: root opens /dev/iommu and the cdev, QEMU inherits them and runs as
+# nobody (65534), which could not open either node itself (both are 0600 root).
+if [ "$LAB_KERNEL" = 6.12 ]; then
+  cdev=$(ls /sys/bus/pci/devices/$D/vfio-dev | head -1)
+  kvm_mode=$(stat -c %a /dev/kvm)
+  chmod 666 /dev/kvm      # the L2 QEMU runs as nobody; KVM itself is not what is proved here
+  chmod 777 .
+  old_umask=$(umask); umask 000
+  QEMU_AS_ROOT=$Q
+  Q="gpupass launch --device $D --user 65534:65534 --memlock 1G --print -- $QEMU_AS_ROOT"
+  l2_run launch "$(ids $D)"
+  Q=$QEMU_AS_ROOT
+  umask "$old_umask"; chmod "$kvm_mode" /dev/kvm
+  line=$(grep -m1 '^gpupass launch: ' launch.out)
+  if echo "$line" | grep -q 'iommufd,id=iommufd0,fd=[0-9]' && echo "$line" | grep -q 'vfio-pci,fd=[0-9]*,id=hostdev1' && ! echo "$line" | grep -q 'host='; then
+    lab_pass launch-args "${line#gpupass launch: }"
+  else
+    lab_fail launch-args "'$line' $(tail -3 launch.out | tr '\n' ' ')"
+  fi
+  lab_expect launch-exit 0 "$L2_RC"
+  seen launch- $D launch.log
+  # What the launched program is and holds: as nobody it cannot open either node itself, yet
+  # fds 3 and 4 are /dev/iommu and the cdev (gpupass appends the device arguments, which sh -c
+  # takes as its $0, $1, ...).
+  gpupass launch --device $D --user 65534:65534 -- /bin/sh -c \
+    'echo "uid=$(id -u) gid=$(id -g)"; cat /dev/iommu < /dev/null > /dev/null 2>&1 && echo own-open-ok || echo own-open-denied; readlink /proc/self/fd/3; readlink /proc/self/fd/4' \
+    > launch-id.txt 2> launch-id.err
+  want="uid=65534 gid=65534 own-open-denied /dev/iommu /dev/vfio/devices/$cdev"
+  lab_expect launch-nodes "$want" "$(tr '\n' ' ' < launch-id.txt | sed 's/ $//')"
+  lab_file launch-id.txt launch-id.txt
+  # E-LAUNCH-03: a VMM that cannot be run is an error naming it (the descriptors close with gpupass)
+  gpupass launch --device $D -- /nonexistent/vmm > launch-bad.txt 2> launch-bad.err
+  rc=$?
+  if [ $rc = 1 ] && grep -q "cannot run /nonexistent/vmm" launch-bad.err; then
+    lab_pass launch-exec-error "$(cat launch-bad.err)"
+  else
+    lab_fail launch-exec-error "rc=$rc $(tr '\n' ' ' < launch-bad.err)"
+  fi
+else
+  gpupass launch --device $D -- $Q -version > launch.txt 2> launch.err
+  rc=$?
+  if [ $rc = 1 ] && grep -q "predates the VFIO device cdev" launch.err; then
+    lab_pass launch-refused "$(cat launch.err)"
+  else
+    lab_fail launch-refused "rc=$rc $(tr '\n' ' ' < launch.err)"
+  fi
+fi
 
 # ---- 2. the 16 GiB BAR (ivshmem-plain 00:0c.0), with QEMU's default 64-bit window size and
 # with -global q35-pcihost.pci-hole64-size=64G

@@ -9,6 +9,9 @@
 //!   `iommufd=ID` (QEMU 8.2+) through its cdev `/dev/vfio/devices/vfioN` and the
 //!   `-object iommufd,id=ID` (`/dev/iommu`) instead;
 //!   `vfio-pci,sysfsdev=PATH` opens an mdev by its sysfs directory.
+//! - Pre-opened file descriptors (docs/iommufd.md, `gpupass launch`): `-object
+//!   iommufd,id=ID,fd=N` uses an inherited `/dev/iommu`, and `vfio-pci,fd=M,iommufd=ID` an
+//!   inherited cdev instead of `host=` (QEMU accepts `fd=` only with `iommufd=`).
 //! - `addr=SS.F` places a device at slot SS function F of its bus; function 0 of a slot with
 //!   siblings needs `multifunction=on`, and a slot without function 0 is invisible to guests.
 //! - `pcie-root-port` needs a unique `chassis` (with the default `slot=0`); eight ports can
@@ -43,6 +46,16 @@ pub struct QemuOptions {
     /// Open the PCI functions through iommufd (`-object iommufd,id=iommufd0` and `iommufd=`
     /// on each `vfio-pci,host=`), not the legacy group and container (docs/iommufd.md).
     pub iommufd: bool,
+    /// With `iommufd`: file descriptors the QEMU process inherits (`gpupass launch`).
+    pub fds: Option<PassedFds>,
+}
+
+/// Descriptors opened by a privileged parent for QEMU to inherit: `/dev/iommu` and one cdev
+/// per PCI function.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassedFds {
+    pub iommufd: i32,
+    pub devices: Vec<(crate::model::PciAddress, i32)>,
 }
 
 /// The id of the one iommufd object the arguments create.
@@ -56,6 +69,7 @@ impl Default for QemuOptions {
             display: false,
             first_slot: 0x10,
             iommufd: false,
+            fds: None,
         }
     }
 }
@@ -91,7 +105,10 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
     let mut out = Vec::new();
     let iommufd = if opts.iommufd && sel.slots().next().is_some() {
         out.push("-object".to_string());
-        out.push(format!("iommufd,id={IOMMUFD_ID}"));
+        out.push(match &opts.fds {
+            Some(f) => format!("iommufd,id={IOMMUFD_ID},fd={}", f.iommufd),
+            None => format!("iommufd,id={IOMMUFD_ID}"),
+        });
         format!(",iommufd={IOMMUFD_ID}")
     } else {
         String::new()
@@ -136,9 +153,18 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
                     } else {
                         ""
                     };
+                    let fd = opts.fds.as_ref().filter(|_| opts.iommufd).and_then(|p| {
+                        p.devices
+                            .iter()
+                            .find(|(a, _)| *a == f.device.address)
+                            .map(|(_, fd)| *fd)
+                    });
+                    let open = match fd {
+                        Some(fd) => format!("fd={fd}"),
+                        None => format!("host={}", f.device.address),
+                    };
                     dev(format!(
-                        "vfio-pci,host={},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}{iommufd}",
-                        f.device.address,
+                        "vfio-pci,{open},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}{iommufd}",
                         f.guest_function,
                         rom(f.requested)
                     ));

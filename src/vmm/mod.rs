@@ -120,6 +120,8 @@ pub struct BootOptions {
     /// BAR the loop reads; `None`: the firmware picks (BAR2 of a Bochs display, else the
     /// first memory BAR).
     pub read_bar: Option<u8>,
+    /// `--backend`: the VFIO backend a device is opened through (docs/iommufd.md).
+    pub backend: crate::backend::Policy,
 }
 
 impl Default for BootOptions {
@@ -131,6 +133,7 @@ impl Default for BootOptions {
             timeout: Duration::from_secs(10),
             read_loop: 0,
             read_bar: None,
+            backend: crate::backend::Policy::Auto,
         }
     }
 }
@@ -162,6 +165,10 @@ pub struct BootReport {
     /// Bytes of guest RAM DMA-mapped through the VFIO container (0 for --emulated).
     pub dma_mapped: u64,
     pub kvm_vfio_device: bool,
+    /// The VFIO backend the device was opened through (`legacy` or `iommufd`; none for
+    /// --emulated) and the nodes it opened.
+    pub backend: Option<crate::model::Backend>,
+    pub vfio_nodes: Vec<String>,
     pub firmware: report::FirmwareReport,
     /// BAR areas mapped as KVM memory slots, where they ended up.
     pub slots: Vec<bars::SlotState>,
@@ -261,7 +268,7 @@ pub fn boot(
         Target::Vfio(t) => {
             let inv =
                 inv.ok_or_else(|| VmmError::Memory("internal: VFIO boot without an inventory".into()))?;
-            let r = vfio_dev::resolve(host, inv, t)?;
+            let r = vfio_dev::resolve(host, inv, t, opts.backend)?;
             vfio_dev::check_live_root(host)?;
             Some(r)
         }
@@ -355,6 +362,8 @@ pub fn boot(
         memory: opts.memory,
         dma_mapped,
         kvm_vfio_device,
+        backend: resolved.as_ref().map(|r| r.backend),
+        vfio_nodes: resolved.as_ref().map(|r| r.nodes()).unwrap_or_default(),
         firmware: report::parse(&text),
         slots,
         trapped,

@@ -8,6 +8,7 @@
 
 pub mod attach;
 pub mod domxml;
+pub mod launch;
 
 use crate::model::{Inventory, PciAddress};
 use crate::output::selection::{self, Consumer, DeviceArg, SelectError, SelectOptions, Selection};
@@ -573,6 +574,7 @@ pub fn run_qemu(
         display: a.display,
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
+        fds: None,
     };
     if opts.iommufd && sel.mdevs().next().is_some() {
         eprintln!("note: mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd");
