@@ -116,19 +116,118 @@ fn mknod(p: &Path, major: u32, minor: u32) {
         .success());
 }
 
-/// Time the hook giving `request` to a process in its own mount namespace and devices cgroup.
-fn hook_runs(label: &str, root: &Path, request: &str) {
-    // The real /proc and cgroup tree (the hook needs the target's namespace and cgroup).
+/// The cgroup a benchmark container lives in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// cgroup v1 devices, as runc leaves it: `a` denied, then runc's default allow list.
+    V1Runc,
+    /// The unified hierarchy with a runtime-attached device program (BPF_F_ALLOW_MULTI) that
+    /// allows runc's default list and denies the rest.
+    V2Bpf,
+}
+
+/// runc's default device allow list, the fixed char devices (libcontainer/specconv
+/// AllowedDevices): null, zero, full, random, urandom, tty, console, ptmx, tun. Its wildcard
+/// rules (pts 136:*, mknod of any c/b) are left out of both shapes.
+const RUNC_DEFAULT: &[(u32, u32)] = &[
+    (1, 3),
+    (1, 5),
+    (1, 7),
+    (1, 8),
+    (1, 9),
+    (5, 0),
+    (5, 1),
+    (5, 2),
+    (10, 200),
+];
+
+/// The runtime's device program: allow RUNC_DEFAULT (rwm), deny everything else.
+fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
+    use gpupass::oci_hook::bpf::{self, Grant, Insn};
+    let all = bpf::ACC_MKNOD | bpf::ACC_READ | bpf::ACC_WRITE;
+    let grants: Vec<Grant> = RUNC_DEFAULT
+        .iter()
+        .map(|&(major, minor)| Grant {
+            major,
+            minor,
+            access: all,
+        })
+        .collect();
+    let mut p = bpf::prologue(&grants);
+    p.extend([Insn::mov_imm(0, 0), Insn::exit()]);
+    p
+}
+
+/// Where this machine mounts the unified hierarchy.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mi.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next() == Some("cgroup2"))
+            .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
+    })
+}
+
+/// Put the cgroup back as the runtime left it (untimed, before every run).
+fn reset_cgroup(shape: Shape, cg: &Path, runtime: &std::os::fd::OwnedFd) {
+    use gpupass::oci_hook::bpf;
+    use std::os::fd::AsFd;
+    match shape {
+        Shape::V1Runc => {
+            std::fs::write(cg.join("devices.deny"), "a").unwrap();
+            for (ma, mi) in RUNC_DEFAULT {
+                std::fs::write(cg.join("devices.allow"), format!("c {ma}:{mi} rwm")).unwrap();
+            }
+        }
+        Shape::V2Bpf => {
+            let dir = std::fs::File::open(cg).unwrap();
+            let now = bpf::query(dir.as_fd(), false).unwrap().ids;
+            match now.as_slice() {
+                [] => bpf::attach(dir.as_fd(), runtime.as_fd(), bpf::BPF_F_ALLOW_MULTI, None).unwrap(),
+                [id] => {
+                    let cur = bpf::prog_fd(*id).unwrap();
+                    if bpf::prog_insns(cur.as_fd()).unwrap().1.len() != runtime_program().len() {
+                        bpf::attach(
+                            dir.as_fd(),
+                            runtime.as_fd(),
+                            bpf::BPF_F_ALLOW_MULTI,
+                            Some(cur.as_fd()),
+                        )
+                        .unwrap();
+                    }
+                }
+                more => panic!("{} device programs on the bench cgroup", more.len()),
+            }
+        }
+    }
+}
+
+/// Time the hook giving `request` to a process in its own mount namespace and a runc-shaped
+/// device cgroup, each binary of `bins` in turn (interleaved run by run).
+fn hook_runs(label: &str, root: &Path, request: &str, shape: Shape, bins: &[(String, PathBuf)]) {
+    use std::os::fd::AsFd;
     let _ = std::fs::remove_dir_all(root.join("proc"));
-    std::os::unix::fs::symlink("/proc", root.join("proc")).unwrap();
     std::fs::create_dir_all(root.join("sys/fs")).unwrap();
     let _ = std::fs::remove_file(root.join("sys/fs/cgroup"));
-    std::os::unix::fs::symlink("/sys/fs/cgroup", root.join("sys/fs/cgroup")).unwrap();
-    let cg = PathBuf::from(format!(
-        "/sys/fs/cgroup/devices/gpupass-bench-{}",
-        std::process::id()
-    ));
+    let _ = std::fs::remove_dir_all(root.join("sys/fs/cgroup"));
+    let cg = match shape {
+        Shape::V1Runc => {
+            // The real /proc and cgroup tree: the hook reads the target's devices line.
+            std::os::unix::fs::symlink("/proc", root.join("proc")).unwrap();
+            std::os::unix::fs::symlink("/sys/fs/cgroup", root.join("sys/fs/cgroup")).unwrap();
+            PathBuf::from(format!(
+                "/sys/fs/cgroup/devices/gpupass-bench-{}",
+                std::process::id()
+            ))
+        }
+        Shape::V2Bpf => {
+            let m = cgroup2_mount().expect("a cgroup2 mount");
+            std::os::unix::fs::symlink(&m, root.join("sys/fs/cgroup")).unwrap();
+            m.join(format!("gpupass-bench-{}", std::process::id()))
+        }
+    };
     std::fs::create_dir_all(&cg).unwrap();
+    let runtime = gpupass::oci_hook::bpf::load(&runtime_program(), "bench_runtime").unwrap();
     let work = tempfile::tempdir().unwrap();
     let b = work.path().join("bundle");
     std::fs::create_dir_all(b.join("rootfs/dev")).unwrap();
@@ -143,10 +242,19 @@ fn hook_runs(label: &str, root: &Path, request: &str) {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    std::fs::write(cg.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    let pid = sleeper.id();
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+    if shape == Shape::V2Bpf {
+        // The hook's view of the target: its unified-hierarchy line and its mount namespace.
+        let p = root.join(format!("proc/{pid}"));
+        std::fs::create_dir_all(p.join("ns")).unwrap();
+        let rel = cg.file_name().unwrap().to_str().unwrap();
+        std::fs::write(p.join("cgroup"), format!("0::/{rel}\n")).unwrap();
+        std::os::unix::fs::symlink(format!("/proc/{pid}/ns/mnt"), p.join("ns/mnt")).unwrap();
+    }
     let clear = || {
         let st = Command::new("nsenter")
-            .args(["-t", &sleeper.id().to_string(), "-m", "sh", "-c"])
+            .args(["-t", &pid.to_string(), "-m", "sh", "-c"])
             .arg(format!("rm -rf {}/*", dev.display()))
             .status()
             .unwrap();
@@ -160,29 +268,50 @@ fn hook_runs(label: &str, root: &Path, request: &str) {
     )
     .unwrap();
     let state = serde_json::json!({"ociVersion": "1.0.2-dev", "id": "bench", "status": "creating",
-        "pid": sleeper.id(), "bundle": b.to_str().unwrap()})
+        "pid": pid, "bundle": b.to_str().unwrap()})
     .to_string();
-    let mut runs = Vec::new();
+    let mut runs: Vec<Vec<Duration>> = vec![Vec::new(); bins.len()];
+    let mut wrote = vec![false; bins.len()];
     for i in 0..220 {
-        clear();
-        let s = Instant::now();
-        let mut c = Command::new(bin())
-            .args(["--root", root.to_str().unwrap(), "oci-hook"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        c.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
-        let o = c.wait_with_output().unwrap();
-        let d = s.elapsed();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        if i >= 20 {
-            runs.push(d);
+        for (k, (_, bin)) in bins.iter().enumerate() {
+            clear();
+            reset_cgroup(shape, &cg, &runtime);
+            let s = Instant::now();
+            let mut c = Command::new(bin)
+                .args(["--root", root.to_str().unwrap(), "oci-hook"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(state.as_bytes()).unwrap();
+            let o = c.wait_with_output().unwrap();
+            let d = s.elapsed();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            // Did this binary change the device filter (a rule written, a program swapped)?
+            wrote[k] = match shape {
+                Shape::V1Runc => {
+                    std::fs::read_to_string(cg.join("devices.list"))
+                        .unwrap()
+                        .lines()
+                        .count()
+                        > RUNC_DEFAULT.len()
+                }
+                Shape::V2Bpf => {
+                    let dir = std::fs::File::open(&cg).unwrap();
+                    let ids = gpupass::oci_hook::bpf::query(dir.as_fd(), false).unwrap().ids;
+                    let cur = gpupass::oci_hook::bpf::prog_fd(ids[0]).unwrap();
+                    gpupass::oci_hook::bpf::prog_insns(cur.as_fd()).unwrap().1.len()
+                        != runtime_program().len()
+                }
+            };
+            if i >= 20 {
+                runs[k].push(d);
+            }
         }
     }
     let inside = Command::new("nsenter")
-        .args(["-t", &sleeper.id().to_string(), "-m", "ls"])
+        .args(["-t", &pid.to_string(), "-m", "ls"])
         .arg(dev.join("vfio"))
         .output()
         .unwrap();
@@ -198,11 +327,29 @@ fn hook_runs(label: &str, root: &Path, request: &str) {
     let _ = sleeper.wait();
     std::thread::sleep(Duration::from_millis(100));
     let _ = std::fs::remove_dir(&cg);
-    println!(
-        "oci-hook, {label}: median {}, p99 {} per container start (200 runs)",
-        ms(pct(&mut runs, 0.5)),
-        ms(pct(&mut runs, 0.99))
-    );
+    let shape_name = match shape {
+        Shape::V1Runc => "v1 devices, runc-shaped",
+        Shape::V2Bpf => "v2 BPF filter, runc-shaped",
+    };
+    for (k, (name, _)) in bins.iter().enumerate() {
+        println!(
+            "oci-hook [{name}], {label}, {shape_name}: median {}, p99 {} per container start (200 runs, interleaved); filter changed: {}",
+            ms(pct(&mut runs[k], 0.5)),
+            ms(pct(&mut runs[k], 0.99)),
+            if wrote[k] { "yes" } else { "no" }
+        );
+    }
+}
+
+/// The binaries to time: this build, and `GPUPASS_BENCH_BIN_B` (another build, e.g. an older
+/// commit) interleaved with it run by run.
+fn bins() -> Vec<(String, PathBuf)> {
+    let mut v = vec![("this build".to_string(), bin())];
+    if let Some(b) = std::env::var_os("GPUPASS_BENCH_BIN_B") {
+        let name = std::env::var("GPUPASS_BENCH_BIN_B_NAME").unwrap_or_else(|_| "B".into());
+        v.push((name, PathBuf::from(b)));
+    }
+    v
 }
 
 fn hook() {
@@ -215,38 +362,56 @@ fn hook() {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    if !is_root || !has_unshare || !Path::new("/sys/fs/cgroup/devices").is_dir() {
-        println!("oci-hook: skipped (needs root, unshare and the cgroup v1 devices controller)");
-        return;
+    assert!(
+        is_root && has_unshare,
+        "the hook benchmark needs root, unshare and nsenter"
+    );
+    let mut shapes = Vec::new();
+    if Path::new("/sys/fs/cgroup/devices/devices.allow").exists() {
+        shapes.push(Shape::V1Runc);
     }
-    // Small host.
-    let t = tempfile::tempdir().unwrap();
-    gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
-    mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
-    mknod(&t.path().join("dev/vfio/40"), 240, 40);
-    mknod(&t.path().join("dev/iommu"), 10, 123);
-    mknod(&t.path().join("dev/vfio/devices/vfio0"), 241, 0);
-    hook_runs(
-        "vfio-numa host (14 functions), 1 GPU = 4 nodes",
-        t.path(),
-        "0000:17:00.0",
+    if cgroup2_mount().is_some() {
+        shapes.push(Shape::V2Bpf);
+    }
+    assert!(
+        !shapes.is_empty(),
+        "no cgroup v1 devices controller and no cgroup2 mount"
     );
-    // 4096 functions: the 10th GPU and its audio function moved to vfio-pci.
-    let t = tempfile::tempdir().unwrap();
-    let gpus = synthetic(t.path());
-    let gpu = &gpus[10];
-    let audio = format!("{}.1", &gpu[..gpu.len() - 2]);
-    rebind(t.path(), gpu, "vfio-pci");
-    rebind(t.path(), &audio, "vfio-pci");
-    let inv = gpupass::inventory::scan(&HostRoot::new(t.path())).unwrap();
-    let g = inv.device(&gpu.parse().unwrap()).unwrap().iommu_group.unwrap();
-    mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
-    mknod(&t.path().join(format!("dev/vfio/{g}")), 240, g);
-    hook_runs(
-        "synthetic host (4096 functions), 1 GPU + audio = 2 nodes",
-        t.path(),
-        gpu,
-    );
+    let bins = bins();
+    for shape in shapes {
+        // Small host.
+        let t = tempfile::tempdir().unwrap();
+        gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
+        mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
+        mknod(&t.path().join("dev/vfio/40"), 240, 40);
+        mknod(&t.path().join("dev/iommu"), 10, 123);
+        mknod(&t.path().join("dev/vfio/devices/vfio0"), 241, 0);
+        hook_runs(
+            "vfio-numa host (14 functions), 1 GPU",
+            t.path(),
+            "0000:17:00.0",
+            shape,
+            &bins,
+        );
+        // 4096 functions: the 10th GPU and its audio function moved to vfio-pci.
+        let t = tempfile::tempdir().unwrap();
+        let gpus = synthetic(t.path());
+        let gpu = &gpus[10];
+        let audio = format!("{}.1", &gpu[..gpu.len() - 2]);
+        rebind(t.path(), gpu, "vfio-pci");
+        rebind(t.path(), &audio, "vfio-pci");
+        let inv = gpupass::inventory::scan(&HostRoot::new(t.path())).unwrap();
+        let g = inv.device(&gpu.parse().unwrap()).unwrap().iommu_group.unwrap();
+        mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
+        mknod(&t.path().join(format!("dev/vfio/{g}")), 240, g);
+        hook_runs(
+            "synthetic host (4096 functions), 1 GPU + audio",
+            t.path(),
+            gpu,
+            shape,
+            &bins,
+        );
+    }
 }
 
 fn allocate() {
