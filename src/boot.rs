@@ -96,6 +96,16 @@ pub fn summary(r: &BootReport) -> String {
             w.exits.total
         ));
     }
+    if let Some(k) = r.read_loop.as_ref().and_then(|w| w.kvm.as_ref()) {
+        let v = |n: &str| k.delta.get(n).copied().unwrap_or(0);
+        s.push_str(&format!(
+            "gpupass: read loop, as KVM counted it (KVM_GET_STATS_FD, the end mark included): {} exits, {} MMIO, {} I/O, {} host-interrupt\n",
+            v("exits"),
+            v("mmio_exits"),
+            v("io_exits"),
+            v("irq_exits")
+        ));
+    }
     if !r.firmware.done {
         s.push_str("gpupass: warning: the firmware did not print `FW done`\n");
     }

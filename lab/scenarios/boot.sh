@@ -3,10 +3,10 @@
 # lab-timeout: 300
 # lab-steps: dev-kvm emulated emulated-dispi emulated-json-status emulated-timing
 # lab-steps: refuses-unbound bind bind-driver vfio vfio-dev vfio-dispi vfio-bar2-slot
-# lab-steps: vfio-loop-rc vfio-loop-exits-mmapped vfio-timing vfio-timing-1 vfio-timing-2
+# lab-steps: vfio-loop-rc vfio-loop-exits-mmapped vfio-kvm-mmio vfio-timing vfio-timing-1 vfio-timing-2
 # lab-steps: vfio-timing-3 unbind restored bind-only bind-only-driver group-not-viable
 # lab-steps: unbind-only vga-restored mdev-create mdev mdev-dev mdev-dispi mdev-bar2-trapped
-# lab-steps: mdev-loop-rc mdev-loop-exits-trapped mdev-timing mdev-removed triple-fault timeout
+# lab-steps: mdev-loop-rc mdev-loop-exits-trapped mdev-kvm-mmio mdev-timing mdev-removed triple-fault timeout
 #
 # Binding is `gpupass bind` / `gpupass unbind` only, each its own step: a failing bind or unbind
 # fails the scenario (there is no fallback to plain sysfs writes).
@@ -19,6 +19,8 @@ json_get() { grep -m1 "\"$2\":" "$1" | sed 's/.*: *//; s/,$//'; }
 
 # loop_exits FILE: exits counted between the firmware's loop marks.
 loop_exits() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 '"total":' | sed 's/.*: *//; s/,$//'; }
+# kvm_loop FILE NAME: KVM's own counter NAME over the read loop (KVM_GET_STATS_FD)
+kvm_loop() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 "\"$2\":" | sed 's/.*: *//; s/,$//'; }
 
 lab_check dev-kvm test -c /dev/kvm
 
@@ -54,6 +56,7 @@ gpupass boot --device $D --timeout $T --json --read-loop $LOOP --read-bar 2 > vf
 rc=$?
 lab_expect vfio-loop-rc 0 "$rc"
 lab_expect vfio-loop-exits-mmapped 0 "$(loop_exits vfio-loop.json)"
+lab_expect vfio-kvm-mmio 0 "$(kvm_loop vfio-loop.json mmio_exits)"
 lab_pass vfio-timing "total_us=$(json_get vfio-loop.json total_us) setup_us=$(json_get vfio-loop.json setup_us) dma_mapped=$(json_get vfio-loop.json dma_mapped) loop_ns=$(json_get vfio-loop.json nanos)"
 lab_file vfio-loop.json vfio-loop.json
 for i in 1 2 3; do
@@ -93,6 +96,7 @@ fi
 gpupass boot --mdev $U --timeout $T --json --read-loop $LOOP --read-bar 2 > mdev-loop.json 2> mdev-loop.err
 lab_expect mdev-loop-rc 0 "$?"
 lab_expect mdev-loop-exits-trapped $LOOP "$(loop_exits mdev-loop.json)"
+lab_expect mdev-kvm-mmio $LOOP "$(kvm_loop mdev-loop.json mmio_exits)"
 lab_pass mdev-timing "total_us=$(json_get mdev-loop.json total_us) loop_ns=$(json_get mdev-loop.json nanos)"
 lab_file mdev-loop.json mdev-loop.json
 echo 1 > /sys/bus/mdev/devices/$U/remove

@@ -3,8 +3,8 @@
 # lab-timeout: 300
 # lab-steps: dev-kvm bind bind-driver auto-backend unbind restored
 # lab-steps-6.12: cdev-node iommufd-rc iommufd-backend iommufd-nodes iommufd-dev iommufd-dispi
-# lab-steps-6.12: iommufd-loop-exits iommufd-dma legacy-rc legacy-backend legacy-dispi
-# lab-steps-6.12: legacy-loop-exits mdev-create mdev-cdev mdev-iommufd mdev-iommufd-dispi
+# lab-steps-6.12: iommufd-loop-exits iommufd-kvm-mmio iommufd-dma legacy-rc legacy-backend legacy-dispi
+# lab-steps-6.12: legacy-loop-exits legacy-kvm-mmio mdev-create mdev-cdev mdev-iommufd mdev-iommufd-dispi
 # lab-steps-6.12: mdev-legacy-under-auto mdev-removed cdev-released
 # lab-steps-6.1: iommufd-refused
 #
@@ -19,6 +19,8 @@ U=3c1e9a7b-2d4f-4a6e-8b5c-7d9e0f1a2b3c
 
 json_get() { grep -m1 "\"$2\":" "$1" | sed 's/.*: *//; s/,$//; s/^"//; s/"$//'; }
 loop_exits() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 '"total":' | sed 's/.*: *//; s/,$//'; }
+# kvm_loop FILE NAME: KVM's own counter NAME over the read loop (KVM_GET_STATS_FD)
+kvm_loop() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 "\"$2\":" | sed 's/.*: *//; s/,$//'; }
 # boot_json NAME ARGS...: gpupass boot --json ... > NAME.json; sets RC
 boot_json() {
   _n=$1; shift
@@ -56,6 +58,8 @@ if [ "$LAB_KERNEL" = 6.12 ]; then
   lab_expect iommufd-dev 1 "$(grep -c '"FW dev 00:01.0 1234:1111' iommufd.json)"
   lab_expect iommufd-dispi 1 "$(grep -c '"FW dispi 00:01.0 0xb0c5"' iommufd.json)"
   lab_expect iommufd-loop-exits 0 "$(loop_exits iommufd.json)"
+  # KVM's own count: no MMIO exit in the 100k reads of the mapped BAR
+  lab_expect iommufd-kvm-mmio 0 "$(kvm_loop iommufd.json mmio_exits)"
   dma=$(json_get iommufd.json dma_mapped)
   if [ "${dma:-0}" -gt 0 ]; then lab_pass iommufd-dma "dma_mapped=$dma bytes of guest RAM in the IOAS"; else lab_fail iommufd-dma "dma_mapped=$dma"; fi
 
@@ -65,6 +69,7 @@ if [ "$LAB_KERNEL" = 6.12 ]; then
   lab_expect legacy-backend legacy "$(json_get legacy.json backend)"
   lab_expect legacy-dispi 1 "$(grep -c '"FW dispi 00:01.0 0xb0c5"' legacy.json)"
   lab_expect legacy-loop-exits 0 "$(loop_exits legacy.json)"
+  lab_expect legacy-kvm-mmio 0 "$(kvm_loop legacy.json mmio_exits)"
 
   # ---- 4. auto picks iommufd where the kernel serves the function through it
   boot_json auto --device $D

@@ -13,6 +13,7 @@
 pub mod bars;
 pub mod emulated;
 pub mod floor;
+pub mod kvmstats;
 pub mod memory;
 pub mod pci;
 pub mod report;
@@ -176,6 +177,9 @@ pub struct BootReport {
     /// Slot moves done because the guest assigned or moved a BAR.
     pub slot_moves: u64,
     pub exits: vcpu::ExitCounts,
+    /// KVM's own counters from the first `KVM_RUN` to the exit-port write (`KVM_GET_STATS_FD`;
+    /// absent on kernels before 5.14). Unlike `exits`, they count the exits KVM handles itself.
+    pub kvm_exits: Option<kvmstats::KvmCounts>,
     /// Exits between the firmware's loop marks, and how long the loop took.
     pub read_loop: Option<vcpu::LoopWindow>,
     pub timing: Timing,
@@ -326,6 +330,7 @@ pub fn boot(
     regs.rip = memory::FIRMWARE_LOAD;
     regs.rflags = 0x2;
     vcpu_fd.set_regs(&regs).map_err(kvm_err("set registers"))?;
+    let stats = kvmstats::StatsReader::open(&vcpu_fd);
     let mut vcpu = vcpu::KvmVcpu(vcpu_fd);
 
     let setup = t0.elapsed();
@@ -340,9 +345,15 @@ pub fn boot(
             c
         })),
     );
+    m.kvm_stats = stats;
+    let kvm_before = m.kvm_stats.as_ref().map(|k| k.read());
     let t_run = Instant::now();
     let result = vcpu::run_with_timeout(&mut vcpu, &mut m, opts.timeout);
     let run = t_run.elapsed();
+    let kvm_exits = match (&m.kvm_stats, kvm_before) {
+        (Some(k), Some(b)) => Some(kvmstats::delta(&b, &k.read())),
+        _ => None,
+    };
     let slots = m.mapper.slots();
     m.teardown();
     let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
@@ -369,6 +380,7 @@ pub fn boot(
         trapped,
         slot_moves: m.mapper.moves,
         exits: m.exits.clone(),
+        kvm_exits,
         read_loop: m.loop_window.clone(),
         timing: Timing {
             setup_us: setup.as_micros() as u64,

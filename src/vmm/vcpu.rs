@@ -97,6 +97,9 @@ impl ExitCounts {
 pub struct LoopWindow {
     pub exits: ExitCounts,
     pub nanos: u64,
+    /// KVM's own counters over the same window (`None` without `KVM_GET_STATS_FD`). They are
+    /// read while the marks' exits are handled, so they include the end mark's own I/O exit.
+    pub kvm: Option<super::kvmstats::KvmCounts>,
 }
 
 /// What continues after an exit.
@@ -149,8 +152,10 @@ pub struct Machine<'a> {
     pub regions: Box<dyn super::bars::BarRegions>,
     pub slots: Box<dyn SlotOps + 'a>,
     pub exits: ExitCounts,
-    loop_begin: Option<(ExitCounts, Instant)>,
+    loop_begin: Option<(ExitCounts, Instant, Option<super::kvmstats::Snapshot>)>,
     pub loop_window: Option<LoopWindow>,
+    /// KVM's statistics of the vCPU, where the kernel offers them.
+    pub kvm_stats: Option<super::kvmstats::StatsReader>,
 }
 
 impl<'a> Machine<'a> {
@@ -176,6 +181,7 @@ impl<'a> Machine<'a> {
             exits: ExitCounts::default(),
             loop_begin: None,
             loop_window: None,
+            kvm_stats: None,
         }
     }
 
@@ -219,13 +225,20 @@ impl<'a> Machine<'a> {
             match value {
                 MARK_LOOP_BEGIN => {
                     self.exits.count("io-mark");
-                    self.loop_begin = Some((self.exits.clone(), Instant::now()));
+                    let kvm = self.kvm_stats.as_ref().map(|k| k.read());
+                    self.loop_begin = Some((self.exits.clone(), Instant::now(), kvm));
                 }
                 MARK_LOOP_END => {
-                    if let Some((before, t0)) = self.loop_begin.take() {
+                    if let Some((before, t0, kvm_before)) = self.loop_begin.take() {
+                        let nanos = t0.elapsed().as_nanos() as u64;
+                        let kvm = match (&self.kvm_stats, kvm_before) {
+                            (Some(k), Some(b)) => Some(super::kvmstats::delta(&b, &k.read())),
+                            _ => None,
+                        };
                         self.loop_window = Some(LoopWindow {
                             exits: self.exits.since(&before),
-                            nanos: t0.elapsed().as_nanos() as u64,
+                            nanos,
+                            kvm,
                         });
                     }
                     self.exits.count("io-mark");
