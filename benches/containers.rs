@@ -8,10 +8,14 @@
 //! 3. Device-plugin Allocate latency: 10,000 sequential Allocate calls over the unix socket to
 //!    the plugin serving the vfio-numa host, p50/p99/max.
 
+#[path = "../tests/util/mod.rs"]
+mod util;
+
 use gpupass::host::HostRoot;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use util::cgroup2_mount;
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
@@ -156,16 +160,6 @@ fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
     let mut p = bpf::prologue(&grants);
     p.extend([Insn::mov_imm(0, 0), Insn::exit()]);
     p
-}
-
-/// Where this machine mounts the unified hierarchy.
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split_whitespace().next() == Some("cgroup2"))
-            .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
-    })
 }
 
 /// Put the cgroup back as the runtime left it (untimed, before every run).

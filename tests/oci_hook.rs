@@ -441,17 +441,6 @@ fn podman_runs_the_hook_from_a_hooks_dir() {
     assert!(!o.status.success() && !all.contains("end"), "{all}");
 }
 
-/// Where this machine mounts the unified (cgroup v2) hierarchy: `/sys/fs/cgroup` on a v2-only
-/// host, `/sys/fs/cgroup/unified` on a hybrid one.
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        (post.split_whitespace().next() == Some("cgroup2"))
-            .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
-    })
-}
-
 /// "Allow c 1:3 (/dev/null), deny everything else": a runtime's device program in small.
 fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
     use gpupass::oci_hook::bpf::Insn;

@@ -217,3 +217,14 @@ pub fn mknod(path: &Path, major: u32, minor: u32) {
         .unwrap();
     assert!(st.success(), "mknod {}", path.display());
 }
+
+/// Where this machine mounts the unified (cgroup v2) hierarchy: `/sys/fs/cgroup` on a v2-only
+/// host, `/sys/fs/cgroup/unified` on a hybrid one.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mi.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next() == Some("cgroup2"))
+            .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
+    })
+}
