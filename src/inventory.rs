@@ -745,6 +745,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
         iommufd: None,
+        cpu_phys_bits: read_cpu_phys_bits(host),
         warnings,
     };
     crate::backend::annotate(host, &mut inv);
@@ -1116,10 +1117,25 @@ pub fn scan_groups(
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
         iommufd: None,
+        cpu_phys_bits: read_cpu_phys_bits(host),
         warnings,
     };
     crate::backend::annotate(host, &mut inv);
     Ok(inv)
+}
+
+/// The CPU's physical address width from `proc/cpuinfo` ("address sizes : 46 bits physical,
+/// 48 bits virtual"), the first CPU's line.
+pub fn read_cpu_phys_bits(host: &HostRoot) -> Option<u8> {
+    let text = crate::host::read_bounded(&host.path("proc/cpuinfo"), 1 << 20).ok()?;
+    parse_phys_bits(&text)
+}
+
+fn parse_phys_bits(cpuinfo: &str) -> Option<u8> {
+    let line = cpuinfo.lines().find(|l| l.starts_with("address sizes"))?;
+    let (_, v) = line.split_once(':')?;
+    let bits = v.trim().split(" bits physical").next()?.trim();
+    bits.parse().ok().filter(|b| (32..=64).contains(b))
 }
 
 /// Load an inventory saved with `--json`.
@@ -1151,6 +1167,18 @@ pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_phys_bits_from_cpuinfo() {
+        let c = "processor\t: 0\nflags\t\t: fpu\naddress sizes\t: 46 bits physical, 57 bits virtual\n";
+        assert_eq!(parse_phys_bits(c), Some(46));
+        assert_eq!(
+            parse_phys_bits("address sizes : 40 bits physical, 48 bits virtual"),
+            Some(40)
+        );
+        assert_eq!(parse_phys_bits("processor : 0\n"), None);
+        assert_eq!(parse_phys_bits("address sizes : many bits physical"), None);
+    }
 
     #[test]
     fn resource_lines() {

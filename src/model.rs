@@ -441,6 +441,10 @@ pub struct Inventory {
     /// iommufd readiness (docs/iommufd.md); absent in inventories saved by older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iommufd: Option<IommufdFacts>,
+    /// The host CPU's physical address width in bits (`proc/cpuinfo`, "address sizes"): how far
+    /// a guest's physical address space can reach with `host-phys-bits` (docs/vm-outputs.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_phys_bits: Option<u8>,
     /// Things that could not be read; the fields concerned are `null`.
     #[serde(default)]
     pub warnings: Vec<String>,

@@ -313,6 +313,12 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     // The kernel config: `/proc/config.gz` by presence (gpupass does not inflate it), and
     // `/boot/config-<release>` cut to the VFIO/iommufd options the backend facts read.
     c.copy_if_exists_empty(Path::new("proc/config.gz"))?;
+    // The CPU's address sizes (the 64-bit window check), cut to that line.
+    if let Ok(text) = crate::host::read_bounded(&src.path("proc/cpuinfo"), 1 << 20) {
+        if let Some(l) = text.lines().find(|l| l.starts_with("address sizes")) {
+            c.write(Path::new("proc/cpuinfo"), format!("{l}\n").as_bytes())?;
+        }
+    }
     if let Ok(rel) = crate::host::read_attr(&src.path("proc/sys/kernel/osrelease")) {
         let cfg = Path::new("boot").join(format!("config-{}", rel.trim()));
         if let Ok(text) = crate::host::read_bounded(&src.root().join(&cfg), 8 << 20) {

@@ -319,6 +319,19 @@ fn gpu_group_on_vfio(r: &Path) -> Guard {
     None
 }
 
+/// The workstation's GPU group on vfio-pci, on a host CPU with 36 physical address bits: its
+/// 128G window needs 38.
+fn gpu_group_on_vfio_36_bits(r: &Path) -> Guard {
+    must(r, &["bind", "01:00.0"], &[]);
+    std::fs::create_dir_all(r.join("proc")).unwrap();
+    std::fs::write(
+        r.join("proc/cpuinfo"),
+        "processor\t: 0\naddress sizes\t: 36 bits physical, 48 bits virtual\n",
+    )
+    .unwrap();
+    None
+}
+
 fn gpu_only_on_vfio(r: &Path) -> Guard {
     must(r, &["bind", "--only", "01:00.0"], &[]);
     None
@@ -2279,6 +2292,21 @@ row!(
             "passes PCI functions (their cdevs), not mdev 2f3e4d5c-6b7a-4988-8776-655443322110",
             "gpupass qemu-args"
         ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_15,
+    Case {
+        host: "workstation",
+        args: &["qemu-args", "01:00.0"],
+        code: 1,
+        needles: &[
+            "a 64-bit PCI window of 128G (for 2 64-bit BAR(s), 32 GiB in all) needs a guest physical address width of at least 38 bits, but this host's CPU has 36",
+            "--pci-hole64 SIZE (at most 32G)",
+            "nothing was written"
+        ],
+        setup: gpu_group_on_vfio_36_bits,
         ..Case::DEFAULT
     }
 );

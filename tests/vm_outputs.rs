@@ -409,7 +409,9 @@ fn qemu_args_golden() {
     golden("workstation/qemu-args.txt", &text);
     assert_eq!(
         text,
-        "-device pcie-root-port,id=rp1,chassis=1,bus=pcie.0,addr=0x10.0\n\
+        "-global q35-pcihost.pci-hole64-size=128G\n\
+         -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=131072\n\
+         -device pcie-root-port,id=rp1,chassis=1,bus=pcie.0,addr=0x10.0\n\
          -device vfio-pci,host=0000:01:00.0,id=hostdev1,bus=rp1,addr=0x0.0,multifunction=on,rombar=0\n\
          -device vfio-pci,host=0000:01:00.1,id=hostdev2,bus=rp1,addr=0x0.1\n"
     );
@@ -520,6 +522,11 @@ fn every_qemu_property_exists_in_the_installed_qemu() {
     let mut checked = 0;
     for argv in &runs {
         for pair in argv.chunks(2) {
+            // The window's -global and -fw_cfg are checked by starting QEMU with them
+            // (qemu_accepts_the_arguments_up_to_opening_the_host_device).
+            if pair[0] == "-global" || pair[0] == "-fw_cfg" {
+                continue;
+            }
             assert_eq!(pair[0], "-device");
             let opts = split_opts(&pair[1]);
             let props = match opts[0].as_str() {
@@ -569,6 +576,13 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
             .filter(|p| p[1].starts_with("pcie-root-port,"))
             .map(|p| &p[1])
             .collect();
+        // The 64-bit window's machine global and OVMF fw_cfg file: a property QEMU lacks
+        // fails before any device is realized ("Property '...' not found").
+        let machine_args: Vec<&String> = argv
+            .chunks(2)
+            .filter(|p| p[0] == "-global" || p[0] == "-fw_cfg")
+            .flatten()
+            .collect();
         for dev in argv.chunks(2).filter(|p| p[1].starts_with("vfio-pci,")) {
             let mut cmd = tool("qemu-system-x86_64");
             cmd.args([
@@ -580,6 +594,12 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
                 "-S",
             ])
             .args(["-monitor", "none", "-serial", "none"]);
+            cmd.args(&machine_args);
+            if !machine_args.is_empty() {
+                // The window lies above RAM: the guest CPU needs the address bits for it
+                // (host-phys-bits=on on a real host; TCG's default CPU has 40).
+                cmd.args(["-cpu", "qemu64,phys-bits=48"]);
+            }
             for p in &ports {
                 cmd.args(["-device", p]);
             }
@@ -917,7 +937,15 @@ fn qemu_args_on_iommufd() {
     let args = |backend: &str| -> Vec<String> {
         let v: serde_json::Value = serde_json::from_str(&ok(&run_root(
             &host("vfio-numa"),
-            &["qemu-args", "4b:00.0", "--backend", backend, "--json"],
+            &[
+                "qemu-args",
+                "4b:00.0",
+                "--backend",
+                backend,
+                "--pci-hole64",
+                "off",
+                "--json",
+            ],
         )))
         .unwrap();
         v["args"]
@@ -1185,4 +1213,113 @@ fn kubevirt_on_iommufd() {
         &["kubevirt", "01:00.0", "--external-provider"],
     ));
     assert!(!y.contains("IOMMUFD"), "{y}");
+}
+
+/// The 64-bit window is sized from the 64-bit BARs of the devices given: twice the next power
+/// of two of their sum, at least QEMU's default 32G; `--pci-hole64` sets or drops it; a window
+/// the host CPU's address width cannot reach is refused with the numbers. QEMU itself refuses
+/// the 4-GPU window on a 40-bit guest CPU, which is why the window needs host-phys-bits.
+#[test]
+fn mmio64_window_is_sized_from_the_bars() {
+    let hgx = vfio_host(
+        "hgx-8gpu",
+        &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"],
+    );
+    let args = |extra: &[&str]| {
+        let o = run_root(
+            hgx.path(),
+            &[&["qemu-args", "03:00.0", "04:00.0", "05:00.0", "06:00.0"], extra].concat(),
+        );
+        (o.status.code(), stdout(&o), stderr(&o))
+    };
+    // Four H100s: 4 x (128 GiB BAR1 + 32 MiB BAR3) -> 1 TiB rounded up -> 2 TiB.
+    let (code, out, err) = args(&[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with(
+            "-global q35-pcihost.pci-hole64-size=2T\n-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=2097152\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        err.contains("note: 64-bit PCI window 2T for 12 64-bit BAR(s)"),
+        "{err}"
+    );
+    assert!(err.contains("host-phys-bits=on"), "{err}");
+    let (_, out, _) = args(&["--pci-hole64", "off"]);
+    assert!(
+        !out.contains("pci-hole64") && !out.contains("X-PciMmio64Mb"),
+        "{out}"
+    );
+    let (_, out, _) = args(&["--pci-hole64", "4T"]);
+    assert!(
+        out.contains("pci-hole64-size=4T") && out.contains("string=4194304"),
+        "{out}"
+    );
+    let (code, _, err) = args(&["--pci-hole64", "48G"]);
+    assert_eq!(code, Some(2), "{err}");
+
+    // The host CPU's address width (proc/cpuinfo): 2 TiB needs 42 bits.
+    std::fs::write(
+        hgx.path().join("proc/cpuinfo"),
+        "processor\t: 0\naddress sizes\t: 46 bits physical, 48 bits virtual\n",
+    )
+    .unwrap();
+    assert_eq!(args(&[]).0, Some(0));
+    std::fs::write(
+        hgx.path().join("proc/cpuinfo"),
+        "processor\t: 0\naddress sizes\t: 40 bits physical, 48 bits virtual\n",
+    )
+    .unwrap();
+    let (code, out, err) = args(&[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("a 64-bit PCI window of 2T (for 12 64-bit BAR(s), 512 GiB in all) needs a guest physical address width of at least 42 bits, but this host's CPU has 40"),
+        "{err}"
+    );
+    let x = run_root(
+        hgx.path(),
+        &[
+            "xml", "domain", "--name", "big", "--memory", "8G", "--vcpus", "4", "--device", "03:00.0",
+            "04:00.0", "05:00.0", "06:00.0",
+        ],
+    );
+    assert_eq!(x.status.code(), Some(1), "{}", stderr(&x));
+    assert!(stdout(&x).is_empty());
+    // The explicit window that fits is taken.
+    assert_eq!(args(&["--pci-hole64", "512G"]).0, Some(0));
+
+    // QEMU agrees: the 2T window does not fit a 40-bit guest CPU, and does with 48 bits.
+    let run = |cpu: &str| {
+        let o = tool("qemu-system-x86_64")
+            .args([
+                "-machine",
+                "q35,accel=tcg",
+                "-cpu",
+                cpu,
+                "-nodefaults",
+                "-display",
+                "none",
+                "-S",
+            ])
+            .args(["-monitor", "none", "-serial", "none"])
+            .args([
+                "-global",
+                "q35-pcihost.pci-hole64-size=2T",
+                "-device",
+                "pcie-root-port,id=rp1,chassis=1,bus=pcie.0,addr=0x10.0",
+            ])
+            .args([
+                "-device",
+                "vfio-pci,host=0000:03:00.0,id=hostdev1,bus=rp1,addr=0x0.0",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e40 = run("qemu64");
+    assert!(e40.contains("phys-bits too low (40)"), "{e40}");
+    let e48 = run("qemu64,phys-bits=48");
+    assert!(e48.contains(": vfio ") && !e48.contains("phys-bits"), "{e48}");
 }

@@ -4,7 +4,7 @@
 # lab-timeout: 420
 # lab-steps: qemu-version dev-kvm bind bind-driver qemu-args l2-exit l2-kvm l2-start
 # lab-steps: l2-ids l2-bars big-bind big-bind-driver big-qemu-args big-l1-bars big-exit
-# lab-steps: big-start big-ids big-bars big-above-4g big-window big-hole64-exit big-hole64-bars
+# lab-steps: big-start big-ids big-bars big-above-4g big-window big-sized-window big-hole64-exit big-hole64-bars
 # lab-steps: big-hole64-window unbind restored big-unbind big-restored duration qemu-args-backend
 # lab-steps-6.12: launch-args launch-exit launch-ids launch-bars launch-nodes launch-exec-error
 # lab-steps-6.1: launch-refused
@@ -248,8 +248,11 @@ else
   lab_fail big-above-4g "BAR2 at '$a'; $(grep -E '^PCI: (32|64):|out of' seabios-big.log | tr '\n' ';')"
 fi
 window big- seabios-big.log
+# gpupass sized the window from the BARs (16 GiB -> twice the next power of two, at least 32G)
+lab_expect big-sized-window "q35-pcihost.pci-hole64-size=32G" "$(grep -o 'q35-pcihost.pci-hole64-size=[0-9A-Z]*' big-qemu-args.txt)"
+gpupass qemu-args $BIG --pci-hole64 64G > big-hole64-args.txt 2> big-hole64-args.err
 # shellcheck disable=SC2046
-l2_run seabios-hole64 "$(ids $BIG)" -global q35-pcihost.pci-hole64-size=64G $(cat big-qemu-args.txt)
+l2_run seabios-hole64 "$(ids $BIG)" $(cat big-hole64-args.txt)
 lab_expect big-hole64-exit 0 "$L2_RC"
 lab_expect big-hole64-bars "$(l2_bars 01:00.0 seabios-big.log | tr '\n' ' ')" "$(l2_bars 01:00.0 seabios-hole64.log | tr '\n' ' ')"
 window big-hole64- seabios-hole64.log

@@ -421,6 +421,10 @@ pub struct DomainSpec {
     pub hostdev: HostdevOptions,
     /// The domain-wide `<iommufd enabled='yes'/>` (libvirt 12.2+; docs/iommufd.md).
     pub iommufd_domain: bool,
+    /// The 64-bit MMIO window ([`crate::output::layout`]): `<pcihole64>` on `pcie-root`,
+    /// `<maxphysaddr mode='passthrough'/>`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg
+    /// file (`<sysinfo type='fwcfg'>`).
+    pub hole64: Option<crate::output::layout::Mmio64>,
 }
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
@@ -459,6 +463,18 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                     .write_inner_content(|w| empty(w, "locked", &[]))?;
             }
             text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?;
+            if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {
+                w.create_element("sysinfo")
+                    .with_attribute(("type", "fwcfg"))
+                    .write_inner_content(|w| {
+                        text_element(
+                            w,
+                            "entry",
+                            &[("name", "opt/ovmf/X-PciMmio64Mb")],
+                            &(h.window >> 20).to_string(),
+                        )
+                    })?;
+            }
             if spec.iommufd_domain {
                 empty(w, "iommufd", &[("enabled", "yes")])?;
             }
@@ -479,17 +495,36 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                 }
                 Ok(())
             })?;
-            empty(w, "cpu", &[("mode", "host-passthrough"), ("check", "none")])?;
+            let cpu = w
+                .create_element("cpu")
+                .with_attribute(("mode", "host-passthrough"))
+                .with_attribute(("check", "none"));
+            if spec.hole64.is_some() {
+                // The window lies above RAM: the guest's address width must reach its end.
+                cpu.write_inner_content(|w| empty(w, "maxphysaddr", &[("mode", "passthrough")]))?;
+            } else {
+                cpu.write_empty()?;
+            }
             empty(w, "clock", &[("offset", "utc")])?;
             text_element(w, "on_poweroff", &[], "destroy")?;
             text_element(w, "on_reboot", &[], "restart")?;
             text_element(w, "on_crash", &[], "destroy")?;
             w.create_element("devices").write_inner_content(|w| {
-                empty(
-                    w,
-                    "controller",
-                    &[("type", "pci"), ("index", "0"), ("model", "pcie-root")],
-                )?;
+                let root = w
+                    .create_element("controller")
+                    .with_attribute(("type", "pci"))
+                    .with_attribute(("index", "0"))
+                    .with_attribute(("model", "pcie-root"));
+                match &spec.hole64 {
+                    Some(h) => {
+                        root.write_inner_content(|w| {
+                            text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
+                        })?;
+                    }
+                    None => {
+                        root.write_empty()?;
+                    }
+                }
                 for (i, _) in sel.targets.iter().enumerate() {
                     let idx = (i + 1).to_string();
                     empty(

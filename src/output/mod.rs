@@ -1,5 +1,6 @@
 //! Renderers: pure functions from the inventory to what a user or a consumer reads.
 pub mod kubevirt;
+pub mod layout;
 pub mod libvirt;
 pub mod qemu;
 pub mod selection;

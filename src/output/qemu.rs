@@ -19,6 +19,9 @@
 //! - `rombar=0` hides the expansion ROM BAR; `romfile=PATH` substitutes a ROM image;
 //!   `display=on` exposes a vGPU's display to QEMU's console.
 //! - In an option value a literal `,` is written `,,`.
+//! - `-global q35-pcihost.pci-hole64-size=SIZE` sizes q35's 64-bit PCI window (default 32G);
+//!   `-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=MIB` gives OVMF the same aperture (SeaBIOS
+//!   ignores the file). See [`crate::output::layout`].
 
 use crate::output::selection::{Selection, Target};
 
@@ -48,6 +51,9 @@ pub struct QemuOptions {
     pub iommufd: bool,
     /// With `iommufd`: file descriptors the QEMU process inherits (`gpupass launch`).
     pub fds: Option<PassedFds>,
+    /// The 64-bit MMIO window to set ([`crate::output::layout`]): `-global
+    /// q35-pcihost.pci-hole64-size=` for QEMU's firmware interface and the OVMF fw_cfg file.
+    pub hole64: Option<crate::output::layout::Mmio64>,
 }
 
 /// Descriptors opened by a privileged parent for QEMU to inherit: `/dev/iommu` and one cdev
@@ -70,6 +76,7 @@ impl Default for QemuOptions {
             first_slot: 0x10,
             iommufd: false,
             fds: None,
+            hole64: None,
         }
     }
 }
@@ -103,6 +110,15 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         }
     }
     let mut out = Vec::new();
+    if let Some(h) = &opts.hole64 {
+        out.push("-global".to_string());
+        out.push(format!(
+            "q35-pcihost.pci-hole64-size={}",
+            crate::output::layout::size_suffix(h.window)
+        ));
+        out.push("-fw_cfg".to_string());
+        out.push(format!("name=opt/ovmf/X-PciMmio64Mb,string={}", h.window >> 20));
+    }
     let iommufd = if opts.iommufd && sel.slots().next().is_some() {
         out.push("-object".to_string());
         out.push(match &opts.fds {

@@ -230,8 +230,10 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
+        hole64: crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto),
         ..QemuOptions::default()
     };
+    super::check_window(inv, opts.hole64.as_ref())?;
     let extra = qemu::args(&sel, &opts)?;
     debug_assert!(sel
         .functions()

@@ -45,6 +45,9 @@ pub enum VmOutError {
     },
     #[error("{0}")]
     Verify(String),
+    /// A VM layout that cannot work on this host (exit status 1), with the numbers.
+    #[error("{0}")]
+    Layout(String),
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
 }
@@ -289,6 +292,10 @@ pub struct DomainArgs {
     /// limit for VFIO by itself)
     #[arg(long)]
     pub locked: bool,
+    /// The guest's 64-bit PCI window: auto (sized from the devices' 64-bit BARs: twice the
+    /// next power of two of their sum, at least 32G), off, or a size (64G, 2T)
+    #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
+    pub pci_hole64: crate::output::layout::Hole64,
     #[command(flatten)]
     pub dev: LibvirtDeviceArgs,
     #[command(flatten)]
@@ -320,6 +327,11 @@ pub struct QemuArgsArgs {
     /// the kernel has it, else legacy). docs/iommufd.md
     #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
     pub backend: crate::backend::Policy,
+    /// The guest's 64-bit PCI window (-global q35-pcihost.pci-hole64-size= and OVMF's
+    /// X-PciMmio64Mb): auto (sized from the devices' 64-bit BARs: twice the next power of two
+    /// of their sum, at least 32G), off, or a size (64G, 2T)
+    #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
+    pub pci_hole64: crate::output::layout::Hole64,
 }
 
 #[derive(Debug, Args)]
@@ -473,6 +485,48 @@ fn select(
     Ok(sel)
 }
 
+/// Refuse a 64-bit window the guest cannot address on this host: a power-of-two window of
+/// 2^k bytes needs at least k+1 physical address bits (it lies above guest RAM and the 32-bit
+/// hole, so its end is past 2^k), and `host-phys-bits`/`maxphysaddr passthrough` give the
+/// guest the host CPU's width.
+pub(crate) fn check_window(
+    inv: &Inventory,
+    h: Option<&crate::output::layout::Mmio64>,
+) -> Result<(), VmOutError> {
+    use crate::output::layout::size_suffix;
+    let (Some(h), Some(bits)) = (h, inv.cpu_phys_bits) else {
+        return Ok(());
+    };
+    let need = h.window.trailing_zeros() + 1;
+    if need > u32::from(bits) {
+        return Err(VmOutError::Layout(format!(
+            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) needs a guest physical address width of at least {need} bits, but this host's CPU has {bits} (/proc/cpuinfo, address sizes): pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
+            size_suffix(h.window),
+            h.count,
+            h.bars >> 30,
+            size_suffix(1u64 << (bits - 1)),
+        )));
+    }
+    Ok(())
+}
+
+/// Say how the 64-bit window was sized.
+fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
+    use crate::output::layout::size_suffix;
+    if let Some(h) = h {
+        eprintln!(
+            "note: 64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it)",
+            size_suffix(h.window),
+            h.count,
+            if h.bars >= 1 << 30 {
+                format!("{:.2} GiB", h.bars as f64 / (1u64 << 30) as f64)
+            } else {
+                format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
+            }
+        );
+    }
+}
+
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
     serde_json::to_writer_pretty(&mut *out, v).map_err(io::Error::from)?;
     writeln!(out)?;
@@ -544,7 +598,10 @@ pub fn run_xml(
                 locked: a.locked,
                 hostdev,
                 iommufd_domain: x.domain_wide,
+                hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
             };
+            check_window(inv, spec.hole64.as_ref())?;
+            hole64_note(spec.hole64.as_ref());
             let xml = libvirt::domain(&sel, &spec)?;
             if json {
                 json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
@@ -575,7 +632,13 @@ pub fn run_qemu(
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
+        hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
     };
+    check_window(inv, opts.hole64.as_ref())?;
+    hole64_note(opts.hole64.as_ref());
+    if opts.hole64.is_some() {
+        eprintln!("note: the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)");
+    }
     if opts.iommufd && sel.mdevs().next().is_some() {
         eprintln!("note: mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd");
     }
