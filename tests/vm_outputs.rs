@@ -1323,3 +1323,47 @@ fn mmio64_window_is_sized_from_the_bars() {
     let e48 = run("qemu64,phys-bits=48");
     assert!(e48.contains(": vfio ") && !e48.contains("phys-bits"), "{e48}");
 }
+
+/// `<memtune><hard_limit>` is what VFIO pins: RAM + 1 GiB, or RAM per VFIO device behind a
+/// vIOMMU plus 1 GiB; `--memtune off` drops it. Each variant passes libvirt 9.0's RNG,
+/// `virsh define` and libvirt 12.9's RNG.
+#[test]
+fn memtune_is_what_vfio_pins() {
+    let hgx = vfio_host("hgx-8gpu", &["0000:03:00.0", "0000:04:00.0"]);
+    let s129 = libvirt_12_9_schemas();
+    let domain = |extra: &[&str]| {
+        let base = [
+            "xml", "domain", "--name", "big", "--memory", "8G", "--vcpus", "4", "--device", "03:00.0",
+            "04:00.0",
+        ];
+        let o = run_root(hgx.path(), &[&base[..], extra].concat());
+        (ok(&o), stderr(&o))
+    };
+    let (xml, err) = domain(&[]);
+    assert!(
+        xml.contains("<memtune>\n    <hard_limit unit=\"KiB\">9437184</hard_limit>\n  </memtune>"),
+        "{xml}"
+    );
+    assert!(
+        err.contains("this VM locks up to 9216 MiB (RAM + 1 GiB)"),
+        "{err}"
+    );
+    libvirt_accepts(&xml, "8G, two GPUs");
+    assert!(validates_with(&s129, &xml, "8G, two GPUs"));
+    let (xml, err) = domain(&["--viommu"]);
+    assert!(
+        xml.contains("<hard_limit unit=\"KiB\">17825792</hard_limit>"),
+        "{xml}"
+    );
+    assert!(
+        err.contains("17408 MiB (RAM per VFIO device behind the vIOMMU + 1 GiB)"),
+        "{err}"
+    );
+    libvirt_accepts(&xml, "8G, two GPUs, vIOMMU");
+    let (xml, _) = domain(&["--memtune", "off", "--pci-hole64", "off"]);
+    assert!(
+        !xml.contains("memtune") && !xml.contains("pcihole64") && !xml.contains("maxphysaddr"),
+        "{xml}"
+    );
+    libvirt_accepts(&xml, "no memtune, no window");
+}

@@ -100,6 +100,14 @@ pub fn mmio64(sel: &Selection, mode: Hole64) -> Option<Mmio64> {
     Some(Mmio64 { bars, count, window })
 }
 
+/// What VFIO pins: all guest RAM, once per IOMMU address space, plus 1 GiB for what QEMU maps
+/// besides (the rule libvirt applies, `qemuDomainGetMemLockLimitBytes`): one address space
+/// without a vIOMMU; with one, each VFIO device gets its own (`devices` of them).
+pub fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
+    let spaces = if viommu { devices.max(1) as u64 } else { 1 };
+    ram.saturating_mul(spaces).saturating_add(1 << 30)
+}
+
 /// A power-of-two size for QEMU and notes: `64G`, `2T`, `512M`.
 pub fn size_suffix(v: u64) -> String {
     if v >= 1 << 40 && v % (1 << 40) == 0 {
@@ -126,5 +134,12 @@ mod tests {
         }
         assert_eq!(size_suffix(64 << 30), "64G");
         assert_eq!(size_suffix(4 << 40), "4T");
+    }
+
+    #[test]
+    fn memlock() {
+        assert_eq!(memlock_bytes(8 << 30, false, 4), 9 << 30);
+        assert_eq!(memlock_bytes(8 << 30, true, 2), 17 << 30);
+        assert_eq!(memlock_bytes(8 << 30, true, 0), 9 << 30);
     }
 }

@@ -425,6 +425,9 @@ pub struct DomainSpec {
     /// `<maxphysaddr mode='passthrough'/>`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg
     /// file (`<sysinfo type='fwcfg'>`).
     pub hole64: Option<crate::output::layout::Mmio64>,
+    /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
+    /// libvirt also takes it as the memlock limit.
+    pub memtune_kib: Option<u64>,
 }
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
@@ -461,6 +464,11 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
             if spec.locked {
                 w.create_element("memoryBacking")
                     .write_inner_content(|w| empty(w, "locked", &[]))?;
+            }
+            if let Some(kib) = spec.memtune_kib {
+                w.create_element("memtune").write_inner_content(|w| {
+                    text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
+                })?;
             }
             text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?;
             if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {

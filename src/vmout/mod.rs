@@ -296,6 +296,11 @@ pub struct DomainArgs {
     /// next power of two of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// `<memtune><hard_limit>` = what VFIO pins (RAM + 1 GiB; with --viommu RAM per VFIO
+    /// device + 1 GiB), also the domain's memory cgroup limit: on (default) or off (libvirt
+    /// then raises the memlock limit by the same rule and sets no cgroup limit)
+    #[arg(long, value_enum, value_name = "on|off", default_value = "on")]
+    pub memtune: OnOff,
     #[command(flatten)]
     pub dev: LibvirtDeviceArgs,
     #[command(flatten)]
@@ -599,8 +604,32 @@ pub fn run_xml(
                 hostdev,
                 iommufd_domain: x.domain_wide,
                 hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
+                memtune_kib: None,
             };
             check_window(inv, spec.hole64.as_ref())?;
+            let pinned = crate::output::layout::memlock_bytes(
+                a.memory << 10,
+                a.viommu,
+                sel.functions().count() + sel.mdevs().count(),
+            );
+            eprintln!(
+                "note: VFIO pins all guest RAM: this VM locks up to {} MiB ({}){}",
+                pinned >> 20,
+                if a.viommu {
+                    "RAM per VFIO device behind the vIOMMU + 1 GiB"
+                } else {
+                    "RAM + 1 GiB"
+                },
+                if a.memtune.bool() {
+                    "; <memtune><hard_limit> is set to it, which is also the domain's memory cgroup limit (--memtune off leaves both to libvirt)"
+                } else {
+                    ""
+                }
+            );
+            let spec = libvirt::DomainSpec {
+                memtune_kib: a.memtune.bool().then_some(pinned >> 10),
+                ..spec
+            };
             hole64_note(spec.hole64.as_ref());
             let xml = libvirt::domain(&sel, &spec)?;
             if json {
@@ -636,6 +665,9 @@ pub fn run_qemu(
     };
     check_window(inv, opts.hole64.as_ref())?;
     hole64_note(opts.hole64.as_ref());
+    if !sel.targets.is_empty() {
+        eprintln!("note: VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root");
+    }
     if opts.hole64.is_some() {
         eprintln!("note: the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)");
     }
