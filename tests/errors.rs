@@ -2310,3 +2310,32 @@ row!(
         ..Case::DEFAULT
     }
 );
+row!(
+    e_out_16,
+    Case {
+        host: "vfio-numa",
+        args: &[
+            "xml",
+            "domain",
+            "--name",
+            "n",
+            "--memory",
+            "4G",
+            "--vcpus",
+            "4",
+            "--backend",
+            "legacy",
+            "--numa",
+            "strict",
+            "--device",
+            "17:00.0",
+            "ca:00.0"
+        ],
+        code: 1,
+        needles: &[
+            "--numa strict: the devices are on host NUMA nodes 0, 1",
+            "nothing was written"
+        ],
+        ..Case::DEFAULT
+    }
+);

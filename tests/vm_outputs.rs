@@ -1367,3 +1367,68 @@ fn memtune_is_what_vfio_pins() {
     );
     libvirt_accepts(&xml, "no memtune, no window");
 }
+
+/// NUMA placement: devices on one host node pin the vCPUs to its CPUs and bind guest memory
+/// to it; devices on several nodes are not pinned (a note), and an error under --numa strict.
+#[test]
+fn numa_placement_follows_the_devices() {
+    let root = host("vfio-numa");
+    let domain = |devs: &[&str], extra: &[&str]| {
+        let mut a = vec![
+            "xml",
+            "domain",
+            "--name",
+            "n",
+            "--memory",
+            "4G",
+            "--vcpus",
+            "4",
+            "--backend",
+            "legacy",
+            "--device",
+        ];
+        a.extend_from_slice(devs);
+        a.extend_from_slice(extra);
+        run_root(&root, &a)
+    };
+    // 17:00.0 and 31:00.0: both on node 0.
+    let o = domain(&["17:00.0", "31:00.0"], &[]);
+    let xml = ok(&o);
+    assert!(
+        xml.contains("<numatune>\n    <memory mode=\"strict\" nodeset=\"0\"/>\n  </numatune>"),
+        "{xml}"
+    );
+    let cpus = std::fs::read_to_string(root.join("sys/bus/pci/devices/0000:17:00.0/local_cpulist")).unwrap();
+    assert!(
+        xml.contains(&format!(
+            "<vcpu placement=\"static\" cpuset=\"{}\">4</vcpu>",
+            cpus.trim()
+        )),
+        "{xml}"
+    );
+    assert!(
+        stderr(&o).contains("the devices are on host NUMA node 0"),
+        "{}",
+        stderr(&o)
+    );
+    libvirt_accepts(&xml, "NUMA node 0");
+    // 17:00.0 (node 0) and ca:00.0 (node 1): not pinned under auto, refused under strict.
+    let o = domain(&["17:00.0", "ca:00.0"], &[]);
+    let xml = ok(&o);
+    assert!(!xml.contains("numatune") && !xml.contains("cpuset"), "{xml}");
+    assert!(
+        stderr(&o).contains("the devices span host NUMA nodes 0, 1: the guest is not pinned"),
+        "{}",
+        stderr(&o)
+    );
+    let o = domain(&["17:00.0", "ca:00.0"], &["--numa", "strict"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).is_empty());
+    assert!(
+        stderr(&o).contains("--numa strict: the devices are on host NUMA nodes 0, 1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = domain(&["17:00.0"], &["--numa", "off"]);
+    assert!(!ok(&o).contains("numatune"));
+}

@@ -108,6 +108,40 @@ pub fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
     ram.saturating_mul(spaces).saturating_add(1 << 30)
 }
 
+/// Where the selection's PCI functions sit on the host's NUMA nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NumaPlacement {
+    /// No function reports a node (a single-node host, or mdevs only).
+    Unknown,
+    /// Every function that reports a node is on this one; its CPUs (`local_cpulist`).
+    One { node: i32, cpus: Option<String> },
+    /// The functions span these nodes.
+    Spans(Vec<i32>),
+}
+
+/// The NUMA placement of `sel` (pure: the inventory's `numa_node` and `local_cpulist`).
+pub fn numa(sel: &Selection) -> NumaPlacement {
+    let mut nodes: Vec<i32> = sel
+        .functions()
+        .filter_map(|f| f.device.numa_node)
+        .filter(|n| *n >= 0)
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    match nodes.as_slice() {
+        [] => NumaPlacement::Unknown,
+        [n] => NumaPlacement::One {
+            node: *n,
+            cpus: sel
+                .functions()
+                .find(|f| f.device.numa_node == Some(*n))
+                .and_then(|f| f.device.local_cpulist.clone())
+                .filter(|c| !c.trim().is_empty()),
+        },
+        _ => NumaPlacement::Spans(nodes),
+    }
+}
+
 /// A power-of-two size for QEMU and notes: `64G`, `2T`, `512M`.
 pub fn size_suffix(v: u64) -> String {
     if v >= 1 << 40 && v % (1 << 40) == 0 {

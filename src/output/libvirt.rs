@@ -428,6 +428,9 @@ pub struct DomainSpec {
     /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
     /// libvirt also takes it as the memlock limit.
     pub memtune_kib: Option<u64>,
+    /// NUMA placement: the vCPUs on these host CPUs (`<vcpu cpuset=>`) and guest memory bound
+    /// to this host node (`<numatune><memory mode='strict'>`): the devices' node.
+    pub numa: Option<(i32, Option<String>)>,
 }
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
@@ -470,7 +473,20 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                     text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
                 })?;
             }
-            text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?;
+            match &spec.numa {
+                Some((_, Some(cpus))) => text_element(
+                    w,
+                    "vcpu",
+                    &[("placement", "static"), ("cpuset", cpus)],
+                    &spec.vcpus.to_string(),
+                )?,
+                _ => text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?,
+            }
+            if let Some((node, _)) = &spec.numa {
+                w.create_element("numatune").write_inner_content(|w| {
+                    empty(w, "memory", &[("mode", "strict"), ("nodeset", &node.to_string())])
+                })?;
+            }
             if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {
                 w.create_element("sysinfo")
                     .with_attribute(("type", "fwcfg"))

@@ -80,6 +80,13 @@ impl OnOff {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NumaArg {
+    Auto,
+    Strict,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FirmwareArg {
     Efi,
     Bios,
@@ -301,6 +308,10 @@ pub struct DomainArgs {
     /// then raises the memlock limit by the same rule and sets no cgroup limit)
     #[arg(long, value_enum, value_name = "on|off", default_value = "on")]
     pub memtune: OnOff,
+    /// NUMA placement: auto (vCPUs on the devices' local CPUs and memory bound to their node
+    /// when they share one), strict (the same, and devices on several nodes are an error), off
+    #[arg(long, value_enum, default_value = "auto")]
+    pub numa: NumaArg,
     #[command(flatten)]
     pub dev: LibvirtDeviceArgs,
     #[command(flatten)]
@@ -515,6 +526,37 @@ pub(crate) fn check_window(
     Ok(())
 }
 
+/// `--numa`: the node and CPUs to place the guest on, a note when the devices span nodes, or
+/// (strict) an error.
+fn numa_placement(sel: &Selection, mode: NumaArg) -> Result<Option<(i32, Option<String>)>, VmOutError> {
+    use crate::output::layout::{numa, NumaPlacement};
+    if mode == NumaArg::Off {
+        return Ok(None);
+    }
+    match numa(sel) {
+        NumaPlacement::One { node, cpus } => {
+            eprintln!(
+                "note: the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
+                cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
+            );
+            Ok(Some((node, cpus)))
+        }
+        NumaPlacement::Unknown => Ok(None),
+        NumaPlacement::Spans(nodes) => {
+            let list = nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ");
+            if mode == NumaArg::Strict {
+                return Err(VmOutError::Layout(format!(
+                    "--numa strict: the devices are on host NUMA nodes {list}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written"
+                )));
+            }
+            eprintln!(
+                "note: the devices span host NUMA nodes {list}: the guest is not pinned (one pxb-pcie expander bus per node is not generated yet)"
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Say how the 64-bit window was sized.
 fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
     use crate::output::layout::size_suffix;
@@ -605,8 +647,10 @@ pub fn run_xml(
                 iommufd_domain: x.domain_wide,
                 hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
                 memtune_kib: None,
+                numa: None,
             };
             check_window(inv, spec.hole64.as_ref())?;
+            let numa = numa_placement(&sel, a.numa)?;
             let pinned = crate::output::layout::memlock_bytes(
                 a.memory << 10,
                 a.viommu,
@@ -628,6 +672,7 @@ pub fn run_xml(
             );
             let spec = libvirt::DomainSpec {
                 memtune_kib: a.memtune.bool().then_some(pinned >> 10),
+                numa,
                 ..spec
             };
             hole64_note(spec.hole64.as_ref());
