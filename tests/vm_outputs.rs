@@ -1432,3 +1432,59 @@ fn numa_placement_follows_the_devices() {
     let o = domain(&["17:00.0"], &["--numa", "off"]);
     assert!(!ok(&o).contains("numatune"));
 }
+
+/// GPUDirect P2P cliques: the HGX board's GPUs behind one PCIe switch share a clique (03-06 on
+/// switch 01:00.0: 0; 83-86 on switch 81:00.0: 1); a GPU alone behind its switch gets none; the
+/// property exists in the lab's QEMU.
+#[test]
+fn p2p_cliques_follow_the_pcie_switches() {
+    let all = [
+        "0000:03:00.0",
+        "0000:04:00.0",
+        "0000:05:00.0",
+        "0000:06:00.0",
+        "0000:83:00.0",
+        "0000:84:00.0",
+        "0000:85:00.0",
+        "0000:86:00.0",
+    ];
+    let hgx = vfio_host("hgx-8gpu", &all);
+    let clique = |args: &[&str]| -> Vec<(String, String)> {
+        let o = run_root(
+            hgx.path(),
+            &[&["qemu-args"], args, &["--pci-hole64", "off"]].concat(),
+        );
+        ok(&o)
+            .lines()
+            .filter_map(|l| {
+                let v = l.strip_prefix("-device vfio-pci,host=")?;
+                let addr = v.split(',').next()?.to_string();
+                let c = v
+                    .split(',')
+                    .find_map(|p| p.strip_prefix("x-nv-gpudirect-clique="))
+                    .unwrap_or("-");
+                Some((addr, c.to_string()))
+            })
+            .collect()
+    };
+    let got = clique(&all);
+    let want: Vec<(String, String)> = all
+        .iter()
+        .map(|a| {
+            (
+                a.to_string(),
+                if a.starts_with("0000:0") { "0" } else { "1" }.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    // One GPU per switch: nothing to share.
+    assert_eq!(
+        clique(&["03:00.0", "83:00.0"]),
+        [
+            ("0000:03:00.0".to_string(), "-".to_string()),
+            ("0000:83:00.0".to_string(), "-".to_string())
+        ]
+    );
+    assert!(qemu_properties("vfio-pci").contains("x-nv-gpudirect-clique"));
+}

@@ -108,6 +108,38 @@ pub fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
     ram.saturating_mul(spaces).saturating_add(1 << 30)
 }
 
+/// GPUDirect P2P cliques (QEMU's `x-nv-gpudirect-clique=N` on an NVIDIA vfio-pci device,
+/// 0-15): NVIDIA GPUs of the selection behind one PCIe switch (the same upstream port two
+/// bridges above each GPU: GPU -> switch downstream port -> switch upstream port) share a
+/// clique, numbered by first appearance; a switch with one selected GPU gets none. The guest
+/// driver only enables P2P between GPUs of one clique.
+pub fn p2p_cliques(sel: &Selection, inv: &crate::model::Inventory) -> Vec<(crate::model::PciAddress, u8)> {
+    let switch_of = |f: &crate::output::selection::SelectedFunction| {
+        let down = f.device.parent?;
+        let up = inv.device(&down)?.parent?;
+        // An upstream port has a parent bridge (a root port); a root port itself does not.
+        inv.device(&up)?.parent?;
+        Some(up)
+    };
+    let gpus: Vec<_> = sel
+        .functions()
+        .filter(|f| f.device.vendor_id == "10de" && f.device.base_class() == 0x03)
+        .filter_map(|f| switch_of(f).map(|s| (f.device.address, s)))
+        .collect();
+    let mut switches: Vec<crate::model::PciAddress> = Vec::new();
+    for (_, s) in &gpus {
+        if !switches.contains(s) && gpus.iter().filter(|(_, t)| t == s).count() > 1 {
+            switches.push(*s);
+        }
+    }
+    gpus.iter()
+        .filter_map(|(a, s)| {
+            let i = switches.iter().position(|t| t == s)?;
+            (i < 16).then_some((*a, i as u8))
+        })
+        .collect()
+}
+
 /// Where the selection's PCI functions sit on the host's NUMA nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NumaPlacement {

@@ -19,6 +19,8 @@
 //! - `rombar=0` hides the expansion ROM BAR; `romfile=PATH` substitutes a ROM image;
 //!   `display=on` exposes a vGPU's display to QEMU's console.
 //! - In an option value a literal `,` is written `,,`.
+//! - `x-nv-gpudirect-clique=N` (0-15) on an NVIDIA vfio-pci device tells the guest driver which
+//!   GPUs may do GPUDirect P2P with each other (those of one clique).
 //! - `-global q35-pcihost.pci-hole64-size=SIZE` sizes q35's 64-bit PCI window (default 32G);
 //!   `-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=MIB` gives OVMF the same aperture (SeaBIOS
 //!   ignores the file). See [`crate::output::layout`].
@@ -54,6 +56,8 @@ pub struct QemuOptions {
     /// The 64-bit MMIO window to set ([`crate::output::layout`]): `-global
     /// q35-pcihost.pci-hole64-size=` for QEMU's firmware interface and the OVMF fw_cfg file.
     pub hole64: Option<crate::output::layout::Mmio64>,
+    /// `x-nv-gpudirect-clique=N` per NVIDIA GPU ([`crate::output::layout::p2p_cliques`]).
+    pub cliques: Vec<(crate::model::PciAddress, u8)>,
 }
 
 /// Descriptors opened by a privileged parent for QEMU to inherit: `/dev/iommu` and one cdev
@@ -77,6 +81,7 @@ impl Default for QemuOptions {
             iommufd: false,
             fds: None,
             hole64: None,
+            cliques: Vec::new(),
         }
     }
 }
@@ -179,8 +184,14 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
                         Some(fd) => format!("fd={fd}"),
                         None => format!("host={}", f.device.address),
                     };
+                    let clique = opts
+                        .cliques
+                        .iter()
+                        .find(|(a, _)| *a == f.device.address)
+                        .map(|(_, c)| format!(",x-nv-gpudirect-clique={c}"))
+                        .unwrap_or_default();
                     dev(format!(
-                        "vfio-pci,{open},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}{iommufd}",
+                        "vfio-pci,{open},id=hostdev{n},bus={bus},addr=0x0.{}{mf}{}{clique}{iommufd}",
                         f.guest_function,
                         rom(f.requested)
                     ));

@@ -209,6 +209,7 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
         iommufd: true,
         fds: Some(fds),
         hole64: crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto),
+        cliques: crate::output::layout::p2p_cliques(&sel, inv),
         ..QemuOptions::default()
     };
     super::check_window(inv, opts.hole64.as_ref())?;

@@ -707,9 +707,16 @@ pub fn run_qemu(
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
         hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
+        cliques: crate::output::layout::p2p_cliques(&sel, inv),
     };
     check_window(inv, opts.hole64.as_ref())?;
     hole64_note(opts.hole64.as_ref());
+    if !opts.cliques.is_empty() {
+        eprintln!(
+            "note: GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch)",
+            opts.cliques.len()
+        );
+    }
     if !sel.targets.is_empty() {
         eprintln!("note: VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root");
     }
