@@ -289,15 +289,16 @@ pub fn why_not_iommufd(inv: &Inventory, d: &PciDevice) -> String {
 /// The node set of one backend for the functions `devs` of group `group`, in order:
 /// legacy `/dev/vfio/vfio` + `/dev/vfio/<group>`, iommufd `/dev/iommu` + each cdev.
 pub fn nodes(backend: Backend, group: u32, devs: &[&PciDevice]) -> Vec<String> {
+    node_paths(backend, group, devs.iter().filter_map(|d| d.vfio_cdev.as_deref()))
+}
+
+/// [`nodes`] from the cdev names (`vfioN`) themselves (an mdev's cdev has no [`PciDevice`]).
+pub fn node_paths<'a>(backend: Backend, group: u32, cdevs: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     match backend {
         Backend::Legacy => vec!["/dev/vfio/vfio".into(), format!("/dev/vfio/{group}")],
         Backend::Iommufd => {
             let mut v = vec!["/dev/iommu".to_string()];
-            v.extend(
-                devs.iter()
-                    .filter_map(|d| d.vfio_cdev.as_ref())
-                    .map(|c| format!("/dev/vfio/devices/{c}")),
-            );
+            v.extend(cdevs.into_iter().map(|c| format!("/dev/vfio/devices/{c}")));
             v
         }
     }

@@ -136,10 +136,7 @@ pub struct Resolved {
 impl Resolved {
     /// The device nodes this backend opens, as the user sees them.
     pub fn nodes(&self) -> Vec<String> {
-        match (&self.backend, &self.cdev) {
-            (Backend::Iommufd, Some(c)) => vec![format!("/dev/vfio/devices/{c}"), "/dev/iommu".into()],
-            _ => vec![format!("/dev/vfio/{}", self.group), "/dev/vfio/vfio".into()],
-        }
+        backend::node_paths(self.backend, self.group, self.cdev.as_deref())
     }
 }
 
@@ -244,22 +241,20 @@ pub fn resolve(
             (Backend::Iommufd, Some(cdev))
         }
     };
-    let nodes = match &cdev {
-        Some(c) if backend == Backend::Iommufd => {
-            vec![host.dev_vfio().join("devices").join(c), host.dev_iommu()]
-        }
-        _ => vec![
+    let nodes = match (backend, &cdev) {
+        (Backend::Legacy, _) => vec![
             host.dev_vfio().join("vfio"),
             host.dev_vfio().join(group.to_string()),
         ],
-    };
-    if backend == Backend::Iommufd && cdev.is_none() {
-        return Err(BackendError::IommufdUnavailable {
-            what: name,
-            reason: "it has no vfio-dev/vfioN in sysfs".into(),
+        (Backend::Iommufd, Some(c)) => vec![host.dev_vfio().join("devices").join(c), host.dev_iommu()],
+        (Backend::Iommufd, None) => {
+            return Err(BackendError::IommufdUnavailable {
+                what: name,
+                reason: "it has no vfio-dev/vfioN in sysfs".into(),
+            }
+            .into())
         }
-        .into());
-    }
+    };
     for node in nodes {
         if !node.exists() {
             return Err(VfioDevError::NoNode {

@@ -20,7 +20,7 @@
 use super::{select, VmOutError};
 use crate::backend::{self, Policy};
 use crate::host::HostRoot;
-use crate::model::{Backend, Inventory};
+use crate::model::Inventory;
 use crate::output::qemu::{self, PassedFds, QemuOptions};
 use crate::output::selection::{Consumer, DeviceArg};
 use clap::Args;
@@ -128,12 +128,6 @@ pub enum LaunchError {
     },
 }
 
-impl From<LaunchError> for VmOutError {
-    fn from(e: LaunchError) -> Self {
-        VmOutError::Verify(e.to_string())
-    }
-}
-
 fn open_rw(host: &HostRoot, node: &Path) -> Result<File, LaunchError> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -214,10 +208,6 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
     };
     super::check_window(inv, opts.hole64.as_ref())?;
     let extra = qemu::args(&sel, &opts)?;
-    debug_assert!(sel
-        .functions()
-        .all(|f| f.device.backends.contains(&Backend::Iommufd)));
-
     if let Some(limit) = a.memlock {
         let v = if limit == u64::MAX { None } else { Some(limit) };
         rustix::process::setrlimit(
@@ -250,9 +240,8 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
             qemu::text(&shown).trim_end().replace('\n', " ")
         );
     }
+    // exec returns only on failure; the descriptors close with `held` and `iommu`.
     let e = cmd.exec();
-    drop(held);
-    drop(iommu);
     Err(LaunchError::Exec {
         program: program.to_string_lossy().into_owned(),
         source: e,

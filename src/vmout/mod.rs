@@ -50,6 +50,8 @@ pub enum VmOutError {
     Layout(String),
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+    #[error(transparent)]
+    Launch(#[from] launch::LaunchError),
 }
 
 impl VmOutError {
@@ -632,24 +634,9 @@ pub fn run_xml(
             let mut hostdev = a.dev.hostdev_options();
             hostdev.iommufd = x.per_hostdev;
             print_notes(&libvirt::check_display(&sel, &hostdev)?);
-            let spec = libvirt::DomainSpec {
-                name: a.name.clone(),
-                memory_kib: a.memory,
-                vcpus: a.vcpus,
-                disk: a.disk.as_ref().map(|p| p.display().to_string()),
-                firmware: match a.firmware {
-                    FirmwareArg::Efi => libvirt::Firmware::Efi,
-                    FirmwareArg::Bios => libvirt::Firmware::Bios,
-                },
-                viommu: a.viommu,
-                locked: a.locked,
-                hostdev,
-                iommufd_domain: x.domain_wide,
-                hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
-                memtune_kib: None,
-                numa: None,
-            };
-            check_window(inv, spec.hole64.as_ref())?;
+            // Every refusal (window, NUMA) comes before a note is printed or XML written.
+            let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
+            check_window(inv, hole64.as_ref())?;
             let numa = numa_placement(&sel, a.numa)?;
             let pinned = crate::output::layout::memlock_bytes(
                 a.memory << 10,
@@ -671,9 +658,21 @@ pub fn run_xml(
                 }
             );
             let spec = libvirt::DomainSpec {
+                name: a.name.clone(),
+                memory_kib: a.memory,
+                vcpus: a.vcpus,
+                disk: a.disk.as_ref().map(|p| p.display().to_string()),
+                firmware: match a.firmware {
+                    FirmwareArg::Efi => libvirt::Firmware::Efi,
+                    FirmwareArg::Bios => libvirt::Firmware::Bios,
+                },
+                viommu: a.viommu,
+                locked: a.locked,
+                hostdev,
+                iommufd_domain: x.domain_wide,
+                hole64,
                 memtune_kib: a.memtune.bool().then_some(pinned >> 10),
                 numa,
-                ..spec
             };
             hole64_note(spec.hole64.as_ref());
             let xml = libvirt::domain(&sel, &spec)?;
