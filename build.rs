@@ -1,9 +1,11 @@
 //! Builds the guest firmware (`firmware/`) into a flat binary in OUT_DIR, and the tiny test
 //! guests of `firmware/tests/` next to it (used by tests/boot.rs and the floor benchmark).
 //!
-//! GNU as and gcc (through the `cc` crate, so `CC` is honoured) compile the sources as 32-bit
-//! freestanding code; the same compiler driver links them straight to a flat binary
-//! (`--oformat=binary`, load address 0x1000), so neither objcopy nor a 32-bit libc is needed.
+//! GNU as and gcc (through the `cc` crate, so `CC` is honoured) compile the sources as
+//! freestanding code (the firmware as 64-bit code: its entry switches real mode -> protected
+//! mode -> long mode; the test guests as 32-bit code); the same compiler driver links them
+//! straight to a flat binary (`--oformat=binary`, load address 0x1000), so neither objcopy nor
+//! a 32-bit libc is needed.
 //! `src/vmm/mod.rs` embeds `firmware.bin`.
 //!
 //! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
@@ -15,8 +17,14 @@ use std::process::Command;
 
 const TEST_GUESTS: &[&str] = &["halt", "spin", "status", "triple"];
 
-fn base_build() -> cc::Build {
+/// `long_mode`: the firmware (64-bit code after its mode switches); else 32-bit test guests.
+fn base_build(long_mode: bool) -> cc::Build {
     let mut b = cc::Build::new();
+    if long_mode {
+        b.flag("-m64").flag("-march=x86-64").flag("-mno-red-zone");
+    } else {
+        b.flag("-m32").flag("-march=i686");
+    }
     b.include("firmware")
         .cargo_metadata(false)
         .opt_level_str("s")
@@ -24,8 +32,6 @@ fn base_build() -> cc::Build {
         .pic(false)
         .warnings(true)
         .extra_warnings(true)
-        .flag("-m32")
-        .flag("-march=i686")
         .flag("-mgeneral-regs-only")
         .flag("-ffreestanding")
         .flag("-fno-builtin")
@@ -37,10 +43,11 @@ fn base_build() -> cc::Build {
 }
 
 /// Link `objects` into the flat binary `out` with the compiler driver.
-fn link(build: &cc::Build, objects: &[PathBuf], layout: &[&str], out: &Path) {
-    // Only the compiler's path: cc's default flags (-m64, -fPIC...) must not reach this link.
+fn link(build: &cc::Build, long_mode: bool, objects: &[PathBuf], layout: &[&str], out: &Path) {
+    // Only the compiler's path: cc's default flags (-fPIC...) must not reach this link.
     let status = Command::new(build.get_compiler().path())
-        .args(["-m32", "-nostdlib", "-static", "-no-pie"])
+        .arg(if long_mode { "-m64" } else { "-m32" })
+        .args(["-nostdlib", "-static", "-no-pie"])
         .args(layout)
         .arg("-Wl,--oformat=binary")
         .arg("-Wl,--build-id=none")
@@ -70,11 +77,12 @@ fn main() {
     for f in ["entry.S", "main.c", "protocol.h", "firmware.ld"] {
         println!("cargo:rerun-if-changed=firmware/{f}");
     }
-    let mut fw = base_build();
+    let mut fw = base_build(true);
     fw.file("firmware/entry.S").file("firmware/main.c");
     let objects = fw.compile_intermediates();
     link(
         &fw,
+        true,
         &objects,
         &["-Wl,-T,firmware/firmware.ld"],
         &out.join("firmware.bin"),
@@ -83,11 +91,12 @@ fn main() {
     for name in TEST_GUESTS {
         let src = format!("firmware/tests/{name}.S");
         println!("cargo:rerun-if-changed={src}");
-        let mut b = base_build();
+        let mut b = base_build(false);
         b.file(&src);
         let objects = b.compile_intermediates();
         link(
             &b,
+            false,
             &objects,
             &["-Wl,-Ttext=0x1000", "-Wl,-e,_start"],
             &out.join(format!("test-{name}.bin")),

@@ -1,15 +1,18 @@
 /*
  * gpupass guest firmware: enumerate PCI bus 0, size and assign every BAR into
- * the MMIO hole the VMM announces, read each memory BAR's first dword, read
- * the Bochs "dispi" ID of 1234:1111 display devices, optionally loop reads of
- * one BAR (exit counting), and report everything as `FW ...` lines on the
- * serial port. 32-bit protected mode, flat segments, no paging, no interrupts.
+ * the windows the VMM announces (32-bit BARs in the hole below 4 GiB, 64-bit
+ * BARs in the window above 4 GiB), read the first and last dword of each
+ * memory BAR, read the Bochs "dispi" ID of 1234:1111 display devices,
+ * optionally loop reads of one BAR (exit counting), and report everything as
+ * `FW ...` lines on the serial port. Long mode (entry.S), identity-mapped,
+ * BARs above 4 GiB mapped on demand (map_phys). No interrupts.
  *
  * Output lines (parsed by gpupass, src/vmm/report.rs; documented in docs/vmm.md):
- *   FW hello v1 ram 0x4000000 mmio 0xc0000000-0xfebfffff
+ *   FW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40
  *   FW dev 00:01.0 1234:1111 class 030000 hdr 00
- *   FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00
- *   FW bar 1 mem64 pref size 0x4000000000 unassigned
+ *   FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00 last 0x0
+ *   FW bar 2 mem64 pref addr 0x400000000 size 0x400000000 first 0x0 last 0x0
+ *   FW bar 1 mem64 pref size 0x40000000000 unassigned
  *   FW dispi 00:01.0 0xb0c5
  *   FW loop 00:01.0 bar 2 count 100000 last 0xffffff00
  *   FW done devices 2
@@ -20,11 +23,12 @@ typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
+typedef unsigned long uptr;
 
 /* The compiler may emit calls to these for struct copies even when freestanding. */
-void *memcpy(void *dst, const void *src, unsigned int n);
-void *memset(void *dst, int c, unsigned int n);
-void *memcpy(void *dst, const void *src, unsigned int n)
+void *memcpy(void *dst, const void *src, unsigned long n);
+void *memset(void *dst, int c, unsigned long n);
+void *memcpy(void *dst, const void *src, unsigned long n)
 {
 	u8 *d = dst;
 	const u8 *s = src;
@@ -32,7 +36,7 @@ void *memcpy(void *dst, const void *src, unsigned int n)
 		*d++ = *s++;
 	return dst;
 }
-void *memset(void *dst, int c, unsigned int n)
+void *memset(void *dst, int c, unsigned long n)
 {
 	u8 *d = dst;
 	while (n--)
@@ -55,8 +59,8 @@ static inline u32 inl(u16 port)
 	__asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
 	return v;
 }
-static inline u32 mmio_read32(u32 addr) { return *(volatile u32 *)addr; }
-static inline u16 mmio_read16(u32 addr) { return *(volatile u16 *)addr; }
+static inline u32 mmio_read32(u64 addr) { return *(volatile u32 *)(uptr)addr; }
+static inline u16 mmio_read16(u64 addr) { return *(volatile u16 *)(uptr)addr; }
 
 /* ---- console: the VMM's UART is always ready, so no LSR polling (one exit per byte).
  * (`rep outsb` of a whole line was tried: KVM's emulator still exits once per byte for
@@ -103,6 +107,58 @@ static void putdec(u32 v)
 	} while (v);
 	while (n)
 		putc(buf[--n]);
+}
+
+/* ---- page tables: entry.S identity-maps the low 4 GiB; map_phys adds 2 MiB pages above it */
+
+#define PTE_P_RW  0x3ull
+#define PDE_2M_UC 0x9bull /* present, writable, PWT, PCD, 2 MiB page */
+#define PTE_ADDR  0x000ffffffffff000ull
+
+static uptr pt_next = FW_PT_POOL;
+
+static u64 *table(uptr pa)
+{
+	u64 *t;
+	/* Launder the address: gcc 12 warns about dereferencing literal pointers. */
+	__asm__("" : "=r"(t) : "0"(pa));
+	return t;
+}
+
+/* The table `entry` points to; a zeroed one from the pool when absent (0: pool empty). */
+static u64 *next_table(u64 *entry)
+{
+	if (!(*entry & 1)) {
+		if (pt_next >= FW_PT_END)
+			return 0;
+		u64 *t = table(pt_next);
+		for (int i = 0; i < 512; i++)
+			t[i] = 0;
+		*entry = (u64)pt_next | PTE_P_RW;
+		pt_next += 0x1000;
+	}
+	return table((uptr)(*entry & PTE_ADDR));
+}
+
+/* Identity-map (uncached) the 2 MiB page holding `pa`; 1 when it is reachable. */
+static int map_phys(u64 pa)
+{
+	if (pa < 0x100000000ull)
+		return 1;
+	if (pa >> 47)
+		return 0; /* no canonical identity address */
+	u64 *pdpt = next_table(&table(FW_PT_BASE)[(pa >> 39) & 511]);
+	if (!pdpt)
+		return 0;
+	u64 *pd = next_table(&pdpt[(pa >> 30) & 511]);
+	if (!pd)
+		return 0;
+	u64 *pde = &pd[(pa >> 21) & 511];
+	if (!(*pde & 1)) {
+		*pde = (pa & ~0x1fffffull) | PDE_2M_UC;
+		__asm__ volatile("invlpg (%0)" : : "r"((uptr)pa) : "memory");
+	}
+	return 1;
 }
 
 /* ---- PCI configuration mechanism #1 (ports 0xcf8 / 0xcfc) */
@@ -154,6 +210,7 @@ struct bar {
 
 static struct boot_info info;
 static u32 next_mem, next_io;
+static u64 next_mem64;
 
 static u64 align_up(u64 v, u64 a) { return (v + a - 1) & ~(a - 1); }
 
@@ -204,6 +261,18 @@ static int size_and_assign(u32 dev, u32 fn, int i, struct bar *b)
 	b->size = ~mask + 1;
 	if (b->size == 0 || (b->size & (b->size - 1)))
 		return regs; /* not a power of two: a broken BAR, leave it alone */
+	/* 64-bit BARs go above 4 GiB (the window the VMM announces), else into the hole. */
+	if (regs == 2 && info.mmio64_limit > info.mmio64_base) {
+		u64 base64 = align_up(next_mem64, b->size);
+		if (base64 >= next_mem64 && base64 + b->size - 1 <= info.mmio64_limit) {
+			cfg_write32(dev, fn, off, (u32)base64);
+			cfg_write32(dev, fn, off + 4, (u32)(base64 >> 32));
+			b->addr = base64;
+			b->assigned = 1;
+			next_mem64 = base64 + b->size;
+			return regs;
+		}
+	}
 	u64 base = align_up(next_mem, b->size);
 	if (b->size <= 0x100000000ull && base + b->size - 1 <= info.mmio_limit) {
 		cfg_write32(dev, fn, off, (u32)base);
@@ -234,10 +303,19 @@ static void print_bar(int i, const struct bar *b)
 		return;
 	}
 	puts(" first ");
-	if (b->kind == BAR_IO)
+	if (b->kind == BAR_IO) {
 		put0x(inl((u16)b->addr));
-	else
-		put0x(mmio_read32((u32)b->addr));
+		putc('\n');
+		return;
+	}
+	u64 last = b->addr + b->size - 4;
+	if (!map_phys(b->addr) || !map_phys(last)) {
+		puts("unmapped\n");
+		return;
+	}
+	put0x(mmio_read32(b->addr));
+	puts(" last ");
+	put0x(mmio_read32(last));
 	putc('\n');
 }
 
@@ -303,7 +381,7 @@ static void probe_function(u32 dev, u32 fn, u32 *count)
 		puts("FW dispi ");
 		put_bdf(dev, fn);
 		puts(" ");
-		put0x(mmio_read16((u32)bars[2].addr + 0x500));
+		put0x(mmio_read16(bars[2].addr + 0x500));
 		putc('\n');
 	}
 
@@ -337,7 +415,11 @@ static void read_loop(void)
 		puts("FW loop none no-memory-bar\n");
 		return;
 	}
-	u32 addr = (u32)target.bars[bar].addr;
+	u64 addr = target.bars[bar].addr;
+	if (!map_phys(addr)) {
+		puts("FW loop none unmapped\n");
+		return;
+	}
 	u32 v = 0;
 	outl(PORT_MARK, MARK_LOOP_BEGIN);
 	for (u32 n = info.loop_count; n; n--)
@@ -354,7 +436,7 @@ static void read_loop(void)
 	putc('\n');
 }
 
-/* Called from entry.S in 32-bit protected mode; returns the exit status. */
+/* Called from entry.S in long mode; returns the exit status. */
 u32 fw_main(void)
 {
 	/* Launder the constant address: gcc 12 warns about dereferencing literal pointers. */
@@ -365,14 +447,26 @@ u32 fw_main(void)
 		puts("FW error no-boot-info\n");
 		return 3;
 	}
+	if (info.version < FW_BOOT_VERSION) {
+		info.mmio64_base = 0; /* a v1 block: no 64-bit window */
+		info.mmio64_limit = 0;
+		info.phys_bits = 32;
+	}
 	next_mem = info.mmio_base;
+	next_mem64 = info.mmio64_base;
 	next_io = info.io_base;
-	puts("FW hello v1 ram ");
+	puts("FW hello v2 ram ");
 	put0x(info.ram_size);
 	puts(" mmio ");
 	put0x(info.mmio_base);
 	putc('-');
 	put0x(info.mmio_limit);
+	puts(" mmio64 ");
+	put0x(info.mmio64_base);
+	putc('-');
+	put0x(info.mmio64_limit);
+	puts(" phys-bits ");
+	putdec(info.phys_bits);
 	putc('\n');
 
 	u32 count = 0;

@@ -1,6 +1,7 @@
 /*
  * The I/O-port and memory protocol between the gpupass VMM and this firmware.
- * Mirrored in src/vmm/mod.rs (`layout`, `ports`); docs/vmm.md is the reference.
+ * Mirrored in src/vmm/memory.rs (`BootInfo`, layout constants) and src/vmm/vcpu.rs (ports);
+ * docs/vmm.md is the reference.
  */
 #ifndef GPUPASS_FW_PROTOCOL_H
 #define GPUPASS_FW_PROTOCOL_H
@@ -8,6 +9,14 @@
 #define FW_LOAD          0x1000u   /* flat binary load and entry address (CS:IP 0:0x1000) */
 #define FW_BOOT_INFO     0x0500u   /* struct boot_info, written by the VMM */
 #define FW_BOOT_MAGIC    0x49425047u /* "GPBI" */
+#define FW_BOOT_VERSION  2u
+#define FW_STACK_TOP     0x90000u  /* grows down towards the end of the image area (0x80000) */
+/* Page tables (long mode, identity map): PML4 at FW_PT_BASE, one PDPT, four PDs mapping the
+ * low 4 GiB with 2 MiB pages; the pages after them up to FW_PT_END are a pool for the tables
+ * that map BARs above 4 GiB on demand. All of it lies below 1 MiB, the smallest --memory. */
+#define FW_PT_BASE       0x90000u
+#define FW_PT_POOL       0x96000u
+#define FW_PT_END        0x100000u
 
 #define PORT_SERIAL      0x3f8     /* 16550 THR: one byte of console output */
 #define PORT_EXIT        0x501     /* out8: end the VM with this status */
@@ -20,9 +29,10 @@
 
 #define LOOP_BAR_AUTO    0xffu
 
+#ifndef __ASSEMBLER__
 struct boot_info {
 	unsigned int magic;      /* FW_BOOT_MAGIC */
-	unsigned int version;    /* 1 */
+	unsigned int version;    /* FW_BOOT_VERSION */
 	unsigned int ram_size;   /* bytes of guest RAM at GPA 0 */
 	unsigned int mmio_base;  /* 32-bit MMIO hole for BARs: [mmio_base, mmio_limit] */
 	unsigned int mmio_limit;
@@ -30,6 +40,10 @@ struct boot_info {
 	unsigned int io_limit;
 	unsigned int loop_count; /* read loop: number of reads (0 = no loop) */
 	unsigned int loop_bar;   /* BAR to read in the loop, LOOP_BAR_AUTO = pick */
+	unsigned int phys_bits;  /* guest physical address width the vCPU's CPUID reports */
+	unsigned long long mmio64_base;  /* 64-bit MMIO window above 4 GiB (offset 40) */
+	unsigned long long mmio64_limit; /* inclusive; below 2^phys_bits and 2^47 */
 };
+#endif
 
 #endif

@@ -56,6 +56,16 @@ pub fn summary(r: &BootReport) -> String {
             r.vfio_nodes.join(" + ")
         ));
     }
+    match r.mmio64_window {
+        Some(w) => s.push_str(&format!(
+            "gpupass: guest physical address width {} bits (CPUID); 64-bit BARs go to {:#x}-{:#x}\n",
+            r.guest_phys_bits, w.base, w.limit
+        )),
+        None => s.push_str(&format!(
+            "gpupass: guest physical address width {} bits (CPUID): no room for BARs above 4 GiB\n",
+            r.guest_phys_bits
+        )),
+    }
     let kinds: Vec<String> = r.exits.by_kind.iter().map(|(k, v)| format!("{k} {v}")).collect();
     s.push_str(&format!(
         "gpupass: {} VM exits: {}\n",

@@ -47,12 +47,19 @@ fn emulated_boot_enumerates_sizes_and_reads_the_device() {
     }
     let o = gpupass(&["boot", "--emulated"]);
     let text = ok(&o);
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("FW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-")
+        ),
+        "{text}"
+    );
     for want in [
-        "FW hello v1 ram 0x4000000 mmio 0xc0000000-0xfebfffff",
         "FW dev 00:00.0 1b36:0008 class 060000 hdr 00",
         "FW dev 00:01.0 1234:1111 class 030000 hdr 00",
-        "FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247",
-        "FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00",
+        "FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247 last 0x0",
+        "FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00 last 0x0",
+        // The 64-bit BAR goes above 4 GiB (long mode reaches it), its first and last dword read.
+        "FW bar 4 mem64 pref addr 0x100000000 size 0x200000 first 0x34365047 last 0x444e4524",
         "FW dispi 00:01.0 0xb0c5",
         "FW done devices 2",
     ] {
@@ -61,6 +68,10 @@ fn emulated_boot_enumerates_sizes_and_reads_the_device() {
     let err = stderr(&o);
     assert!(
         err.contains("BAR0 +0x0 (16 MiB) mapped as KVM slot 1 at 0xc0000000"),
+        "{err}"
+    );
+    assert!(
+        err.contains("BAR4 +0x0 (2 MiB) mapped as KVM slot 2 at 0x100000000"),
         "{err}"
     );
     assert!(err.contains("BAR2 trapped"), "{err}");
@@ -79,7 +90,15 @@ fn emulated_boot_json_reports_devices_slots_and_exits() {
     assert_eq!(v["dma_mapped"], 0);
     let fw = &v["firmware"];
     assert_eq!(fw["done"], true);
-    assert_eq!(fw["hello"], "hello v1 ram 0x1000000 mmio 0xc0000000-0xfebfffff");
+    let bits = v["guest_phys_bits"].as_u64().unwrap();
+    assert!((36..=52).contains(&bits), "{bits}");
+    let limit = (1u64 << bits.min(47)) - 1;
+    assert_eq!(v["mmio64_window"]["base"], 1u64 << 32);
+    assert_eq!(v["mmio64_window"]["limit"], limit);
+    assert_eq!(
+        fw["hello"],
+        format!("hello v2 ram 0x1000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-{limit:#x} phys-bits {bits}")
+    );
     let dev = &fw["devices"][1];
     assert_eq!(
         (dev["vendor_id"].as_str(), dev["device_id"].as_str()),
@@ -88,11 +107,15 @@ fn emulated_boot_json_reports_devices_slots_and_exits() {
     assert_eq!(dev["dispi_id"], 0xb0c5);
     assert_eq!(dev["bars"][0]["address"], 0xc000_0000u64);
     assert_eq!(dev["bars"][0]["first"], 0x4650_4247u64);
-    // The framebuffer slot sits where the firmware put BAR0; the guest read it without exiting:
-    // the only MMIO exits are BAR2's first dword and the dispi ID.
+    assert_eq!(dev["bars"][2]["index"], 4);
+    assert_eq!(dev["bars"][2]["address"], 1u64 << 32);
+    assert_eq!(dev["bars"][2]["last"], 0x444e_4524u64);
+    // The slots sit where the firmware put BAR0 and BAR4; the guest read them without
+    // exiting: the only MMIO exits are BAR2's first and last dword and the dispi ID.
     assert_eq!(v["slots"][0]["gpa"], dev["bars"][0]["address"]);
-    assert_eq!(v["slot_moves"], 1);
-    assert_eq!(v["exits"]["by_kind"]["mmio-bar"], 2);
+    assert_eq!(v["slots"][1]["gpa"], dev["bars"][2]["address"]);
+    assert_eq!(v["slot_moves"], 2);
+    assert_eq!(v["exits"]["by_kind"]["mmio-bar"], 3);
     assert_eq!(v["exits"]["by_kind"]["io-exit"], 1);
     assert!(
         v["exits"]["by_kind"].get("mmio-unclaimed").is_none(),
@@ -126,6 +149,23 @@ fn read_loop_exits_zero_on_the_slot_and_one_per_read_when_trapped() {
         mapped["read_loop"]["exits"]["total"], 0,
         "{}",
         mapped["read_loop"]
+    );
+    // The same on the 64-bit BAR the firmware placed above 4 GiB.
+    let high = json(&gpupass(&[
+        "boot",
+        "--emulated",
+        "--json",
+        "--read-loop",
+        "5000",
+        "--read-bar",
+        "4",
+    ]));
+    assert_eq!(high["firmware"]["loop"]["last"], 0x3436_5047u64);
+    assert_eq!(high["read_loop"]["exits"]["total"], 0, "{}", high["read_loop"]);
+    assert_eq!(
+        high["read_loop"]["kvm"]["delta"]["mmio_exits"], 0,
+        "{}",
+        high["read_loop"]
     );
     let trapped = json(&gpupass(&["boot", "--emulated", "--json", "--read-loop", "5000"]));
     assert_eq!(

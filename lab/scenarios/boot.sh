@@ -4,7 +4,10 @@
 # lab-steps: dev-kvm emulated emulated-dispi emulated-json-status emulated-timing
 # lab-steps: refuses-unbound bind bind-driver vfio vfio-dev vfio-dispi vfio-bar2-slot
 # lab-steps: vfio-loop-rc vfio-loop-exits-mmapped vfio-kvm-mmio vfio-timing vfio-timing-1 vfio-timing-2
-# lab-steps: vfio-timing-3 unbind restored bind-only bind-only-driver group-not-viable
+# lab-steps: vfio-timing-3 unbind restored
+# lab-steps: big-markers big-bind big-bind-driver big-boot big-window big-above-4g big-first-last
+# lab-steps: big-slot big-loop-rc big-loop-exits big-kvm-mmio big-timing big-unbind big-restored
+# lab-steps: bind-only bind-only-driver group-not-viable
 # lab-steps: unbind-only vga-restored mdev-create mdev mdev-dev mdev-dispi mdev-bar2-trapped
 # lab-steps: mdev-loop-rc mdev-loop-exits-trapped mdev-kvm-mmio mdev-timing mdev-removed triple-fault timeout
 #
@@ -20,7 +23,7 @@ json_get() { grep -m1 "\"$2\":" "$1" | sed 's/.*: *//; s/,$//'; }
 # loop_exits FILE: exits counted between the firmware's loop marks.
 loop_exits() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 '"total":' | sed 's/.*: *//; s/,$//'; }
 # kvm_loop FILE NAME: KVM's own counter NAME over the read loop (KVM_GET_STATS_FD)
-kvm_loop() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | grep -m1 "\"$2\":" | sed 's/.*: *//; s/,$//'; }
+kvm_loop() { sed -n '/"read_loop": {/,/"timing"/p' "$1" | sed -n '/"kvm": {/,$p' | grep -m1 "\"$2\":" | sed 's/.*: *//; s/,$//'; }
 
 lab_check dev-kvm test -c /dev/kvm
 
@@ -65,6 +68,51 @@ for i in 1 2 3; do
 done
 lab_run unbind unbind.txt gpupass unbind $D
 lab_expect restored "$orig" "$(lab_driver $D)"
+
+# ---- 2b. the 16 GiB 64-bit BAR2 of ivshmem-plain 00:0c.0: the firmware (long mode) places it
+# above 4 GiB, it becomes a KVM slot, its first and last dwords are read, and a read loop on it
+# exits 0 times by KVM's count. Markers are written to the BAR's first and last dword first
+# (busybox devmem at L1's own BAR address, while no driver has it), so "first"/"last" prove the
+# guest reached both ends of the real BAR, not just any zero page.
+B=0000:00:0c.0
+borig=$(lab_driver $B)
+set -- $(sed -n 3p /sys/bus/pci/devices/$B/resource)
+bfirst=$(printf '0x%x' $(( $1 )))
+blast=$(printf '0x%x' $(( $2 - 3 )))
+devmem $bfirst 32 0x47504231
+devmem $blast 32 0x4c415354
+got="$(devmem $bfirst 32) $(devmem $blast 32)"
+lab_expect big-markers "0x47504231 0x4C415354" "$got"
+lab_run big-bind big-bind.txt gpupass bind $B
+lab_expect big-bind-driver vfio-pci "$(lab_driver $B)"
+lab_run big-boot big.txt gpupass boot --device $B --timeout $T
+hello=$(grep '^FW hello' big.txt)
+case "$hello" in
+  *" mmio64 0x100000000-"*) lab_pass big-window "$hello; $(grep '^gpupass: guest physical' big.txt.stderr)" ;;
+  *) lab_fail big-window "no 64-bit window: '$hello'" ;;
+esac
+bar2=$(grep '^FW bar 2 ' big.txt)
+baddr=$(echo "$bar2" | sed -n 's/.* addr \(0x[0-9a-f]*\) .*/\1/p')
+if [ -n "$baddr" ] && [ $(( baddr >= (1 << 32) )) = 1 ] && echo "$bar2" | grep -q ' mem64 pref .* size 0x400000000 '; then
+  lab_pass big-above-4g "$bar2"
+else
+  lab_fail big-above-4g "'$bar2'"
+fi
+lab_expect big-first-last "first 0x47504231 last 0x4c415354" "$(echo "$bar2" | sed -n 's/.* \(first .*\)/\1/p')"
+if grep -q "^gpupass: BAR2 +0x0 (16 GiB) mapped as KVM slot [0-9]* at $baddr:" big.txt.stderr; then
+  lab_pass big-slot "$(grep '^gpupass: BAR2' big.txt.stderr | head -1)"
+else
+  lab_fail big-slot "BAR2 not a KVM slot at '$baddr': $(tr '\n' ' ' < big.txt.stderr)"
+fi
+gpupass boot --device $B --timeout $T --json --read-loop $LOOP --read-bar 2 > big-loop.json 2> big-loop.err
+lab_expect big-loop-rc 0 "$?"
+lab_expect big-loop-exits 0 "$(loop_exits big-loop.json)"
+lab_expect big-kvm-mmio 0 "$(kvm_loop big-loop.json mmio_exits)"
+lab_pass big-timing "total_us=$(json_get big-loop.json total_us) setup_us=$(json_get big-loop.json setup_us) loop_ns=$(json_get big-loop.json nanos) kvm_exits=$(kvm_loop big-loop.json exits) kvm_io=$(kvm_loop big-loop.json io_exits) kvm_irq=$(kvm_loop big-loop.json irq_exits) phys_bits=$(json_get big-loop.json guest_phys_bits)"
+lab_file big.txt big.txt
+lab_file big-loop.json big-loop.json
+lab_run big-unbind big-unbind.txt gpupass unbind $B
+lab_expect big-restored "$borig" "$(lab_driver $B)"
 
 # ---- 3. a group with one function on vfio-pci is refused with the member that blocks it
 V=0000:00:05.0

@@ -9,6 +9,9 @@
 //!   [`FRAMEBUFFER_MARKER`].
 //! - BAR2: 4 KiB MMIO registers, always trapped: an EDID header at 0x000 and the Bochs VBE
 //!   "dispi" registers at 0x500 (16-bit each; index 0 is the ID, [`DISPI_ID`]).
+//! - BAR4 (gpupass's own, not QEMU's): 2 MiB 64-bit prefetchable memory mapped as a KVM slot,
+//!   so a 64-bit BAR placed above 4 GiB is exercised without VFIO; its first and last dwords
+//!   are [`HIGH_FIRST`] and [`HIGH_LAST`].
 
 use super::bars::{BarRegions, HostArea, PresentedDevice};
 use super::pci::{BarSpec, BarType, StaticConfig};
@@ -22,6 +25,9 @@ pub const DISPI_ID: u16 = 0xB0C5;
 pub const FRAMEBUFFER_SIZE: u64 = 16 << 20;
 pub const FRAMEBUFFER_MARKER: u32 = 0x4650_4247; // "GBPF" read as bytes "GBPF"
 pub const MMIO_SIZE: u64 = 0x1000;
+pub const HIGH_SIZE: u64 = 2 << 20;
+pub const HIGH_FIRST: u32 = 0x3436_5047; // "GP64" as bytes
+pub const HIGH_LAST: u32 = 0x444e_4524; // "$END" as bytes
 const DISPI_BASE: usize = 0x500;
 /// Dispi register count: ID, XRES, YRES, BPP, ENABLE, BANK, VIRT_WIDTH, VIRT_HEIGHT,
 /// X_OFFSET, Y_OFFSET, VIDEO_MEMORY_64K.
@@ -52,23 +58,47 @@ pub fn bar_specs() -> Vec<BarSpec> {
             prefetchable: false,
             size: MMIO_SIZE,
         },
+        BarSpec {
+            index: 4,
+            ty: BarType::Mem64,
+            prefetchable: true,
+            size: HIGH_SIZE,
+        },
     ]
 }
 
-/// Trapped accesses: BAR2 registers, and BAR0 when it is not (yet) a slot.
+/// Trapped accesses: BAR2 registers, and BAR0/BAR4 when they are not (yet) slots.
 pub struct Registers {
     framebuffer: Arc<MmapRegion>,
+    high: Arc<MmapRegion>,
     mmio: [u8; MMIO_SIZE as usize],
 }
 
+/// Copy `data.len()` bytes at `offset` of `m` out (all-ones when out of range).
+fn read_mem(m: &MmapRegion, offset: u64, data: &mut [u8]) {
+    let ok = offset
+        .checked_add(data.len() as u64)
+        .is_some_and(|end| end <= m.len() as u64)
+        && m.get_slice(offset as usize, data.len())
+            .map(|s| s.copy_to(data))
+            .is_ok();
+    if !ok {
+        data.fill(0xff);
+    }
+}
+
 impl Registers {
-    pub fn new(framebuffer: Arc<MmapRegion>) -> Registers {
+    pub fn new(framebuffer: Arc<MmapRegion>, high: Arc<MmapRegion>) -> Registers {
         let mut mmio = [0u8; MMIO_SIZE as usize];
         mmio[..8].copy_from_slice(&[0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]);
         mmio[DISPI_BASE..DISPI_BASE + 2].copy_from_slice(&DISPI_ID.to_le_bytes());
         let vram_64k = (FRAMEBUFFER_SIZE >> 16) as u16;
         mmio[DISPI_BASE + 20..DISPI_BASE + 22].copy_from_slice(&vram_64k.to_le_bytes());
-        Registers { framebuffer, mmio }
+        Registers {
+            framebuffer,
+            high,
+            mmio,
+        }
     }
 
     fn writable(offset: usize) -> bool {
@@ -80,19 +110,8 @@ impl Registers {
 impl BarRegions for Registers {
     fn read(&mut self, bar: u8, offset: u64, data: &mut [u8]) {
         match bar {
-            0 => {
-                let ok = offset
-                    .checked_add(data.len() as u64)
-                    .is_some_and(|end| end <= FRAMEBUFFER_SIZE)
-                    && self
-                        .framebuffer
-                        .get_slice(offset as usize, data.len())
-                        .map(|s| s.copy_to(data))
-                        .is_ok();
-                if !ok {
-                    data.fill(0xff);
-                }
-            }
+            0 => read_mem(&self.framebuffer, offset, data),
+            4 => read_mem(&self.high, offset, data),
             2 => {
                 for (i, b) in data.iter_mut().enumerate() {
                     *b = self.mmio.get(offset as usize + i).copied().unwrap_or(0xff);
@@ -104,9 +123,10 @@ impl BarRegions for Registers {
 
     fn write(&mut self, bar: u8, offset: u64, data: &[u8]) {
         match bar {
-            0 => {
-                // get_slice checks the range against the mapping (16 MiB).
-                if let Ok(s) = self.framebuffer.get_slice(offset as usize, data.len()) {
+            0 | 4 => {
+                // get_slice checks the range against the mapping.
+                let m = if bar == 0 { &self.framebuffer } else { &self.high };
+                if let Ok(s) = m.get_slice(offset as usize, data.len()) {
                     s.copy_from(data);
                 }
             }
@@ -130,21 +150,36 @@ pub fn device() -> Result<PresentedDevice, VmmError> {
     fb.get_slice(0, 4)
         .and_then(|s| s.write_obj(FRAMEBUFFER_MARKER, 0))
         .map_err(|e| VmmError::Memory(format!("cannot initialise the emulated framebuffer: {e}")))?;
-    let fb = Arc::new(fb);
-    let area = HostArea {
-        bar: 0,
-        offset: 0,
-        size: FRAMEBUFFER_SIZE,
-        host_addr: fb.as_ptr() as u64,
-    };
+    let high = MmapRegion::new(HIGH_SIZE as usize)
+        .map_err(|e| VmmError::Memory(format!("cannot allocate the emulated 64-bit BAR: {e}")))?;
+    high.get_slice(0, 4)
+        .and_then(|s| s.write_obj(HIGH_FIRST, 0))
+        .and_then(|_| high.get_slice(HIGH_SIZE as usize - 4, 4))
+        .and_then(|s| s.write_obj(HIGH_LAST, 0))
+        .map_err(|e| VmmError::Memory(format!("cannot initialise the emulated 64-bit BAR: {e}")))?;
+    let (fb, high) = (Arc::new(fb), Arc::new(high));
+    let areas = vec![
+        HostArea {
+            bar: 0,
+            offset: 0,
+            size: FRAMEBUFFER_SIZE,
+            host_addr: fb.as_ptr() as u64,
+        },
+        HostArea {
+            bar: 4,
+            offset: 0,
+            size: HIGH_SIZE,
+            host_addr: high.as_ptr() as u64,
+        },
+    ];
     Ok(PresentedDevice {
         name: format!("emulated {VENDOR:04x}:{DEVICE:04x}"),
         config: Box::new(config()),
         bars: bar_specs(),
-        areas: vec![area],
-        regions: Box::new(Registers::new(fb.clone())),
+        areas,
+        regions: Box::new(Registers::new(fb.clone(), high.clone())),
         trapped_why: vec![(2, "emulated registers (always trapped)".to_string())],
-        keep: Box::new(fb),
+        keep: Box::new((fb, high)),
     })
 }
 
@@ -176,6 +211,10 @@ mod tests {
         assert_eq!(u32::from_le_bytes(d4), 0xffff_ff00, "EDID header");
         r.read(0, 0, &mut d4);
         assert_eq!(u32::from_le_bytes(d4), FRAMEBUFFER_MARKER);
+        r.read(4, 0, &mut d4);
+        assert_eq!(u32::from_le_bytes(d4), HIGH_FIRST);
+        r.read(4, HIGH_SIZE - 4, &mut d4);
+        assert_eq!(u32::from_le_bytes(d4), HIGH_LAST);
         r.read(2, 0xffe, &mut d4);
         assert_eq!(d4[2..], [0xff, 0xff], "past the BAR reads all-ones");
     }

@@ -5,9 +5,11 @@
 //! 0x0000_0500  boot_info (firmware/protocol.h), written by the VMM
 //! 0x0000_1000  firmware, flat binary, entered in real mode at CS:IP = 0:0x1000
 //! 0x0008_0000  end of the firmware area (max image 508 KiB)
-//! 0x0009_0000  firmware stack top (grows down)
+//! 0x0009_0000  firmware stack top (grows down); the firmware's page tables from here
+//! 0x0010_0000  end of the page-table pool
 //! ...          RAM up to --memory (1 MiB .. 3 GiB)
-//! 0xC000_0000  MMIO hole for BARs, up to 0xFEBF_FFFF (below the IOAPIC/LAPIC range)
+//! 0xC000_0000  MMIO hole for 32-bit BARs, up to 0xFEBF_FFFF (below the IOAPIC/LAPIC range)
+//! 4 GiB        64-bit MMIO window for 64-bit BARs, up to 2^phys-bits (at most 2^47) - 1
 //! ```
 
 use super::VmmError;
@@ -25,6 +27,19 @@ pub const MIN_MEMORY: u64 = 1 << 20;
 pub const MAX_MEMORY: u64 = MMIO_BASE;
 pub const DEFAULT_MEMORY: u64 = 64 << 20;
 pub const BOOT_MAGIC: u32 = 0x4942_5047; // "GPBI"
+pub const BOOT_VERSION: u32 = 2;
+pub const BOOT_INFO_LEN: usize = 56;
+/// Where the 64-bit window starts: the first address above 4 GiB.
+pub const MMIO64_BASE: u64 = 1 << 32;
+/// The firmware identity-maps what it reads, so a BAR must sit below the canonical 2^47.
+pub const MMIO64_MAX_BITS: u32 = 47;
+
+/// The 64-bit MMIO window `[base, limit]` for a vCPU with `phys_bits` of guest physical
+/// address (CPUID 0x80000008 EAX[7:0]); `None` when nothing lies above 4 GiB.
+pub fn mmio64_window(phys_bits: u32) -> Option<(u64, u64)> {
+    let bits = phys_bits.min(MMIO64_MAX_BITS);
+    (bits > 32).then(|| (MMIO64_BASE, (1u64 << bits) - 1))
+}
 
 /// Parse a memory size: bytes, or a number with K/M/G (binary multiples, optional `iB`/`B`).
 /// It must be a multiple of 4 KiB between 1 MiB and 3 GiB (RAM ends where the MMIO hole for
@@ -73,13 +88,15 @@ pub struct BootInfo {
     pub loop_count: u32,
     /// 0-5, or 0xff: let the firmware pick.
     pub loop_bar: u32,
+    /// The guest physical address width the vCPU's CPUID reports.
+    pub phys_bits: u32,
 }
 
 impl BootInfo {
-    pub fn to_bytes(self) -> [u8; 36] {
+    pub fn to_bytes(self) -> [u8; BOOT_INFO_LEN] {
         let words = [
             BOOT_MAGIC,
-            1,
+            BOOT_VERSION,
             self.ram_size,
             MMIO_BASE as u32,
             MMIO_LIMIT as u32,
@@ -87,11 +104,15 @@ impl BootInfo {
             IO_LIMIT,
             self.loop_count,
             self.loop_bar,
+            self.phys_bits,
         ];
-        let mut out = [0u8; 36];
+        let mut out = [0u8; BOOT_INFO_LEN];
         for (i, w) in words.iter().enumerate() {
             out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
         }
+        let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
+        out[40..48].copy_from_slice(&base.to_le_bytes());
+        out[48..56].copy_from_slice(&limit.to_le_bytes());
         out
     }
 }
@@ -152,6 +173,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_64_bit_window_follows_the_address_width() {
+        assert_eq!(mmio64_window(36), Some((1 << 32, (1 << 36) - 1)));
+        assert_eq!(
+            mmio64_window(52),
+            Some((1 << 32, (1 << 47) - 1)),
+            "capped at 2^47"
+        );
+        assert_eq!(mmio64_window(32), None);
+        assert_eq!(mmio64_window(0), None);
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_memory_size("64M"), Ok(64 << 20));
         assert_eq!(parse_memory_size("1G"), Ok(1 << 30));
@@ -182,6 +215,7 @@ mod tests {
             ram_size: 2 << 20,
             loop_count: 7,
             loop_bar: 0xff,
+            phys_bits: 40,
         };
         load(&mem, &[0xfa, 0xfc], info).unwrap();
         let mut b = [0u8; 2];
@@ -191,6 +225,11 @@ mod tests {
         assert_eq!(magic, BOOT_MAGIC);
         let loop_count: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 28)).unwrap();
         assert_eq!(loop_count, 7);
+        let phys_bits: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 36)).unwrap();
+        assert_eq!(phys_bits, 40);
+        let base: u64 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 40)).unwrap();
+        let limit: u64 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 48)).unwrap();
+        assert_eq!((base, limit), (1 << 32, (1 << 40) - 1));
         assert!(matches!(
             load(&mem, &vec![0; FIRMWARE_MAX as usize + 1], info),
             Err(VmmError::FirmwareSize { .. })

@@ -139,6 +139,24 @@ impl Default for BootOptions {
     }
 }
 
+/// The 64-bit MMIO window announced to the firmware, inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Mmio64Window {
+    pub base: u64,
+    pub limit: u64,
+}
+
+/// The guest physical address width in a CPUID list: leaf 0x80000008 EAX[7:0], or 36 (what
+/// KVM assumes) when the leaf is missing.
+pub fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
+    entries
+        .iter()
+        .find(|e| e.function == 0x8000_0008 && e.index == 0)
+        .map(|e| e.eax & 0xff)
+        .filter(|&b| b > 0)
+        .unwrap_or(36)
+}
+
 /// A trapped BAR and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TrappedBar {
@@ -163,6 +181,10 @@ pub struct BootReport {
     /// The firmware's exit status (also gpupass's).
     pub status: u8,
     pub memory: u64,
+    /// Guest physical address width the vCPU's CPUID reports (0x80000008 EAX[7:0]).
+    pub guest_phys_bits: u32,
+    /// Where the firmware may place 64-bit BARs (above 4 GiB); `None` without room there.
+    pub mmio64_window: Option<Mmio64Window>,
     /// Bytes of guest RAM DMA-mapped through the VFIO container (0 for --emulated).
     pub dma_mapped: u64,
     pub kvm_vfio_device: bool,
@@ -280,6 +302,13 @@ pub fn boot(
 
     // Declared first so it is dropped last: KVM slots and DMA maps point into it.
     let mem = memory::create(opts.memory)?;
+    let kvm = open_kvm(host)?;
+    // The vCPU gets KVM's supported CPUID (long mode needs CPUID.LM for EFER.LME); its
+    // address width bounds the 64-bit MMIO window the firmware is given.
+    let cpuid = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("get supported CPUID"))?;
+    let phys_bits = cpu_phys_bits(cpuid.as_slice());
     memory::load(
         &mem,
         &firmware,
@@ -287,11 +316,11 @@ pub fn boot(
             ram_size: opts.memory as u32,
             loop_count: opts.read_loop,
             loop_bar: opts.read_bar.map_or(0xff, u32::from),
+            phys_bits,
         },
     )?;
     let ram = memory::regions(&mem)?;
 
-    let kvm = open_kvm(host)?;
     let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
     for (i, r) in ram.iter().enumerate() {
         let region = kvm_userspace_memory_region {
@@ -319,6 +348,7 @@ pub fn boot(
     let (parts, rest) = dev.split();
 
     let vcpu_fd = vm.create_vcpu(0).map_err(kvm_err("create vCPU"))?;
+    vcpu_fd.set_cpuid2(&cpuid).map_err(kvm_err("set CPUID"))?;
     let mut sregs = vcpu_fd.get_sregs().map_err(kvm_err("get special registers"))?;
     // Real mode, CS base 0: the firmware starts at 0:0x1000 and switches to protected mode.
     sregs.cs.base = 0;
@@ -371,6 +401,8 @@ pub fn boot(
         device: rest.name,
         status,
         memory: opts.memory,
+        guest_phys_bits: phys_bits,
+        mmio64_window: memory::mmio64_window(phys_bits).map(|(base, limit)| Mmio64Window { base, limit }),
         dma_mapped,
         kvm_vfio_device,
         backend: resolved.as_ref().map(|r| r.backend),
@@ -404,5 +436,16 @@ mod tests {
         assert!(e.to_string().contains("modprobe kvm_intel"), "{e}");
         assert!(!VmmError::KvmPermission { path: String::new() }.is_usage());
         assert!(VmmError::FirmwareSize { size: 0, max: 1 }.is_usage());
+    }
+
+    #[test]
+    fn phys_bits_come_from_leaf_0x80000008() {
+        let leaf = |function, eax| kvm_bindings::kvm_cpuid_entry2 {
+            function,
+            eax,
+            ..Default::default()
+        };
+        assert_eq!(cpu_phys_bits(&[leaf(0, 0xd), leaf(0x8000_0008, 0x3028)]), 40);
+        assert_eq!(cpu_phys_bits(&[leaf(0, 0xd)]), 36);
     }
 }

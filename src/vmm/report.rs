@@ -3,9 +3,10 @@
 //! Grammar (one line each; tokens separated by single spaces; numbers `0x`-hex unless noted):
 //!
 //! ```text
-//! FW hello v1 ram <bytes> mmio <base>-<limit>
+//! FW hello v2 ram <bytes> mmio <base>-<limit> mmio64 <base>-<limit> phys-bits <decimal>
 //! FW dev <bb:dd.f> <vvvv>:<dddd> class <cccccc> hdr <hh>
-//! FW bar <n, decimal> io|mem32|mem64 [pref] [addr <a>] size <s> (first <v> | unassigned)
+//! FW bar <n, decimal> io|mem32|mem64 [pref] [addr <a>] size <s>
+//!        (first <v> [last <v>] | first unmapped | unassigned)
 //! FW dispi <bb:dd.f> <id>
 //! FW loop <bb:dd.f> bar <n> count <decimal> last <v>   |   FW loop none <why>
 //! FW done devices <decimal>
@@ -26,6 +27,8 @@ pub struct FwBar {
     pub size: u64,
     /// First dword read through the BAR.
     pub first: Option<u64>,
+    /// Last dword read through the BAR (memory BARs: at `address + size - 4`).
+    pub last: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -143,6 +146,10 @@ fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
                         bar.first = hex(v);
                         i += 2;
                     }
+                    ("last", Some(v)) => {
+                        bar.last = hex(v);
+                        i += 2;
+                    }
                     _ => return false,
                 }
             }
@@ -194,12 +201,13 @@ mod tests {
 
     #[test]
     fn firmware_lines_become_devices() {
-        let console = "noise\nFW hello v1 ram 0x4000000 mmio 0xc0000000-0xfebfffff\n\
+        let console = "noise\nFW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40\n\
             FW dev 00:00.0 1b36:0008 class 060000 hdr 00\n\
             FW dev 00:01.0 1234:1111 class 030000 hdr 00\n\
-            FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247\n\
-            FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00\n\
-            FW bar 4 mem64 pref size 0x4000000000 unassigned\n\
+            FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247 last 0x0\n\
+            FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00 last 0xffffffff\n\
+            FW bar 4 mem64 pref size 0x40000000000 unassigned\n\
+            FW bar 5 mem64 pref addr 0x400000000 size 0x400000000 first 0x1 last 0x2\n\
             FW dispi 00:01.0 0xb0c5\n\
             FW loop 00:01.0 bar 2 count 100000 last 0xffffff00\n\
             FW done devices 2\n";
@@ -210,12 +218,15 @@ mod tests {
         let d = &r.devices[1];
         assert_eq!((d.vendor_id.as_str(), d.device_id.as_str()), ("1234", "1111"));
         assert_eq!(d.dispi_id, Some(0xb0c5));
-        assert_eq!(d.bars.len(), 3);
+        assert_eq!(d.bars.len(), 4);
         assert_eq!(d.bars[0].address, Some(0xc000_0000));
         assert!(d.bars[0].prefetchable);
         assert_eq!(d.bars[1].first, Some(0xffff_ff00));
+        assert_eq!(d.bars[1].last, Some(0xffff_ffff));
         assert_eq!(d.bars[2].address, None);
-        assert_eq!(d.bars[2].size, 0x40_0000_0000);
+        assert_eq!(d.bars[2].size, 0x400_0000_0000);
+        assert_eq!(d.bars[3].address, Some(0x4_0000_0000));
+        assert_eq!((d.bars[3].first, d.bars[3].last), (Some(1), Some(2)));
         let l = r.read_loop.unwrap();
         assert_eq!((l.bar, l.count), (Some(2), 100_000));
     }
