@@ -199,6 +199,14 @@ fn hgx(root: &Path) -> io::Result<()> {
     )?;
     h.file("sys/firmware/acpi/tables/IVRS", "")?;
     h.file("dev/kvm", "")?;
+    h.cpu_address_bits(52, 57)?;
+    // 1 GiB pages reserved at boot on both nodes (node 1's mostly taken by another guest).
+    h.numa_node(0, "0-47,96-143", &[(2048, 0, 0), (1048576, 512, 512)])?;
+    h.numa_node(1, "48-95,144-191", &[(2048, 0, 0), (1048576, 512, 64)])?;
+    for u in 0..4 {
+        // AMD-Vi, HATS 0: 4-level host page tables, 48-bit IOVAs.
+        h.iommu_unit(&format!("ivhd{u}"), "58f77ef22294200:5")?;
+    }
     let mut group = 10;
     for (i, (node, cpus)) in [(0, "0-47,96-143"), (1, "48-95,144-191")].iter().enumerate() {
         let rootbus = if i == 0 { 0x00u8 } else { 0x80u8 };
@@ -311,6 +319,12 @@ fn sriov(root: &Path) -> io::Result<()> {
     h.file("dev/kvm", "")?;
     h.file("dev/vfio/vfio", "")?;
     h.file("dev/iommu", "")?;
+    // Sapphire Rapids: 46-bit physical addresses; VT-d with a 48-bit MGAW; one node.
+    h.cpu_address_bits(46, 57)?;
+    h.numa_node(0, "0-31", &[(2048, 16384, 16384), (1048576, 0, 0)])?;
+    for u in 0..2 {
+        h.iommu_unit(&format!("dmar{u}"), "d2008c202f0466")?;
+    }
     host_bridge(&mut h, 0)?;
     h.add(
         &DevSpec::new("40:01.0", INTEL, 0x352a, 0x060400)
@@ -652,6 +666,13 @@ fn vfio_numa(root: &Path) -> io::Result<()> {
     h.file("sys/firmware/acpi/tables/DMAR", "")?;
     h.file("dev/kvm", "")?;
     h.file("dev/iommu", "")?;
+    // Two sockets, 46-bit physical addresses, VT-d with a 48-bit MGAW, 1 GiB pages on node 0.
+    h.cpu_address_bits(46, 48)?;
+    h.numa_node(0, "0-31,64-95", &[(2048, 0, 0), (1048576, 128, 128)])?;
+    h.numa_node(1, "32-63,96-127", &[(2048, 4096, 4096), (1048576, 0, 0)])?;
+    for u in 0..4 {
+        h.iommu_unit(&format!("dmar{u}"), "d2008c202f0466")?;
+    }
     host_bridge(&mut h, 0)?;
     let l40s = |addr: &str, g: u32, node: i32| {
         DevSpec::new(addr, NVIDIA, 0x26b9, 0x030200)

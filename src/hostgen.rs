@@ -222,6 +222,44 @@ impl HostBuilder {
         fs::write(p, content)
     }
 
+    /// `proc/cpuinfo` reduced to its address-sizes line (what gpupass reads).
+    pub fn cpu_address_bits(&self, physical: u8, virtual_: u8) -> io::Result<()> {
+        self.file(
+            "proc/cpuinfo",
+            &format!("address sizes\t: {physical} bits physical, {virtual_} bits virtual\n"),
+        )
+    }
+
+    /// A NUMA node with its CPUs and hugepage pools `(size KiB, reserved, free)`.
+    pub fn numa_node(&self, node: u32, cpulist: &str, pools: &[(u64, u64, u64)]) -> io::Result<()> {
+        let d = format!("sys/devices/system/node/node{node}");
+        self.file(format!("{d}/cpulist"), &format!("{cpulist}\n"))?;
+        for (kib, total, free) in pools {
+            let h = format!("{d}/hugepages/hugepages-{kib}kB");
+            self.file(format!("{h}/nr_hugepages"), &format!("{total}\n"))?;
+            self.file(format!("{h}/free_hugepages"), &format!("{free}\n"))?;
+        }
+        Ok(())
+    }
+
+    /// An IOMMU unit in `sys/class/iommu`: Intel (`dmarN`, its `cap` register) or AMD (`ivhdN`,
+    /// its extended feature register), the link pointing into `sys/devices/virtual/iommu`.
+    pub fn iommu_unit(&self, name: &str, register: &str) -> io::Result<()> {
+        let file = if name.starts_with("dmar") {
+            "intel-iommu/cap"
+        } else {
+            "amd-iommu/features"
+        };
+        self.file(
+            format!("sys/devices/virtual/iommu/{name}/{file}"),
+            &format!("{register}\n"),
+        )?;
+        let link = self.root.join("sys/class/iommu").join(name);
+        fs::create_dir_all(link.parent().unwrap())?;
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(format!("../../devices/virtual/iommu/{name}"), link)
+    }
+
     /// Write a root-relative binary file.
     pub fn bytes(&self, rel: impl AsRef<Path>, content: &[u8]) -> io::Result<()> {
         let p = self.root.join(rel);

@@ -155,6 +155,27 @@ pub struct Bar {
     pub prefetchable: bool,
 }
 
+/// One host NUMA node: its CPUs and hugepage pools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    pub node: i32,
+    /// `cpulist` (`0-47,96-143`); `None` when unreadable.
+    pub cpulist: Option<String>,
+    /// One entry per page size the kernel offers (`hugepages/hugepages-<K>kB`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hugepages: Vec<HugePool>,
+}
+
+/// A node's pool of hugepages of one size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HugePool {
+    pub size_kib: u64,
+    /// `nr_hugepages`: pages reserved.
+    pub total: u64,
+    /// `free_hugepages`: reserved and not in use.
+    pub free: u64,
+}
+
 /// SR-IOV state of a physical function.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Sriov {
@@ -445,6 +466,16 @@ pub struct Inventory {
     /// a guest's physical address space can reach with `host-phys-bits` (docs/vm-outputs.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_phys_bits: Option<u8>,
+    /// The host's NUMA nodes (`sys/devices/system/node/node<N>`): CPUs and hugepage pools, for
+    /// guest placement and `--hugepages` (docs/vm-outputs.md); empty where sysfs has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub numa_nodes: Vec<NumaNode>,
+    /// The narrowest input address width of the host's IOMMUs in bits (Intel: the MGAW field of
+    /// `sys/class/iommu/dmar*/intel-iommu/cap`; AMD: the HATS field of
+    /// `sys/class/iommu/ivhd*/amd-iommu/features`): the highest IOVA VFIO can map for the
+    /// guest's RAM and, for peer-to-peer, its BARs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_addr_bits: Option<u8>,
     /// Things that could not be read; the fields concerned are `null`.
     #[serde(default)]
     pub warnings: Vec<String>,

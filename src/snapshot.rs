@@ -273,6 +273,31 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
             c.copy_tree(r, 3)?;
         }
     }
+    // NUMA nodes: CPUs and hugepage pools (guest placement, --hugepages).
+    let nodes = Path::new("sys/devices/system/node");
+    for n in dir_names(&src.root().join(nodes)).unwrap_or_default() {
+        if !n.starts_with("node") || n[4..].parse::<u32>().is_err() {
+            continue;
+        }
+        let d = nodes.join(&n);
+        c.copy_file(&d.join("cpulist"))?;
+        for h in dir_names(&src.root().join(d.join("hugepages"))).unwrap_or_default() {
+            for f in ["nr_hugepages", "free_hugepages"] {
+                c.copy_file(&d.join("hugepages").join(&h).join(f))?;
+            }
+        }
+    }
+    // IOMMU units: the links in sys/class/iommu and the registers that give the address width.
+    let units = Path::new("sys/class/iommu");
+    for u in dir_names(&src.root().join(units)).unwrap_or_default() {
+        let link = units.join(&u);
+        if let Some(target) = c.copy_link(&link)? {
+            let dir = resolve(units, &target);
+            for f in ["intel-iommu/cap", "amd-iommu/features"] {
+                c.copy_file(&dir.join(f))?;
+            }
+        }
+    }
     // Loaded modules: names only, plus the VFIO interrupt knob.
     for m in dir_names(&src.root().join("sys/module")).unwrap_or_default() {
         c.ensure_dir(&Path::new("sys/module").join(m))?;

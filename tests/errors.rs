@@ -332,6 +332,19 @@ fn gpu_group_on_vfio_36_bits(r: &Path) -> Guard {
     None
 }
 
+/// An Intel VT-d unit with a 39-bit MGAW (client platforms) beside the fixture's AMD-Vi units.
+fn iommu_39_bits(r: &Path) -> Guard {
+    let unit = r.join("sys/devices/virtual/iommu/dmar9/intel-iommu");
+    std::fs::create_dir_all(&unit).unwrap();
+    std::fs::write(unit.join("cap"), "d2008c20260466\n").unwrap();
+    std::os::unix::fs::symlink(
+        "../../devices/virtual/iommu/dmar9",
+        r.join("sys/class/iommu/dmar9"),
+    )
+    .unwrap();
+    None
+}
+
 fn gpu_only_on_vfio(r: &Path) -> Guard {
     must(r, &["bind", "--only", "01:00.0"], &[]);
     None
@@ -2307,6 +2320,90 @@ row!(
             "nothing was written"
         ],
         setup: gpu_group_on_vfio_36_bits,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_17,
+    Case {
+        host: "hgx-8gpu",
+        args: &[
+            "xml", "domain", "--name", "h", "--memory", "128G", "--vcpus", "8", "--managed", "--hugepages", "1G",
+            "--device", "83:00.0"
+        ],
+        code: 1,
+        needles: &[
+            "--hugepages 1G: the guest needs 128 free 1G pages on host node 1 (131072 MiB), which has 64 free of 512 reserved",
+            "/sys/devices/system/node/node1/hugepages/hugepages-1048576kB/nr_hugepages",
+            "nothing was written"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_18,
+    Case {
+        host: "hgx-8gpu",
+        args: &[
+            "xml",
+            "domain",
+            "--name",
+            "h",
+            "--memory",
+            "1536M",
+            "--vcpus",
+            "8",
+            "--managed",
+            "--hugepages",
+            "1G",
+            "--device",
+            "03:00.0"
+        ],
+        code: 1,
+        needles: &[
+            "--hugepages 1G: guest memory of 1536 MiB is not a whole number of 1G pages",
+            "a multiple of 1024 MiB",
+            "nothing was written"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_19,
+    Case {
+        host: "hgx-8gpu",
+        args: &["xml", "domain", "--name", "h", "--memory", "8G", "--vcpus", "8", "--managed", "--device", "03:00.0"],
+        code: 1,
+        needles: &[
+            "a 64-bit PCI window of 512G (for 3 64-bit BAR(s), 128 GiB in all) reaches IOVAs of 40 bits, but this host's IOMMU translates 39",
+            "--pci-hole64 SIZE (at most 256G)",
+            "nothing was written"
+        ],
+        setup: iommu_39_bits,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_20,
+    Case {
+        host: "vfio-numa",
+        args: &[
+            "qemu-args",
+            "--memory",
+            "4G",
+            "--vcpus",
+            "1",
+            "--backend",
+            "legacy",
+            "17:00.0",
+            "ca:00.0"
+        ],
+        code: 1,
+        needles: &[
+            "the devices span host NUMA nodes 0, 1, so the guest gets one NUMA node per host node",
+            "--vcpus 1 is fewer than 2",
+            "or --numa off; nothing was written"
+        ],
         ..Case::DEFAULT
     }
 );

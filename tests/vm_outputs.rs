@@ -1412,15 +1412,8 @@ fn numa_placement_follows_the_devices() {
         stderr(&o)
     );
     libvirt_accepts(&xml, "NUMA node 0");
-    // 17:00.0 (node 0) and ca:00.0 (node 1): not pinned under auto, refused under strict.
-    let o = domain(&["17:00.0", "ca:00.0"], &[]);
-    let xml = ok(&o);
-    assert!(!xml.contains("numatune") && !xml.contains("cpuset"), "{xml}");
-    assert!(
-        stderr(&o).contains("the devices span host NUMA nodes 0, 1: the guest is not pinned"),
-        "{}",
-        stderr(&o)
-    );
+    // 17:00.0 (node 0) and ca:00.0 (node 1): expanders under auto (numa_expanders_mirror_the_host_nodes),
+    // refused under strict.
     let o = domain(&["17:00.0", "ca:00.0"], &["--numa", "strict"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stdout(&o).is_empty());
@@ -1487,4 +1480,486 @@ fn p2p_cliques_follow_the_pcie_switches() {
         ]
     );
     assert!(qemu_properties("vfio-pci").contains("x-nv-gpudirect-clique"));
+}
+
+/// The `pcie-root-port` controller index a hostdev's guest address names (its `bus`), and the
+/// `bus` that root port's own address names (its expander's index), for host function `src`
+/// ("0xca") of a domain XML.
+fn hostdev_port_and_expander(xml: &str, src_bus: &str) -> (String, Option<String>) {
+    let attr = |l: &str, name: &str| {
+        let k = format!("{name}=\"");
+        let i = l.find(&k)? + k.len();
+        Some(l[i..].split('"').next()?.to_string())
+    };
+    let lines: Vec<&str> = xml.lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.contains(&format!("<address domain=\"0x0000\" bus=\"{src_bus}\"")))
+        .unwrap_or_else(|| panic!("no hostdev for bus {src_bus}:\n{xml}"));
+    let guest = lines[i..]
+        .iter()
+        .find(|l| l.contains("<address type=\"pci\""))
+        .unwrap();
+    let port = u32::from_str_radix(attr(guest, "bus").unwrap().trim_start_matches("0x"), 16).unwrap();
+    let ctl = lines
+        .iter()
+        .position(|l| l.contains(&format!("index=\"{port}\" model=\"pcie-root-port\"")))
+        .unwrap();
+    let expander = lines
+        .get(ctl + 1)
+        .filter(|l| l.contains("<address"))
+        .and_then(|l| attr(l, "bus"));
+    (port.to_string(), expander)
+}
+
+/// Devices on two host nodes: one guest NUMA cell and one pcie-expander-bus per host node,
+/// each device behind a root port on its node's expander, the vCPUs pinned to their node's
+/// CPUs and each cell's memory bound to its node; libvirt 9.0 and 12.9 accept it and `virsh
+/// define` takes it. qemu-args renders the same topology, which QEMU 10.0 builds: the root
+/// ports appear on the expanders' buses (0x80 for node 0, 0x90 for node 1).
+#[test]
+fn numa_expanders_mirror_the_host_nodes() {
+    let root = host("vfio-numa");
+    let s129 = libvirt_12_9_schemas();
+    let o = run_root(
+        &root,
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "n",
+            "--memory",
+            "6G",
+            "--vcpus",
+            "5",
+            "--backend",
+            "legacy",
+            "--device",
+            "17:00.0",
+            "ca:00.0",
+            "4b:00.0",
+        ],
+    );
+    let xml = ok(&o);
+    assert_eq!(xml.matches("model=\"pcie-expander-bus\"").count(), 2, "{xml}");
+    for (i, node) in [(1, 0), (2, 1)] {
+        assert!(
+            xml.contains(&format!(
+                "<controller type=\"pci\" index=\"{i}\" model=\"pcie-expander-bus\">\n      <target>\n        <node>{node}</node>"
+            )),
+            "{xml}"
+        );
+    }
+    // 5 vCPUs over two cells: 3 + 2; 6 GiB: 3 + 3.
+    assert!(
+        xml.contains("<cell id=\"0\" cpus=\"0-2\" memory=\"3145728\" unit=\"KiB\"/>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<cell id=\"1\" cpus=\"3-4\" memory=\"3145728\" unit=\"KiB\"/>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<memnode cellid=\"1\" mode=\"strict\" nodeset=\"1\"/>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<vcpupin vcpu=\"3\" cpuset=\"32-63,96-127\"/>"),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("<vcpupin vcpu=\"0\" cpuset=\"0-31,64-95\"/>"),
+        "{xml}"
+    );
+    // Node 0's L40S and the A6000 (both functions) behind expander 1, node 1's behind 2.
+    assert_eq!(hostdev_port_and_expander(&xml, "0x17").1.as_deref(), Some("0x01"));
+    assert_eq!(hostdev_port_and_expander(&xml, "0x4b").1.as_deref(), Some("0x01"));
+    assert_eq!(hostdev_port_and_expander(&xml, "0xca").1.as_deref(), Some("0x02"));
+    assert!(
+        stderr(&o).contains("guest node 1 = host node 1 (vCPUs 3-4, 3072 MiB)"),
+        "{}",
+        stderr(&o)
+    );
+    libvirt_accepts(&xml, "expanders");
+    assert!(validates_with(&s129, &xml, "expanders on 12.9"));
+    // --numa off: one flat guest, no expanders.
+    let flat = ok(&run_root(
+        &root,
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "n",
+            "--memory",
+            "6G",
+            "--vcpus",
+            "5",
+            "--backend",
+            "legacy",
+            "--numa",
+            "off",
+            "--device",
+            "17:00.0",
+            "ca:00.0",
+        ],
+    ));
+    assert!(!flat.contains("expander") && !flat.contains("<numa>"), "{flat}");
+
+    // qemu-args: expanders without guest nodes unless --memory and --vcpus say how to split.
+    let qa = |extra: &[&str]| {
+        let o = run_root(
+            &root,
+            &[&["qemu-args", "--backend", "legacy", "17:00.0", "ca:00.0"], extra].concat(),
+        );
+        (ok(&o), stderr(&o))
+    };
+    let (plain, err) = qa(&[]);
+    assert!(
+        plain.contains("-device pxb-pcie,id=gpupass-pxb0,bus_nr=128,bus=pcie.0,addr=0x10.0\n"),
+        "{plain}"
+    );
+    assert!(
+        plain.contains("-device pcie-root-port,id=rp2,chassis=2,bus=gpupass-pxb1,addr=0x00.0\n"),
+        "{plain}"
+    );
+    assert!(!plain.contains("-numa") && !plain.contains("-m "), "{plain}");
+    assert!(err.contains("pass --memory and --vcpus"), "{err}");
+    let (full, _) = qa(&["--memory", "2G", "--vcpus", "2"]);
+    for want in [
+        "-m 2048M\n",
+        "-smp 2\n",
+        "-object memory-backend-ram,id=gpupass-mem0,size=1024M,host-nodes=0,policy=bind\n",
+        "-numa node,nodeid=1,cpus=1,memdev=gpupass-mem1\n",
+        "-device pxb-pcie,id=gpupass-pxb1,bus_nr=144,bus=pcie.0,addr=0x11.0,numa_node=1\n",
+    ] {
+        assert!(full.contains(want), "no {want:?} in\n{full}");
+    }
+    // QEMU 10.0 builds it (this machine has one host node: bind both cells to node 0).
+    let args: Vec<String> = full
+        .lines()
+        .filter(|l| !l.starts_with("-device vfio-pci"))
+        .flat_map(|l| {
+            let (a, v) = l.split_once(' ').unwrap();
+            [a.to_string(), v.replace("host-nodes=1", "host-nodes=0")]
+        })
+        .collect();
+    let mut q = tool("qemu-system-x86_64")
+        .args([
+            "-machine",
+            "q35,accel=tcg",
+            "-cpu",
+            "qemu64,phys-bits=48",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-S",
+        ])
+        .args(["-qmp", "stdio", "-serial", "none"])
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut i = q.stdin.take().unwrap();
+        i.write_all(
+            b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-pci\"}\n{\"execute\":\"quit\"}\n",
+        )
+        .unwrap();
+    }
+    let out = q.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let reply: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["return"].is_array())
+        .unwrap_or_else(|| {
+            panic!(
+                "no query-pci reply:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let bus_of = |id: &str| {
+        reply["return"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| {
+                b["devices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|d| d["qdev_id"] == id)
+            })
+            .map(|b| b["bus"].as_u64().unwrap())
+    };
+    assert_eq!(bus_of("rp1"), Some(0x80), "{text}");
+    assert_eq!(bus_of("rp2"), Some(0x90), "{text}");
+    let pxb = qemu_properties("pxb-pcie");
+    assert!(pxb.contains("bus_nr") && pxb.contains("numa_node"), "{pxb:?}");
+}
+
+/// `--hugepages`: libvirt's `<memoryBacking><hugepages>`, QEMU's hugetlb memfd backend bound to
+/// the devices' node; refused when the node has too few free pages (the HGX fixture's node 1
+/// has 64 of 512 free) or the memory is not whole pages.
+#[test]
+fn hugepages_back_guest_ram() {
+    let hgx = vfio_host("hgx-8gpu", &["0000:03:00.0", "0000:83:00.0"]);
+    let xml = ok(&run_root(
+        hgx.path(),
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "h",
+            "--memory",
+            "64G",
+            "--vcpus",
+            "8",
+            "--hugepages",
+            "1G",
+            "--device",
+            "03:00.0",
+            "--locked",
+        ],
+    ));
+    assert!(
+        xml.contains("<memoryBacking>\n    <hugepages>\n      <page size=\"1048576\" unit=\"KiB\"/>\n    </hugepages>\n    <locked/>\n  </memoryBacking>"),
+        "{xml}"
+    );
+    libvirt_accepts(&xml, "1G hugepages");
+    assert!(validates_with(
+        &libvirt_12_9_schemas(),
+        &xml,
+        "1G hugepages on 12.9"
+    ));
+    // Spanning both nodes: 32 pages from each; node 1 has 64 free, 96G would need 48 there.
+    let o = run_root(
+        hgx.path(),
+        &[
+            "qemu-args",
+            "03:00.0",
+            "83:00.0",
+            "--memory",
+            "64G",
+            "--vcpus",
+            "4",
+            "--hugepages",
+            "1G",
+        ],
+    );
+    let args = ok(&o);
+    assert!(
+        args.contains("-object memory-backend-memfd,id=gpupass-mem1,size=32768M,hugetlb=on,hugetlbsize=1G,prealloc=on,host-nodes=1,policy=bind\n"),
+        "{args}"
+    );
+    fails(
+        &run_root(
+            hgx.path(),
+            &[
+                "qemu-args",
+                "03:00.0",
+                "83:00.0",
+                "--memory",
+                "160G",
+                "--vcpus",
+                "4",
+                "--hugepages",
+                "1G",
+            ],
+        ),
+        1,
+        &[
+            "needs 80 free 1G pages on host node 1",
+            "which has 64 free of 512 reserved",
+        ],
+    );
+    // Without --memory qemu-args cannot size a backend: a usage error from the parser.
+    fails(
+        &run_root(hgx.path(), &["qemu-args", "03:00.0", "--hugepages", "2M"]),
+        2,
+        &["--memory"],
+    );
+    let memfd = tool("qemu-system-x86_64")
+        .args(["-object", "memory-backend-memfd,help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&memfd.stdout);
+    for p in ["hugetlb=", "hugetlbsize=", "prealloc=", "host-nodes=", "policy="] {
+        assert!(
+            help.contains(p),
+            "memory-backend-memfd has no {p} in QEMU 10.0:\n{help}"
+        );
+    }
+}
+
+/// GPUDirect P2P cliques in libvirt: no element exists, so each clique GPU's hostdev gets a
+/// user alias and `<qemu:override>` sets `x-nv-gpudirect-clique` on that QEMU device; both RNGs
+/// and `virsh define` accept it.
+#[test]
+fn p2p_cliques_in_libvirt_through_qemu_override() {
+    let hgx = host("hgx-8gpu");
+    let mut args = vec![
+        "xml",
+        "domain",
+        "--name",
+        "hgx",
+        "--memory",
+        "64G",
+        "--vcpus",
+        "16",
+        "--managed",
+        "--device",
+    ];
+    let gpus = [
+        "03:00.0", "04:00.0", "05:00.0", "06:00.0", "83:00.0", "84:00.0", "85:00.0", "86:00.0",
+    ];
+    args.extend_from_slice(&gpus);
+    let xml = ok(&run_root(&hgx, &args));
+    assert!(
+        xml.contains("<domain type=\"kvm\" xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\">"),
+        "{xml}"
+    );
+    for (i, g) in gpus.iter().enumerate() {
+        let alias = format!("ua-gpupass-hostdev{}", i + 1);
+        let bus = &g[..2];
+        let at = xml
+            .find(&format!(
+                "bus=\"0x{bus}\" slot=\"0x00\" function=\"0x0\"/>\n      </source>"
+            ))
+            .unwrap();
+        assert!(
+            xml[at..]
+                .split("</hostdev>")
+                .next()
+                .unwrap()
+                .contains(&format!("<alias name=\"{alias}\"/>")),
+            "{xml}"
+        );
+        let clique = if bus.starts_with('0') { 0 } else { 1 };
+        assert!(
+            xml.contains(&format!(
+                "<qemu:device alias=\"{alias}\">\n      <qemu:frontend>\n        <qemu:property name=\"x-nv-gpudirect-clique\" type=\"unsigned\" value=\"{clique}\"/>"
+            )),
+            "{xml}"
+        );
+    }
+    libvirt_accepts(&xml, "HGX cliques");
+    assert!(validates_with(
+        &libvirt_12_9_schemas(),
+        &xml,
+        "HGX cliques on 12.9"
+    ));
+    // No clique, no namespace.
+    let one = ok(&run_root(
+        &hgx,
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "h",
+            "--memory",
+            "8G",
+            "--vcpus",
+            "4",
+            "--managed",
+            "--device",
+            "03:00.0",
+        ],
+    ));
+    assert!(!one.contains("qemu:") && !one.contains("<alias"), "{one}");
+}
+
+/// The big-GPU fixtures render full definitions (goldens): the HGX board's eight H100s over two
+/// nodes with hugepages, and the SR-IOV H200's PF; both pass libvirt 9.0 and 12.9.
+#[test]
+fn big_gpu_definitions_golden() {
+    let s129 = libvirt_12_9_schemas();
+    let hgx = vfio_host(
+        "hgx-8gpu",
+        &[
+            "0000:03:00.0",
+            "0000:04:00.0",
+            "0000:05:00.0",
+            "0000:06:00.0",
+            "0000:83:00.0",
+            "0000:84:00.0",
+            "0000:85:00.0",
+            "0000:86:00.0",
+        ],
+    );
+    let gpus = [
+        "03:00.0", "04:00.0", "05:00.0", "06:00.0", "83:00.0", "84:00.0", "85:00.0", "86:00.0",
+    ];
+    let mut a = vec![
+        "xml",
+        "domain",
+        "--name",
+        "hgx-8gpu",
+        "--memory",
+        "96G",
+        "--vcpus",
+        "32",
+        "--hugepages",
+        "1G",
+        "--device",
+    ];
+    a.extend_from_slice(&gpus);
+    let xml = ok(&run_root(hgx.path(), &a));
+    golden("hgx-8gpu/xml-domain-8gpu.xml", &xml);
+    libvirt_accepts(&xml, "HGX 8 GPUs");
+    assert!(validates_with(&s129, &xml, "HGX 8 GPUs on 12.9"));
+    let mut q = vec![
+        "qemu-args",
+        "--memory",
+        "96G",
+        "--vcpus",
+        "32",
+        "--hugepages",
+        "1G",
+        "--backend",
+        "legacy",
+    ];
+    q.extend_from_slice(&gpus);
+    golden("hgx-8gpu/qemu-args-8gpu.txt", &ok(&run_root(hgx.path(), &q)));
+
+    let h200 = vfio_host("sriov-vgpu", &["0000:41:00.0"]);
+    let xml = ok(&run_root(
+        h200.path(),
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "h200",
+            "--memory",
+            "32G",
+            "--vcpus",
+            "16",
+            "--hugepages",
+            "2M",
+            "--device",
+            "41:00.0",
+        ],
+    ));
+    golden("sriov-vgpu/xml-domain-pf.xml", &xml);
+    libvirt_accepts(&xml, "H200 PF");
+    assert!(validates_with(&s129, &xml, "H200 PF on 12.9"));
+    golden(
+        "sriov-vgpu/qemu-args-pf.txt",
+        &ok(&run_root(
+            h200.path(),
+            &[
+                "qemu-args",
+                "--backend",
+                "legacy",
+                "--memory",
+                "32G",
+                "--hugepages",
+                "2M",
+                "41:00.0",
+            ],
+        )),
+    );
 }

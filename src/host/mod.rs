@@ -169,6 +169,10 @@ impl HostRoot {
     pub fn sys_class(&self, class: &str) -> PathBuf {
         self.path("sys/class").join(class)
     }
+    /// `sys/devices/system/node`: the NUMA nodes.
+    pub fn sys_numa_nodes(&self) -> PathBuf {
+        self.path("sys/devices/system/node")
+    }
     /// `sys/dev/block/<major:minor>`.
     pub fn sys_dev_block(&self, majmin: &str) -> PathBuf {
         self.path("sys/dev/block").join(majmin)

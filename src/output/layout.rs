@@ -174,6 +174,255 @@ pub fn numa(sel: &Selection) -> NumaPlacement {
     }
 }
 
+/// Where the guest goes on the host's NUMA nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestNuma {
+    /// No placement (`--numa off`, or no device reports a node).
+    Free,
+    /// Every device on one node: vCPUs on its CPUs (when known), memory bound to it.
+    Pinned { node: i32, cpus: Option<String> },
+    /// Devices on several nodes: a guest node and a `pxb-pcie` per host node.
+    Expanders(Expanders),
+}
+
+impl GuestNuma {
+    /// Where guest RAM comes from, for the hugepage check: (host node, KiB) per share.
+    pub fn demand(&self, memory_kib: u64) -> Vec<(Option<i32>, u64)> {
+        match self {
+            GuestNuma::Pinned { node, .. } => vec![(Some(*node), memory_kib)],
+            GuestNuma::Expanders(x) if !x.cells.is_empty() => x
+                .cells
+                .iter()
+                .map(|c| (Some(c.host_node), c.memory_kib))
+                .collect(),
+            _ => vec![(None, memory_kib)],
+        }
+    }
+}
+
+/// `--hugepages`: the page size that backs guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HugePages {
+    /// Normal 4 KiB pages (the default).
+    #[default]
+    Off,
+    /// 2 MiB pages.
+    #[value(name = "2M")]
+    Mib2,
+    /// 1 GiB pages.
+    #[value(name = "1G")]
+    Gib1,
+}
+
+impl HugePages {
+    /// The page size in KiB, `None` for `off`.
+    pub fn kib(self) -> Option<u64> {
+        match self {
+            HugePages::Off => None,
+            HugePages::Mib2 => Some(2048),
+            HugePages::Gib1 => Some(1 << 20),
+        }
+    }
+    /// `2M` / `1G`, as the option is written.
+    pub fn label(self) -> &'static str {
+        match self {
+            HugePages::Off => "off",
+            HugePages::Mib2 => "2M",
+            HugePages::Gib1 => "1G",
+        }
+    }
+}
+
+/// One guest NUMA node mirroring a host node: its vCPUs, its share of RAM, and the host CPUs
+/// and node they are bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    pub host_node: i32,
+    /// The host node's CPUs (`cpulist` of the node, else a device's `local_cpulist`).
+    pub host_cpus: Option<String>,
+    /// First and last vCPU of the cell.
+    pub vcpus: (u32, u32),
+    pub memory_kib: u64,
+}
+
+impl Cell {
+    /// `0-3`, or `4` for a single vCPU.
+    pub fn vcpu_list(&self) -> String {
+        if self.vcpus.0 == self.vcpus.1 {
+            self.vcpus.0.to_string()
+        } else {
+            format!("{}-{}", self.vcpus.0, self.vcpus.1)
+        }
+    }
+}
+
+/// Devices on several host nodes: one guest NUMA node and one PCIe expander bus (`pxb-pcie`)
+/// per host node, each device behind a root port on the bus of its node (KubeVirt VEP 115's
+/// `PCINUMAAwareTopology`; NVIDIA's VM guide asks for NUMA-local GPUs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expanders {
+    /// Host nodes in ascending order, one expander each.
+    pub nodes: Vec<i32>,
+    /// Guest cells, one per node, when the guest's vCPUs and RAM are known (`xml domain`;
+    /// `qemu-args --memory --vcpus`); empty otherwise (the expanders then carry no node).
+    pub cells: Vec<Cell>,
+    /// Per selection target: the index into `nodes` of its expander, `None` for `pcie.0` (a
+    /// device with no node).
+    pub target_node: Vec<Option<usize>>,
+}
+
+/// The host node a target sits on: a PCI slot's first function's, an mdev's parent's.
+pub fn target_node(t: &crate::output::selection::Target) -> Option<i32> {
+    use crate::output::selection::Target;
+    match t {
+        Target::Slot(g) => g.functions.first().and_then(|f| f.device.numa_node),
+        Target::Mdev(m) => m.parent.as_ref().and_then(|p| p.numa_node),
+    }
+    .filter(|n| *n >= 0)
+}
+
+/// The host CPUs of `node`: the node's `cpulist`, else the `local_cpulist` of a selected
+/// function on it.
+pub fn node_cpus(sel: &Selection, inv: &crate::model::Inventory, node: i32) -> Option<String> {
+    inv.numa_nodes
+        .iter()
+        .find(|n| n.node == node)
+        .and_then(|n| n.cpulist.clone())
+        .or_else(|| {
+            sel.functions()
+                .find(|f| f.device.numa_node == Some(node))
+                .and_then(|f| f.device.local_cpulist.clone())
+        })
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+}
+
+/// Lay out expanders for devices spanning `nodes`; with `guest` (vCPUs, RAM KiB, page KiB) also
+/// the guest cells: vCPUs split as evenly as they go (the first cells get the remainder), RAM
+/// in equal shares of whole pages (the last cell gets the rest). Errs when there are fewer
+/// vCPUs than nodes.
+pub fn expanders(
+    sel: &Selection,
+    inv: &crate::model::Inventory,
+    nodes: &[i32],
+    guest: Option<(u32, u64, u64)>,
+) -> Result<Expanders, String> {
+    let target_node = sel
+        .targets
+        .iter()
+        .map(|t| target_node(t).and_then(|n| nodes.iter().position(|m| *m == n)))
+        .collect();
+    let mut cells = Vec::new();
+    if let Some((vcpus, memory_kib, page_kib)) = guest {
+        let k = nodes.len() as u32;
+        if vcpus < k {
+            return Err(format!(
+                "the devices span host NUMA nodes {}, so the guest gets one NUMA node per host node, each with at least one vCPU: --vcpus {vcpus} is fewer than {k}; pass --vcpus {k} or more, or --numa off; nothing was written",
+                join_nodes(nodes)
+            ));
+        }
+        let page = page_kib.max(1024);
+        let share = memory_kib / u64::from(k) / page * page;
+        let (base, extra) = (vcpus / k, vcpus % k);
+        let mut next = 0u32;
+        for (i, n) in nodes.iter().enumerate() {
+            let count = base + u32::from((i as u32) < extra);
+            let memory = if i + 1 == nodes.len() {
+                memory_kib - share * u64::from(k - 1)
+            } else {
+                share
+            };
+            cells.push(Cell {
+                host_node: *n,
+                host_cpus: node_cpus(sel, inv, *n),
+                vcpus: (next, next + count - 1),
+                memory_kib: memory,
+            });
+            next += count;
+        }
+    }
+    Ok(Expanders {
+        nodes: nodes.to_vec(),
+        cells,
+        target_node,
+    })
+}
+
+/// `0, 1`.
+pub fn join_nodes(nodes: &[i32]) -> String {
+    nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// `--hugepages`: refuse guest RAM that is not whole pages, or more pages than the host nodes
+/// the guest is bound to have free (`free_hugepages`; the whole host when the guest is not
+/// bound). `demand` is (host node or `None` for anywhere, KiB). The host's hugepage pools come
+/// from the inventory; a host that reports none is not checked (`Ok(false)`).
+pub fn check_hugepages(
+    inv: &crate::model::Inventory,
+    pages: HugePages,
+    memory_kib: u64,
+    demand: &[(Option<i32>, u64)],
+) -> Result<bool, String> {
+    let Some(page) = pages.kib() else {
+        return Ok(true);
+    };
+    if memory_kib % page != 0 {
+        return Err(format!(
+            "--hugepages {}: guest memory of {} MiB is not a whole number of {} pages; pass a --memory that is a multiple of {} MiB; nothing was written",
+            pages.label(),
+            memory_kib >> 10,
+            pages.label(),
+            page >> 10
+        ));
+    }
+    if inv.numa_nodes.is_empty() {
+        return Ok(false);
+    }
+    let pool = |n: &crate::model::NumaNode| {
+        n.hugepages
+            .iter()
+            .find(|p| p.size_kib == page)
+            .map_or((0, 0), |p| (p.free, p.total))
+    };
+    for (node, kib) in demand {
+        let need = kib.div_ceil(page);
+        let (free, total, place, path) = match node {
+            Some(n) => {
+                let (free, total) = inv.numa_nodes.iter().find(|x| x.node == *n).map_or((0, 0), pool);
+                (
+                    free,
+                    total,
+                    format!("host node {n}"),
+                    format!("/sys/devices/system/node/node{n}/hugepages/hugepages-{page}kB/nr_hugepages"),
+                )
+            }
+            None => {
+                let (free, total) = inv
+                    .numa_nodes
+                    .iter()
+                    .map(pool)
+                    .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+                (
+                    free,
+                    total,
+                    "this host".to_string(),
+                    format!("/sys/kernel/mm/hugepages/hugepages-{page}kB/nr_hugepages"),
+                )
+            }
+        };
+        if need > free {
+            return Err(format!(
+                "--hugepages {}: the guest needs {need} free {} pages on {place} ({} MiB), which has {free} free of {total} reserved; reserve more (echo N > {path}, or hugepagesz={} hugepages=N on the kernel command line), pass less --memory, or --hugepages off; nothing was written",
+                pages.label(),
+                pages.label(),
+                kib >> 10,
+                pages.label()
+            ));
+        }
+    }
+    Ok(true)
+}
+
 /// A power-of-two size for QEMU and notes: `64G`, `2T`, `512M`.
 pub fn size_suffix(v: u64) -> String {
     if v >= 1 << 40 && v % (1 << 40) == 0 {
@@ -200,6 +449,55 @@ mod tests {
         }
         assert_eq!(size_suffix(64 << 30), "64G");
         assert_eq!(size_suffix(4 << 40), "4T");
+    }
+
+    #[test]
+    fn hugepages_checked_against_the_nodes() {
+        use crate::model::{HugePool, Inventory, NumaNode};
+        let mut inv: Inventory =
+            serde_json::from_str(r#"{"schema_version":1,"devices":[],"groups":[]}"#).unwrap();
+        assert_eq!(
+            check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(0), 8 << 20)]),
+            Ok(false)
+        );
+        inv.numa_nodes = vec![
+            NumaNode {
+                node: 0,
+                cpulist: Some("0-3".into()),
+                hugepages: vec![HugePool {
+                    size_kib: 1 << 20,
+                    total: 16,
+                    free: 8,
+                }],
+            },
+            NumaNode {
+                node: 1,
+                cpulist: Some("4-7".into()),
+                hugepages: vec![HugePool {
+                    size_kib: 1 << 20,
+                    total: 16,
+                    free: 2,
+                }],
+            },
+        ];
+        assert_eq!(check_hugepages(&inv, HugePages::Off, 3 << 10, &[]), Ok(true));
+        assert_eq!(
+            check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(0), 8 << 20)]),
+            Ok(true)
+        );
+        let e = check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(1), 8 << 20)]).unwrap_err();
+        assert!(
+            e.contains("needs 8 free 1G pages on host node 1") && e.contains("has 2 free of 16"),
+            "{e}"
+        );
+        assert_eq!(
+            check_hugepages(&inv, HugePages::Gib1, 10 << 20, &[(None, 10 << 20)]),
+            Ok(true)
+        );
+        assert!(check_hugepages(&inv, HugePages::Gib1, 11 << 20, &[(None, 11 << 20)]).is_err());
+        let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[]).unwrap_err();
+        assert!(e.contains("not a whole number of 1G pages"), "{e}");
+        assert!(check_hugepages(&inv, HugePages::Mib2, 8 << 20, &[(Some(0), 8 << 20)]).is_err());
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //!   the group and container.
 
 use crate::model::PciAddress;
+use crate::output::layout::{GuestNuma, HugePages};
 use crate::output::selection::{SelectedMdev, Selection, SlotGroup, Target};
 use quick_xml::events::{BytesDecl, BytesText, Event};
 use quick_xml::Writer;
@@ -185,6 +186,7 @@ fn write_pci_hostdev(
     requested: bool,
     opts: &HostdevOptions,
     guest: Option<GuestPci>,
+    alias: Option<&str>,
 ) -> io::Result<()> {
     w.create_element("hostdev")
         .with_attribute(("mode", "subsystem"))
@@ -212,6 +214,9 @@ fn write_pci_hostdev(
                     e = e.with_attribute(("file", f.as_str()));
                 }
                 e.write_empty()?;
+            }
+            if let Some(a) = alias {
+                empty(w, "alias", &[("name", a)])?;
             }
             if let Some(g) = guest {
                 write_guest_address(w, &g)?;
@@ -368,7 +373,7 @@ pub fn hostdevs(
                 };
                 for (f, ga) in g.functions.iter().zip(guests) {
                     let mut w = new_writer();
-                    write_pci_hostdev(&mut w, &f.device.address, f.requested, opts, ga)?;
+                    write_pci_hostdev(&mut w, &f.device.address, f.requested, opts, ga, None)?;
                     out.push(HostdevXml {
                         label: f.device.address.to_string(),
                         xml: finish(w),
@@ -428,10 +433,17 @@ pub struct DomainSpec {
     /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
     /// libvirt also takes it as the memlock limit.
     pub memtune_kib: Option<u64>,
-    /// NUMA placement: the vCPUs on these host CPUs (`<vcpu cpuset=>`) and guest memory bound
-    /// to this host node (`<numatune><memory mode='strict'>`): the devices' node.
-    pub numa: Option<(i32, Option<String>)>,
+    /// NUMA placement ([`GuestNuma`]): one node's CPUs (`<vcpu cpuset=>`) and memory
+    /// (`<numatune>`), or one guest cell and `pcie-expander-bus` per host node.
+    pub numa: GuestNuma,
+    /// `<memoryBacking><hugepages><page size=>`.
+    pub hugepages: HugePages,
+    /// GPUDirect P2P cliques, set through `<qemu:override>` on the hostdevs' QEMU devices.
+    pub cliques: Vec<(PciAddress, u8)>,
 }
+
+/// libvirt's QEMU namespace (`<qemu:override>`, `<qemu:commandline>`).
+pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
     w.create_element(name)
@@ -453,175 +465,333 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
     let mut w = new_writer();
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
     let uses_display = spec.hostdev.display && sel.mdevs().any(|m| m.display_capable());
-    w.create_element("domain")
-        .with_attribute(("type", "kvm"))
-        .write_inner_content(|w| {
-            text_element(w, "name", &[], &spec.name)?;
-            text_element(w, "memory", &[("unit", "KiB")], &spec.memory_kib.to_string())?;
-            text_element(
+    let expanders = match &spec.numa {
+        GuestNuma::Expanders(x) => Some(x),
+        _ => None,
+    };
+    let cells: &[crate::output::layout::Cell] = expanders.map_or(&[], |x| x.cells.as_slice());
+    // Controller indices: the expanders first (1..=k), then one root port per target.
+    let pxbs = expanders.map_or(0, |x| x.nodes.len());
+    let port_index = |i: usize| pxbs + i + 1;
+    let mut root = w.create_element("domain").with_attribute(("type", "kvm"));
+    if !spec.cliques.is_empty() {
+        root = root.with_attribute(("xmlns:qemu", QEMU_NS));
+    }
+    let mut aliases: Vec<(String, u8)> = Vec::new();
+    root.write_inner_content(|w| {
+        text_element(w, "name", &[], &spec.name)?;
+        text_element(w, "memory", &[("unit", "KiB")], &spec.memory_kib.to_string())?;
+        text_element(
+            w,
+            "currentMemory",
+            &[("unit", "KiB")],
+            &spec.memory_kib.to_string(),
+        )?;
+        if spec.locked || spec.hugepages.kib().is_some() {
+            w.create_element("memoryBacking").write_inner_content(|w| {
+                if let Some(kib) = spec.hugepages.kib() {
+                    w.create_element("hugepages").write_inner_content(|w| {
+                        empty(w, "page", &[("size", &kib.to_string()), ("unit", "KiB")])
+                    })?;
+                }
+                if spec.locked {
+                    empty(w, "locked", &[])?;
+                }
+                Ok(())
+            })?;
+        }
+        if let Some(kib) = spec.memtune_kib {
+            w.create_element("memtune").write_inner_content(|w| {
+                text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
+            })?;
+        }
+        match &spec.numa {
+            GuestNuma::Pinned { cpus: Some(cpus), .. } => text_element(
                 w,
-                "currentMemory",
-                &[("unit", "KiB")],
-                &spec.memory_kib.to_string(),
-            )?;
-            if spec.locked {
-                w.create_element("memoryBacking")
-                    .write_inner_content(|w| empty(w, "locked", &[]))?;
-            }
-            if let Some(kib) = spec.memtune_kib {
-                w.create_element("memtune").write_inner_content(|w| {
-                    text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
-                })?;
-            }
-            match &spec.numa {
-                Some((_, Some(cpus))) => text_element(
-                    w,
-                    "vcpu",
-                    &[("placement", "static"), ("cpuset", cpus)],
-                    &spec.vcpus.to_string(),
-                )?,
-                _ => text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?,
-            }
-            if let Some((node, _)) = &spec.numa {
+                "vcpu",
+                &[("placement", "static"), ("cpuset", cpus)],
+                &spec.vcpus.to_string(),
+            )?,
+            _ => text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?,
+        }
+        if cells.iter().any(|c| c.host_cpus.is_some()) {
+            // Each vCPU on the CPUs of its cell's host node.
+            w.create_element("cputune").write_inner_content(|w| {
+                for c in cells {
+                    if let Some(cpus) = &c.host_cpus {
+                        for v in c.vcpus.0..=c.vcpus.1 {
+                            empty(w, "vcpupin", &[("vcpu", &v.to_string()), ("cpuset", cpus)])?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        match &spec.numa {
+            GuestNuma::Pinned { node, .. } => {
                 w.create_element("numatune").write_inner_content(|w| {
                     empty(w, "memory", &[("mode", "strict"), ("nodeset", &node.to_string())])
                 })?;
             }
-            if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {
-                w.create_element("sysinfo")
-                    .with_attribute(("type", "fwcfg"))
-                    .write_inner_content(|w| {
-                        text_element(
+            GuestNuma::Expanders(x) if !cells.is_empty() => {
+                let all = x
+                    .nodes
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                w.create_element("numatune").write_inner_content(|w| {
+                    empty(w, "memory", &[("mode", "strict"), ("nodeset", &all)])?;
+                    for (i, c) in cells.iter().enumerate() {
+                        empty(
                             w,
-                            "entry",
-                            &[("name", "opt/ovmf/X-PciMmio64Mb")],
-                            &(h.window >> 20).to_string(),
-                        )
-                    })?;
-            }
-            if spec.iommufd_domain {
-                empty(w, "iommufd", &[("enabled", "yes")])?;
-            }
-            let mut os = w.create_element("os");
-            if spec.firmware == Firmware::Efi {
-                os = os.with_attribute(("firmware", "efi"));
-            }
-            os.write_inner_content(|w| {
-                text_element(w, "type", &[("arch", "x86_64"), ("machine", "q35")], "hvm")?;
-                empty(w, "boot", &[("dev", "hd")])
-            })?;
-            w.create_element("features").write_inner_content(|w| {
-                empty(w, "acpi", &[])?;
-                empty(w, "apic", &[])?;
-                if spec.viommu {
-                    // Interrupt remapping in the vIOMMU needs the split (QEMU) I/O APIC.
-                    empty(w, "ioapic", &[("driver", "qemu")])?;
-                }
-                Ok(())
-            })?;
-            let cpu = w
-                .create_element("cpu")
-                .with_attribute(("mode", "host-passthrough"))
-                .with_attribute(("check", "none"));
-            if spec.hole64.is_some() {
-                // The window lies above RAM: the guest's address width must reach its end.
-                cpu.write_inner_content(|w| empty(w, "maxphysaddr", &[("mode", "passthrough")]))?;
-            } else {
-                cpu.write_empty()?;
-            }
-            empty(w, "clock", &[("offset", "utc")])?;
-            text_element(w, "on_poweroff", &[], "destroy")?;
-            text_element(w, "on_reboot", &[], "restart")?;
-            text_element(w, "on_crash", &[], "destroy")?;
-            w.create_element("devices").write_inner_content(|w| {
-                let root = w
-                    .create_element("controller")
-                    .with_attribute(("type", "pci"))
-                    .with_attribute(("index", "0"))
-                    .with_attribute(("model", "pcie-root"));
-                match &spec.hole64 {
-                    Some(h) => {
-                        root.write_inner_content(|w| {
-                            text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
-                        })?;
+                            "memnode",
+                            &[
+                                ("cellid", &i.to_string()),
+                                ("mode", "strict"),
+                                ("nodeset", &c.host_node.to_string()),
+                            ],
+                        )?;
                     }
-                    None => {
-                        root.write_empty()?;
-                    }
-                }
-                for (i, _) in sel.targets.iter().enumerate() {
-                    let idx = (i + 1).to_string();
-                    empty(
+                    Ok(())
+                })?;
+            }
+            _ => {}
+        }
+        if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {
+            w.create_element("sysinfo")
+                .with_attribute(("type", "fwcfg"))
+                .write_inner_content(|w| {
+                    text_element(
                         w,
-                        "controller",
-                        &[("type", "pci"), ("index", &idx), ("model", "pcie-root-port")],
-                    )?;
-                }
-                if let Some(path) = &spec.disk {
-                    let fmt = if path.ends_with(".qcow2") { "qcow2" } else { "raw" };
-                    w.create_element("disk")
-                        .with_attribute(("type", "file"))
-                        .with_attribute(("device", "disk"))
-                        .write_inner_content(|w| {
-                            empty(w, "driver", &[("name", "qemu"), ("type", fmt)])?;
-                            empty(w, "source", &[("file", path)])?;
-                            empty(w, "target", &[("dev", "vda"), ("bus", "virtio")])
-                        })?;
-                }
-                for (i, t) in sel.targets.iter().enumerate() {
-                    // Root port i+1 provides guest bus i+1; bus numbers past 0xff cannot exist.
-                    let bus =
-                        u8::try_from(i + 1).map_err(|_| io::Error::other("more than 255 guest slots"))?;
-                    match t {
-                        Target::Slot(g) => {
-                            for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
-                                write_pci_hostdev(
-                                    w,
-                                    &f.device.address,
-                                    f.requested,
-                                    &spec.hostdev,
-                                    Some(ga),
-                                )?;
-                            }
-                        }
-                        Target::Mdev(m) => {
-                            let ga = GuestPci {
-                                domain: 0,
-                                bus,
-                                slot: 0,
-                                function: 0,
-                                multifunction: false,
-                            };
-                            write_mdev_hostdev(w, m, &spec.hostdev, Some(ga))?;
-                        }
-                    }
-                }
-                if uses_display {
-                    // display='on' needs a graphics device; the vGPU is the guest's display.
-                    w.create_element("graphics")
-                        .with_attribute(("type", "vnc"))
-                        .with_attribute(("autoport", "yes"))
-                        .write_inner_content(|w| {
-                            empty(w, "listen", &[("type", "address"), ("address", "127.0.0.1")])
-                        })?;
-                    w.create_element("video")
-                        .write_inner_content(|w| empty(w, "model", &[("type", "none")]))?;
-                }
-                w.create_element("console")
-                    .with_attribute(("type", "pty"))
-                    .write_inner_content(|w| empty(w, "target", &[("type", "serial"), ("port", "0")]))?;
-                // Guest RAM is pinned for VFIO DMA: a balloon cannot give any of it back.
-                empty(w, "memballoon", &[("model", "none")])?;
-                if spec.viommu {
-                    w.create_element("iommu")
-                        .with_attribute(("model", "intel"))
-                        .write_inner_content(|w| {
-                            empty(w, "driver", &[("intremap", "on"), ("caching_mode", "on")])
-                        })?;
-                }
-                Ok(())
-            })?;
+                        "entry",
+                        &[("name", "opt/ovmf/X-PciMmio64Mb")],
+                        &(h.window >> 20).to_string(),
+                    )
+                })?;
+        }
+        if spec.iommufd_domain {
+            empty(w, "iommufd", &[("enabled", "yes")])?;
+        }
+        let mut os = w.create_element("os");
+        if spec.firmware == Firmware::Efi {
+            os = os.with_attribute(("firmware", "efi"));
+        }
+        os.write_inner_content(|w| {
+            text_element(w, "type", &[("arch", "x86_64"), ("machine", "q35")], "hvm")?;
+            empty(w, "boot", &[("dev", "hd")])
+        })?;
+        w.create_element("features").write_inner_content(|w| {
+            empty(w, "acpi", &[])?;
+            empty(w, "apic", &[])?;
+            if spec.viommu {
+                // Interrupt remapping in the vIOMMU needs the split (QEMU) I/O APIC.
+                empty(w, "ioapic", &[("driver", "qemu")])?;
+            }
             Ok(())
         })?;
+        let cpu = w
+            .create_element("cpu")
+            .with_attribute(("mode", "host-passthrough"))
+            .with_attribute(("check", "none"));
+        if spec.hole64.is_some() || !cells.is_empty() {
+            cpu.write_inner_content(|w| {
+                if spec.hole64.is_some() {
+                    // The window lies above RAM: the guest's address width must reach its end.
+                    empty(w, "maxphysaddr", &[("mode", "passthrough")])?;
+                }
+                if !cells.is_empty() {
+                    w.create_element("numa").write_inner_content(|w| {
+                        for (i, c) in cells.iter().enumerate() {
+                            empty(
+                                w,
+                                "cell",
+                                &[
+                                    ("id", &i.to_string()),
+                                    ("cpus", &c.vcpu_list()),
+                                    ("memory", &c.memory_kib.to_string()),
+                                    ("unit", "KiB"),
+                                ],
+                            )?;
+                        }
+                        Ok(())
+                    })?;
+                }
+                Ok(())
+            })?;
+        } else {
+            cpu.write_empty()?;
+        }
+        empty(w, "clock", &[("offset", "utc")])?;
+        text_element(w, "on_poweroff", &[], "destroy")?;
+        text_element(w, "on_reboot", &[], "restart")?;
+        text_element(w, "on_crash", &[], "destroy")?;
+        w.create_element("devices").write_inner_content(|w| {
+            let root = w
+                .create_element("controller")
+                .with_attribute(("type", "pci"))
+                .with_attribute(("index", "0"))
+                .with_attribute(("model", "pcie-root"));
+            match &spec.hole64 {
+                Some(h) => {
+                    root.write_inner_content(|w| {
+                        text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
+                    })?;
+                }
+                None => {
+                    root.write_empty()?;
+                }
+            }
+            if let Some(x) = expanders {
+                // One pcie-expander-bus per host node; libvirt picks each one's busNr.
+                for i in 0..x.nodes.len() {
+                    let c = w.create_element("controller").with_attributes([
+                        ("type", "pci"),
+                        ("index", (i + 1).to_string().as_str()),
+                        ("model", "pcie-expander-bus"),
+                    ]);
+                    if cells.is_empty() {
+                        c.write_empty()?;
+                    } else {
+                        c.write_inner_content(|w| {
+                            w.create_element("target")
+                                .write_inner_content(|w| text_element(w, "node", &[], &i.to_string()))?;
+                            Ok(())
+                        })?;
+                    }
+                }
+            }
+            let mut on_pxb = vec![0usize; pxbs];
+            for i in 0..sel.targets.len() {
+                let idx = port_index(i).to_string();
+                let attrs = [
+                    ("type", "pci"),
+                    ("index", idx.as_str()),
+                    ("model", "pcie-root-port"),
+                ];
+                match expanders.and_then(|x| x.target_node[i]) {
+                    Some(n) => {
+                        // Behind the expander of its node, one port per slot.
+                        let slot = on_pxb[n];
+                        on_pxb[n] += 1;
+                        w.create_element("controller")
+                            .with_attributes(attrs)
+                            .write_inner_content(|w| {
+                                empty(
+                                    w,
+                                    "address",
+                                    &[
+                                        ("type", "pci"),
+                                        ("domain", "0x0000"),
+                                        ("bus", &format!("{:#04x}", n + 1)),
+                                        ("slot", &format!("{slot:#04x}")),
+                                        ("function", "0x0"),
+                                    ],
+                                )
+                            })?;
+                    }
+                    None => empty(w, "controller", &attrs)?,
+                }
+            }
+            if let Some(path) = &spec.disk {
+                let fmt = if path.ends_with(".qcow2") { "qcow2" } else { "raw" };
+                w.create_element("disk")
+                    .with_attribute(("type", "file"))
+                    .with_attribute(("device", "disk"))
+                    .write_inner_content(|w| {
+                        empty(w, "driver", &[("name", "qemu"), ("type", fmt)])?;
+                        empty(w, "source", &[("file", path)])?;
+                        empty(w, "target", &[("dev", "vda"), ("bus", "virtio")])
+                    })?;
+            }
+            let mut n = 0;
+            for (i, t) in sel.targets.iter().enumerate() {
+                // Root port i provides guest bus port_index(i); bus numbers past 0xff cannot exist.
+                let bus =
+                    u8::try_from(port_index(i)).map_err(|_| io::Error::other("more than 255 guest slots"))?;
+                match t {
+                    Target::Slot(g) => {
+                        for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
+                            n += 1;
+                            let clique = spec.cliques.iter().find(|(a, _)| *a == f.device.address);
+                            let alias = clique.map(|(_, c)| {
+                                // User aliases start with "ua-"; QEMU's device id is the alias.
+                                let a = format!("ua-gpupass-hostdev{n}");
+                                aliases.push((a.clone(), *c));
+                                a
+                            });
+                            write_pci_hostdev(
+                                w,
+                                &f.device.address,
+                                f.requested,
+                                &spec.hostdev,
+                                Some(ga),
+                                alias.as_deref(),
+                            )?;
+                        }
+                    }
+                    Target::Mdev(m) => {
+                        let ga = GuestPci {
+                            domain: 0,
+                            bus,
+                            slot: 0,
+                            function: 0,
+                            multifunction: false,
+                        };
+                        write_mdev_hostdev(w, m, &spec.hostdev, Some(ga))?;
+                    }
+                }
+            }
+            if uses_display {
+                // display='on' needs a graphics device; the vGPU is the guest's display.
+                w.create_element("graphics")
+                    .with_attribute(("type", "vnc"))
+                    .with_attribute(("autoport", "yes"))
+                    .write_inner_content(|w| {
+                        empty(w, "listen", &[("type", "address"), ("address", "127.0.0.1")])
+                    })?;
+                w.create_element("video")
+                    .write_inner_content(|w| empty(w, "model", &[("type", "none")]))?;
+            }
+            w.create_element("console")
+                .with_attribute(("type", "pty"))
+                .write_inner_content(|w| empty(w, "target", &[("type", "serial"), ("port", "0")]))?;
+            // Guest RAM is pinned for VFIO DMA: a balloon cannot give any of it back.
+            empty(w, "memballoon", &[("model", "none")])?;
+            if spec.viommu {
+                w.create_element("iommu")
+                    .with_attribute(("model", "intel"))
+                    .write_inner_content(|w| {
+                        empty(w, "driver", &[("intremap", "on"), ("caching_mode", "on")])
+                    })?;
+            }
+            Ok(())
+        })?;
+        if !aliases.is_empty() {
+            // libvirt has no element for the clique: set the property on the QEMU device.
+            w.create_element("qemu:override").write_inner_content(|w| {
+                for (alias, clique) in &aliases {
+                    w.create_element("qemu:device")
+                        .with_attribute(("alias", alias.as_str()))
+                        .write_inner_content(|w| {
+                            w.create_element("qemu:frontend").write_inner_content(|w| {
+                                empty(
+                                    w,
+                                    "qemu:property",
+                                    &[
+                                        ("name", "x-nv-gpudirect-clique"),
+                                        ("type", "unsigned"),
+                                        ("value", &clique.to_string()),
+                                    ],
+                                )
+                            })?;
+                            Ok(())
+                        })?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    })?;
     Ok(finish(w))
 }

@@ -25,6 +25,7 @@
 //!   `-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=MIB` gives OVMF the same aperture (SeaBIOS
 //!   ignores the file). See [`crate::output::layout`].
 
+use crate::output::layout::{GuestNuma, HugePages};
 use crate::output::selection::{Selection, Target};
 
 /// Why arguments could not be built.
@@ -32,6 +33,8 @@ use crate::output::selection::{Selection, Target};
 pub enum QemuError {
     #[error("{ports} guest slots need root ports up to pcie.0 slot {last:#04x}, past the last free q35 slot 0x1e; start lower with --first-slot or pass fewer devices")]
     TooManySlots { ports: usize, last: usize },
+    #[error("{what} needs the guest's memory: pass --memory SIZE")]
+    NeedsMemory { what: &'static str },
     #[error("--first-slot {slot:#04x} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)")]
     BadFirstSlot { slot: u8 },
 }
@@ -58,6 +61,21 @@ pub struct QemuOptions {
     pub hole64: Option<crate::output::layout::Mmio64>,
     /// `x-nv-gpudirect-clique=N` per NVIDIA GPU ([`crate::output::layout::p2p_cliques`]).
     pub cliques: Vec<(crate::model::PciAddress, u8)>,
+    /// Guest RAM in KiB (`-m`, and the memory backends); `None`: the caller sets `-m`.
+    pub memory_kib: Option<u64>,
+    /// `-smp N`; `None`: the caller sets it.
+    pub vcpus: Option<u32>,
+    /// Hugepages behind guest RAM (`memory-backend-memfd,hugetlb=on`); needs `memory_kib`.
+    pub hugepages: HugePages,
+    /// NUMA placement: memory bound to the devices' node, or guest nodes and `pxb-pcie`
+    /// expander buses mirroring the host nodes.
+    pub numa: GuestNuma,
+}
+
+/// The first bus number of expander `i` (`pxb-pcie,bus_nr=`): 0x80, 0x90, ... so each gets 16
+/// buses for its root ports and `pcie.0` keeps 0x00-0x7f.
+pub fn pxb_bus_nr(i: usize) -> usize {
+    0x80 + 0x10 * i
 }
 
 /// Descriptors opened by a privileged parent for QEMU to inherit: `/dev/iommu` and one cdev
@@ -82,6 +100,10 @@ impl Default for QemuOptions {
             fds: None,
             hole64: None,
             cliques: Vec::new(),
+            memory_kib: None,
+            vcpus: None,
+            hugepages: HugePages::Off,
+            numa: GuestNuma::Free,
         }
     }
 }
@@ -107,14 +129,76 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             slot: opts.first_slot,
         });
     }
-    let ports = sel.targets.len();
-    if ports > 0 {
-        let last = opts.first_slot as usize + (ports - 1) / 8;
+    let expanders = match &opts.numa {
+        GuestNuma::Expanders(x) => Some(x),
+        _ => None,
+    };
+    // Which targets sit behind an expander (the rest get root ports on pcie.0).
+    let node_of = |k: usize| expanders.and_then(|x| x.target_node.get(k).copied().flatten());
+    let on_root: Vec<usize> = (0..sel.targets.len()).filter(|k| node_of(*k).is_none()).collect();
+    let ports = on_root.len();
+    let pxbs = expanders.map_or(0, |x| x.nodes.len());
+    let root_slots = ports.div_ceil(8);
+    if ports + pxbs > 0 {
+        let last = opts.first_slot as usize + root_slots + pxbs - 1;
         if last > 0x1e {
-            return Err(QemuError::TooManySlots { ports, last });
+            return Err(QemuError::TooManySlots {
+                ports: sel.targets.len(),
+                last,
+            });
         }
     }
+    if opts.hugepages != HugePages::Off && opts.memory_kib.is_none() {
+        return Err(QemuError::NeedsMemory { what: "--hugepages" });
+    }
     let mut out = Vec::new();
+    let mut pair = |a: &str, v: String| {
+        out.push(a.to_string());
+        out.push(v);
+    };
+    if let Some(kib) = opts.memory_kib {
+        pair("-m", format!("{}M", kib >> 10));
+    }
+    if let Some(n) = opts.vcpus {
+        pair("-smp", n.to_string());
+    }
+    // Memory backends: one per guest node, or one for the whole guest when it is bound to a
+    // node or on hugepages.
+    let backend = |id: &str, kib: u64, node: Option<i32>| {
+        let mut b = match opts.hugepages.kib() {
+            Some(page) => format!(
+                "memory-backend-memfd,id={id},size={}M,hugetlb=on,hugetlbsize={},prealloc=on",
+                kib >> 10,
+                crate::output::layout::size_suffix(page << 10)
+            ),
+            None => format!("memory-backend-ram,id={id},size={}M", kib >> 10),
+        };
+        if let Some(n) = node {
+            b.push_str(&format!(",host-nodes={n},policy=bind"));
+        }
+        b
+    };
+    match (&opts.numa, opts.memory_kib) {
+        (GuestNuma::Expanders(x), Some(_)) if !x.cells.is_empty() => {
+            for (i, c) in x.cells.iter().enumerate() {
+                let id = format!("gpupass-mem{i}");
+                pair("-object", backend(&id, c.memory_kib, Some(c.host_node)));
+                pair(
+                    "-numa",
+                    format!("node,nodeid={i},cpus={},memdev={id}", c.vcpu_list()),
+                );
+            }
+        }
+        (GuestNuma::Pinned { node, .. }, Some(kib)) => {
+            pair("-object", backend("gpupass-mem0", kib, Some(*node)));
+            pair("-machine", "memory-backend=gpupass-mem0".to_string());
+        }
+        (_, Some(kib)) if opts.hugepages != HugePages::Off => {
+            pair("-object", backend("gpupass-mem0", kib, None));
+            pair("-machine", "memory-backend=gpupass-mem0".to_string());
+        }
+        _ => {}
+    }
     if let Some(h) = &opts.hole64 {
         out.push("-global".to_string());
         out.push(format!(
@@ -138,16 +222,41 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         out.push("-device".to_string());
         out.push(v);
     };
-    for k in 0..ports {
-        let slot = opts.first_slot as usize + k / 8;
-        let func = k % 8;
+    for (j, k) in on_root.iter().enumerate() {
+        let slot = opts.first_slot as usize + j / 8;
+        let func = j % 8;
         // Function 0 of a pcie.0 slot that holds more root ports must say multifunction.
-        let more_in_slot = func == 0 && k + 1 < ports && (k + 1) / 8 == k / 8;
+        let more_in_slot = func == 0 && j + 1 < ports && (j + 1) / 8 == j / 8;
         dev(format!(
             "pcie-root-port,id=rp{n},chassis={n},bus=pcie.0,addr={slot:#04x}.{func}{mf}",
             n = k + 1,
             mf = if more_in_slot { ",multifunction=on" } else { "" }
         ));
+    }
+    if let Some(x) = expanders {
+        for i in 0..x.nodes.len() {
+            let slot = opts.first_slot as usize + root_slots + i;
+            let node = if x.cells.is_empty() || opts.memory_kib.is_none() {
+                String::new()
+            } else {
+                format!(",numa_node={i}")
+            };
+            dev(format!(
+                "pxb-pcie,id=gpupass-pxb{i},bus_nr={},bus=pcie.0,addr={slot:#04x}.0{node}",
+                pxb_bus_nr(i)
+            ));
+        }
+        let mut used = vec![0usize; x.nodes.len()];
+        for k in 0..sel.targets.len() {
+            if let Some(i) = node_of(k) {
+                dev(format!(
+                    "pcie-root-port,id=rp{n},chassis={n},bus=gpupass-pxb{i},addr={:#04x}.0",
+                    used[i],
+                    n = k + 1
+                ));
+                used[i] += 1;
+            }
+        }
     }
     let rom = |requested: bool| {
         let mut s = String::new();

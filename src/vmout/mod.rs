@@ -314,6 +314,10 @@ pub struct DomainArgs {
     /// when they share one), strict (the same, and devices on several nodes are an error), off
     #[arg(long, value_enum, default_value = "auto")]
     pub numa: NumaArg,
+    /// Back guest RAM with hugepages of this size (off, 2M, 1G): <memoryBacking><hugepages>;
+    /// refused when the host nodes the guest is bound to have too few free
+    #[arg(long, value_enum, default_value = "off", value_name = "off|2M|1G")]
+    pub hugepages: crate::output::layout::HugePages,
     #[command(flatten)]
     pub dev: LibvirtDeviceArgs,
     #[command(flatten)]
@@ -350,6 +354,28 @@ pub struct QemuArgsArgs {
     /// of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// Guest memory (8G, 4096M): emits -m and the memory backends that bind it to the
+    /// devices' NUMA node(s) or put it on hugepages (do not pass your own -m then)
+    #[arg(long, value_parser = parse_memory_kib, value_name = "SIZE")]
+    pub memory: Option<u64>,
+    /// Virtual CPUs: emits -smp (with --memory, the guest NUMA nodes' CPUs)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub vcpus: Option<u32>,
+    /// Back guest RAM with hugepages (off, 2M, 1G): memory-backend-memfd,hugetlb=on; needs
+    /// --memory; refused when the host nodes the guest is bound to have too few free
+    #[arg(
+        long,
+        value_enum,
+        default_value = "off",
+        value_name = "off|2M|1G",
+        requires = "memory"
+    )]
+    pub hugepages: crate::output::layout::HugePages,
+    /// NUMA placement: auto (memory bound to the devices' node when they share one; devices on
+    /// several nodes get one pxb-pcie expander bus per node, and with --memory and --vcpus one
+    /// guest NUMA node per host node), strict (devices on several nodes are an error), off
+    #[arg(long, value_enum, default_value = "auto")]
+    pub numa: NumaArg,
 }
 
 #[derive(Debug, Args)]
@@ -512,10 +538,22 @@ pub(crate) fn check_window(
     h: Option<&crate::output::layout::Mmio64>,
 ) -> Result<(), VmOutError> {
     use crate::output::layout::size_suffix;
-    let (Some(h), Some(bits)) = (h, inv.cpu_phys_bits) else {
+    let Some(h) = h else {
         return Ok(());
     };
     let need = h.window.trailing_zeros() + 1;
+    if let Some(aw) = inv.iommu_addr_bits.filter(|aw| need > u32::from(*aw)) {
+        return Err(VmOutError::Layout(format!(
+            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) reaches IOVAs of {need} bits, but this host's IOMMU translates {aw} (sys/class/iommu: the narrowest unit's address width), so VFIO could not map the BARs for peer-to-peer DMA; pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
+            size_suffix(h.window),
+            h.count,
+            h.bars >> 30,
+            size_suffix(1u64 << (aw - 1)),
+        )));
+    }
+    let Some(bits) = inv.cpu_phys_bits else {
+        return Ok(());
+    };
     if need > u32::from(bits) {
         return Err(VmOutError::Layout(format!(
             "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) needs a guest physical address width of at least {need} bits, but this host's CPU has {bits} (/proc/cpuinfo, address sizes): pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
@@ -528,34 +566,112 @@ pub(crate) fn check_window(
     Ok(())
 }
 
-/// `--numa`: the node and CPUs to place the guest on, a note when the devices span nodes, or
-/// (strict) an error.
-fn numa_placement(sel: &Selection, mode: NumaArg) -> Result<Option<(i32, Option<String>)>, VmOutError> {
-    use crate::output::layout::{numa, NumaPlacement};
+use crate::output::layout::GuestNuma;
+
+/// `--numa`: the guest's placement, a note saying what was chosen and why, or (strict, devices
+/// on several nodes) an error. `guest`: (vCPUs, RAM KiB, page KiB) when known.
+pub(crate) fn numa_plan(
+    sel: &Selection,
+    inv: &Inventory,
+    mode: NumaArg,
+    guest: Option<(u32, u64, u64)>,
+) -> Result<GuestNuma, VmOutError> {
+    use crate::output::layout::{join_nodes, numa, NumaPlacement};
     if mode == NumaArg::Off {
-        return Ok(None);
+        return Ok(GuestNuma::Free);
     }
     match numa(sel) {
         NumaPlacement::One { node, cpus } => {
-            eprintln!(
-                "note: the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
-                cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
-            );
-            Ok(Some((node, cpus)))
+            let cpus = cpus.or_else(|| crate::output::layout::node_cpus(sel, inv, node));
+            Ok(GuestNuma::Pinned { node, cpus })
         }
-        NumaPlacement::Unknown => Ok(None),
+        NumaPlacement::Unknown => Ok(GuestNuma::Free),
         NumaPlacement::Spans(nodes) => {
-            let list = nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ");
+            let list = join_nodes(&nodes);
             if mode == NumaArg::Strict {
                 return Err(VmOutError::Layout(format!(
                     "--numa strict: the devices are on host NUMA nodes {list}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written"
                 )));
             }
-            eprintln!(
-                "note: the devices span host NUMA nodes {list}: the guest is not pinned (one pxb-pcie expander bus per node is not generated yet)"
-            );
-            Ok(None)
+            let x = crate::output::layout::expanders(sel, inv, &nodes, guest).map_err(VmOutError::Layout)?;
+            Ok(GuestNuma::Expanders(x))
         }
+    }
+}
+
+/// Say what the NUMA plan does (after every refusal).
+fn numa_note(plan: &GuestNuma, qemu: bool) {
+    use crate::output::layout::join_nodes;
+    match plan {
+        GuestNuma::Free => {}
+        GuestNuma::Pinned { node, cpus } => {
+            if qemu {
+                eprintln!(
+                    "note: the devices are on host NUMA node {node}: run QEMU under `numactl --cpunodebind={node} --membind={node}`{} (--memory binds guest RAM to the node with a memory backend; --numa off to leave placement alone)",
+                    match cpus {
+                        Some(c) => format!(" (its CPUs: {c})"),
+                        None => String::new(),
+                    }
+                );
+            } else {
+                eprintln!(
+                    "note: the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
+                    cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
+                );
+            }
+        }
+        GuestNuma::Expanders(x) => {
+            let list = join_nodes(&x.nodes);
+            if x.cells.is_empty() {
+                eprintln!(
+                    "note: the devices span host NUMA nodes {list}: one pxb-pcie expander bus per node with the devices behind root ports on their node's bus; pass --memory and --vcpus to also give the guest one NUMA node per host node (numa_node= on each expander, memory bound to its host node)"
+                );
+            } else {
+                let cells: Vec<String> = x
+                    .cells
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "guest node {} = host node {} (vCPUs {}, {} MiB)",
+                            x.cells.iter().position(|d| d == c).unwrap_or(0),
+                            c.host_node,
+                            c.vcpu_list(),
+                            c.memory_kib >> 10
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "note: the devices span host NUMA nodes {list}: the guest gets one NUMA node per host node ({}), each with a pxb-pcie expander bus whose root ports hold that node's devices, so the guest driver sees each device local to its vCPUs and memory (KubeVirt VEP 115; --numa off for one flat node)",
+                    cells.join("; ")
+                );
+            }
+        }
+    }
+}
+
+/// Say which GPUs share a P2P clique.
+fn cliques_note(cliques: &[(crate::model::PciAddress, u8)], qemu: bool) {
+    if !cliques.is_empty() {
+        eprintln!(
+            "note: GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch){}",
+            cliques.len(),
+            if qemu { "" } else { "; libvirt has no element for it: <qemu:override> sets the property on each hostdev's QEMU device (libvirt 8.2+)" }
+        );
+    }
+}
+
+/// Say what backs guest RAM.
+fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
+    if pages.kib().is_some() {
+        eprintln!(
+            "note: guest RAM on {} hugepages{}",
+            pages.label(),
+            if checked {
+                ", enough free on the nodes it is bound to"
+            } else {
+                "; the inventory has no hugepage pools (sys/devices/system/node), so whether enough are free was not checked"
+            }
+        );
     }
 }
 
@@ -637,7 +753,16 @@ pub fn run_xml(
             // Every refusal (window, NUMA) comes before a note is printed or XML written.
             let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
             check_window(inv, hole64.as_ref())?;
-            let numa = numa_placement(&sel, a.numa)?;
+            let numa = numa_plan(
+                &sel,
+                inv,
+                a.numa,
+                Some((a.vcpus, a.memory, a.hugepages.kib().unwrap_or(0))),
+            )?;
+            let checked =
+                crate::output::layout::check_hugepages(inv, a.hugepages, a.memory, &numa.demand(a.memory))
+                    .map_err(VmOutError::Layout)?;
+            let cliques = crate::output::layout::p2p_cliques(&sel, inv);
             let pinned = crate::output::layout::memlock_bytes(
                 a.memory << 10,
                 a.viommu,
@@ -673,8 +798,13 @@ pub fn run_xml(
                 hole64,
                 memtune_kib: a.memtune.bool().then_some(pinned >> 10),
                 numa,
+                hugepages: a.hugepages,
+                cliques,
             };
             hole64_note(spec.hole64.as_ref());
+            numa_note(&spec.numa, false);
+            hugepages_note(a.hugepages, checked);
+            cliques_note(&spec.cliques, false);
             let xml = libvirt::domain(&sel, &spec)?;
             if json {
                 json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
@@ -707,15 +837,32 @@ pub fn run_qemu(
         fds: None,
         hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
         cliques: crate::output::layout::p2p_cliques(&sel, inv),
+        memory_kib: a.memory,
+        vcpus: a.vcpus,
+        hugepages: a.hugepages,
+        numa: GuestNuma::Free,
     };
+    let mut opts = opts;
     check_window(inv, opts.hole64.as_ref())?;
+    let guest = match (a.vcpus, a.memory) {
+        (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
+        _ => None,
+    };
+    opts.numa = numa_plan(&sel, inv, a.numa, guest)?;
+    let checked = match a.memory {
+        Some(m) => crate::output::layout::check_hugepages(inv, a.hugepages, m, &opts.numa.demand(m))
+            .map_err(VmOutError::Layout)?,
+        None => true,
+    };
     hole64_note(opts.hole64.as_ref());
-    if !opts.cliques.is_empty() {
-        eprintln!(
-            "note: GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch)",
-            opts.cliques.len()
-        );
+    match &opts.numa {
+        GuestNuma::Pinned { node, .. } if a.memory.is_some() => eprintln!(
+            "note: the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
+        ),
+        p => numa_note(p, true),
     }
+    hugepages_note(a.hugepages, checked);
+    cliques_note(&opts.cliques, true);
     if !sel.targets.is_empty() {
         eprintln!("note: VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root");
     }
