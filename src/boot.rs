@@ -66,6 +66,9 @@ pub fn summary(r: &BootReport) -> String {
             r.guest_phys_bits
         )),
     }
+    if let Some(rr) = &r.reset {
+        s.push_str(&format!("gpupass: {}\n", rr.summary()));
+    }
     let kinds: Vec<String> = r.exits.by_kind.iter().map(|(k, v)| format!("{k} {v}")).collect();
     s.push_str(&format!(
         "gpupass: {} VM exits: {}\n",

@@ -38,7 +38,9 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
+use vfio_bindings::bindings::vfio::{
+    vfio_device_info, VFIO_DEVICE_FLAGS_RESET, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioIommufd, VfioOps, VfioRegionInfoCap};
 use vm_memory::{FileOffset, MmapRegion};
 
@@ -131,6 +133,10 @@ pub struct Resolved {
     pub backend: Backend,
     /// `vfioN` under iommufd: the node is `/dev/vfio/devices/vfioN`.
     pub cdev: Option<String>,
+    /// The function's sysfs `reset_method` as the inventory read it (`None` for an mdev or
+    /// when the file is absent).
+    pub reset_methods: Option<Vec<String>>,
+    pub mdev: bool,
 }
 
 impl Resolved {
@@ -161,6 +167,10 @@ pub fn resolve(
     target: &VfioTarget,
     policy: Policy,
 ) -> Result<Resolved, VfioDevError> {
+    let reset_methods = match target {
+        VfioTarget::Pci(addr) => inv.device(addr).and_then(|d| d.reset_methods.clone()),
+        VfioTarget::Mdev(_) => None,
+    };
     let (sysfs, group, name) = match target {
         VfioTarget::Pci(addr) => {
             let d = inv
@@ -268,6 +278,8 @@ pub fn resolve(
         name,
         backend,
         cdev,
+        reset_methods,
+        mdev: matches!(target, VfioTarget::Mdev(_)),
     })
 }
 
@@ -356,7 +368,36 @@ pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, Vfi
     })
 }
 
+vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_GET_INFO, 0x3b, 100 + 7);
+vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_RESET, 0x3b, 100 + 11);
+
 impl VfioSession {
+    /// `VFIO_DEVICE_FLAGS_RESET` of `VFIO_DEVICE_GET_INFO`: the device can be reset
+    /// (vfio-ioctls keeps the flags private and its `reset()` drops the result).
+    pub fn can_reset(&self) -> bool {
+        let mut info = vfio_device_info {
+            argsz: std::mem::size_of::<vfio_device_info>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: the device fd is open while `self.device` lives; VFIO_DEVICE_GET_INFO writes
+        // at most `argsz` bytes into `info`, which lives across the call.
+        let ret = unsafe {
+            vmm_sys_util::ioctl::ioctl_with_mut_ref(&*self.device, VFIO_DEVICE_GET_INFO(), &mut info)
+        };
+        ret >= 0 && info.flags & VFIO_DEVICE_FLAGS_RESET != 0
+    }
+
+    /// `VFIO_DEVICE_RESET`, with its error.
+    pub fn reset(&self) -> std::io::Result<()> {
+        // SAFETY: the device fd is open while `self.device` lives; VFIO_DEVICE_RESET takes no
+        // argument and touches no memory of this process.
+        let ret = unsafe { vmm_sys_util::ioctl::ioctl(&*self.device, VFIO_DEVICE_RESET()) };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Map guest RAM for device DMA at IOVA = GPA.
     pub fn dma_map(&mut self, ram: &[RamRegion]) -> Result<u64, VfioDevError> {
         let mut total = 0;

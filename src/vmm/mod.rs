@@ -17,6 +17,7 @@ pub mod kvmstats;
 pub mod memory;
 pub mod pci;
 pub mod report;
+pub mod reset;
 pub mod serial;
 pub mod vcpu;
 
@@ -187,6 +188,8 @@ pub struct BootReport {
     pub mmio64_window: Option<Mmio64Window>,
     /// Bytes of guest RAM DMA-mapped through the VFIO container (0 for --emulated).
     pub dma_mapped: u64,
+    /// `VFIO_DEVICE_RESET` before and after the run (none for --emulated).
+    pub reset: Option<reset::ResetReport>,
     pub kvm_vfio_device: bool,
     /// The VFIO backend the device was opened through (`legacy` or `iommufd`; none for
     /// --emulated) and the nodes it opened.
@@ -337,10 +340,16 @@ pub fn boot(
 
     let mut session = None;
     let mut dma_mapped = 0;
+    let mut reset = None;
     let dev = match &resolved {
         None => emulated::device()?,
         Some(r) => {
             let s = session.insert(vfio_dev::open(host, r, &vm)?);
+            let mut rr = reset::ResetReport::new(s.can_reset(), r.reset_methods.clone(), r.mdev);
+            if rr.wanted() {
+                rr.before = Some(reset::attempt(|| s.reset()));
+            }
+            reset = Some(rr);
             dma_mapped = s.dma_map(&ram)?;
             s.present()?
         }
@@ -388,6 +397,13 @@ pub fn boot(
     m.teardown();
     let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
     drop(rest.keep);
+    // Reset again once the BARs are unmapped (the guest's state must not reach the next user),
+    // even when the run failed.
+    if let (Some(rr), Some(s)) = (reset.as_mut(), session.as_ref()) {
+        if rr.wanted() {
+            rr.after = Some(reset::attempt(|| s.reset()));
+        }
+    }
     drop(session);
     let status = result?;
 
@@ -404,6 +420,7 @@ pub fn boot(
         guest_phys_bits: phys_bits,
         mmio64_window: memory::mmio64_window(phys_bits).map(|(base, limit)| Mmio64Window { base, limit }),
         dma_mapped,
+        reset,
         kvm_vfio_device,
         backend: resolved.as_ref().map(|r| r.backend),
         vfio_nodes: resolved.as_ref().map(|r| r.nodes()).unwrap_or_default(),
