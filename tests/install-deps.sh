@@ -34,6 +34,12 @@ command -v virsh >/dev/null || need+=(libvirt-clients)
 command -v xmllint >/dev/null || need+=(libxml2-utils)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/libvirt/libvirt.h ] || need+=(libvirt-dev)
+# libvirt's own QEMU driver turns the domain XML into a QEMU command line (tests/vm_outputs.rs:
+# `virsh -c qemu:///session domxml-to-native`), with OVMF's firmware descriptors for
+# <os firmware='efi'>.
+[ -x /usr/sbin/libvirtd ] || need+=(libvirt-daemon)
+[ -f /usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so ] || need+=(libvirt-daemon-driver-qemu)
+[ -f /usr/share/qemu/firmware/60-edk2-x86_64.json ] || need+=(ovmf)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${need[@]}"

@@ -270,7 +270,8 @@ fn domain_xml_is_complete_and_libvirt_defines_it() {
     ));
     golden("workstation/xml-domain.xml", &xml);
     for want in [
-        "<domain type=\"kvm\">",
+        "<domain type=\"kvm\" xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\">",
+        "<qemu:arg value=\"-fw_cfg\"/>",
         "machine=\"q35\">hvm</type>",
         "<os firmware=\"efi\">",
         "<acpi/>",
@@ -1869,7 +1870,7 @@ fn p2p_cliques_in_libvirt_through_qemu_override() {
             "03:00.0",
         ],
     ));
-    assert!(!one.contains("qemu:") && !one.contains("<alias"), "{one}");
+    assert!(!one.contains("qemu:override") && !one.contains("<alias"), "{one}");
 }
 
 /// The big-GPU fixtures render full definitions (goldens): the HGX board's eight H100s over two
@@ -1962,4 +1963,185 @@ fn big_gpu_definitions_golden() {
             ],
         )),
     );
+}
+
+/// libvirt's own QEMU driver turns gpupass's domain XML into a QEMU command line: `virsh -c
+/// qemu:///session domxml-to-native qemu-argv` (Debian 12's libvirt 9.0 daemon, started on
+/// demand for user nobody with group kvm, emulator = the lab's QEMU 10.0 copied where nobody
+/// can read it). What the session cannot take is adjusted for the conversion only, and said
+/// here: `--memtune off` (a session has no cgroups: "Memory tuning is not available in session
+/// mode"), `managed='no'` (nothing may touch this machine's devices), and the fixtures' host
+/// nodes and CPUs mapped to this machine's node 0 and CPU 0 (libvirt checks the host has them).
+/// The guest topology, devices and properties are gpupass's, and the command line must carry
+/// them: one pxb-pcie per host node with numa_node=, the root ports on them, each vfio-pci on
+/// its root port, the 64-bit window, the OVMF aperture, the P2P cliques, host-phys-bits.
+#[test]
+fn libvirt_qemu_driver_turns_the_domains_into_qemu_command_lines() {
+    let lab = tool("qemu-system-x86_64").get_program().to_owned();
+    let qemu_dir = Path::new(&lab).parent().unwrap().parent().unwrap().to_path_buf();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    std::fs::set_permissions(h, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(&qemu_dir)
+        .arg(h.join("qemu"))
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(h)
+        .status()
+        .unwrap();
+    for f in [
+        "/usr/sbin/libvirtd",
+        "/usr/share/qemu/firmware/60-edk2-x86_64.json",
+    ] {
+        assert!(Path::new(f).exists(), "{f} is missing: tests/install-deps.sh installs libvirt-daemon, libvirt-daemon-driver-qemu and ovmf");
+    }
+    let to_native = |name: &str, xml: &str| -> String {
+        let xml = xml
+            .replace("managed=\"yes\"", "managed=\"no\"")
+            .replace("nodeset=\"0,1\"", "nodeset=\"0\"")
+            .replace("nodeset=\"1\"", "nodeset=\"0\"");
+        let xml = regex_lite_cpuset(&xml);
+        let f = h.join(format!("{name}.xml"));
+        std::fs::write(&f, xml).unwrap();
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+        let o = Command::new("runuser")
+            .args(["-u", "nobody", "-g", "kvm", "--", "env"])
+            .arg(format!("HOME={}", h.display()))
+            .arg(format!("XDG_RUNTIME_DIR={}/run", h.display()))
+            .arg(format!("PATH={}/qemu/bin:/usr/bin:/bin", h.display()))
+            .args(["virsh", "-c", "qemu:///session", "domxml-to-native", "qemu-argv"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "libvirt's QEMU driver refused {name}:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // Two L40S on two nodes plus an A6000 with its audio function: expanders and cells.
+    let numa = host("vfio-numa");
+    let xml = ok(&run_root(
+        &numa,
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "numa",
+            "--memory",
+            "4G",
+            "--vcpus",
+            "4",
+            "--backend",
+            "legacy",
+            "--memtune",
+            "off",
+            "--device",
+            "17:00.0",
+            "ca:00.0",
+            "4b:00.0",
+        ],
+    ));
+    let argv = to_native("numa", &xml);
+    let has = |argv: &str, want: &str| {
+        assert!(
+            argv.contains(want),
+            "no {want:?} in libvirt's command line:\n{argv}"
+        )
+    };
+    for want in [
+        r#""driver":"pxb-pcie""#,
+        r#""numa_node":0"#,
+        r#""numa_node":1"#,
+        "-numa node,nodeid=1,cpus=2-3,memdev=ram-node1",
+        "-cpu host,migratable=on,host-phys-bits=on",
+        "-global q35-pcihost.pci-hole64-size=536870912K",
+        "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=524288",
+        r#""driver":"vfio-pci","host":"0000:ca:00.0""#,
+        r#""host":"0000:4b:00.1""#,
+    ] {
+        has(&argv, want);
+    }
+    // Each vfio-pci sits on a root port whose bus is the expander of its node.
+    let dev_bus = |argv: &str, key: &str| -> String {
+        let l = argv
+            .split(" -")
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("{key} not in {argv}"));
+        l.split("\"bus\":\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let port_of_17 = dev_bus(&argv, "\"host\":\"0000:17:00.0\"");
+    let port_of_ca = dev_bus(&argv, "\"host\":\"0000:ca:00.0\"");
+    let pxb_of = |port: &str| dev_bus(&argv, &format!("\"id\":\"{port}\""));
+    let numa_of = |pxb: &str| {
+        let l = argv
+            .split(" -")
+            .find(|l| l.contains("pxb-pcie") && l.contains(&format!("\"id\":\"{pxb}\"")))
+            .unwrap();
+        l.split("\"numa_node\":").nth(1).unwrap().chars().next().unwrap()
+    };
+    assert_eq!(numa_of(&pxb_of(&port_of_17)), '0', "{argv}");
+    assert_eq!(numa_of(&pxb_of(&port_of_ca)), '1', "{argv}");
+    // The HGX board's GPUs: cliques through <qemu:override>.
+    let hgx = host("hgx-8gpu");
+    let xml = ok(&run_root(
+        &hgx,
+        &[
+            "xml",
+            "domain",
+            "--name",
+            "hgx",
+            "--memory",
+            "8G",
+            "--vcpus",
+            "4",
+            "--managed",
+            "--memtune",
+            "off",
+            "--device",
+            "03:00.0",
+            "04:00.0",
+            "83:00.0",
+            "84:00.0",
+        ],
+    ));
+    let argv = to_native("hgx", &xml);
+    for want in [
+        r#""host":"0000:03:00.0","id":"ua-gpupass-hostdev1""#,
+        r#""x-nv-gpudirect-clique":0"#,
+        r#""host":"0000:84:00.0","id":"ua-gpupass-hostdev4""#,
+        r#""x-nv-gpudirect-clique":1"#,
+        "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=2097152",
+        "OVMF_CODE",
+    ] {
+        has(&argv, want);
+    }
+    assert_eq!(argv.matches("x-nv-gpudirect-clique").count(), 4, "{argv}");
+}
+
+/// `cpuset="..."` → `cpuset="0"` (this machine's CPUs differ from the fixture's).
+fn regex_lite_cpuset(xml: &str) -> String {
+    let mut out = String::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find("cpuset=\"") {
+        out.push_str(&rest[..i + 8]);
+        let after = &rest[i + 8..];
+        let j = after.find('"').unwrap();
+        out.push('0');
+        rest = &after[j..];
+    }
+    out.push_str(rest);
+    out
 }

@@ -428,7 +428,7 @@ pub struct DomainSpec {
     pub iommufd_domain: bool,
     /// The 64-bit MMIO window ([`crate::output::layout`]): `<pcihole64>` on `pcie-root`,
     /// `<maxphysaddr mode='passthrough'/>`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg
-    /// file (`<sysinfo type='fwcfg'>`).
+    /// file (`<qemu:commandline>`: libvirt refuses `opt/ovmf/` names in `<sysinfo type='fwcfg'>`).
     pub hole64: Option<crate::output::layout::Mmio64>,
     /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
     /// libvirt also takes it as the memlock limit.
@@ -474,7 +474,13 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
     let pxbs = expanders.map_or(0, |x| x.nodes.len());
     let port_index = |i: usize| pxbs + i + 1;
     let mut root = w.create_element("domain").with_attribute(("type", "kvm"));
-    if !spec.cliques.is_empty() {
+    // OVMF's aperture goes on QEMU's command line: libvirt's QEMU driver refuses `opt/ovmf/`
+    // names in `<sysinfo type='fwcfg'>` ("That firmware name is reserved", libvirt 9.0).
+    let fw_cfg = match (&spec.hole64, spec.firmware) {
+        (Some(h), Firmware::Efi) => Some(format!("name=opt/ovmf/X-PciMmio64Mb,string={}", h.window >> 20)),
+        _ => None,
+    };
+    if !spec.cliques.is_empty() || fw_cfg.is_some() {
         root = root.with_attribute(("xmlns:qemu", QEMU_NS));
     }
     let mut aliases: Vec<(String, u8)> = Vec::new();
@@ -557,18 +563,6 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                 })?;
             }
             _ => {}
-        }
-        if let (Some(h), Firmware::Efi) = (&spec.hole64, spec.firmware) {
-            w.create_element("sysinfo")
-                .with_attribute(("type", "fwcfg"))
-                .write_inner_content(|w| {
-                    text_element(
-                        w,
-                        "entry",
-                        &[("name", "opt/ovmf/X-PciMmio64Mb")],
-                        &(h.window >> 20).to_string(),
-                    )
-                })?;
         }
         if spec.iommufd_domain {
             empty(w, "iommufd", &[("enabled", "yes")])?;
@@ -767,6 +761,12 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
             }
             Ok(())
         })?;
+        if let Some(v) = &fw_cfg {
+            w.create_element("qemu:commandline").write_inner_content(|w| {
+                empty(w, "qemu:arg", &[("value", "-fw_cfg")])?;
+                empty(w, "qemu:arg", &[("value", v)])
+            })?;
+        }
         if !aliases.is_empty() {
             // libvirt has no element for the clique: set the property on the QEMU device.
             w.create_element("qemu:override").write_inner_content(|w| {
