@@ -327,6 +327,78 @@ ensure_module_pool() {
 }
 
 # --------------------------------------------------------------------------
+# What an L2 VM inside the guest boots (scenarios with "# lab-carry: ovmf" or
+# "# lab-carry: kernel", e.g. l2linux)
+
+# OVMF: Debian 12's ovmf package (edk2 2022.11), fetched with the system's apt
+# sources as the kernel package is (apt-get download, dpkg -x into the cache;
+# never installed).  A complete entry is used without asking apt.
+OVMF_FD=''
+prepare_ovmf() {
+  [[ -n $OVMF_FD ]] && return
+  local t0 entry ver dir; t0=$(now)
+  entry=$(ls -d "$CACHE_ROOT"/ovmf-*/.complete 2>/dev/null | sort -V | tail -1 || true)
+  if [[ -z $entry ]]; then
+    ver=$(apt-cache show --no-all-versions ovmf 2>/dev/null | awk '$1 == "Version:" {print $2; exit}')
+    [[ -n $ver ]] || die "apt-cache has no ovmf package (Debian 12 main)"
+    dir=$CACHE_ROOT/ovmf-${ver//[:~+]/_}
+    mkdir -p "$CACHE_ROOT"
+    (
+      flock 9
+      [[ -f $dir/.complete ]] && exit 0
+      rm -rf "$dir"; mkdir -p "$dir/debs"
+      (cd "$dir/debs" && download_debs "ovmf=$ver") || exit 3
+      dpkg -x "$dir"/debs/ovmf_*.deb "$dir/root"
+      cp "$dir/root/usr/share/ovmf/OVMF.fd" "$dir/OVMF.fd"
+      rm -rf "$dir/debs" "$dir/root"
+      echo "ovmf $ver fetched in $(elapsed "$t0") s" >"$dir/.complete"
+    ) 9>"$dir.lock" || die "could not fetch Debian's ovmf $ver (apt-get download ovmf=$ver)"
+    entry=$dir/.complete
+  fi
+  OVMF_FD=$(dirname "$entry")/OVMF.fd
+  log "ovmf: $(cat "$entry") ($OVMF_FD, $(elapsed "$t0") s)"
+}
+
+# The leg's own kernel as a bzImage (x86 boot protocol + EFI stub: boots under
+# SeaBIOS and OVMF alike), kept in the kernel's cache entry: on 6.1 the
+# vmlinuz of the image package the entry keeps; on 6.12 build.sh's bzImage.
+l2_bzimage() {
+  local img=$KDIR/bzImage deb
+  if [[ $LEG == 6.12 ]]; then
+    [[ -f $img ]] || die "the 6.12 cache entry $KDIR has no bzImage (built by lab/kernel/build.sh since its SCHEME 2)"
+    echo "$img"; return
+  fi
+  if [[ ! -f $img ]]; then
+    (
+      flock 9
+      [[ -f $img ]] && exit 0
+      deb=$(compgen -G "$KDIR/debs/linux-image-${KREL}_${KVER}_*.deb" | head -1)
+      if [[ -z $deb ]]; then
+        mkdir -p "$KDIR/debs"; (cd "$KDIR/debs" && download_debs "linux-image-$KREL=$KVER")
+        deb=$(compgen -G "$KDIR/debs/linux-image-${KREL}_${KVER}_*.deb" | head -1)
+      fi
+      dpkg-deb --fsys-tarfile "$deb" | tar -xO "./boot/vmlinuz-$KREL" >"$img.tmp" && mv "$img.tmp" "$img"
+    ) 9>"$KDIR.lock" || die "could not take vmlinuz-$KREL out of its image package"
+  fi
+  echo "$img"
+}
+
+# carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel) and /lab/l2/initrd.gz
+# (static busybox + lab/guest/l2init) in the initramfs tree ROOT.
+carry_l2_kernel() {
+  local root=$1 l2
+  l2=$(dirname "$root")/l2root
+  mkdir -p "$root/lab/l2"
+  cp "$(l2_bzimage)" "$root/lab/l2/bzImage"
+  rm -rf "$l2"; mkdir -p "$l2"/{bin,proc,sys,dev}
+  cp /bin/busybox "$l2/bin/busybox"
+  cp "$LAB_DIR/guest/l2init" "$l2/init"
+  chmod 755 "$l2/init"
+  (cd "$l2" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) |
+    gzip -9 >"$root/lab/l2/initrd.gz"
+}
+
+# --------------------------------------------------------------------------
 # gpupass static binary
 
 GPUPASS_BIN=''
@@ -427,6 +499,16 @@ build_initramfs() { # WORK SCENARIOS...
     # at /opt/qemu/bin/qemu-system-x86_64 in the guest (nested VMs).
     if scenario_decl "$s" carry | grep -qw qemu && [[ ! -d $root/opt/qemu ]]; then
       "$LAB_DIR/tools/qemu.sh" carry "$CACHE_ROOT" "$root" || die "could not carry QEMU into the guest"
+    fi
+    # "# lab-carry: ovmf": Debian 12's OVMF.fd at /opt/ovmf/OVMF.fd (UEFI L2 guests).
+    if scenario_decl "$s" carry | grep -qw ovmf && [[ ! -f $root/opt/ovmf/OVMF.fd ]]; then
+      prepare_ovmf
+      mkdir -p "$root/opt/ovmf" && cp "$OVMF_FD" "$root/opt/ovmf/OVMF.fd"
+    fi
+    # "# lab-carry: kernel": the leg's kernel and a busybox initrd for an L2 Linux
+    # (/lab/l2/bzImage, /lab/l2/initrd.gz; lab/guest/l2init).
+    if scenario_decl "$s" carry | grep -qw kernel && [[ ! -f $root/lab/l2/bzImage ]]; then
+      carry_l2_kernel "$root"
     fi
     # "# lab-files: /usr/bin/x": host binaries a scenario runs in the guest, with their libraries.
     local f lib

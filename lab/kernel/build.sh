@@ -8,7 +8,8 @@
 # fragment and $SCHEME below, so a change to either builds anew; an entry is
 # complete when it holds .complete.  Layout (what lab.sh expects of any
 # kernel entry): vmlinux, config, modules/lib/modules/<release>/ (the module
-# pool, with modules.dep), samples/*.ko, release.
+# pool, with modules.dep), samples/*.ko, release; and bzImage (the same kernel
+# with the x86 boot protocol and the EFI stub, for the L2 Linux of l2linux).
 #
 # Host packages (installed by lab.sh / tests/install-deps.sh): gcc make bc
 # flex bison libelf-dev libssl-dev xz-utils.
@@ -25,7 +26,7 @@ state=$CACHE_ROOT/apt
 ver=${GPUPASS_LAB_KSRC_VERSION:-$(APTFETCH_MATCH=bookworm "$HERE/../tools/aptfetch.sh" "$state" bookworm-backports version linux-source-6.12)}
 [[ -n $ver ]] || die "no linux-source-6.12 in bookworm-backports or bookworm-security"
 # Bump SCHEME when a change to this script changes what it builds.
-SCHEME=1
+SCHEME=2
 key=$( (cat "$FRAG"; echo "scheme $SCHEME") | sha256sum | cut -c1-12)
 entry=$CACHE_ROOT/lab-6.12_${ver}_$key
 if [[ -f $entry/.complete ]]; then echo "$entry"; exit 0; fi
@@ -77,8 +78,8 @@ while IFS= read -r line; do
 done <"$FRAG"
 ((bad == 0)) || die "the fragment's options did not all survive olddefconfig (see above)"
 
-log "building vmlinux and modules with make -j$(nproc) (fresh: ~25 min on 2 cores)"
-make -s -C "$src/linux" O="$obj" -j"$(nproc)" vmlinux modules >&2
+log "building vmlinux, bzImage and modules with make -j$(nproc) (fresh: ~25 min on 2 cores)"
+make -s -C "$src/linux" O="$obj" -j"$(nproc)" vmlinux bzImage modules >&2
 rel=$(cat "$obj/include/config/kernel.release")
 log "installing modules of $rel"
 rm -rf "$entry/modules"
@@ -88,6 +89,7 @@ rm -f "$entry/modules/lib/modules/$rel/build" "$entry/modules/lib/modules/$rel/s
 mkdir -p "$entry/samples"
 find "$entry/modules/lib/modules/$rel/kernel/samples" -name '*.ko' -exec cp {} "$entry/samples/" \;
 cp "$obj/vmlinux" "$entry/vmlinux"
+cp "$obj/arch/x86/boot/bzImage" "$entry/bzImage"
 strip --strip-debug "$entry/vmlinux" 2>/dev/null || true
 cp "$obj/.config" "$entry/config"
 echo "$rel" >"$entry/release"
