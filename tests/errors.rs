@@ -541,7 +541,6 @@ const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creati
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
     ("E-BIND-19", "lab: lab/scenarios/vfioids.sh step e-bind-19 (a boot with vfio_pci.ids=1af4:1044 for the scenario's own 00:10.0); the fake kernel has no ids table"),
-    ("E-MDEV-20", "lab: lab/scenarios/mdev.sh; unit: src/mdev/ops.rs (the fake kernel always makes the instance)"),
     ("E-OUT-14", "integration: tests/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)"),
     ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)"),
     ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/boot.rs when /dev/kvm is usable"),
@@ -1243,6 +1242,34 @@ row!(
         ],
         code: 2,
         needles: &["changes the host; it cannot run from --from-json"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_mdev_20,
+    Case {
+        // The real-host code path (no fake kernel) over the fixture tree, whose `create` is a
+        // plain file: it takes the write, as a parent driver that ignores the request does, and
+        // no instance appears.
+        host: "mdev-lab",
+        env: &[("GPUPASS_FAKE_KERNEL", "0")],
+        args: &[
+            "mdev",
+            "create",
+            "-p",
+            "mbochs",
+            "-t",
+            "mbochs-small",
+            "--uuid",
+            "11111111-2222-4333-8444-555555555555"
+        ],
+        code: 1,
+        needles: &[
+            "the kernel accepted 11111111-2222-4333-8444-555555555555 for /sys/class/mdev_bus/mbochs/mdev_supported_types/mbochs-small/create",
+            "/sys/bus/mdev/devices/11111111-2222-4333-8444-555555555555 did not appear; nothing else was changed"
+        ],
+        // The one write went to the parent's `create`; every driver is as it was.
+        keep: Keep::Drivers,
         ..Case::DEFAULT
     }
 );
