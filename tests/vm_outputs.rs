@@ -446,9 +446,17 @@ fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
     let ws = vfio_host("workstation", WS_GPU);
     let hgx = vfio_host(
         "hgx-8gpu",
-        &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"],
+        &[
+            "0000:03:00.0",
+            "0000:04:00.0",
+            "0000:05:00.0",
+            "0000:06:00.0",
+            "0000:83:00.0",
+            "0000:84:00.0",
+        ],
     );
     let lb = vfio_host("legacy-bridge", &["0000:05:00.0", "0000:05:01.0"]);
+    let h200 = vfio_host("sriov-vgpu", &["0000:41:00.0"]);
     let runs: Vec<(PathBuf, Vec<&str>)> = vec![
         (
             ws.path().into(),
@@ -473,6 +481,37 @@ fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
             lb.path().into(),
             vec!["qemu-args", "05:00.0", "--first-slot", "0x1c"],
         ),
+        // Two nodes: pxb-pcie expanders, guest nodes, node-bound 1 GiB-page memory backends.
+        (
+            hgx.path().into(),
+            vec![
+                "qemu-args",
+                "03:00.0",
+                "04:00.0",
+                "83:00.0",
+                "84:00.0",
+                "--memory",
+                "2G",
+                "--vcpus",
+                "4",
+                "--hugepages",
+                "1G",
+            ],
+        ),
+        // One node: memory bound to it (2 MiB pages), the H200's 256 GiB BAR1 window.
+        (
+            h200.path().into(),
+            vec![
+                "qemu-args",
+                "41:00.0",
+                "--backend",
+                "legacy",
+                "--memory",
+                "2G",
+                "--hugepages",
+                "2M",
+            ],
+        ),
         (host("mdev-t4"), vec!["qemu-args", T4_MDEV, "--display"]),
         // sriov-vgpu has the VFIO cdev and /dev/iommu, where `auto` picks iommufd: these
         // checks are of the legacy properties (qemu_args_on_iommufd checks the iommufd ones).
@@ -493,7 +532,7 @@ fn all_rendered_devices() -> (Vec<Vec<String>>, Vec<tempfile::TempDir>) {
             .collect();
         out.push(argv);
     }
-    (out, vec![ws, hgx, lb])
+    (out, vec![ws, hgx, lb, h200])
 }
 
 /// Split a QEMU option list on single commas (`,,` is a literal comma).
@@ -519,21 +558,39 @@ fn split_opts(v: &str) -> Vec<String> {
 fn every_qemu_property_exists_in_the_installed_qemu() {
     let vfio = qemu_properties("vfio-pci");
     let port = qemu_properties("pcie-root-port");
+    let pxb = qemu_properties("pxb-pcie");
+    let object = |t: &str| -> BTreeSet<String> {
+        let o = tool("qemu-system-x86_64")
+            .args(["-object", &format!("{t},help")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.trim_start().split_once('=').map(|(k, _)| k.to_string()))
+            .collect()
+    };
+    let (ram, memfd) = (object("memory-backend-ram"), object("memory-backend-memfd"));
+    assert!(
+        ram.contains("host-nodes") && memfd.contains("hugetlbsize"),
+        "{ram:?} {memfd:?}"
+    );
     let (runs, _keep) = all_rendered_devices();
     let mut checked = 0;
     for argv in &runs {
         for pair in argv.chunks(2) {
-            // The window's -global and -fw_cfg are checked by starting QEMU with them
-            // (qemu_accepts_the_arguments_up_to_opening_the_host_device).
-            if pair[0] == "-global" || pair[0] == "-fw_cfg" {
+            // The window's -global and -fw_cfg, -m, -smp, -numa and -machine are checked by
+            // starting QEMU with them (qemu_accepts_the_arguments_up_to_opening_the_host_device).
+            if ["-global", "-fw_cfg", "-m", "-smp", "-numa", "-machine"].contains(&pair[0].as_str()) {
                 continue;
             }
-            assert_eq!(pair[0], "-device");
             let opts = split_opts(&pair[1]);
-            let props = match opts[0].as_str() {
-                "vfio-pci" => &vfio,
-                "pcie-root-port" => &port,
-                other => panic!("unexpected device type {other}"),
+            let props = match (pair[0].as_str(), opts[0].as_str()) {
+                ("-device", "vfio-pci") => &vfio,
+                ("-device", "pcie-root-port") => &port,
+                ("-device", "pxb-pcie") => &pxb,
+                ("-object", "memory-backend-ram") => &ram,
+                ("-object", "memory-backend-memfd") => &memfd,
+                (a, other) => panic!("unexpected {a} {other}"),
             };
             for kv in &opts[1..] {
                 let key = kv.split_once('=').map(|(k, _)| k).unwrap_or(kv);
@@ -572,18 +629,30 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
     let (runs, _keep) = all_rendered_devices();
     let mut started = 0;
     for argv in &runs {
-        let ports: Vec<&String> = argv
+        // Every argument but the VFIO devices: root ports, expanders, memory backends, guest
+        // nodes, the 64-bit window's machine global and OVMF fw_cfg file. A property QEMU lacks
+        // fails before any device is realized ("Property '...' not found"). This machine has one
+        // host node and no hugepages reserved, so backends bind to node 0 and use normal pages
+        // (the hugetlb properties are checked against `-object memory-backend-memfd,help`).
+        let machine_args: Vec<String> = argv
             .chunks(2)
-            .filter(|p| p[1].starts_with("pcie-root-port,"))
-            .map(|p| &p[1])
+            .filter(|p| !p[1].starts_with("vfio-pci,"))
+            .flat_map(|p| {
+                let v = split_opts(&p[1])
+                    .into_iter()
+                    .map(|kv| match kv.split_once('=') {
+                        Some(("host-nodes", _)) => "host-nodes=0".to_string(),
+                        Some(("hugetlb", _)) => "hugetlb=off".to_string(),
+                        Some(("hugetlbsize" | "prealloc", _)) => String::new(),
+                        _ => kv.replace(',', ",,"),
+                    })
+                    .filter(|kv| !kv.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                [p[0].clone(), v]
+            })
             .collect();
-        // The 64-bit window's machine global and OVMF fw_cfg file: a property QEMU lacks
-        // fails before any device is realized ("Property '...' not found").
-        let machine_args: Vec<&String> = argv
-            .chunks(2)
-            .filter(|p| p[0] == "-global" || p[0] == "-fw_cfg")
-            .flatten()
-            .collect();
+        let windowed = argv.iter().any(|a| a.starts_with("q35-pcihost.pci-hole64-size="));
         for dev in argv.chunks(2).filter(|p| p[1].starts_with("vfio-pci,")) {
             let mut cmd = tool("qemu-system-x86_64");
             cmd.args([
@@ -596,13 +665,10 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
             ])
             .args(["-monitor", "none", "-serial", "none"]);
             cmd.args(&machine_args);
-            if !machine_args.is_empty() {
+            if windowed {
                 // The window lies above RAM: the guest CPU needs the address bits for it
                 // (host-phys-bits=on on a real host; TCG's default CPU has 40).
                 cmd.args(["-cpu", "qemu64,phys-bits=48"]);
-            }
-            for p in &ports {
-                cmd.args(["-device", p]);
             }
             cmd.args(["-device", &dev[1]]);
             let o = cmd.output().unwrap();
@@ -627,7 +693,7 @@ fn qemu_accepts_the_arguments_up_to_opening_the_host_device() {
             started += 1;
         }
     }
-    assert!(started >= 9, "ran QEMU only {started} times");
+    assert!(started >= 14, "ran QEMU only {started} times");
 }
 
 #[test]
