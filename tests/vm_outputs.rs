@@ -957,6 +957,10 @@ fn saved_inventory_renders_the_same() {
     let t4 = ok(&on_host("mdev-t4", &["list", "--all", "--json"]));
     let saved_t4 = dir.path().join("t4.json");
     std::fs::write(&saved_t4, t4).unwrap();
+    // The HGX board: nodes, hugepage pools, IOMMU width and switches come back from the JSON.
+    let hgx = ok(&on_host("hgx-8gpu", &["list", "--all", "--json"]));
+    let saved_hgx = dir.path().join("hgx.json");
+    std::fs::write(&saved_hgx, hgx).unwrap();
     for (root, file, args) in [
         (h.path().to_path_buf(), &saved, vec!["xml", "hostdev", "01:00.0"]),
         (
@@ -970,6 +974,28 @@ fn saved_inventory_renders_the_same() {
         (h.path().to_path_buf(), &saved, vec!["kubevirt", "01:00.0"]),
         (host("mdev-t4"), &saved_t4, vec!["qemu-args", T4_MDEV]),
         (host("mdev-t4"), &saved_t4, vec!["xml", "hostdev", T4_MDEV]),
+        (
+            host("hgx-8gpu"),
+            &saved_hgx,
+            vec![
+                "xml",
+                "domain",
+                "--name",
+                "h",
+                "--memory",
+                "96G",
+                "--vcpus",
+                "32",
+                "--managed",
+                "--hugepages",
+                "1G",
+                "--device",
+                "03:00.0",
+                "04:00.0",
+                "83:00.0",
+                "84:00.0",
+            ],
+        ),
     ] {
         let live = ok(&run_root(&root, &args));
         let mut from = vec!["--from-json", file.to_str().unwrap(), "--root", "/nonexistent"];
