@@ -383,13 +383,15 @@ l2_bzimage() {
   echo "$img"
 }
 
-# carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel) and /lab/l2/initrd.gz
-# (static busybox + lab/guest/l2init) in the initramfs tree ROOT.
+# carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel), /lab/l2/initrd.gz (static
+# busybox + lab/guest/l2init) and /lab/l2/lib.sh (lab/guest/l2lib.sh, the scenarios'
+# helpers) in the initramfs tree ROOT.
 carry_l2_kernel() {
   local root=$1 l2
   l2=$(dirname "$root")/l2root
   mkdir -p "$root/lab/l2"
   cp "$(l2_bzimage)" "$root/lab/l2/bzImage"
+  cp "$LAB_DIR/guest/l2lib.sh" "$root/lab/l2/lib.sh"
   rm -rf "$l2"; mkdir -p "$l2"/{bin,proc,sys,dev}
   cp /bin/busybox "$l2/bin/busybox"
   cp "$LAB_DIR/guest/l2init" "$l2/init"
@@ -506,7 +508,7 @@ build_initramfs() { # WORK SCENARIOS...
       mkdir -p "$root/opt/ovmf" && cp "$OVMF_FD" "$root/opt/ovmf/OVMF.fd"
     fi
     # "# lab-carry: kernel": the leg's kernel and a busybox initrd for an L2 Linux
-    # (/lab/l2/bzImage, /lab/l2/initrd.gz; lab/guest/l2init).
+    # (/lab/l2/bzImage, /lab/l2/initrd.gz; lab/guest/l2init, lab/guest/l2lib.sh).
     if scenario_decl "$s" carry | grep -qw kernel && [[ ! -f $root/lab/l2/bzImage ]]; then
       carry_l2_kernel "$root"
     fi

@@ -1,0 +1,142 @@
+# Helpers for the scenarios that boot Linux in an L2 VM (l2linux, l2ovmf), sourced by them;
+# lab.sh puts this file at /lab/l2/lib.sh with "# lab-carry: kernel", beside /lab/l2/bzImage
+# (the leg's kernel) and /lab/l2/initrd.gz (busybox + lab/guest/l2init, whose L2-* console
+# lines the functions below read).
+
+Q=/opt/qemu/bin/qemu-system-x86_64
+D=0000:00:03.0       # bochs-display: 16 MiB prefetchable BAR0, 4 KiB BAR2, 32 KiB ROM
+BIG=0000:00:0c.0     # ivshmem-plain: 256 B BAR0, 16 GiB 64-bit prefetchable BAR2
+OVMF=/opt/ovmf/OVMF.fd
+
+cs() { read -r _u _ < /proc/uptime; echo "${_u%.*}${_u#*.}"; }
+secs() { echo "$(($1 / 100)).$(printf '%02d' $(($1 % 100)))"; }
+alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+ids() { echo "$(sed 's/^0x//' "/sys/bus/pci/devices/$1/vendor"):$(sed 's/^0x//' "/sys/bus/pci/devices/$1/device")"; }
+
+# boot_l2 NAME ACCEL LIMIT QEMU_ARGS...: boot the L2 Linux (QEMU killed after LIMIT s); its
+# console goes to NAME.txt. Sets L2_RC and L2_SECS (QEMU's start to its exit, as L1 measures it).
+boot_l2() {
+  local n=$1 accel=$2 limit=$3 t0 pid
+  shift 3
+  rm -f "$n.console" "$n.txt"
+  echo "\$ $Q -accel $accel -M q35 -m 256 -kernel /lab/l2/bzImage -initrd /lab/l2/initrd.gz ... $*"
+  t0=$(cs)
+  $Q -accel "$accel" -M q35 -m 256 -smp 1 -nodefaults -display none -no-reboot \
+    -kernel /lab/l2/bzImage -initrd /lab/l2/initrd.gz \
+    -append "console=ttyS0 panic=-1 quiet" \
+    -serial "file:$n.console" "$@" > "$n.out" 2>&1 &
+  pid=$!
+  while alive $pid; do
+    if [ $(($(cs) - t0)) -gt $((limit * 100)) ]; then
+      echo "L2 $n: still running after $limit s, killing QEMU" >> "$n.out"
+      kill $pid; sleep 1; kill -9 $pid 2>/dev/null
+      break
+    fi
+    sleep 0.5
+  done
+  wait $pid
+  L2_RC=$?
+  L2_SECS=$(secs $(($(cs) - t0)))
+  tr -d '\r' < "$n.console" > "$n.txt" 2>/dev/null
+  cat "$n.out"
+  grep '^L2-' "$n.txt"
+  lab_file "$n.txt" "$n.txt"
+  [ -s "$n.out" ] && lab_file "$n.out" "$n.out"
+  return 0
+}
+
+# l2_bdf IDS LOG: the L2 address of the function with vendor:device IDS.
+l2_bdf() { sed -n "s/^L2-PCI \([^ ]*\) $1 .*/\1/p" "$2" | head -1; }
+# l2_res BDF BAR LOG: "start end flags" of that BAR in the L2 sysfs.
+l2_res() { sed -n "s/^L2-RES $1 $2 //p" "$3" | head -1; }
+# bars_of: "bar size" (hex) per BAR 0-5 with a size, from `resource` lines on stdin
+# ("start end flags" each, in order).
+bars_of() {
+  _i=0
+  while read -r _s _e _f; do
+    [ $_i -gt 5 ] && break
+    [ $((_e)) -ne 0 ] && printf '%d %x\n' $_i $((_e - _s + 1))
+    _i=$((_i + 1))
+  done
+}
+l1_bars() { bars_of < "/sys/bus/pci/devices/$1/resource" | tr '\n' ' '; }
+l2_bars() { sed -n "s/^L2-RES $1 [0-9]* //p" "$2" | bars_of | tr '\n' ' '; }
+# l2_unassigned BDF LOG: the BARs 0-5 of BDF with a size but no address in L2 (start 0).
+l2_unassigned() {
+  sed -n "s/^L2-RES $1 \([0-5]\) //p" "$2" | {
+    _i=0
+    while read -r _s _e _f; do
+      [ $((_e)) -ne 0 ] && [ $((_s)) -eq 0 ] && printf '%d ' $_i
+      _i=$((_i + 1))
+    done
+  }
+}
+# root_window ADDR LOG: "start end" of the L2 root bus window (ACPI _CRS, as the L2 kernel
+# logged it) holding ADDR; with ADDR 0, the first window above 4 GiB.
+root_window() {
+  sed -n 's/^L2-KMSG .*pci_bus 0000:00: root bus resource \[mem \(0x[0-9a-f]*\)-\(0x[0-9a-f]*\).*/\1 \2/p' "$2" |
+    while read -r _s _e; do
+      if [ "$1" = 0 ]; then
+        [ $((_s)) -ge $((1 << 32)) ] && { echo "$_s $_e"; break; }
+      elif [ $((_s)) -le $(($1)) ] && [ $(($1)) -le $((_e)) ]; then
+        echo "$_s $_e"; break
+      fi
+    done
+}
+
+# booted PREFIX LOG: the L2 kernel reached /init (L2-BOOT ... L2-END) and is L1's kernel.
+booted() {
+  local p=$1 log=$2 line
+  line=$(grep -m1 '^L2-BOOT ' "$log")
+  if [ -n "$line" ] && grep -q '^L2-END' "$log" && [ "$(echo "$line" | cut -d' ' -f2)" = "$(uname -r)" ]; then
+    lab_pass "${p}boot" "L2 kernel $(uname -r) at init after $(echo "$line" | cut -d' ' -f3) s of its uptime; QEMU exit $L2_RC after $L2_SECS s; $(grep -m1 '^L2-CPU ' "$log" | cut -d' ' -f2-)"
+  else
+    lab_fail "${p}boot" "rc=$L2_RC after $L2_SECS s; '$line'; last: $(tail -3 "$log" | tr '\n' ' ') $(tail -2 "${log%.txt}.out" 2>/dev/null | tr '\n' ' ')"
+  fi
+}
+# listed PREFIX LOG: the L2 kernel lists both functions with L1's IDs; sets L2D, L2BIG.
+listed() {
+  local p=$1 log=$2
+  L2D=$(l2_bdf "$(ids $D)" "$log") L2BIG=$(l2_bdf "$(ids $BIG)" "$log")
+  if [ -n "$L2D" ] && [ -n "$L2BIG" ]; then
+    lab_pass "${p}ids" "$D $(ids $D) is L2 $L2D; $BIG $(ids $BIG) is L2 $L2BIG"
+  else
+    lab_fail "${p}ids" "L2 functions: $(sed -n 's/^L2-PCI //p' "$log" | tr '\n' ';')"
+  fi
+}
+# assigned PREFIX LOG: every BAR 0-5 of both functions has L1's size and an address in L2.
+assigned() {
+  local p=$1 log=$2 want got un
+  want="$(l1_bars $D)| $(l1_bars $BIG)"
+  got="$(l2_bars "${L2D:-none}" "$log")| $(l2_bars "${L2BIG:-none}" "$log")"
+  un="$(l2_unassigned "${L2D:-none}" "$log")$(l2_unassigned "${L2BIG:-none}" "$log")"
+  if [ "$want" = "$got" ] && [ -z "$un" ]; then
+    lab_pass "${p}bars" "sizes $got(bar size, hex; = L1's); $L2D BAR0 $(l2_res "$L2D" 0 "$log" | cut -d' ' -f1), $L2BIG BAR0 $(l2_res "$L2BIG" 0 "$log" | cut -d' ' -f1) BAR2 $(l2_res "$L2BIG" 2 "$log" | cut -d' ' -f1-2)"
+  else
+    lab_fail "${p}bars" "want sizes '$want' got '$got'; unassigned: '$un'; $(grep "^L2-KMSG.*\(no space\|failed to assign\)" "$log" | head -3 | tr '\n' ';')"
+  fi
+}
+# above4g PREFIX LOG: BAR2 of the big function lies above 4 GiB.
+above4g() {
+  local p=$1 log=$2 s
+  s=$(l2_res "${L2BIG:-none}" 2 "$log" | cut -d' ' -f1)
+  if [ -n "$s" ] && [ $((s)) -ge $((1 << 32)) ]; then
+    lab_pass "${p}above-4g" "BAR2 at $s ($(($((s)) >> 30)) GiB)"
+  else
+    lab_fail "${p}above-4g" "BAR2 at '$s'"
+  fi
+}
+# inwindow PREFIX LOG SIZE: BAR2 lies in the L2 kernel's 64-bit root bus window, of SIZE bytes
+# (the window gpupass set).
+inwindow() {
+  local p=$1 log=$2 want=$3 s w ws we
+  s=$(l2_res "${L2BIG:-none}" 2 "$log" | cut -d' ' -f1)
+  w=$(root_window "${s:-0}" "$log")
+  ws=${w% *} we=${w#* }
+  if [ -n "$w" ] && [ $((s + 0x400000000 - 1)) -le $((we)) ] && [ $((we - ws + 1)) -eq "$want" ]; then
+    lab_pass "${p}window" "BAR2 $s+16G inside root bus window [$ws-$we] ($(((we - ws + 1) >> 30)) GiB)"
+  else
+    lab_fail "${p}window" "BAR2 '$s', window '$w', want a window of $((want >> 30)) GiB holding it: $(grep 'root bus resource' "$log" | tr '\n' ';')"
+  fi
+}
+
