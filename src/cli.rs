@@ -1,7 +1,8 @@
 //! The command line: clap definitions and the dispatch to each command.
 //!
-//! Every command has the shape `run(ctx, args, out) -> Result<exit status>`; `main.rs` only
-//! parses, calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
+//! [`run`] dispatches each parsed command to its module's entry point, which returns an exit
+//! status (the entry points do not share one signature yet: issue #14); `main.rs` only parses,
+//! calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
 //! 1 a host error (or `check` found passthrough cannot work), 2 a usage error.
 
 use crate::host::HostRoot;
