@@ -5,16 +5,19 @@
  * memory BAR, read the Bochs "dispi" ID of 1234:1111 display devices,
  * optionally loop reads of one BAR (exit counting), and report everything as
  * `FW ...` lines on the serial port. Long mode (entry.S), identity-mapped,
- * BARs above 4 GiB mapped on demand (map_phys). No interrupts.
+ * BARs above 4 GiB mapped on demand (map_phys). With QEMU's edu, a DMA test through the
+ * IOMMU (dma_test). No interrupts.
  *
  * Output lines (parsed by gpupass, src/vmm/report.rs; documented in docs/vmm.md):
- *   FW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40
+ *   FW hello v3 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40
  *   FW dev 00:01.0 1234:1111 class 030000 hdr 00
  *   FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00 last 0x0
  *   FW bar 2 mem64 pref addr 0x400000000 size 0x400000000 first 0x0 last 0x0
  *   FW bar 1 mem64 pref size 0x40000000000 unassigned
  *   FW dispi 00:01.0 0xb0c5
  *   FW loop 00:01.0 bar 2 count 100000 last 0xffffff00
+ *   FW dma 00:01.0 bytes 4096 to-device ok polls 9 from-device ok polls 9 match 4096 first-mismatch none seed 0x1
+ *   FW iso 00:01.0 iova 0x4000000 bytes 4096 read ok polls 9 copy-back ok polls 9 saw zeros
  *   FW done devices 2
  */
 #include "protocol.h"
@@ -60,6 +63,7 @@ static inline u32 inl(u16 port)
 	return v;
 }
 static inline u32 mmio_read32(u64 addr) { return *(volatile u32 *)(uptr)addr; }
+static inline void mmio_write32(u64 addr, u32 v) { *(volatile u32 *)(uptr)addr = v; }
 static inline u16 mmio_read16(u64 addr) { return *(volatile u16 *)(uptr)addr; }
 
 /* ---- console: the VMM's UART is always ready, so no LSR polling (one exit per byte).
@@ -396,6 +400,169 @@ static void probe_function(u32 dev, u32 fn, u32 *count)
 	}
 }
 
+/* ---- DMA through the IOMMU: QEMU's edu (1234:11e8; docs/specs/edu.rst in QEMU). BAR0
+ * registers: 0x80 source, 0x88 destination, 0x90 count, 0x98 command (bit 0 start/busy, bit 1
+ * direction: 0 RAM -> device, 1 device -> RAM); the device's own 4 KiB buffer is at device
+ * address 0x40000. edu masks DMA addresses to 28 bits, so every IOVA used is below 256 MiB. */
+
+#define EDU_VENDOR     0x1234
+#define EDU_DEVICE     0x11e8
+#define EDU_DMA_SRC    0x80
+#define EDU_DMA_DST    0x88
+#define EDU_DMA_CNT    0x90
+#define EDU_DMA_CMD    0x98
+#define EDU_CMD_RUN    1u
+#define EDU_CMD_TO_RAM 2u
+#define EDU_BUF        0x40000u
+#define EDU_DMA_MASK   0xfffffffull
+/* Polls of the command register before a transfer counts as stuck (edu finishes a transfer
+ * from a 100 ms timer; a poll is one trapped or slot-mapped MMIO read). */
+#define EDU_MAX_POLLS  200000000u
+
+static u32 *ram32(uptr pa)
+{
+	u32 *p;
+	__asm__("" : "=r"(p) : "0"(pa));
+	return p;
+}
+
+/* The test pattern's word i: a multiplicative hash of the seed and the index (no zero runs,
+ * no repeats within a page, different per run). */
+static u32 pattern(u32 seed, u32 i)
+{
+	u32 x = seed ^ (i * 0x9e3779b9u);
+	x ^= x >> 16;
+	x *= 0x7feb352du;
+	x ^= x >> 15;
+	return x;
+}
+
+/* One edu transfer of FW_DMA_LEN bytes; returns the polls it took, 0 when it never finished. */
+static u32 edu_dma(u64 bar, u32 src, u32 dst, u32 cmd)
+{
+	mmio_write32(bar + EDU_DMA_SRC, src);
+	mmio_write32(bar + EDU_DMA_DST, dst);
+	mmio_write32(bar + EDU_DMA_CNT, FW_DMA_LEN);
+	mmio_write32(bar + EDU_DMA_CMD, cmd | EDU_CMD_RUN);
+	for (u32 n = 1; n <= EDU_MAX_POLLS; n++) {
+		if (!(mmio_read32(bar + EDU_DMA_CMD) & EDU_CMD_RUN))
+			return n;
+		__asm__ volatile("pause");
+	}
+	return 0;
+}
+
+static void put_polls(const char *what, u32 polls)
+{
+	puts(what);
+	if (polls) {
+		puts(" ok polls ");
+		putdec(polls);
+	} else {
+		puts(" timeout");
+	}
+}
+
+/* The read from an IOVA outside guest RAM (see dma_test); `dma_ok`: the mapped copy worked,
+ * so the device buffer holds the pattern and copies back to RAM. */
+static void iso_test(u32 dev, u32 fn, u64 bar, int dma_ok)
+{
+	u32 words = FW_DMA_LEN / 4;
+	u32 *src = ram32(FW_DMA_SRC), *iso = ram32(FW_DMA_ISO);
+	/* The first page past guest RAM: never DMA-mapped (IOVA = GPA covers RAM only). */
+	u64 iova = align_up(info.ram_size, 0x1000);
+	puts("FW iso ");
+	if (iova + FW_DMA_LEN - 1 > EDU_DMA_MASK) {
+		puts("none ram-reaches-dma-mask\n");
+		return;
+	}
+	if (!dma_ok) {
+		puts("none dma-failed\n");
+		return;
+	}
+	outl(PORT_MARK, MARK_ISO_BEGIN);
+	u32 p_rd = edu_dma(bar, (u32)iova, EDU_BUF, 0);
+	u32 p_back = p_rd ? edu_dma(bar, EDU_BUF, FW_DMA_ISO, EDU_CMD_TO_RAM) : 0;
+	outl(PORT_MARK, MARK_ISO_END);
+	__asm__ volatile("mfence" ::: "memory");
+	u32 zeros = 0, ones = 0, pat = 0, fill = 0;
+	for (u32 i = 0; i < words; i++) {
+		u32 v = iso[i];
+		zeros += v == 0;
+		ones += v == 0xffffffffu;
+		pat += v == src[i];
+		fill += v == 0xa5a5a5a5u;
+	}
+	put_bdf(dev, fn);
+	puts(" iova ");
+	put0x(iova);
+	puts(" bytes ");
+	putdec(FW_DMA_LEN);
+	put_polls(" read", p_rd);
+	put_polls(" copy-back", p_back);
+	puts(" saw ");
+	puts(zeros == words ? "zeros" : ones == words ? "ones" : pat == words ? "unchanged"
+	     : fill == words ? "no-copy-back" : "data");
+	putc('\n');
+}
+
+/* Copy a pattern RAM -> device -> RAM and compare; then read from an IOVA outside guest RAM
+ * (which the VMM does not DMA-map) into the device and copy the device buffer back, to see
+ * what the device got:
+ *   FW dma 00:01.0 bytes 4096 to-device ok polls N from-device ok polls N match 4096 first-mismatch none seed 0x..
+ *   FW iso 00:01.0 iova 0x4000000 bytes 4096 read ok polls N copy-back ok polls N saw zeros
+ * saw: zeros / ones (the read delivered no data), unchanged (the device buffer kept the
+ * pattern), no-copy-back (the destination kept its fill: the copy back failed too), data
+ * (something else arrived: not blocked); `FW iso none <why>` when it cannot run. */
+static void dma_test(u32 dev, u32 fn, u64 bar)
+{
+	u32 words = FW_DMA_LEN / 4, seed = info.dma_seed;
+	u32 *src = ram32(FW_DMA_SRC), *dst = ram32(FW_DMA_DST), *iso = ram32(FW_DMA_ISO);
+	for (u32 i = 0; i < words; i++) {
+		src[i] = pattern(seed, i);
+		dst[i] = ~pattern(seed, i);
+		iso[i] = 0xa5a5a5a5u;
+	}
+	u16 cmd = cfg_read16(dev, fn, 4);
+	cfg_write16(dev, fn, 4, (u16)(cmd | 4)); /* bus master */
+	__asm__ volatile("mfence" ::: "memory");
+
+	outl(PORT_MARK, MARK_DMA_BEGIN);
+	u32 p_in = edu_dma(bar, FW_DMA_SRC, EDU_BUF, 0);
+	u32 p_out = p_in ? edu_dma(bar, EDU_BUF, FW_DMA_DST, EDU_CMD_TO_RAM) : 0;
+	outl(PORT_MARK, MARK_DMA_END);
+	__asm__ volatile("mfence" ::: "memory");
+	u32 same = 0, first = words;
+	for (u32 i = 0; i < words; i++) {
+		u32 a = src[i], b = dst[i];
+		for (u32 k = 0; k < 4; k++, a >>= 8, b >>= 8) {
+			if ((u8)a == (u8)b)
+				same++;
+			else if (first == words)
+				first = i * 4 + k;
+		}
+	}
+	puts("FW dma ");
+	put_bdf(dev, fn);
+	puts(" bytes ");
+	putdec(FW_DMA_LEN);
+	put_polls(" to-device", p_in);
+	put_polls(" from-device", p_out);
+	puts(" match ");
+	putdec(same);
+	puts(" first-mismatch ");
+	if (first == words)
+		puts("none");
+	else
+		put0x(first);
+	puts(" seed ");
+	put0x(seed);
+	putc('\n');
+
+	iso_test(dev, fn, bar, p_in && p_out && same == FW_DMA_LEN);
+	cfg_write16(dev, fn, 4, cmd);
+}
+
 static void read_loop(void)
 {
 	u32 bar = info.loop_bar;
@@ -447,15 +614,17 @@ u32 fw_main(void)
 		puts("FW error no-boot-info\n");
 		return 3;
 	}
-	if (info.version < FW_BOOT_VERSION) {
+	if (info.version < 2) {
 		info.mmio64_base = 0; /* a v1 block: no 64-bit window */
 		info.mmio64_limit = 0;
 		info.phys_bits = 32;
 	}
+	if (info.version < 3)
+		info.dma_seed = 0x47504431; /* a v2 block: a fixed pattern */
 	next_mem = info.mmio_base;
 	next_mem64 = info.mmio64_base;
 	next_io = info.io_base;
-	puts("FW hello v2 ram ");
+	puts("FW hello v3 ram ");
 	put0x(info.ram_size);
 	puts(" mmio ");
 	put0x(info.mmio_base);
@@ -480,6 +649,12 @@ u32 fw_main(void)
 				continue;
 			probe_function(dev, fn, &count);
 		}
+	}
+	if (target.found && target.vendor == EDU_VENDOR && target.device == EDU_DEVICE) {
+		if (target.bars[0].assigned && target.bars[0].kind != BAR_IO && map_phys(target.bars[0].addr))
+			dma_test(target.dev, target.fn, target.bars[0].addr);
+		else
+			puts("FW dma none no-bar0\n");
 	}
 	if (info.loop_count)
 		read_loop();

@@ -9,7 +9,7 @@
 #define FW_LOAD          0x1000u   /* flat binary load and entry address (CS:IP 0:0x1000) */
 #define FW_BOOT_INFO     0x0500u   /* struct boot_info, written by the VMM */
 #define FW_BOOT_MAGIC    0x49425047u /* "GPBI" */
-#define FW_BOOT_VERSION  2u
+#define FW_BOOT_VERSION  3u
 #define FW_STACK_TOP     0x90000u  /* grows down towards the end of the image area (0x80000) */
 /* Page tables (long mode, identity map): PML4 at FW_PT_BASE, one PDPT, four PDs mapping the
  * low 4 GiB with 2 MiB pages; the pages after them up to FW_PT_END are a pool for the tables
@@ -17,6 +17,12 @@
 #define FW_PT_BASE       0x90000u
 #define FW_PT_POOL       0x96000u
 #define FW_PT_END        0x100000u
+/* DMA test buffers (edu): between the image area's end and the stack, in every --memory.
+ * The VMM DMA-maps all guest RAM at IOVA = GPA, so these are also their IOVAs. */
+#define FW_DMA_SRC       0x80000u  /* pattern the device reads (RAM -> device) */
+#define FW_DMA_DST       0x81000u  /* where the device writes it back (device -> RAM) */
+#define FW_DMA_ISO       0x82000u  /* the device buffer after a read from an unmapped IOVA */
+#define FW_DMA_LEN       0x1000u
 
 #define PORT_SERIAL      0x3f8     /* 16550 THR: one byte of console output */
 #define PORT_EXIT        0x501     /* out8: end the VM with this status */
@@ -26,6 +32,10 @@
 
 #define MARK_LOOP_BEGIN  1
 #define MARK_LOOP_END    2
+#define MARK_DMA_BEGIN   3         /* the RAM -> device -> RAM copy */
+#define MARK_DMA_END     4
+#define MARK_ISO_BEGIN   5         /* the read from an unmapped IOVA and its copy back */
+#define MARK_ISO_END     6
 
 #define LOOP_BAR_AUTO    0xffu
 
@@ -43,6 +53,8 @@ struct boot_info {
 	unsigned int phys_bits;  /* guest physical address width the vCPU's CPUID reports */
 	unsigned long long mmio64_base;  /* 64-bit MMIO window above 4 GiB (offset 40) */
 	unsigned long long mmio64_limit; /* inclusive; below 2^phys_bits and 2^47 */
+	unsigned int dma_seed;   /* v3: seeds the DMA test pattern (differs per run) (offset 56) */
+	unsigned int reserved;
 };
 #endif
 

@@ -119,6 +119,39 @@ pub fn summary(r: &BootReport) -> String {
             v("irq_exits")
         ));
     }
+    if r.dma_map_skipped {
+        s.push_str(&format!(
+            "gpupass: guest RAM NOT DMA-mapped ({} set): the device cannot reach guest memory\n",
+            vmm::dma::NO_DMA_MAP_ENV
+        ));
+    }
+    if let Some(d) = &r.dma {
+        s.push_str(&format!(
+            "gpupass: DMA: {}: {}{}\n",
+            d.result,
+            d.reason,
+            d.nanos.map_or(String::new(), |n| format!(
+                ", {:.1} ms for both transfers",
+                n as f64 / 1e6
+            ))
+        ));
+    }
+    if let Some(i) = &r.isolation {
+        let kernel = match (&r.kernel_faults, &i.kernel_fault_at_iova) {
+            (_, Some(l)) => format!("; the kernel logged: {l}"),
+            (Some(k), None) if k.error.is_some() => {
+                format!(
+                    "; the kernel's fault log was not readable ({})",
+                    k.error.as_deref().unwrap_or("")
+                )
+            }
+            _ => "; the kernel logged no IOMMU fault for it".to_string(),
+        };
+        s.push_str(&format!(
+            "gpupass: isolation: {}: {}{kernel}\n",
+            i.result, i.reason
+        ));
+    }
     if !r.firmware.done {
         s.push_str("gpupass: warning: the firmware did not print `FW done`\n");
     }

@@ -49,7 +49,7 @@ fn emulated_boot_enumerates_sizes_and_reads_the_device() {
     let text = ok(&o);
     assert!(
         text.lines().any(
-            |l| l.starts_with("FW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-")
+            |l| l.starts_with("FW hello v3 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-")
         ),
         "{text}"
     );
@@ -88,8 +88,13 @@ fn emulated_boot_json_reports_devices_slots_and_exits() {
     assert_eq!(v["status"], 0);
     assert_eq!(v["memory"], 16 << 20);
     assert_eq!(v["dma_mapped"], 0);
+    // No edu, no VFIO: no DMA test, no kernel log read.
+    assert_eq!(v["dma_map_skipped"], false);
+    assert!(v["dma"].is_null() && v["isolation"].is_null(), "{v}");
+    assert!(v["kernel_faults"].is_null());
     let fw = &v["firmware"];
     assert_eq!(fw["done"], true);
+    assert!(fw["dma"].is_null());
     let bits = v["guest_phys_bits"].as_u64().unwrap();
     assert!((36..=52).contains(&bits), "{bits}");
     let limit = (1u64 << bits.min(47)) - 1;
@@ -97,7 +102,7 @@ fn emulated_boot_json_reports_devices_slots_and_exits() {
     assert_eq!(v["mmio64_window"]["limit"], limit);
     assert_eq!(
         fw["hello"],
-        format!("hello v2 ram 0x1000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-{limit:#x} phys-bits {bits}")
+        format!("hello v3 ram 0x1000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-{limit:#x} phys-bits {bits}")
     );
     let dev = &fw["devices"][1];
     assert_eq!(

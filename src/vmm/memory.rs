@@ -5,6 +5,7 @@
 //! 0x0000_0500  boot_info (firmware/protocol.h), written by the VMM
 //! 0x0000_1000  firmware, flat binary, entered in real mode at CS:IP = 0:0x1000
 //! 0x0008_0000  end of the firmware area (max image 508 KiB)
+//! 0x0008_0000  DMA test buffers (source, destination, isolation; 4 KiB each)
 //! 0x0009_0000  firmware stack top (grows down); the firmware's page tables from here
 //! 0x0010_0000  end of the page-table pool
 //! ...          RAM up to --memory (1 MiB .. 3 GiB)
@@ -19,6 +20,11 @@ pub const BOOT_INFO_ADDR: u64 = 0x500;
 pub const FIRMWARE_LOAD: u64 = 0x1000;
 pub const FIRMWARE_END: u64 = 0x8_0000;
 pub const FIRMWARE_MAX: u64 = FIRMWARE_END - FIRMWARE_LOAD;
+/// The firmware's DMA test buffers (firmware/protocol.h FW_DMA_*): IOVA = GPA.
+pub const DMA_SRC: u64 = 0x8_0000;
+pub const DMA_DST: u64 = 0x8_1000;
+pub const DMA_ISO: u64 = 0x8_2000;
+pub const DMA_LEN: u64 = 0x1000;
 pub const MMIO_BASE: u64 = 0xC000_0000;
 pub const MMIO_LIMIT: u64 = 0xFEBF_FFFF;
 pub const IO_BASE: u32 = 0xC000;
@@ -27,8 +33,8 @@ pub const MIN_MEMORY: u64 = 1 << 20;
 pub const MAX_MEMORY: u64 = MMIO_BASE;
 pub const DEFAULT_MEMORY: u64 = 64 << 20;
 pub const BOOT_MAGIC: u32 = 0x4942_5047; // "GPBI"
-pub const BOOT_VERSION: u32 = 2;
-pub const BOOT_INFO_LEN: usize = 56;
+pub const BOOT_VERSION: u32 = 3;
+pub const BOOT_INFO_LEN: usize = 64;
 /// Where the 64-bit window starts: the first address above 4 GiB.
 pub const MMIO64_BASE: u64 = 1 << 32;
 /// The firmware identity-maps what it reads, so a BAR must sit below the canonical 2^47.
@@ -90,6 +96,9 @@ pub struct BootInfo {
     pub loop_bar: u32,
     /// The guest physical address width the vCPU's CPUID reports.
     pub phys_bits: u32,
+    /// Seeds the firmware's DMA test pattern (a new one per run, so a device buffer left
+    /// over from an earlier run cannot pass for this run's copy).
+    pub dma_seed: u32,
 }
 
 impl BootInfo {
@@ -113,6 +122,7 @@ impl BootInfo {
         let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
         out[40..48].copy_from_slice(&base.to_le_bytes());
         out[48..56].copy_from_slice(&limit.to_le_bytes());
+        out[56..60].copy_from_slice(&self.dma_seed.to_le_bytes());
         out
     }
 }
@@ -216,6 +226,7 @@ mod tests {
             loop_count: 7,
             loop_bar: 0xff,
             phys_bits: 40,
+            dma_seed: 0x1234_5678,
         };
         load(&mem, &[0xfa, 0xfc], info).unwrap();
         let mut b = [0u8; 2];
@@ -230,6 +241,8 @@ mod tests {
         let base: u64 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 40)).unwrap();
         let limit: u64 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 48)).unwrap();
         assert_eq!((base, limit), (1 << 32, (1 << 40) - 1));
+        let seed: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 56)).unwrap();
+        assert_eq!(seed, 0x1234_5678);
         assert!(matches!(
             load(&mem, &vec![0; FIRMWARE_MAX as usize + 1], info),
             Err(VmmError::FirmwareSize { .. })

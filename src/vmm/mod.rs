@@ -11,8 +11,10 @@
 //! The VMM does not depend on the CLI: `cli.rs` builds [`BootOptions`] and calls [`boot`].
 
 pub mod bars;
+pub mod dma;
 pub mod emulated;
 pub mod floor;
+pub mod kmsg;
 pub mod kvmstats;
 pub mod memory;
 pub mod pci;
@@ -147,6 +149,15 @@ pub struct Mmio64Window {
     pub limit: u64,
 }
 
+/// A seed for the firmware's DMA pattern that differs from run to run (the clock's
+/// nanoseconds, never 0).
+fn dma_seed() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(16)) | 1
+}
+
 /// The guest physical address width in a CPUID list: leaf 0x80000008 EAX[7:0], or 36 (what
 /// KVM assumes) when the leaf is missing.
 pub fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
@@ -188,6 +199,14 @@ pub struct BootReport {
     pub mmio64_window: Option<Mmio64Window>,
     /// Bytes of guest RAM DMA-mapped through the VFIO container (0 for --emulated).
     pub dma_mapped: u64,
+    /// Guest RAM was deliberately not DMA-mapped ([`dma::NO_DMA_MAP_ENV`]).
+    pub dma_map_skipped: bool,
+    /// The firmware's DMA test (QEMU's edu only; none for other devices).
+    pub dma: Option<dma::DmaReport>,
+    /// Its read from an IOVA outside the DMA-mapped RAM.
+    pub isolation: Option<dma::IsolationReport>,
+    /// The kernel's IOMMU fault lines logged during the run (`/dev/kmsg`; VFIO targets only).
+    pub kernel_faults: Option<kmsg::KernelFaults>,
     /// `VFIO_DEVICE_RESET` before and after the run (none for --emulated).
     pub reset: Option<reset::ResetReport>,
     pub kvm_vfio_device: bool,
@@ -320,6 +339,7 @@ pub fn boot(
             loop_count: opts.read_loop,
             loop_bar: opts.read_bar.map_or(0xff, u32::from),
             phys_bits,
+            dma_seed: dma_seed(),
         },
     )?;
     let ram = memory::regions(&mem)?;
@@ -340,6 +360,9 @@ pub fn boot(
 
     let mut session = None;
     let mut dma_mapped = 0;
+    let skip_dma_map = resolved.is_some()
+        && std::env::var_os(dma::NO_DMA_MAP_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    let mut dma_ranges: Vec<(u64, u64)> = ram.iter().map(|r| (r.gpa, r.len)).collect();
     let mut reset = None;
     let dev = match &resolved {
         None => emulated::device()?,
@@ -350,7 +373,11 @@ pub fn boot(
                 rr.before = Some(reset::attempt(|| s.reset()));
             }
             reset = Some(rr);
-            dma_mapped = s.dma_map(&ram)?;
+            if skip_dma_map {
+                dma_ranges.clear();
+            } else {
+                dma_mapped = s.dma_map(&ram)?;
+            }
             s.present()?
         }
     };
@@ -385,6 +412,10 @@ pub fn boot(
         })),
     );
     m.kvm_stats = stats;
+    // The kernel log from here on: the IOMMU's fault lines for the run (VFIO targets).
+    let kmsg_cursor = resolved
+        .as_ref()
+        .map(|_| kmsg::Cursor::open(&host.path("dev/kmsg")));
     let kvm_before = m.kvm_stats.as_ref().map(|k| k.read());
     let t_run = Instant::now();
     let result = vcpu::run_with_timeout(&mut vcpu, &mut m, opts.timeout);
@@ -394,6 +425,8 @@ pub fn boot(
         _ => None,
     };
     let slots = m.mapper.slots();
+    let dma_nanos = m.mark_window(vcpu::MARK_DMA_BEGIN, vcpu::MARK_DMA_END);
+    let iso_nanos = m.mark_window(vcpu::MARK_ISO_BEGIN, vcpu::MARK_ISO_END);
     m.teardown();
     let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
     drop(rest.keep);
@@ -408,6 +441,24 @@ pub fn boot(
     let status = result?;
 
     let text = String::from_utf8_lossy(m.serial.transcript()).into_owned();
+    let fw = report::parse(&text);
+    let kernel_faults = kmsg_cursor.map(|c| match c {
+        Ok(c) => c.faults(),
+        Err(error) => kmsg::KernelFaults {
+            source: host.display(&host.path("dev/kmsg")),
+            error: Some(error),
+            ..kmsg::KernelFaults::default()
+        },
+    });
+    let host_bdf = resolved.as_ref().filter(|r| !r.mdev).map(|r| r.name.as_str());
+    let dma_report = fw
+        .dma
+        .as_ref()
+        .and_then(|d| dma::judge_dma(d, dma_mapped, skip_dma_map, dma_nanos));
+    let isolation = fw
+        .isolation
+        .as_ref()
+        .and_then(|i| dma::judge_isolation(i, &dma_ranges, iso_nanos, kernel_faults.as_ref(), host_bdf));
     let trapped = rest
         .trapped_why
         .into_iter()
@@ -420,11 +471,15 @@ pub fn boot(
         guest_phys_bits: phys_bits,
         mmio64_window: memory::mmio64_window(phys_bits).map(|(base, limit)| Mmio64Window { base, limit }),
         dma_mapped,
+        dma_map_skipped: skip_dma_map,
+        dma: dma_report,
+        isolation,
+        kernel_faults,
         reset,
         kvm_vfio_device,
         backend: resolved.as_ref().map(|r| r.backend),
         vfio_nodes: resolved.as_ref().map(|r| r.nodes()).unwrap_or_default(),
-        firmware: report::parse(&text),
+        firmware: fw,
         slots,
         trapped,
         slot_moves: m.mapper.moves,

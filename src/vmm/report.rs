@@ -3,12 +3,16 @@
 //! Grammar (one line each; tokens separated by single spaces; numbers `0x`-hex unless noted):
 //!
 //! ```text
-//! FW hello v2 ram <bytes> mmio <base>-<limit> mmio64 <base>-<limit> phys-bits <decimal>
+//! FW hello v3 ram <bytes> mmio <base>-<limit> mmio64 <base>-<limit> phys-bits <decimal>
 //! FW dev <bb:dd.f> <vvvv>:<dddd> class <cccccc> hdr <hh>
 //! FW bar <n, decimal> io|mem32|mem64 [pref] [addr <a>] size <s>
 //!        (first <v> [last <v>] | first unmapped | unassigned)
 //! FW dispi <bb:dd.f> <id>
 //! FW loop <bb:dd.f> bar <n> count <decimal> last <v>   |   FW loop none <why>
+//! FW dma <bb:dd.f> bytes <dec> to-device (ok polls <dec>|timeout) from-device (ok polls <dec>|timeout)
+//!        match <dec> first-mismatch (<off>|none) seed <v>          |   FW dma none <why>
+//! FW iso <bb:dd.f> iova <a> bytes <dec> read (ok polls <dec>|timeout) copy-back (...)
+//!        saw zeros|ones|unchanged|no-copy-back|data              |   FW iso none <why>
 //! FW done devices <decimal>
 //! FW error <what>
 //! ```
@@ -54,6 +58,107 @@ pub struct FwLoop {
     pub skipped: Option<String>,
 }
 
+/// The firmware's DMA test on edu: a pattern copied RAM -> device -> RAM.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwDma {
+    pub device: Option<String>,
+    pub bytes: u64,
+    /// Polls of the command register until each transfer finished; `None`: it never did.
+    pub to_device_polls: Option<u64>,
+    pub from_device_polls: Option<u64>,
+    /// Bytes of the destination equal to the source.
+    pub matched: u64,
+    pub first_mismatch: Option<u64>,
+    pub seed: Option<u64>,
+    /// Why no test ran, when it did not.
+    pub skipped: Option<String>,
+}
+
+/// The firmware's isolation probe: a device read from an IOVA outside guest RAM, copied back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwIso {
+    pub device: Option<String>,
+    pub iova: Option<u64>,
+    pub bytes: u64,
+    pub read_polls: Option<u64>,
+    pub copy_back_polls: Option<u64>,
+    /// What the device buffer held afterwards: `zeros`, `ones`, `unchanged` (the pattern it
+    /// had), `no-copy-back` (the copy back did not arrive either), `data` (anything else).
+    pub saw: Option<String>,
+    pub skipped: Option<String>,
+}
+
+/// `ok polls N` / `timeout` at `t[i..]`: the polls and how many tokens were used.
+fn polls(t: &[&str]) -> Option<(Option<u64>, usize)> {
+    match t {
+        ["ok", "polls", n, ..] => Some((Some(n.parse().ok()?), 3)),
+        ["timeout", ..] => Some((None, 1)),
+        _ => None,
+    }
+}
+
+fn parse_dma(addr: &str, t: &[&str]) -> Option<FwDma> {
+    let mut d = FwDma {
+        device: Some(addr.to_string()),
+        ..FwDma::default()
+    };
+    let mut i = 0;
+    while i < t.len() {
+        match t[i] {
+            "bytes" => d.bytes = t.get(i + 1)?.parse().ok()?,
+            "match" => d.matched = t.get(i + 1)?.parse().ok()?,
+            "seed" => d.seed = Some(hex(t.get(i + 1)?)?),
+            "first-mismatch" => {
+                d.first_mismatch = match *t.get(i + 1)? {
+                    "none" => None,
+                    v => Some(hex(v)?),
+                }
+            }
+            "to-device" | "from-device" => {
+                let (p, n) = polls(&t[i + 1..])?;
+                if t[i] == "to-device" {
+                    d.to_device_polls = p;
+                } else {
+                    d.from_device_polls = p;
+                }
+                i += 1 + n;
+                continue;
+            }
+            _ => return None,
+        }
+        i += 2;
+    }
+    Some(d)
+}
+
+fn parse_iso(addr: &str, t: &[&str]) -> Option<FwIso> {
+    let mut d = FwIso {
+        device: Some(addr.to_string()),
+        ..FwIso::default()
+    };
+    let mut i = 0;
+    while i < t.len() {
+        match t[i] {
+            "bytes" => d.bytes = t.get(i + 1)?.parse().ok()?,
+            "iova" => d.iova = Some(hex(t.get(i + 1)?)?),
+            "saw" => d.saw = Some(t.get(i + 1)?.to_string()),
+            "read" | "copy-back" => {
+                let (p, n) = polls(&t[i + 1..])?;
+                if t[i] == "read" {
+                    d.read_polls = p;
+                } else {
+                    d.copy_back_polls = p;
+                }
+                i += 1 + n;
+                continue;
+            }
+            _ => return None,
+        }
+        i += 2;
+    }
+    Some(d)
+}
+
 /// What the firmware reported.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FirmwareReport {
@@ -61,6 +166,8 @@ pub struct FirmwareReport {
     pub devices: Vec<FwDevice>,
     #[serde(rename = "loop")]
     pub read_loop: Option<FwLoop>,
+    pub dma: Option<FwDma>,
+    pub isolation: Option<FwIso>,
     /// `FW done` seen: the firmware ran to its end.
     pub done: bool,
     pub errors: Vec<String>,
@@ -183,6 +290,34 @@ fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
             });
             true
         }
+        ["dma", "none", why] => {
+            r.dma = Some(FwDma {
+                skipped: Some(why.to_string()),
+                ..FwDma::default()
+            });
+            true
+        }
+        ["dma", addr, more @ ..] => match parse_dma(addr, more) {
+            Some(d) => {
+                r.dma = Some(d);
+                true
+            }
+            None => false,
+        },
+        ["iso", "none", why] => {
+            r.isolation = Some(FwIso {
+                skipped: Some(why.to_string()),
+                ..FwIso::default()
+            });
+            true
+        }
+        ["iso", addr, more @ ..] => match parse_iso(addr, more) {
+            Some(d) => {
+                r.isolation = Some(d);
+                true
+            }
+            None => false,
+        },
         ["done", ..] => {
             r.done = true;
             true
@@ -201,7 +336,7 @@ mod tests {
 
     #[test]
     fn firmware_lines_become_devices() {
-        let console = "noise\nFW hello v2 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40\n\
+        let console = "noise\nFW hello v3 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40\n\
             FW dev 00:00.0 1b36:0008 class 060000 hdr 00\n\
             FW dev 00:01.0 1234:1111 class 030000 hdr 00\n\
             FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x46504247 last 0x0\n\
@@ -229,6 +364,33 @@ mod tests {
         assert_eq!((d.bars[3].first, d.bars[3].last), (Some(1), Some(2)));
         let l = r.read_loop.unwrap();
         assert_eq!((l.bar, l.count), (Some(2), 100_000));
+    }
+
+    #[test]
+    fn dma_and_isolation_lines() {
+        let r = parse(
+            "FW dma 00:01.0 bytes 4096 to-device ok polls 12 from-device timeout match 17 first-mismatch 0x3 seed 0xab\n\
+             FW iso 00:01.0 iova 0x4000000 bytes 4096 read ok polls 5 copy-back ok polls 6 saw zeros\n",
+        );
+        assert!(r.unparsed.is_empty(), "{:?}", r.unparsed);
+        let d = r.dma.unwrap();
+        assert_eq!(
+            (d.bytes, d.to_device_polls, d.from_device_polls),
+            (4096, Some(12), None)
+        );
+        assert_eq!((d.matched, d.first_mismatch, d.seed), (17, Some(3), Some(0xab)));
+        let i = r.isolation.unwrap();
+        assert_eq!(
+            (i.iova, i.read_polls, i.copy_back_polls),
+            (Some(0x400_0000), Some(5), Some(6))
+        );
+        assert_eq!(i.saw.as_deref(), Some("zeros"));
+        let r = parse("FW dma none no-bar0\nFW iso none dma-failed\nFW dma 00:01.0 bytes x\n");
+        assert_eq!(r.isolation.unwrap().skipped.as_deref(), Some("dma-failed"));
+        assert_eq!(r.dma.unwrap().skipped.as_deref(), Some("no-bar0"));
+        assert_eq!(r.unparsed.len(), 1, "a bad dma line is kept");
+        let r = parse("FW dma 00:01.0 bytes 4096 match 4096 first-mismatch none\n");
+        assert_eq!(r.dma.unwrap().first_mismatch, None);
     }
 
     #[test]

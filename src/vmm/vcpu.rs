@@ -7,7 +7,7 @@
 //! - 0x3F8-0x3FF COM1 (output to gpupass's stdout)
 //! - 0x501 exit: an 8-bit write ends the VM; the byte is gpupass's exit status
 //! - 0x502 mark: a 32-bit write of 1 / 2 brackets the firmware's read loop, whose exits
-//!   are reported apart
+//!   are reported apart; 3 / 4 and 5 / 6 bracket its DMA test's transfers (timed)
 //! - 0xCF8-0xCFF PCI configuration mechanism #1
 //! - I/O BAR windows the guest assigned; anything else reads all-ones and ignores writes.
 
@@ -25,6 +25,12 @@ pub const PORT_EXIT: u16 = 0x501;
 pub const PORT_MARK: u16 = 0x502;
 pub const MARK_LOOP_BEGIN: u32 = 1;
 pub const MARK_LOOP_END: u32 = 2;
+/// The firmware's DMA test (edu): the mapped RAM -> device -> RAM copy between 3 and 4, the
+/// read from an unmapped IOVA and its copy back between 5 and 6.
+pub const MARK_DMA_BEGIN: u32 = 3;
+pub const MARK_DMA_END: u32 = 4;
+pub const MARK_ISO_BEGIN: u32 = 5;
+pub const MARK_ISO_END: u32 = 6;
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
 pub const DEVICE_SLOT: u8 = 1;
 
@@ -154,11 +160,23 @@ pub struct Machine<'a> {
     pub exits: ExitCounts,
     loop_begin: Option<(ExitCounts, Instant, Option<super::kvmstats::Snapshot>)>,
     pub loop_window: Option<LoopWindow>,
+    /// Every mark the firmware wrote, with when it arrived (the DMA test is timed from them).
+    pub marks: Vec<(u32, Instant)>,
     /// KVM's statistics of the vCPU, where the kernel offers them.
     pub kvm_stats: Option<super::kvmstats::StatsReader>,
 }
 
 impl<'a> Machine<'a> {
+    /// Nanoseconds from the last `begin` mark to the first `end` mark after it.
+    pub fn mark_window(&self, begin: u32, end: u32) -> Option<u64> {
+        let i = self.marks.iter().rposition(|(m, _)| *m == begin)?;
+        let (_, t0) = self.marks[i];
+        self.marks[i + 1..]
+            .iter()
+            .find(|(m, _)| *m == end)
+            .map(|(_, t1)| t1.duration_since(t0).as_nanos() as u64)
+    }
+
     /// Bus 0 with the host bridge at 00:00.0 and `dev` at 00:01.0.
     pub fn new(
         dev: DeviceParts,
@@ -181,6 +199,7 @@ impl<'a> Machine<'a> {
             exits: ExitCounts::default(),
             loop_begin: None,
             loop_window: None,
+            marks: Vec::new(),
             kvm_stats: None,
         }
     }
@@ -222,6 +241,7 @@ impl<'a> Machine<'a> {
             self.exits.count("io-exit");
             return Ok(Flow::Exit(data.first().copied().unwrap_or(0)));
         } else if port == PORT_MARK {
+            self.marks.push((value, Instant::now()));
             match value {
                 MARK_LOOP_BEGIN => {
                     self.exits.count("io-mark");
@@ -541,6 +561,8 @@ mod tests {
         exits: ExitCounts,
         console: Vec<u8>,
         read_loop: Option<LoopWindow>,
+        /// (DMA window, isolation window) from the marks.
+        dma_windows: (Option<u64>, Option<u64>),
     }
 
     fn run(script: Vec<Step>) -> Outcome {
@@ -548,7 +570,7 @@ mod tests {
         let slots = std::rc::Rc::new(std::cell::RefCell::new(Slots::default()));
         let mut out = Vec::new();
         let mut vcpu = FakeVcpu::new(script);
-        let (r, exits, lw) = {
+        let (r, exits, lw, dw) = {
             let mut m = Machine::new(
                 parts,
                 64 << 20,
@@ -557,7 +579,11 @@ mod tests {
                 Serial::new(Some(&mut out)),
             );
             let r = run_loop(&mut vcpu, &mut m, &AtomicBool::new(false), Duration::from_secs(1));
-            (r, m.exits.clone(), m.loop_window.clone())
+            let dw = (
+                m.mark_window(MARK_DMA_BEGIN, MARK_DMA_END),
+                m.mark_window(MARK_ISO_BEGIN, MARK_ISO_END),
+            );
+            (r, m.exits.clone(), m.loop_window.clone(), dw)
         };
         let slots = slots.borrow().0.clone();
         Outcome {
@@ -567,6 +593,7 @@ mod tests {
             exits,
             console: out,
             read_loop: lw,
+            dma_windows: dw,
         }
     }
 
@@ -686,5 +713,21 @@ mod tests {
         assert_eq!(o.result.unwrap(), 3);
         assert_eq!(o.vcpu.answers[0], vec![0xff]);
         assert_eq!(o.exits.by_kind["io-unclaimed"], 2);
+    }
+
+    #[test]
+    fn dma_marks_time_the_transfers() {
+        let mark = |v: u32| Step::Out(PORT_MARK, v.to_le_bytes().to_vec());
+        let o = run(vec![
+            mark(MARK_DMA_BEGIN),
+            mark(MARK_DMA_END),
+            mark(MARK_ISO_BEGIN),
+            Step::Out(PORT_EXIT, vec![0]),
+        ]);
+        assert_eq!(o.result.unwrap(), 0);
+        assert!(o.dma_windows.0.is_some(), "3..4 is a window");
+        assert_eq!(o.dma_windows.1, None, "5 without 6 is none");
+        assert_eq!(o.exits.by_kind["io-mark"], 3);
+        assert!(o.read_loop.is_none(), "DMA marks are not the read loop");
     }
 }
