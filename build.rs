@@ -6,7 +6,9 @@
 //! mode -> long mode; the test guests as 32-bit code); the same compiler driver links them
 //! straight to a flat binary (`--oformat=binary`, load address 0x1000), so neither objcopy nor
 //! a 32-bit libc is needed.
-//! `src/vmm/mod.rs` embeds `firmware.bin`.
+//! `src/vmm/mod.rs` embeds `firmware.bin`. The firmware's `protocol.h` (layout, ports, marks,
+//! struct boot_info) is generated here into OUT_DIR/fw from `src/vmm/protocol.rs`, the one
+//! source the VMM compiles too.
 //!
 //! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
 //! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
@@ -17,15 +19,22 @@ use std::process::Command;
 
 const TEST_GUESTS: &[&str] = &["halt", "spin", "status", "triple"];
 
+/// The firmware interface, shared with the crate (`vmm::protocol`).
+#[allow(dead_code)]
+mod protocol {
+    include!("src/vmm/protocol.rs");
+}
+
 /// `long_mode`: the firmware (64-bit code after its mode switches); else 32-bit test guests.
-fn base_build(long_mode: bool) -> cc::Build {
+fn base_build(long_mode: bool, generated: &Path) -> cc::Build {
     let mut b = cc::Build::new();
     if long_mode {
         b.flag("-m64").flag("-march=x86-64").flag("-mno-red-zone");
     } else {
         b.flag("-m32").flag("-march=i686");
     }
-    b.include("firmware")
+    b.include(generated)
+        .include("firmware")
         .cargo_metadata(false)
         .opt_level_str("s")
         .debug(false)
@@ -74,10 +83,15 @@ fn compile_protos() {
 fn main() {
     compile_protos();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
-    for f in ["entry.S", "main.c", "protocol.h", "firmware.ld"] {
+    for f in ["entry.S", "main.c", "firmware.ld"] {
         println!("cargo:rerun-if-changed=firmware/{f}");
     }
-    let mut fw = base_build(true);
+    println!("cargo:rerun-if-changed=src/vmm/protocol.rs");
+    let generated = out.join("fw");
+    std::fs::create_dir_all(&generated).expect("creating OUT_DIR/fw");
+    std::fs::write(generated.join("protocol.h"), protocol::c_header())
+        .expect("writing the firmware's protocol.h");
+    let mut fw = base_build(true, &generated);
     fw.file("firmware/entry.S").file("firmware/main.c");
     let objects = fw.compile_intermediates();
     link(
@@ -91,7 +105,7 @@ fn main() {
     for name in TEST_GUESTS {
         let src = format!("firmware/tests/{name}.S");
         println!("cargo:rerun-if-changed={src}");
-        let mut b = base_build(false);
+        let mut b = base_build(false, &generated);
         b.file(&src);
         let objects = b.compile_intermediates();
         link(

@@ -2,7 +2,7 @@
 //! image and the boot-info block in it, and the layout the firmware is told about.
 //!
 //! ```text
-//! 0x0000_0500  boot_info (firmware/protocol.h), written by the VMM
+//! 0x0000_0500  boot_info (src/vmm/protocol.rs), written by the VMM
 //! 0x0000_1000  firmware, flat binary, entered in real mode at CS:IP = 0:0x1000
 //! 0x0008_0000  end of the firmware area (max image 508 KiB)
 //! 0x0008_0000  DMA test buffers (source, destination, isolation; 4 KiB each)
@@ -16,29 +16,32 @@
 use super::VmmError;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-pub const BOOT_INFO_ADDR: u64 = 0x500;
-pub const FIRMWARE_LOAD: u64 = 0x1000;
-pub const FIRMWARE_END: u64 = 0x8_0000;
+use super::protocol as p;
+
+// The layout is src/vmm/protocol.rs's (the firmware's protocol.h is generated from it).
+pub const BOOT_INFO_ADDR: u64 = p::FW_BOOT_INFO;
+pub const FIRMWARE_LOAD: u64 = p::FW_LOAD;
+pub const FIRMWARE_END: u64 = p::FW_END;
 pub const FIRMWARE_MAX: u64 = FIRMWARE_END - FIRMWARE_LOAD;
-/// The firmware's DMA test buffers (firmware/protocol.h FW_DMA_*): IOVA = GPA.
-pub const DMA_SRC: u64 = 0x8_0000;
-pub const DMA_DST: u64 = 0x8_1000;
-pub const DMA_ISO: u64 = 0x8_2000;
-pub const DMA_LEN: u64 = 0x1000;
-pub const MMIO_BASE: u64 = 0xC000_0000;
-pub const MMIO_LIMIT: u64 = 0xFEBF_FFFF;
-pub const IO_BASE: u32 = 0xC000;
-pub const IO_LIMIT: u32 = 0xFFFF;
+/// The firmware's DMA test buffers: IOVA = GPA.
+pub const DMA_SRC: u64 = p::FW_DMA_SRC;
+pub const DMA_DST: u64 = p::FW_DMA_DST;
+pub const DMA_ISO: u64 = p::FW_DMA_ISO;
+pub const DMA_LEN: u64 = p::FW_DMA_LEN;
+pub const MMIO_BASE: u64 = p::MMIO_BASE;
+pub const MMIO_LIMIT: u64 = p::MMIO_LIMIT;
+pub const IO_BASE: u32 = p::IO_BASE;
+pub const IO_LIMIT: u32 = p::IO_LIMIT;
 pub const MIN_MEMORY: u64 = 1 << 20;
 pub const MAX_MEMORY: u64 = MMIO_BASE;
 pub const DEFAULT_MEMORY: u64 = 64 << 20;
-pub const BOOT_MAGIC: u32 = 0x4942_5047; // "GPBI"
-pub const BOOT_VERSION: u32 = 3;
-pub const BOOT_INFO_LEN: usize = 64;
+pub const BOOT_MAGIC: u32 = p::FW_BOOT_MAGIC;
+pub const BOOT_VERSION: u32 = p::FW_BOOT_VERSION;
+pub const BOOT_INFO_LEN: usize = p::FW_BOOT_INFO_LEN;
 /// Where the 64-bit window starts: the first address above 4 GiB.
-pub const MMIO64_BASE: u64 = 1 << 32;
+pub const MMIO64_BASE: u64 = p::MMIO64_BASE;
 /// The firmware identity-maps what it reads, so a BAR must sit below the canonical 2^47.
-pub const MMIO64_MAX_BITS: u32 = 47;
+pub const MMIO64_MAX_BITS: u32 = p::MMIO64_MAX_BITS;
 
 /// The 64-bit MMIO window `[base, limit]` for a vCPU with `phys_bits` of guest physical
 /// address (CPUID 0x80000008 EAX[7:0]); `None` when nothing lies above 4 GiB.
@@ -87,7 +90,7 @@ pub fn parse_memory_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-/// The boot-info block (`struct boot_info` in firmware/protocol.h).
+/// The boot-info block (`struct boot_info`, laid out by src/vmm/protocol.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BootInfo {
     pub ram_size: u32,
@@ -103,26 +106,32 @@ pub struct BootInfo {
 
 impl BootInfo {
     pub fn to_bytes(self) -> [u8; BOOT_INFO_LEN] {
-        let words = [
-            BOOT_MAGIC,
-            BOOT_VERSION,
-            self.ram_size,
-            MMIO_BASE as u32,
-            MMIO_LIMIT as u32,
-            IO_BASE,
-            IO_LIMIT,
-            self.loop_count,
-            self.loop_bar,
-            self.phys_bits,
+        let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
+        let fields: [(&str, u64); 14] = [
+            ("magic", BOOT_MAGIC.into()),
+            ("version", BOOT_VERSION.into()),
+            ("ram_size", self.ram_size.into()),
+            ("mmio_base", MMIO_BASE),
+            ("mmio_limit", MMIO_LIMIT),
+            ("io_base", IO_BASE.into()),
+            ("io_limit", IO_LIMIT.into()),
+            ("loop_count", self.loop_count.into()),
+            ("loop_bar", self.loop_bar.into()),
+            ("phys_bits", self.phys_bits.into()),
+            ("mmio64_base", base),
+            ("mmio64_limit", limit),
+            ("dma_seed", self.dma_seed.into()),
+            ("reserved", 0),
         ];
         let mut out = [0u8; BOOT_INFO_LEN];
-        for (i, w) in words.iter().enumerate() {
-            out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        for (name, size, _) in p::BOOT_INFO_FIELDS {
+            let (_, v) = fields
+                .iter()
+                .find(|(n, _)| n == name)
+                .expect("every boot-info field has a value (memory tests)");
+            let off = p::boot_info_offset(name).expect("a listed field has an offset");
+            out[off..off + size].copy_from_slice(&v.to_le_bytes()[..*size]);
         }
-        let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
-        out[40..48].copy_from_slice(&base.to_le_bytes());
-        out[48..56].copy_from_slice(&limit.to_le_bytes());
-        out[56..60].copy_from_slice(&self.dma_seed.to_le_bytes());
         out
     }
 }

@@ -18,6 +18,9 @@ pub mod kmsg;
 pub mod kvmstats;
 pub mod memory;
 pub mod pci;
+/// The firmware interface (layout, ports, marks, boot info): the one source build.rs writes
+/// the firmware's `protocol.h` from.
+pub mod protocol;
 pub mod report;
 pub mod reset;
 pub mod serial;
@@ -337,7 +340,7 @@ pub fn boot(
         memory::BootInfo {
             ram_size: opts.memory as u32,
             loop_count: opts.read_loop,
-            loop_bar: opts.read_bar.map_or(0xff, u32::from),
+            loop_bar: opts.read_bar.map_or(protocol::LOOP_BAR_AUTO, u32::from),
             phys_bits,
             dma_seed: dma_seed(),
         },

@@ -413,8 +413,8 @@ pub fn host_bridge() -> VirtFunction {
 }
 
 /// Ports of configuration mechanism #1.
-pub const PORT_CONFIG_ADDRESS: u16 = 0xcf8;
-pub const PORT_CONFIG_DATA: u16 = 0xcfc;
+pub const PORT_CONFIG_ADDRESS: u16 = super::protocol::PORT_PCI_ADDR;
+pub const PORT_CONFIG_DATA: u16 = super::protocol::PORT_PCI_DATA;
 
 /// Bus 0: functions by device number (function 0 only).
 pub struct PciBus {

@@ -8,7 +8,7 @@
 
 use std::io::Write;
 
-pub const COM1: u16 = 0x3f8;
+pub const COM1: u16 = super::protocol::PORT_SERIAL;
 /// Bytes of console output kept for the report; beyond this the transcript is cut.
 pub const TRANSCRIPT_LIMIT: usize = 1 << 20;
 

@@ -3,7 +3,7 @@
 //! The syscall layer is the [`Vcpu`] trait: [`KvmVcpu`] calls `KVM_RUN` through kvm-ioctls;
 //! the unit tests below script exits with a fake and run the real dispatch.
 //!
-//! Port map (the protocol the firmware speaks; firmware/protocol.h, docs/vmm.md):
+//! Port map (the protocol the firmware speaks; src/vmm/protocol.rs, docs/vmm.md):
 //! - 0x3F8-0x3FF COM1 (output to gpupass's stdout)
 //! - 0x501 exit: an 8-bit write ends the VM; the byte is gpupass's exit status
 //! - 0x502 mark: a 32-bit write of 1 / 2 brackets the firmware's read loop, whose exits
@@ -21,16 +21,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-pub const PORT_EXIT: u16 = 0x501;
-pub const PORT_MARK: u16 = 0x502;
-pub const MARK_LOOP_BEGIN: u32 = 1;
-pub const MARK_LOOP_END: u32 = 2;
-/// The firmware's DMA test (edu): the mapped RAM -> device -> RAM copy between 3 and 4, the
-/// read from an unmapped IOVA and its copy back between 5 and 6.
-pub const MARK_DMA_BEGIN: u32 = 3;
-pub const MARK_DMA_END: u32 = 4;
-pub const MARK_ISO_BEGIN: u32 = 5;
-pub const MARK_ISO_END: u32 = 6;
+pub use super::protocol::{
+    MARK_DMA_BEGIN, MARK_DMA_END, MARK_ISO_BEGIN, MARK_ISO_END, MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT,
+    PORT_MARK,
+};
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
 pub const DEVICE_SLOT: u8 = 1;
 
