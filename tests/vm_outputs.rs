@@ -1614,9 +1614,9 @@ fn hostdev_port_and_expander(xml: &str, src_bus: &str) -> (String, Option<String
 fn numa_expanders_mirror_the_host_nodes() {
     let root = host("vfio-numa");
     let s129 = libvirt_12_9_schemas();
-    let o = run_root(
-        &root,
-        &[
+    // A 6 GiB, 5-vCPU domain on the legacy backend with `extra` options and the devices last.
+    let domain = |extra: &[&str], devs: &[&str]| {
+        let base = [
             "xml",
             "domain",
             "--name",
@@ -1627,12 +1627,10 @@ fn numa_expanders_mirror_the_host_nodes() {
             "5",
             "--backend",
             "legacy",
-            "--device",
-            "17:00.0",
-            "ca:00.0",
-            "4b:00.0",
-        ],
-    );
+        ];
+        run_root(&root, &[&base[..], extra, &["--device"], devs].concat())
+    };
+    let o = domain(&[], &["17:00.0", "ca:00.0", "4b:00.0"]);
     let xml = ok(&o);
     assert_eq!(xml.matches("model=\"pcie-expander-bus\"").count(), 2, "{xml}");
     for (i, node) in [(1, 0), (2, 1)] {
@@ -1676,26 +1674,7 @@ fn numa_expanders_mirror_the_host_nodes() {
     libvirt_accepts(&xml, "expanders");
     assert!(validates_with(&s129, &xml, "expanders on 12.9"));
     // --numa off: one flat guest, no expanders.
-    let flat = ok(&run_root(
-        &root,
-        &[
-            "xml",
-            "domain",
-            "--name",
-            "n",
-            "--memory",
-            "6G",
-            "--vcpus",
-            "5",
-            "--backend",
-            "legacy",
-            "--numa",
-            "off",
-            "--device",
-            "17:00.0",
-            "ca:00.0",
-        ],
-    ));
+    let flat = ok(&domain(&["--numa", "off"], &["17:00.0", "ca:00.0"]));
     assert!(!flat.contains("expander") && !flat.contains("<numa>"), "{flat}");
 
     // qemu-args: expanders without guest nodes unless --memory and --vcpus say how to split.

@@ -400,8 +400,6 @@ impl Journal {
 }
 
 fn compact(path: &Path, bound: &BoundState) -> io::Result<()> {
-    let tmp = path.with_extension("jsonl.tmp");
-    let mut f = File::create(&tmp)?;
     let line = serde_json::to_string(&Line {
         v: VERSION,
         rec: Record::State {
@@ -409,16 +407,7 @@ fn compact(path: &Path, bound: &BoundState) -> io::Result<()> {
         },
     })
     .map_err(io::Error::other)?;
-    f.write_all(line.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)?;
-    if let Some(d) = path.parent() {
-        if let Ok(df) = File::open(d) {
-            let _ = df.sync_all();
-        }
-    }
-    Ok(())
+    crate::host::write_atomic(path, format!("{line}\n").as_bytes())
 }
 
 /// A new transaction id: pid and time.

@@ -18,7 +18,6 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs;
-use std::io::Write as _;
 
 /// One driverctl file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -231,17 +230,7 @@ pub fn apply_persist(host: &HostRoot, p: &PersistPlan) -> Result<(), BindError> 
     fs::create_dir_all(&dir).map_err(werr(&dir))?;
     for f in &p.files {
         let path = override_file(host, &f.address);
-        let tmp = dir.join(format!(".pci-{}.gpupass-tmp", f.address));
-        let r = (|| {
-            let mut fh = fs::File::create(&tmp)?;
-            fh.write_all(format!("{}\n", f.driver).as_bytes())?;
-            fh.sync_all()?;
-            fs::rename(&tmp, &path)
-        })();
-        r.map_err(werr(&path))?;
-    }
-    if let Ok(d) = fs::File::open(&dir) {
-        let _ = d.sync_all();
+        crate::host::write_atomic(&path, format!("{}\n", f.driver).as_bytes()).map_err(werr(&path))?;
     }
     Ok(())
 }

@@ -32,8 +32,7 @@ use crate::model::{Backend, Inventory, PciDevice};
 use crate::naming;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 
 /// Kind used when `--kind` is not given.
@@ -657,32 +656,9 @@ fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
         .join(format!("{spec_name}.options.json"))
 }
 
-/// Write `content` to `path` atomically: a temporary file in the same directory (whose name
-/// does not end in `.json`, so CDI watchers ignore it), fsync, then rename over `path`.
-pub fn write_atomic(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(content)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
-}
+/// Write a spec or its options file atomically ([`crate::host::write_atomic`]; the temporary
+/// name does not end in `.json`, so CDI watchers ignore it).
+pub use crate::host::write_atomic;
 
 /// Render from the host and write the spec into `var/run/cdi` under the root; records the
 /// options for [`refresh`]. Returns the path written and the warnings.

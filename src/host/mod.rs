@@ -421,6 +421,50 @@ pub fn keep_empty_dirs(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Create or replace a file atomically, the one way gpupass writes its own files (CDI specs,
+/// driverctl overrides, mdevctl definitions, the bind journal): the content goes to a
+/// temporary file in the same directory (`.<name>.gpupass-tmp.<pid>`: a dot file that neither
+/// driverctl's `pci-*` nor a CDI watcher's `*.json`/`*.yaml` matches), is fsynced, renamed over
+/// `path`, and the directory is fsynced, so a crash leaves the old file or the new one, never
+/// half of one, and the rename survives a power cut. Directories are created as needed; the
+/// file gets mode 0644. The temporary file is removed when a step fails.
+pub fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?
+        .to_string_lossy();
+    let tmp = dir.join(format!(".{name}.gpupass-tmp.{}", std::process::id()));
+    let res = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(content)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        // The rename is durable once the directory is; a directory that cannot be opened for
+        // the fsync (unusual permissions) does not undo a write that has happened.
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
 /// Parse a sysfs hex attribute like `0x10de`.
 pub fn parse_hex(s: &str) -> Option<u64> {
     let t = s.trim();

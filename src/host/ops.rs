@@ -39,27 +39,7 @@ pub trait HostOps: Send + Sync {
     /// `path`, so a crash leaves the old or the new file, never half of one. Directories are
     /// created as needed; the file gets mode 0644 like mdevctl's.
     fn write_file(&self, path: &Path, contents: &str) -> io::Result<()> {
-        let dir = path
-            .parent()
-            .ok_or_else(|| io::Error::other("no parent directory"))?;
-        fs::create_dir_all(dir)?;
-        let name = path
-            .file_name()
-            .ok_or_else(|| io::Error::other("no file name"))?
-            .to_string_lossy();
-        let tmp = dir.join(format!(".{name}.gpupass-tmp"));
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o644)
-                .open(&tmp)?;
-            io::Write::write_all(&mut f, contents.as_bytes())?;
-            f.sync_all()?;
-        }
-        fs::rename(&tmp, path)
+        crate::host::write_atomic(path, contents.as_bytes())
     }
 
     /// Remove a configuration file; a missing file is not an error. An emptied parent
