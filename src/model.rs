@@ -155,6 +155,17 @@ pub struct Bar {
     pub prefetchable: bool,
 }
 
+/// Whether `s` is an mdev UUID: 8-4-4-4-12 hex digits (either case), the form the kernel names
+/// mdev instances in. The one UUID rule every command uses (arguments, sysfs names, device IDs).
+pub fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
 /// One host NUMA node: its CPUs and hugepage pools.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NumaNode {

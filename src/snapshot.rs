@@ -200,15 +200,7 @@ impl Copier<'_> {
     }
 }
 
-/// A canonical 8-4-4-4-12 UUID (mdev instance names).
-pub fn is_uuid(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 36
-        && b.iter().enumerate().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => *c == b'-',
-            _ => c.is_ascii_hexdigit(),
-        })
-}
+pub use crate::model::is_uuid;
 
 /// Summary of what was written.
 pub struct SnapshotReport {

@@ -108,13 +108,7 @@ impl VfioDevError {
 
 /// Validate an mdev UUID (8-4-4-4-12 hex digits); returned lower-case.
 pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
-    let groups: Vec<&str> = input.split('-').collect();
-    let ok = groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()));
-    if ok {
+    if crate::model::is_uuid(input) {
         Ok(input.to_ascii_lowercase())
     } else {
         Err(VfioDevError::BadUuid {

@@ -310,7 +310,7 @@ pub fn allocate(
             add("/dev/vfio/vfio".into());
             add(format!("/dev/vfio/{g}"));
             cdi_names.push(id.clone());
-        } else if crate::snapshot::is_uuid(id) {
+        } else if crate::model::is_uuid(id) {
             return Err(AllocError::Unknown {
                 id: id.clone(),
                 resource: resource.into(),

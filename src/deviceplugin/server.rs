@@ -190,7 +190,7 @@ impl DevicePlugin for PluginService {
             // driver) are unknown; listed ones that went away fail in `allocate`.
             for id in &c.devices_ids {
                 if !known.devices.iter().any(|d| &d.id == id) {
-                    let e = if id.parse::<PciAddress>().is_ok() || crate::snapshot::is_uuid(id) {
+                    let e = if id.parse::<PciAddress>().is_ok() || crate::model::is_uuid(id) {
                         super::AllocError::Unknown {
                             id: id.clone(),
                             resource: self.resource.clone(),

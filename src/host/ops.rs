@@ -383,7 +383,7 @@ impl FakeHost {
     }
 
     fn mdev_create(&self, rel: &Path, ty: &str, uuid: &str) -> io::Result<()> {
-        if !crate::snapshot::is_uuid(uuid) {
+        if !crate::model::is_uuid(uuid) {
             return Err(io::Error::from_raw_os_error(22)); // EINVAL
         }
         if self.root.mdev_devices().join(uuid).exists() {

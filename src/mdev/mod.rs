@@ -226,7 +226,7 @@ impl FromStr for MdevUuid {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        if crate::snapshot::is_uuid(t) {
+        if crate::model::is_uuid(t) {
             Ok(MdevUuid(t.to_ascii_lowercase()))
         } else {
             Err(format!(
@@ -349,7 +349,7 @@ mod tests {
         let a = MdevUuid::random().unwrap();
         let b = MdevUuid::random().unwrap();
         assert_ne!(a, b);
-        assert!(crate::snapshot::is_uuid(a.as_str()));
+        assert!(crate::model::is_uuid(a.as_str()));
         assert_eq!(&a.as_str()[14..15], "4");
         assert!("89ab".contains(&a.as_str()[19..20]));
     }

@@ -37,15 +37,7 @@ pub struct DeviceArgError {
     pub reason: String,
 }
 
-/// Whether `s` is a UUID in the 8-4-4-4-12 hex form the kernel uses for mdevs.
-pub fn is_uuid(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('-').collect();
-    parts.len() == 5
-        && parts
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
-}
+pub use crate::model::is_uuid;
 
 impl FromStr for DeviceArg {
     type Err = DeviceArgError;
