@@ -612,6 +612,110 @@ fn every_row_has_a_test() {
     }
 }
 
+/// Each row's exit status in docs/errors.md is the one its `row!()` case asserts (`code:`, 1
+/// when the case leaves it to `Case::DEFAULT`).
+#[test]
+fn every_row_states_the_exit_status_its_test_asserts() {
+    let doc = std::fs::read_to_string(manifest_dir().join("docs/errors.md")).unwrap();
+    let documented: std::collections::BTreeMap<String, String> = doc
+        .lines()
+        .filter(|l| l.starts_with("| E-"))
+        .map(|l| {
+            let cols: Vec<&str> = l.split(" | ").collect();
+            (
+                cols[0].trim_start_matches("| ").to_string(),
+                cols[cols.len() - 3].trim().to_string(),
+            )
+        })
+        .collect();
+    let src = include_str!("errors.rs");
+    let mut compared = 0;
+    for block in src.split("\nrow!(").skip(1) {
+        let id = block
+            .trim_start()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_uppercase()
+            .replace('_', "-");
+        let case = block.split("\n);").next().unwrap();
+        let code = case
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("code: "))
+            .map(|c| c.trim_end_matches(',').to_string())
+            .unwrap_or_else(|| "1".to_string());
+        assert_eq!(
+            documented.get(&id),
+            Some(&code),
+            "{id}: docs/errors.md's exit status vs its test's code"
+        );
+        compared += 1;
+    }
+    assert!(compared > 100, "compared only {compared} rows");
+}
+
+/// Every "covered elsewhere" note names things that exist: each file it names, each test
+/// function it names in backticks in that file, and each lab step it names in that scenario's
+/// declared steps.
+#[test]
+fn elsewhere_notes_name_tests_that_exist() {
+    let root = manifest_dir();
+    for (id, note) in ELSEWHERE {
+        if note.starts_with("uncovered:") && !note.contains(".rs") && !note.contains(".sh") {
+            continue;
+        }
+        let words: Vec<&str> = note
+            .split(|c: char| c.is_whitespace() || c == ';' || c == '(' || c == ')' || c == ',')
+            .filter(|w| !w.is_empty())
+            .collect();
+        let files: Vec<&str> = words
+            .iter()
+            .map(|w| w.trim_end_matches(':'))
+            .filter(|w| w.ends_with(".rs") || w.ends_with(".sh"))
+            .collect();
+        assert!(
+            !files.is_empty() || note.starts_with("uncovered:"),
+            "{id}: the note names no file: {note}"
+        );
+        for f in &files {
+            let path = if f.starts_with("lab/") || f.starts_with("tests/") || f.starts_with("src/") {
+                root.join(f)
+            } else {
+                root.join("tests").join(f)
+            };
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{id}: {f} does not exist"));
+            for name in note.split('`').skip(1).step_by(2) {
+                if f.ends_with(".rs") && note.contains(&format!("{f} `{name}`")) {
+                    assert!(
+                        text.contains(&format!("fn {name}(")),
+                        "{id}: {f} has no test fn {name}"
+                    );
+                }
+            }
+            if f.ends_with(".sh") {
+                let steps: Vec<&str> = text
+                    .lines()
+                    .filter_map(|l| {
+                        l.strip_prefix("# lab-steps")
+                            .and_then(|r| r.split_once(':'))
+                            .map(|(_, s)| s)
+                    })
+                    .flat_map(|s| s.split_whitespace())
+                    .collect();
+                // "step NAME" or "NAME step".
+                let named = words.windows(2).filter_map(|w| match (w[0], w[1]) {
+                    ("step", n) if !n.contains('/') => Some(n),
+                    (n, "step") if !n.contains('/') => Some(n),
+                    _ => None,
+                });
+                for n in named {
+                    assert!(steps.contains(&n), "{id}: {f} declares no step {n}");
+                }
+            }
+        }
+    }
+}
+
 // ---- the rows ----
 
 row!(
