@@ -347,7 +347,7 @@ fn bins() -> Vec<(String, PathBuf)> {
 }
 
 fn hook() {
-    let is_root = nix::unistd::geteuid().is_root();
+    let is_root = rustix::process::geteuid().is_root();
     let has_unshare = Command::new("sh")
         .args([
             "-c",

@@ -272,8 +272,8 @@ fn host_node(host: &HostRoot, path: &str) -> Result<Node, HookError> {
     let rdev = m.rdev();
     Ok(Node {
         path: path.into(),
-        major: nix::sys::stat::major(rdev),
-        minor: nix::sys::stat::minor(rdev),
+        major: u64::from(rustix::fs::major(rdev)),
+        minor: u64::from(rustix::fs::minor(rdev)),
         mode: m.mode() & 0o7777,
         uid: m.uid(),
         gid: m.gid(),

@@ -1,4 +1,4 @@
-//! The two privileged steps of the hook, through `nix` (no `unsafe` here): joining a mount
+//! The two privileged steps of the hook, through `rustix` (no `unsafe` here): joining a mount
 //! namespace and creating device nodes under a root directory without following symlinks.
 //!
 //! `setns(CLONE_NEWNS)` needs a single-threaded caller (the kernel refuses a process whose
@@ -6,22 +6,22 @@
 //! threads in a scope that has ended before this is called.
 
 use super::{HookError, Node};
-use nix::errno::Errno;
-use nix::fcntl::{open, openat, OFlag};
-use nix::sys::stat::{fstatat, mkdirat, mknodat, Mode, SFlag};
-use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
+use rustix::fs::{
+    chownat, mkdirat, mknodat, open, openat, statat, unlinkat, AtFlags, FileType, Gid, Mode, OFlags, Uid,
+};
+use rustix::io::Errno;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 /// Join the mount namespace behind `ns` (an open `/proc/<pid>/ns/mnt`).
-pub fn enter_mount_ns(ns: &std::fs::File) -> nix::Result<()> {
-    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNS)
+pub fn enter_mount_ns(ns: &std::fs::File) -> rustix::io::Result<()> {
+    rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Mount))
 }
 
-const DIR_PATH: OFlag = OFlag::O_PATH
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
+const DIR_PATH: OFlags = OFlags::PATH
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 /// Open (creating as needed, mode 0755) the directory `rel` under `root`, one component at a
 /// time with O_NOFOLLOW: a symlink anywhere on the way is refused, so nothing escapes `root`.
@@ -38,14 +38,14 @@ fn open_dir_in(root: &OwnedFd, rel: &str, shown: &str) -> Result<OwnedFd, HookEr
         let dir = cur.as_ref().unwrap_or(root);
         let fd = match openat(dir, comp, DIR_PATH, Mode::empty()) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) => {
+            Err(Errno::NOENT) => {
                 match mkdirat(dir, comp, Mode::from_bits_truncate(0o755)) {
-                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(unsafe_path(format!("mkdir {comp}: {e}"))),
                 }
                 openat(dir, comp, DIR_PATH, Mode::empty()).map_err(|e| unsafe_path(format!("{comp}: {e}")))?
             }
-            Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
+            Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
                 return Err(unsafe_path(format!("{comp:?} is a symlink or not a directory")))
             }
             Err(e) => return Err(unsafe_path(format!("{comp}: {e}"))),
@@ -67,16 +67,22 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
             let rel = n.path.trim_start_matches('/');
             let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
             let parent = open_dir_in(&root, dir, &n.path)?;
-            let dev = nix::sys::stat::makedev(n.major, n.minor);
+            let (Ok(major), Ok(minor)) = (u32::try_from(n.major), u32::try_from(n.minor)) else {
+                return Err(HookError::Create {
+                    path: n.path.clone(),
+                    reason: format!("device number {}:{} is out of range", n.major, n.minor),
+                });
+            };
+            let dev = rustix::fs::makedev(major, minor);
             let mode = Mode::from_bits_truncate(n.mode);
-            match mknodat(&parent, name, SFlag::S_IFCHR, mode, dev) {
+            match mknodat(&parent, name, FileType::CharacterDevice, mode, dev) {
                 Ok(()) => {
-                    fchownat(
+                    chownat(
                         &parent,
                         name,
                         Some(Uid::from_raw(n.uid)),
                         Some(Gid::from_raw(n.gid)),
-                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                        AtFlags::SYMLINK_NOFOLLOW,
                     )
                     .map_err(|e| HookError::Create {
                         path: n.path.clone(),
@@ -84,16 +90,14 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
                     })?;
                     made.push((parent, name.to_string(), n.path.clone()));
                 }
-                Err(Errno::EEXIST) => {
+                Err(Errno::EXIST) => {
                     // Already there (the runtime or an earlier hook): fine if it is the same node.
                     let st =
-                        fstatat(&parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| {
-                            HookError::Create {
-                                path: n.path.clone(),
-                                reason: e.to_string(),
-                            }
+                        statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| HookError::Create {
+                            path: n.path.clone(),
+                            reason: e.to_string(),
                         })?;
-                    let is_chr = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFCHR;
+                    let is_chr = FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice;
                     if !is_chr || st.st_rdev != dev {
                         return Err(HookError::Unsafe {
                             path: n.path.clone(),
@@ -115,7 +119,7 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
         Ok(()) => Ok(made.into_iter().map(|(_, _, p)| p).collect()),
         Err(e) => {
             for (parent, name, _) in made.iter().rev() {
-                let _ = unlinkat(parent, name.as_str(), UnlinkatFlags::NoRemoveDir);
+                let _ = unlinkat(parent, name.as_str(), AtFlags::empty());
             }
             Err(e)
         }

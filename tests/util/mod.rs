@@ -145,7 +145,7 @@ pub fn run_bounded_stdin(mut c: Command, secs: u64, stdin: Option<&Path>) -> (Op
 /// Whether a privileged tool is usable (installed, and we are root); in CI (CI=true) a missing
 /// one fails the test, elsewhere the test says SKIPPED.
 pub fn need_tool(tool: &str) -> bool {
-    let is_root = nix::unistd::geteuid().is_root();
+    let is_root = rustix::process::geteuid().is_root();
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
