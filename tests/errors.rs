@@ -2190,7 +2190,7 @@ row!(
         args: &["oci-hook"],
         stdin: STATE_GROUP_40,
         needles: &[
-            "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
+            "cannot enter the mount namespace of pid 4242: Invalid argument (os error 22); run the hook as root from the runtime's createRuntime (or prestart) hooks"
         ],
         setup: container_v1_ns_fails,
         ..Case::DEFAULT
@@ -2209,7 +2209,7 @@ fn e_hook_17_in_an_allow_all_cgroup() {
             args: &["oci-hook"],
             stdin: STATE_GROUP_40,
             needles: &[
-                "cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root from the runtime's createRuntime (or prestart) hooks"
+                "cannot enter the mount namespace of pid 4242: Invalid argument (os error 22); run the hook as root from the runtime's createRuntime (or prestart) hooks"
             ],
             setup: container_v1_allow_all_ns_fails,
             ..Case::DEFAULT
@@ -2304,7 +2304,7 @@ row!(
         args: &["oci-hook"],
         stdin: STATE_GROUP_40,
         needles: &[
-            "gpupass oci-hook: cannot enter the mount namespace of pid 4242: EINVAL: Invalid argument; run the hook as root",
+            "gpupass oci-hook: cannot enter the mount namespace of pid 4242: Invalid argument (os error 22); run the hook as root",
             "; and the devices cgroup still allows c 1:3 rwm: taking it back through /sys/fs/cgroup/devices/ctr/devices.deny failed: No such file or directory (os error 2); the runtime drops it with the failed container's cgroup"
         ],
         setup: container_v1_ns_fails_no_deny,
