@@ -1119,9 +1119,11 @@ pub fn scan_groups(
         vfio_container_present: host.dev_vfio().join("vfio").exists(),
         iommufd_present: host.dev().join("iommu").exists(),
         iommufd: None,
-        cpu_phys_bits: read_cpu_phys_bits(host),
-        numa_nodes: read_numa_nodes(host),
-        iommu_addr_bits: read_iommu_addr_bits(host),
+        // The host facts only the VM layouts use are not read here: this scan runs on every
+        // container start (the OCI hook) and in every bind, which need none of them.
+        cpu_phys_bits: None,
+        numa_nodes: Vec::new(),
+        iommu_addr_bits: None,
         warnings,
     };
     crate::backend::annotate(host, &mut inv);

@@ -179,7 +179,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         b
     };
     match (&opts.numa, opts.memory_kib) {
-        (GuestNuma::Expanders(x), Some(_)) if !x.cells.is_empty() => {
+        (GuestNuma::Expanders(x), _) if !x.cells.is_empty() => {
             for (i, c) in x.cells.iter().enumerate() {
                 let id = format!("gpupass-mem{i}");
                 pair("-object", backend(&id, c.memory_kib, Some(c.host_node)));
@@ -236,7 +236,8 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
     if let Some(x) = expanders {
         for i in 0..x.nodes.len() {
             let slot = opts.first_slot as usize + root_slots + i;
-            let node = if x.cells.is_empty() || opts.memory_kib.is_none() {
+            // A guest node per expander when the guest has nodes (they carry its memory).
+            let node = if x.cells.is_empty() {
                 String::new()
             } else {
                 format!(",numa_node={i}")

@@ -599,11 +599,15 @@ pub(crate) fn numa_plan(
     }
 }
 
-/// Say what the NUMA plan does (after every refusal).
-fn numa_note(plan: &GuestNuma, qemu: bool) {
+/// Say what the NUMA plan does (after every refusal). `qemu`: for `qemu-args`, which binds
+/// memory only through a backend (`memory_bound`: `--memory` was given) and cannot pin vCPUs.
+fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
     use crate::output::layout::join_nodes;
     match plan {
         GuestNuma::Free => {}
+        GuestNuma::Pinned { node, .. } if qemu && memory_bound => eprintln!(
+            "note: the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
+        ),
         GuestNuma::Pinned { node, cpus } => {
             if qemu {
                 eprintln!(
@@ -630,10 +634,10 @@ fn numa_note(plan: &GuestNuma, qemu: bool) {
                 let cells: Vec<String> = x
                     .cells
                     .iter()
-                    .map(|c| {
+                    .enumerate()
+                    .map(|(i, c)| {
                         format!(
-                            "guest node {} = host node {} (vCPUs {}, {} MiB)",
-                            x.cells.iter().position(|d| d == c).unwrap_or(0),
+                            "guest node {i} = host node {} (vCPUs {}, {} MiB)",
                             c.host_node,
                             c.vcpu_list(),
                             c.memory_kib >> 10
@@ -802,7 +806,7 @@ pub fn run_xml(
                 cliques,
             };
             hole64_note(spec.hole64.as_ref());
-            numa_note(&spec.numa, false);
+            numa_note(&spec.numa, false, true);
             hugepages_note(a.hugepages, checked);
             cliques_note(&spec.cliques, false);
             let xml = libvirt::domain(&sel, &spec)?;
@@ -828,6 +832,19 @@ pub fn run_qemu(
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     let backend = crate::backend::resolve_vm(a.backend, inv, &addrs, None)?;
+    // Every refusal (window, NUMA, hugepages) comes before a note is printed.
+    let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
+    check_window(inv, hole64.as_ref())?;
+    let guest = match (a.vcpus, a.memory) {
+        (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
+        _ => None,
+    };
+    let numa = numa_plan(&sel, inv, a.numa, guest)?;
+    let checked = match a.memory {
+        Some(m) => crate::output::layout::check_hugepages(inv, a.hugepages, m, &numa.demand(m))
+            .map_err(VmOutError::Layout)?,
+        None => true,
+    };
     let opts = qemu::QemuOptions {
         rom_bar: a.rom_bar.map(OnOff::bool),
         rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
@@ -835,32 +852,15 @@ pub fn run_qemu(
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
-        hole64: crate::output::layout::mmio64(&sel, a.pci_hole64),
+        hole64,
         cliques: crate::output::layout::p2p_cliques(&sel, inv),
         memory_kib: a.memory,
         vcpus: a.vcpus,
         hugepages: a.hugepages,
-        numa: GuestNuma::Free,
-    };
-    let mut opts = opts;
-    check_window(inv, opts.hole64.as_ref())?;
-    let guest = match (a.vcpus, a.memory) {
-        (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
-        _ => None,
-    };
-    opts.numa = numa_plan(&sel, inv, a.numa, guest)?;
-    let checked = match a.memory {
-        Some(m) => crate::output::layout::check_hugepages(inv, a.hugepages, m, &opts.numa.demand(m))
-            .map_err(VmOutError::Layout)?,
-        None => true,
+        numa,
     };
     hole64_note(opts.hole64.as_ref());
-    match &opts.numa {
-        GuestNuma::Pinned { node, .. } if a.memory.is_some() => eprintln!(
-            "note: the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
-        ),
-        p => numa_note(p, true),
-    }
+    numa_note(&opts.numa, true, a.memory.is_some());
     hugepages_note(a.hugepages, checked);
     cliques_note(&opts.cliques, true);
     if !sel.targets.is_empty() {
