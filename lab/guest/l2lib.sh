@@ -140,3 +140,25 @@ inwindow() {
   fi
 }
 
+# l2_prepare: the steps both L2 Linux scenarios start with. l2-kernel: the carried kernel is
+# the one L1 runs (its version string is in the bzImage header); bind/big-bind: $D and $BIG on
+# vfio-pci through `gpupass bind` (orig, big_orig: the drivers they had); qemu-args for both;
+# sized-window: 16 GiB of 64-bit BARs -> twice the next power of two, 32G, and OVMF the same
+# in MiB.
+l2_prepare() {
+  if [ -s /lab/l2/bzImage ] && grep -q "$(uname -r) " /lab/l2/bzImage; then
+    lab_pass l2-kernel "/lab/l2/bzImage $(wc -c < /lab/l2/bzImage) bytes, $(uname -r); initrd $(wc -c < /lab/l2/initrd.gz) bytes"
+  else
+    lab_fail l2-kernel "/lab/l2/bzImage missing or not $(uname -r)"
+  fi
+
+  orig=$(lab_driver $D)
+  big_orig=$(lab_driver $BIG)
+  lab_run bind bind.txt gpupass bind $D
+  lab_expect bind-driver vfio-pci "$(lab_driver $D)"
+  lab_run big-bind big-bind.txt gpupass bind $BIG
+  lab_expect big-bind-driver vfio-pci "$(lab_driver $BIG)"
+  lab_run qemu-args qemu-args.txt gpupass qemu-args $D $BIG
+  lab_expect sized-window "q35-pcihost.pci-hole64-size=32G name=opt/ovmf/X-PciMmio64Mb,string=32768" \
+    "$(grep -o -e 'q35-pcihost.pci-hole64-size=[0-9A-Z]*' -e 'name=opt/ovmf/X-PciMmio64Mb,string=[0-9]*' qemu-args.txt | tr '\n' ' ' | sed 's/ $//')"
+}

@@ -31,23 +31,9 @@
 T0=$(cs)
 lab_check qemu-version $Q --version
 if [ -s $OVMF ]; then lab_pass ovmf-firmware "$OVMF $(wc -c < $OVMF) bytes md5 $(md5sum < $OVMF | cut -d' ' -f1)"; else lab_fail ovmf-firmware "no $OVMF"; fi
-# The carried kernel is the one L1 runs (its version string is in the bzImage header).
-if [ -s /lab/l2/bzImage ] && grep -q "$(uname -r) " /lab/l2/bzImage; then
-  lab_pass l2-kernel "/lab/l2/bzImage $(wc -c < /lab/l2/bzImage) bytes, $(uname -r); initrd $(wc -c < /lab/l2/initrd.gz) bytes"
-else
-  lab_fail l2-kernel "/lab/l2/bzImage missing or not $(uname -r)"
-fi
-
-orig=$(lab_driver $D)
-big_orig=$(lab_driver $BIG)
-lab_run bind bind.txt gpupass bind $D
-lab_expect bind-driver vfio-pci "$(lab_driver $D)"
-lab_run big-bind big-bind.txt gpupass bind $BIG
-lab_expect big-bind-driver vfio-pci "$(lab_driver $BIG)"
-lab_run qemu-args qemu-args.txt gpupass qemu-args $D $BIG
-# 64-bit BARs: 16 GiB -> twice the next power of two, 32G; OVMF gets the same in MiB.
-lab_expect sized-window "q35-pcihost.pci-hole64-size=32G name=opt/ovmf/X-PciMmio64Mb,string=32768" \
-  "$(grep -o -e 'q35-pcihost.pci-hole64-size=[0-9A-Z]*' -e 'name=opt/ovmf/X-PciMmio64Mb,string=[0-9]*' qemu-args.txt | tr '\n' ' ' | sed 's/ $//')"
+# Steps l2-kernel, bind, bind-driver, big-bind, big-bind-driver, qemu-args, sized-window;
+# sets orig and big_orig (lab/guest/l2lib.sh).
+l2_prepare
 
 # ---- 1. OVMF, gpupass's window
 # shellcheck disable=SC2046
