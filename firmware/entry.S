@@ -102,6 +102,49 @@ lm64:
 4:	hlt
 	jmp 4b
 
+	/* Interrupt and exception stubs, 16 bytes apart (main.c builds the IDT from
+	 * isr_stubs + 16 * vector): each pushes its vector and joins isr_common, which saves
+	 * the registers the C ABI lets fw_irq clobber and calls fw_irq(vector). On entry the
+	 * CPU has aligned RSP to 16 and pushed 5 qwords; the vector and 9 registers and the
+	 * 8-byte pad keep the call 16-byte aligned. Exceptions that push an error code never
+	 * return (fw_irq reports them and ends the VM), so the frame offset does not matter. */
+	.balign 16
+	.globl isr_stubs
+isr_stubs:
+	vector = 0
+	.rept 0x80
+	.balign 16
+	pushq $vector
+	jmp isr_common
+	vector = vector + 1
+	.endr
+
+isr_common:
+	pushq %rax
+	pushq %rcx
+	pushq %rdx
+	pushq %rsi
+	pushq %rdi
+	pushq %r8
+	pushq %r9
+	pushq %r10
+	pushq %r11
+	movq 72(%rsp), %rdi
+	subq $8, %rsp
+	call fw_irq
+	addq $8, %rsp
+	popq %r11
+	popq %r10
+	popq %r9
+	popq %r8
+	popq %rdi
+	popq %rsi
+	popq %rdx
+	popq %rcx
+	popq %rax
+	addq $8, %rsp
+	iretq
+
 	/* Kept in .text.entry: real mode reaches it with DS = 0 (below 64 KiB). */
 	.align 8
 gdt:

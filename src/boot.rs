@@ -2,21 +2,34 @@
 //!
 //! Without `--json` the guest's serial console is streamed to stdout as it is written and a
 //! summary goes to stderr; with `--json` stdout carries only the [`BootReport`]. The exit
-//! status is the firmware's (port 0x501).
+//! status is the firmware's (port 0x501). With `--check` stdout carries one verdict line per
+//! capability instead (or, with `--json`, the [`vmm::verdict::CheckReport`]).
 
 use crate::host::HostRoot;
 use crate::model::Inventory;
 use crate::vmm::{self, BootOptions, BootReport, VmmError};
 use std::io::Write;
 
-/// Boot and print; returns the firmware's status.
+/// Boot and print; returns the firmware's status, or with `check` the self-test's: 0 when no
+/// verdict is `fail`, 1 otherwise ([`vmm::verdict`]).
 pub fn run(
     host: &HostRoot,
     inv: Option<&Inventory>,
     opts: &BootOptions,
     json: bool,
+    check: bool,
     out: &mut dyn Write,
 ) -> Result<i32, VmmError> {
+    if check {
+        let report = vmm::verdict::CheckReport::new(vmm::boot(host, inv, opts, None)?);
+        if json {
+            let _ = serde_json::to_writer_pretty(&mut *out, &report);
+            let _ = writeln!(out);
+        } else {
+            let _ = write!(out, "{}", report.lines());
+        }
+        return Ok(if report.ok { 0 } else { 1 });
+    }
     let report = if json {
         vmm::boot(host, inv, opts, None)?
     } else {

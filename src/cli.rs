@@ -313,6 +313,11 @@ pub enum Command {
         /// stays legacy under auto)
         #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
         backend: crate::backend::Policy,
+        /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
+        /// isolation, msi-x, msi, intx, reset), each pass, fail or absent with the reason;
+        /// exit status 0 only when none fails (docs/vmm.md, "boot --check")
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -553,6 +558,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             read_loop,
             read_bar,
             backend,
+            check,
         } => {
             use crate::vfio_dev::VfioTarget;
             use crate::vmm::{BootOptions, Target};
@@ -574,7 +580,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 read_bar,
                 backend,
             };
-            match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, out) {
+            match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
                 Ok(status) => Ok(status),
                 Err(e) if e.is_usage() => {
                     eprintln!("gpupass: {e}");

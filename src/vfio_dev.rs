@@ -368,6 +368,10 @@ vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_RESET, 0x3b, 100 + 11);
 impl VfioSession {
     /// `VFIO_DEVICE_FLAGS_RESET` of `VFIO_DEVICE_GET_INFO`: the device can be reset
     /// (vfio-ioctls keeps the flags private and its `reset()` drops the result).
+    pub fn irqs(&self) -> VfioIrqs {
+        VfioIrqs(self.device.clone())
+    }
+
     pub fn can_reset(&self) -> bool {
         let mut info = vfio_device_info {
             argsz: std::mem::size_of::<vfio_device_info>() as u32,
@@ -522,6 +526,43 @@ fn read_config(c: &VfioConfig, offset: u16) -> u32 {
 }
 
 /// Config space through the VFIO config region (vfio-pci virtualizes parts of it itself).
+/// The device's interrupts through `VFIO_DEVICE_SET_IRQS` ([`crate::vmm::irq`]).
+pub struct VfioIrqs(Arc<VfioDevice>);
+
+/// vfio-ioctls' error with the errno the failed ioctl left (its error types drop it).
+fn irq_err(e: vfio_ioctls::VfioError) -> String {
+    let os = std::io::Error::last_os_error();
+    format!("{e} ({os})")
+}
+
+impl crate::vmm::irq::DeviceIrqs for VfioIrqs {
+    fn count(&self, index: u32) -> u32 {
+        self.0.get_irq_info(index).map_or(0, |i| i.count)
+    }
+
+    fn set(&mut self, index: u32, fds: &[&vmm_sys_util::eventfd::EventFd]) -> Result<(), String> {
+        if fds.is_empty() {
+            self.0.disable_irq(index).map_err(irq_err)
+        } else {
+            self.0.enable_irq(index, fds.to_vec()).map_err(irq_err)
+        }
+    }
+
+    fn set_unmask(&mut self, fd: &vmm_sys_util::eventfd::EventFd) -> Result<(), String> {
+        self.0
+            .set_irq_resample_fd(crate::vmm::irq::INDEX_INTX, vec![fd])
+            .map_err(irq_err)
+    }
+
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+        self.0.trigger_irq(index, vector).map_err(irq_err)
+    }
+
+    fn trigger_name(&self) -> &'static str {
+        "vfio-trigger"
+    }
+}
+
 struct VfioConfig(Arc<VfioDevice>);
 
 impl ConfigBackend for VfioConfig {

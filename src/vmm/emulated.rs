@@ -3,7 +3,9 @@
 //! VFIO:
 //!
 //! - IDs 1234:1111, class 030000 (VGA), revision 2, subsystem 1af4:1100; one
-//!   vendor-specific capability (id 0x09) so the capability walk has something to find.
+//!   vendor-specific capability (id 0x09) so the capability walk has something to find, and an
+//!   MSI capability (gpupass's own: one vector, raised by gpupass on the firmware's request, so
+//!   the irqchip, routing and irqfd path is exercised without VFIO).
 //! - BAR0: 16 MiB prefetchable "framebuffer", plain memory mapped as a KVM slot (the
 //!   equivalent of an mmappable VFIO BAR: guest reads cause no VM exit). Its first dword is
 //!   [`FRAMEBUFFER_MARKER`].
@@ -40,7 +42,10 @@ pub fn config() -> StaticConfig {
     c.put(0x2e, &0x1100u16.to_le_bytes());
     c.bytes[0x06] = 0x10; // status: capability list
     c.bytes[0x34] = 0x40;
-    c.put(0x40, &[0x09, 0x00, 0x08, b'g', b'p', b'u', b'p', b's']);
+    c.put(0x40, &[0x09, 0x50, 0x08, b'g', b'p', b'u', b'p', b's']);
+    // MSI, 32-bit address, one vector, no masking: gpupass raises it itself
+    // (irq::EmulatedIrqs), so the interrupt path runs without VFIO.
+    c.put(0x50, &[0x05, 0x00, 0x00, 0x00]);
     c
 }
 

@@ -102,12 +102,16 @@ pub struct BootInfo {
     /// Seeds the firmware's DMA test pattern (a new one per run, so a device buffer left
     /// over from an earlier run cannot pass for this run's copy).
     pub dma_seed: u32,
+    /// `IRQ_F_*`: the interrupts the VMM delivers ([`super::irq`]).
+    pub irq_flags: u32,
+    /// MSI-X table entries VFIO offers (0: none).
+    pub msix_entries: u32,
 }
 
 impl BootInfo {
     pub fn to_bytes(self) -> [u8; BOOT_INFO_LEN] {
         let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
-        let fields: [(&str, u64); 14] = [
+        let fields: [(&str, u64); 16] = [
             ("magic", BOOT_MAGIC.into()),
             ("version", BOOT_VERSION.into()),
             ("ram_size", self.ram_size.into()),
@@ -121,6 +125,8 @@ impl BootInfo {
             ("mmio64_base", base),
             ("mmio64_limit", limit),
             ("dma_seed", self.dma_seed.into()),
+            ("irq_flags", self.irq_flags.into()),
+            ("msix_entries", self.msix_entries.into()),
             ("reserved", 0),
         ];
         let mut out = [0u8; BOOT_INFO_LEN];
@@ -236,6 +242,8 @@ mod tests {
             loop_bar: 0xff,
             phys_bits: 40,
             dma_seed: 0x1234_5678,
+            irq_flags: 0xb,
+            msix_entries: 5,
         };
         load(&mem, &[0xfa, 0xfc], info).unwrap();
         let mut b = [0u8; 2];
@@ -252,6 +260,9 @@ mod tests {
         assert_eq!((base, limit), (1 << 32, (1 << 40) - 1));
         let seed: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 56)).unwrap();
         assert_eq!(seed, 0x1234_5678);
+        let flags: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 60)).unwrap();
+        let entries: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 64)).unwrap();
+        assert_eq!((flags, entries), (0xb, 5));
         assert!(matches!(
             load(&mem, &vec![0; FIRMWARE_MAX as usize + 1], info),
             Err(VmmError::FirmwareSize { .. })

@@ -14,6 +14,7 @@ pub mod bars;
 pub mod dma;
 pub mod emulated;
 pub mod floor;
+pub mod irq;
 pub mod kmsg;
 pub mod kvmstats;
 pub mod memory;
@@ -25,6 +26,7 @@ pub mod report;
 pub mod reset;
 pub mod serial;
 pub mod vcpu;
+pub mod verdict;
 
 use crate::host::HostRoot;
 use crate::model::Inventory;
@@ -193,6 +195,8 @@ pub struct Timing {
 #[derive(Debug, Clone, Serialize)]
 pub struct BootReport {
     pub device: String,
+    /// Vendor:device IDs the VMM presents at 00:01.0 (read from the device's config space).
+    pub presented_ids: String,
     /// The firmware's exit status (also gpupass's).
     pub status: u8,
     pub memory: u64,
@@ -212,6 +216,10 @@ pub struct BootReport {
     pub kernel_faults: Option<kmsg::KernelFaults>,
     /// `VFIO_DEVICE_RESET` before and after the run (none for --emulated).
     pub reset: Option<reset::ResetReport>,
+    /// The interrupt layer: irqchip, what the device offers, what was enabled, failures.
+    pub irq: irq::IrqReport,
+    /// KVM's counters over the firmware's interrupt tests (`irq_injections`, `halt_wakeup`).
+    pub irq_kvm: Option<kvmstats::KvmCounts>,
     pub kvm_vfio_device: bool,
     /// The VFIO backend the device was opened through (`legacy` or `iommufd`; none for
     /// --emulated) and the nodes it opened.
@@ -334,20 +342,19 @@ pub fn boot(
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("get supported CPUID"))?;
     let phys_bits = cpu_phys_bits(cpuid.as_slice());
-    memory::load(
-        &mem,
-        &firmware,
-        memory::BootInfo {
-            ram_size: opts.memory as u32,
-            loop_count: opts.read_loop,
-            loop_bar: opts.read_bar.map_or(protocol::LOOP_BAR_AUTO, u32::from),
-            phys_bits,
-            dma_seed: dma_seed(),
-        },
-    )?;
     let ram = memory::regions(&mem)?;
 
     let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
+    // The in-kernel irqchip (LAPIC, IOAPIC, PIC) before any vCPU; device interrupts reach
+    // it through irqfds (irq.rs).
+    let irqchip = if !kvm.check_extension(kvm_ioctls::Cap::Irqfd) {
+        Err("KVM lacks KVM_CAP_IRQFD".to_string())
+    } else if !kvm.check_extension(kvm_ioctls::Cap::IrqRouting) {
+        Err("KVM lacks KVM_CAP_IRQ_ROUTING".to_string())
+    } else {
+        vm.create_irq_chip()
+            .map_err(|e| format!("KVM_CREATE_IRQCHIP failed: {e}"))
+    };
     for (i, r) in ram.iter().enumerate() {
         let region = kvm_userspace_memory_region {
             slot: i as u32,
@@ -415,6 +422,65 @@ pub fn boot(
         })),
     );
     m.kvm_stats = stats;
+    let (pin, msi_capability, msix_capability, presented_ids) = match m.bus.function(vcpu::DEVICE_SLOT) {
+        Some(f) => {
+            let id = f.read(0, 4);
+            (
+                f.interrupt_pin(),
+                f.msi_cap().is_some(),
+                f.msix().is_some(),
+                format!("{:04x}:{:04x}", id & 0xffff, id >> 16),
+            )
+        }
+        None => (0, false, false, String::new()),
+    };
+    let irq_unavailable = match irqchip {
+        Ok(()) => {
+            let f = m.bus.function(vcpu::DEVICE_SLOT);
+            let pin = f.map_or(0, |f| f.interrupt_pin());
+            let msix = f.and_then(|f| f.msix());
+            let dev: Box<dyn irq::DeviceIrqs> = match &session {
+                Some(s) => Box::new(s.irqs()),
+                None => Box::new(irq::EmulatedIrqs::default()),
+            };
+            let kvm_side = irq::KvmRouting {
+                vm: &vm,
+                skip_irqfd: irq::skip_irqfd(),
+            };
+            m.irq = Some(irq::Interrupts::new(Box::new(kvm_side), dev, pin, msix));
+            None
+        }
+        Err(why) => Some(irq::Interrupts::unavailable(why)),
+    };
+    let (irq_flags, msix_entries) = match &m.irq {
+        Some(i) => {
+            let mut f = protocol::IRQ_F_IRQCHIP;
+            for (index, flag) in [
+                (irq::INDEX_INTX, protocol::IRQ_F_INTX),
+                (irq::INDEX_MSI, protocol::IRQ_F_MSI),
+                (irq::INDEX_MSIX, protocol::IRQ_F_MSIX),
+            ] {
+                if i.offers(index) {
+                    f |= flag;
+                }
+            }
+            (f, i.msix_entries())
+        }
+        None => (0, 0),
+    };
+    memory::load(
+        &mem,
+        &firmware,
+        memory::BootInfo {
+            ram_size: opts.memory as u32,
+            loop_count: opts.read_loop,
+            loop_bar: opts.read_bar.map_or(protocol::LOOP_BAR_AUTO, u32::from),
+            phys_bits,
+            dma_seed: dma_seed(),
+            irq_flags,
+            msix_entries,
+        },
+    )?;
     // The kernel log from here on: the IOMMU's fault lines for the run (VFIO targets).
     let kmsg_cursor = resolved
         .as_ref()
@@ -431,6 +497,14 @@ pub fn boot(
     let dma_nanos = m.mark_window(vcpu::MARK_DMA_BEGIN, vcpu::MARK_DMA_END);
     let iso_nanos = m.mark_window(vcpu::MARK_ISO_BEGIN, vcpu::MARK_ISO_END);
     m.teardown();
+    let mut irq_report = match m.irq.take() {
+        Some(i) => i.report,
+        None => irq_unavailable.unwrap_or_default(),
+    };
+    irq_report.pin = pin;
+    irq_report.msi_capability = msi_capability;
+    irq_report.msix_capability = msix_capability;
+    let irq_kvm = m.irq_kvm.take();
     let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
     drop(rest.keep);
     // Reset again once the BARs are unmapped (the guest's state must not reach the next user),
@@ -469,6 +543,7 @@ pub fn boot(
         .collect();
     Ok(BootReport {
         device: rest.name,
+        presented_ids,
         status,
         memory: opts.memory,
         guest_phys_bits: phys_bits,
@@ -479,6 +554,8 @@ pub fn boot(
         isolation,
         kernel_faults,
         reset,
+        irq: irq_report,
+        irq_kvm,
         kvm_vfio_device,
         backend: resolved.as_ref().map(|r| r.backend),
         vfio_nodes: resolved.as_ref().map(|r| r.nodes()).unwrap_or_default(),

@@ -15,8 +15,11 @@
 //! The BAR registers (and the ROM BAR, presented as absent) are emulated here for every
 //! function: the guest may size them and move them anywhere. Everything else is read from the
 //! [`ConfigBackend`] (the VFIO config region for a real device), so vendor/device IDs, the
-//! class and the capability list pass through; writes go to the backend too, except writes
-//! into the MSI/MSI-X capabilities, which are dropped because this VMM delivers no interrupts.
+//! class and the capability list pass through; writes go to the backend too, except those to
+//! the MSI and MSI-X capabilities: their registers are virtualized here (a shadow the guest
+//! reads back, with the writable bits of the specification) and [`super::irq`] turns what the
+//! guest programmed into KVM routes and VFIO interrupt eventfds, as a VMM must (the kernel's
+//! vfio-pci enables MSI only through `VFIO_DEVICE_SET_IRQS`, never through config writes).
 //! The multifunction bit of the header type is cleared: the guest sees one function per slot.
 
 /// Raw configuration space of one function: the VFIO config region, an emulated device, or the
@@ -121,6 +124,46 @@ fn read_raw(backend: &dyn ConfigBackend, offset: u16, len: usize) -> u32 {
     u32::from_le_bytes(b)
 }
 
+/// Where an MSI capability is and what it can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsiCap {
+    pub offset: u16,
+    /// 64-bit message address (control bit 7).
+    pub is64: bool,
+    /// Per-vector masking (control bit 8).
+    pub maskable: bool,
+}
+
+impl MsiCap {
+    fn data_offset(&self) -> u16 {
+        self.offset + if self.is64 { 12 } else { 8 }
+    }
+    fn mask_offset(&self) -> u16 {
+        self.data_offset() + 4
+    }
+    /// Bytes of the capability.
+    pub fn len(&self) -> u16 {
+        10 + if self.is64 { 4 } else { 0 } + if self.maskable { 10 } else { 0 }
+    }
+}
+
+/// What the guest programmed into the MSI capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsiConfig {
+    pub enabled: bool,
+    pub address: u64,
+    pub data: u32,
+    /// Vector 0 masked (per-vector masking only).
+    pub masked: bool,
+}
+
+/// The MSI-X capability's control bits as the guest set them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsixControl {
+    pub enabled: bool,
+    pub function_masked: bool,
+}
+
 /// What the capability list holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Capabilities {
@@ -128,6 +171,9 @@ pub struct Capabilities {
     pub list: Vec<(u8, u16)>,
     /// Config ranges `[start, end)` of the MSI and MSI-X capabilities.
     pub blocked: Vec<(u16, u16)>,
+    pub msi: Option<MsiCap>,
+    /// Offset of the MSI-X capability.
+    pub msix_offset: Option<u16>,
     pub msix: Option<MsixInfo>,
 }
 
@@ -144,16 +190,18 @@ pub fn walk_capabilities(backend: &dyn ConfigBackend) -> Capabilities {
         let next = (rd(ptr + 1, 1) & 0xfc) as u16;
         out.list.push((id, ptr));
         match id {
-            CAP_MSI => {
+            CAP_MSI if out.msi.is_none() => {
                 // Control bit 7: 64-bit address; bit 8: per-vector masking.
                 let ctl = rd(ptr + 2, 2);
-                let mut len = 10 + if ctl & 0x80 != 0 { 4 } else { 0 };
-                if ctl & 0x100 != 0 {
-                    len += 10;
-                }
-                out.blocked.push((ptr, ptr + len));
+                let cap = MsiCap {
+                    offset: ptr,
+                    is64: ctl & 0x80 != 0,
+                    maskable: ctl & 0x100 != 0,
+                };
+                out.blocked.push((ptr, (ptr + cap.len()).min(0x100)));
+                out.msi = Some(cap);
             }
-            CAP_MSIX => {
+            CAP_MSIX if out.msix.is_none() => {
                 let ctl = rd(ptr + 2, 2);
                 let table = rd(ptr + 4, 4);
                 let pba = rd(ptr + 8, 4);
@@ -166,7 +214,8 @@ pub fn walk_capabilities(backend: &dyn ConfigBackend) -> Capabilities {
                     pba_offset: u64::from(pba & !7),
                     pba_size: entries.div_ceil(64) * 8,
                 });
-                out.blocked.push((ptr, ptr + 12));
+                out.blocked.push((ptr, (ptr + 12).min(0x100)));
+                out.msix_offset = Some(ptr);
             }
             _ => {}
         }
@@ -181,9 +230,16 @@ pub struct VirtFunction {
     bars: [Option<BarSpec>; 6],
     /// Emulated BAR registers (address bits only; type bits are added on read).
     regs: [u32; 6],
-    /// Config ranges `[start, end)` whose writes are dropped (MSI / MSI-X capabilities).
-    blocked: Vec<(u16, u16)>,
+    /// Config ranges `[start, end)` virtualized here (MSI / MSI-X capabilities): reads come
+    /// from `shadow`, writes change its `writable` bits and never reach the backend.
+    virtualized: Vec<(u16, u16)>,
+    shadow: Box<[u8; 256]>,
+    writable: Box<[u8; 256]>,
+    /// A guest write changed the shadow since [`take_irq_dirty`](Self::take_irq_dirty).
+    irq_dirty: bool,
     caps: Vec<(u8, u16)>,
+    msi: Option<MsiCap>,
+    msix_offset: Option<u16>,
     msix: Option<MsixInfo>,
 }
 
@@ -200,14 +256,112 @@ impl VirtFunction {
             }
         }
         let caps = walk_capabilities(backend.as_ref());
+        let mut shadow = Box::new([0u8; 256]);
+        let mut writable = Box::new([0u8; 256]);
+        for &(start, end) in &caps.blocked {
+            for o in start..end {
+                shadow[o as usize] = read_raw(backend.as_ref(), o, 1) as u8;
+            }
+        }
+        let mut set = |at: u16, mask: &[u8]| {
+            for (i, m) in mask.iter().enumerate() {
+                if let Some(w) = writable.get_mut(at as usize + i) {
+                    *w = *m;
+                }
+            }
+        };
+        if let Some(m) = caps.msi {
+            // Enable only: Multiple Message Enable stays 0 (one vector).
+            set(m.offset + 2, &[0x01, 0x00]);
+            set(m.offset + 4, &[0xfc, 0xff, 0xff, 0xff]);
+            if m.is64 {
+                set(m.offset + 8, &[0xff; 4]);
+            }
+            set(m.data_offset(), &[0xff, 0xff]);
+            if m.maskable {
+                set(m.mask_offset(), &[0x01, 0, 0, 0]);
+            }
+        }
+        if let Some(off) = caps.msix_offset {
+            // Enable (bit 15) and Function Mask (bit 14).
+            set(off + 3, &[0xc0]);
+        }
+        // Out of reset: MSI and MSI-X disabled, whatever the backend last held.
+        if let Some(m) = caps.msi {
+            shadow[m.offset as usize + 2] &= !0x71;
+        }
+        if let Some(off) = caps.msix_offset {
+            shadow[off as usize + 3] &= !0xc0;
+        }
         VirtFunction {
             backend,
             bars: slots,
             regs: [0; 6],
-            blocked: caps.blocked,
+            virtualized: caps.blocked,
+            shadow,
+            writable,
+            irq_dirty: false,
             caps: caps.list,
+            msi: caps.msi,
+            msix_offset: caps.msix_offset,
             msix: caps.msix,
         }
+    }
+
+    fn is_virtualized(&self, offset: u16) -> bool {
+        self.virtualized.iter().any(|&(s, e)| (s..e).contains(&offset))
+    }
+
+    fn shadow_u32(&self, offset: u16) -> u32 {
+        let o = offset as usize;
+        let mut b = [0u8; 4];
+        for (i, v) in b.iter_mut().enumerate() {
+            *v = self.shadow.get(o + i).copied().unwrap_or(0);
+        }
+        u32::from_le_bytes(b)
+    }
+
+    /// The MSI capability, where the device has one.
+    pub fn msi_cap(&self) -> Option<MsiCap> {
+        self.msi
+    }
+
+    /// What the guest programmed into the MSI capability.
+    pub fn msi_config(&self) -> Option<MsiConfig> {
+        let m = self.msi?;
+        let ctl = self.shadow_u32(m.offset + 2) & 0xffff;
+        let lo = u64::from(self.shadow_u32(m.offset + 4));
+        let hi = if m.is64 {
+            u64::from(self.shadow_u32(m.offset + 8))
+        } else {
+            0
+        };
+        Some(MsiConfig {
+            enabled: ctl & 1 != 0,
+            address: (hi << 32) | lo,
+            data: self.shadow_u32(m.data_offset()) & 0xffff,
+            masked: m.maskable && self.shadow_u32(m.mask_offset()) & 1 != 0,
+        })
+    }
+
+    /// The MSI-X control bits as the guest set them.
+    pub fn msix_control(&self) -> Option<MsixControl> {
+        let off = self.msix_offset?;
+        let ctl = self.shadow_u32(off + 2) & 0xffff;
+        Some(MsixControl {
+            enabled: ctl & 0x8000 != 0,
+            function_masked: ctl & 0x4000 != 0,
+        })
+    }
+
+    /// Whether a guest write changed the MSI / MSI-X registers since the last call.
+    pub fn take_irq_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.irq_dirty)
+    }
+
+    /// The interrupt pin register (0: none, 1-4: INTA-INTD), as the device reports it.
+    pub fn interrupt_pin(&self) -> u8 {
+        self.raw_read(0x3d, 1) as u8
     }
 
     fn raw_read(&self, offset: u16, len: usize) -> u32 {
@@ -261,7 +415,16 @@ impl VirtFunction {
             0x30 => 0,
             // Header type (byte 2 of 0x0c): one function per slot, so no multifunction bit.
             0x0c => self.raw_read(0x0c, 4) & !0x0080_0000,
-            _ => self.raw_read(aligned, 4),
+            _ => {
+                let mut v = self.raw_read(aligned, 4).to_le_bytes();
+                for (i, b) in v.iter_mut().enumerate() {
+                    let o = aligned + i as u16;
+                    if self.is_virtualized(o) {
+                        *b = self.shadow[o as usize];
+                    }
+                }
+                u32::from_le_bytes(v)
+            }
         }
     }
 
@@ -294,16 +457,24 @@ impl VirtFunction {
             }
             0x30 => false,
             _ => {
-                if self
-                    .blocked
-                    .iter()
-                    .any(|&(s, e)| offset < e && offset + len as u16 > s)
-                {
-                    return false;
-                }
                 let bytes = value.to_le_bytes();
-                self.backend.config_write(offset, &bytes[..len]);
-                aligned == 0x04
+                if !(offset..offset + len as u16).any(|o| self.is_virtualized(o)) {
+                    self.backend.config_write(offset, &bytes[..len]);
+                    return aligned == 0x04;
+                }
+                // Byte by byte: the capability's bytes go to the shadow, any others (a write
+                // straddling its edge) to the device.
+                for (i, b) in bytes[..len].iter().enumerate() {
+                    let o = offset + i as u16;
+                    if self.is_virtualized(o) {
+                        let (cur, m) = (self.shadow[o as usize], self.writable[o as usize]);
+                        self.shadow[o as usize] = (cur & !m) | (b & m);
+                        self.irq_dirty = true;
+                    } else {
+                        self.backend.config_write(o, &[*b]);
+                    }
+                }
+                false
             }
         }
     }
@@ -444,6 +615,10 @@ impl PciBus {
 
     pub fn function(&self, device: u8) -> Option<&VirtFunction> {
         self.slots.iter().find(|(d, _)| *d == device).map(|(_, f)| f)
+    }
+
+    pub fn function_mut(&mut self, device: u8) -> Option<&mut VirtFunction> {
+        self.slots.iter_mut().find(|(d, _)| *d == device).map(|(_, f)| f)
     }
 
     /// Whether `port` belongs to the configuration mechanism.
@@ -635,8 +810,10 @@ mod tests {
         assert_eq!(chain, vec![(0x09, 0x40), (CAP_MSI, 0x50), (CAP_MSIX, 0x70)]);
         assert_eq!(f.capabilities(), &chain[..]);
         assert_eq!(f.read(0x42, 2), 0xaa08, "capability bodies read through");
+        assert!(!f.take_irq_dirty());
         f.write(0x52, 1, 0x01);
-        assert_eq!(f.read(0x52, 1), 0x80, "MSI enable is not forwarded");
+        assert_eq!(f.read(0x52, 1), 0x81, "MSI enable is virtualized: it reads back");
+        assert!(f.take_irq_dirty());
         let m = f.msix().unwrap();
         assert_eq!((m.table_bar, m.table_offset, m.table_size), (2, 0x2000, 64));
         assert_eq!((m.pba_bar, m.pba_offset, m.pba_size), (2, 0x3000, 8));

@@ -26,10 +26,10 @@ interface! {
     FW_BOOT_INFO: u64 = 0x500;
     /// Boot-info magic, "GPBI".
     FW_BOOT_MAGIC: u32 = 0x4942_5047;
-    /// Boot-info version: 3 adds the DMA seed (2: the 64-bit window).
-    FW_BOOT_VERSION: u32 = 3;
+    /// Boot-info version: 4 adds the interrupt fields (3: the DMA seed; 2: the 64-bit window).
+    FW_BOOT_VERSION: u32 = 4;
     /// Bytes of struct boot_info.
-    FW_BOOT_INFO_LEN: usize = 64;
+    FW_BOOT_INFO_LEN: usize = 72;
     /// Flat binary load and entry address (real mode, CS:IP 0:0x1000).
     FW_LOAD: u64 = 0x1000;
     /// End of the firmware image area (an image may be 508 KiB).
@@ -86,6 +86,48 @@ interface! {
     MARK_ISO_END: u32 = 6;
     /// Boot info loop_bar: let the firmware pick the BAR.
     LOOP_BAR_AUTO: u32 = 0xff;
+    /// out32: raise interrupt `(index << 16) | vector` the way the VMM can (VFIO's software
+    /// trigger, or the emulated device): for a device gpupass cannot make fire itself.
+    PORT_IRQ: u16 = 0x503;
+    /// Mark: the interrupt tests begin (KVM's counters are read here).
+    MARK_IRQ_BEGIN: u32 = 7;
+    /// Mark: the interrupt tests end.
+    MARK_IRQ_END: u32 = 8;
+    /// Boot info irq_flags: an in-kernel irqchip (LAPIC, IOAPIC) is present.
+    IRQ_F_IRQCHIP: u32 = 1;
+    /// Boot info irq_flags: INTx is routed (IOAPIC pin INTX_GSI, level, resampled).
+    IRQ_F_INTX: u32 = 2;
+    /// Boot info irq_flags: the VMM virtualizes the MSI capability.
+    IRQ_F_MSI: u32 = 4;
+    /// Boot info irq_flags: the VMM virtualizes the MSI-X capability and table.
+    IRQ_F_MSIX: u32 = 8;
+    /// The IOAPIC pin (and GSI) the device's INTx is wired to.
+    INTX_GSI: u32 = 10;
+    /// The first GSI the VMM routes MSI / MSI-X messages from (above the IOAPIC's 24 pins).
+    MSI_GSI_BASE: u32 = 24;
+    /// VFIO's interrupt indexes, as PORT_IRQ takes them: INTx.
+    IRQ_INDEX_INTX: u32 = 0;
+    /// VFIO interrupt index: MSI.
+    IRQ_INDEX_MSI: u32 = 1;
+    /// VFIO interrupt index: MSI-X.
+    IRQ_INDEX_MSIX: u32 = 2;
+    /// Vector of the LAPIC timer that bounds each wait for an interrupt.
+    VEC_TIMER: u32 = 0x30;
+    /// Vector the IOAPIC delivers INTx on.
+    VEC_INTX: u32 = 0x40;
+    /// Vector of the MSI message.
+    VEC_MSI: u32 = 0x50;
+    /// Vector of MSI-X table entry 0 (entry i: VEC_MSIX + i).
+    VEC_MSIX: u32 = 0x60;
+    /// MSI-X entries the firmware tests (the first ones of the table).
+    MSIX_TESTED_MAX: u32 = 16;
+    /// Local APIC base (xAPIC MMIO), also the MSI address for APIC ID 0.
+    LAPIC_BASE: u64 = 0xFEE0_0000;
+    /// IOAPIC base (IOREGSEL; IOWIN at +0x10).
+    IOAPIC_BASE: u64 = 0xFEC0_0000;
+    /// LAPIC timer ticks (KVM: 1 ns each at divide-by-1) before a wait for an interrupt
+    /// gives up.
+    IRQ_WAIT_TICKS: u32 = 500_000_000;
 }
 
 // The layout fits together (checked at compile time, in the crate and in build.rs).
@@ -99,6 +141,11 @@ const _: () = {
         "the stack has room above the buffers"
     );
     assert!(FW_PT_END <= 1 << 20, "page tables below the smallest --memory");
+    assert!(
+        VEC_MSIX + MSIX_TESTED_MAX <= 0x70,
+        "MSI-X vectors below the firmware's last stub"
+    );
+    assert!(VEC_TIMER >= 0x20, "interrupt vectors above the exceptions");
     assert!(
         FW_BOOT_INFO + FW_BOOT_INFO_LEN as u64 <= FW_LOAD,
         "boot info below the image"
@@ -133,6 +180,12 @@ pub const BOOT_INFO_FIELDS: &[(&str, usize, &str)] = &[
         4,
         "v3: seeds the DMA test pattern (a new one per run)",
     ),
+    (
+        "irq_flags",
+        4,
+        "v4: IRQ_F_* - what the VMM delivers (0: no interrupt tests)",
+    ),
+    ("msix_entries", 4, "v4: MSI-X entries VFIO offers (0: none)"),
     ("reserved", 4, "0"),
 ];
 
@@ -197,6 +250,8 @@ mod tests {
         assert_eq!(boot_info_offset("phys_bits"), Some(36));
         assert_eq!(boot_info_offset("mmio64_base"), Some(40));
         assert_eq!(boot_info_offset("dma_seed"), Some(56));
+        assert_eq!(boot_info_offset("irq_flags"), Some(60));
+        assert_eq!(boot_info_offset("msix_entries"), Some(64));
         assert_eq!(boot_info_offset("nope"), None);
     }
 

@@ -88,6 +88,21 @@ pub struct FwIso {
     pub skipped: Option<String>,
 }
 
+/// One interrupt kind the firmware tested (or could not).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwIrq {
+    pub device: Option<String>,
+    /// `intx`, `msi` or `msi-x`.
+    pub kind: String,
+    /// Who raised it: `device` (the device itself, made to fire by the firmware) or `host`
+    /// (the VMM on the firmware's request: VFIO's software trigger, or the emulated device).
+    pub via: Option<String>,
+    pub expected: u32,
+    pub delivered: u32,
+    /// Why it was not tested (`not-offered`, `no-irqchip`...).
+    pub skipped: Option<String>,
+}
+
 /// `ok polls N` / `timeout` at `t[i..]`: the polls and how many tokens were used.
 fn polls(t: &[&str]) -> Option<(Option<u64>, usize)> {
     match t {
@@ -168,6 +183,12 @@ pub struct FirmwareReport {
     pub read_loop: Option<FwLoop>,
     pub dma: Option<FwDma>,
     pub isolation: Option<FwIso>,
+    /// `FW irq` lines, in order.
+    pub irqs: Vec<FwIrq>,
+    /// `FW irq timer N`: LAPIC timer interrupts the firmware took (each a wait that ran out).
+    pub irq_timer: Option<u32>,
+    /// An exception the firmware took (`FW fault vector N`), which ended it.
+    pub fault: Option<String>,
     /// `FW done` seen: the firmware ran to its end.
     pub done: bool,
     pub errors: Vec<String>,
@@ -318,6 +339,47 @@ fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
             }
             None => false,
         },
+        ["irq", "timer", n] => match n.parse() {
+            Ok(n) => {
+                r.irq_timer = Some(n);
+                true
+            }
+            Err(_) => false,
+        },
+        ["irq", "none", why] => {
+            r.irqs.push(FwIrq {
+                skipped: Some(why.to_string()),
+                ..FwIrq::default()
+            });
+            true
+        }
+        ["irq", addr, kind, "none", why] => {
+            r.irqs.push(FwIrq {
+                device: Some(addr.to_string()),
+                kind: kind.to_string(),
+                skipped: Some(why.to_string()),
+                ..FwIrq::default()
+            });
+            true
+        }
+        ["irq", addr, kind, "via", via, "expected", e, "delivered", d] => match (e.parse(), d.parse()) {
+            (Ok(expected), Ok(delivered)) => {
+                r.irqs.push(FwIrq {
+                    device: Some(addr.to_string()),
+                    kind: kind.to_string(),
+                    via: Some(via.to_string()),
+                    expected,
+                    delivered,
+                    skipped: None,
+                });
+                true
+            }
+            _ => false,
+        },
+        ["fault", "vector", v] => {
+            r.fault = Some(v.to_string());
+            true
+        }
         ["done", ..] => {
             r.done = true;
             true
@@ -391,6 +453,34 @@ mod tests {
         assert_eq!(r.unparsed.len(), 1, "a bad dma line is kept");
         let r = parse("FW dma 00:01.0 bytes 4096 match 4096 first-mismatch none\n");
         assert_eq!(r.dma.unwrap().first_mismatch, None);
+    }
+
+    #[test]
+    fn irq_lines() {
+        let r = parse(
+            "FW irq 00:01.0 intx via device expected 1 delivered 1\n\
+             FW irq 00:01.0 msi-x via host expected 5 delivered 3\n\
+             FW irq 00:01.0 msi none not-offered\n\
+             FW irq none no-irqchip\n\
+             FW irq 00:01.0 msi via host expected x delivered 1\n\
+             FW irq timer 2\n\
+             FW fault vector 0xd\n",
+        );
+        assert_eq!(r.unparsed.len(), 1, "{:?}", r.unparsed);
+        assert_eq!(r.irqs.len(), 4);
+        assert_eq!(
+            (
+                r.irqs[0].kind.as_str(),
+                r.irqs[0].via.as_deref(),
+                r.irqs[0].delivered
+            ),
+            ("intx", Some("device"), 1)
+        );
+        assert_eq!((r.irqs[1].expected, r.irqs[1].delivered), (5, 3));
+        assert_eq!(r.irqs[2].skipped.as_deref(), Some("not-offered"));
+        assert_eq!(r.irqs[3].device, None);
+        assert_eq!(r.fault.as_deref(), Some("0xd"));
+        assert_eq!(r.irq_timer, Some(2));
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! - 0x3F8-0x3FF COM1 (output to gpupass's stdout)
 //! - 0x501 exit: an 8-bit write ends the VM; the byte is gpupass's exit status
 //! - 0x502 mark: a 32-bit write of 1 / 2 brackets the firmware's read loop, whose exits
-//!   are reported apart; 3 / 4 and 5 / 6 bracket its DMA test's transfers (timed)
+//!   are reported apart; 3 / 4 and 5 / 6 bracket its DMA test's transfers (timed); 7 / 8 its
+//!   interrupt tests (KVM's counters are read at both)
+//! - 0x503 irq: a 32-bit write of `(index << 16) | vector` asks for that interrupt to be
+//!   raised from the host side ([`super::irq::Interrupts::request`])
 //! - 0xCF8-0xCFF PCI configuration mechanism #1
 //! - I/O BAR windows the guest assigned; anything else reads all-ones and ignores writes.
 
@@ -22,8 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use super::protocol::{
-    MARK_DMA_BEGIN, MARK_DMA_END, MARK_ISO_BEGIN, MARK_ISO_END, MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT,
-    PORT_MARK,
+    MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQ_BEGIN, MARK_IRQ_END, MARK_ISO_BEGIN, MARK_ISO_END,
+    MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_MARK,
 };
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
 pub const DEVICE_SLOT: u8 = 1;
@@ -158,6 +161,11 @@ pub struct Machine<'a> {
     pub marks: Vec<(u32, Instant)>,
     /// KVM's statistics of the vCPU, where the kernel offers them.
     pub kvm_stats: Option<super::kvmstats::StatsReader>,
+    /// The device's interrupts (none without an in-kernel irqchip).
+    pub irq: Option<super::irq::Interrupts<'a>>,
+    irq_begin: Option<super::kvmstats::Snapshot>,
+    /// KVM's counters over the firmware's interrupt tests (marks 7 to 8).
+    pub irq_kvm: Option<super::kvmstats::KvmCounts>,
 }
 
 impl<'a> Machine<'a> {
@@ -195,6 +203,23 @@ impl<'a> Machine<'a> {
             loop_window: None,
             marks: Vec::new(),
             kvm_stats: None,
+            irq: None,
+            irq_begin: None,
+            irq_kvm: None,
+        }
+    }
+
+    /// Hand the guest's MSI / MSI-X programming to the interrupt layer when it changed.
+    fn irq_sync(&mut self) {
+        let Some(f) = self.bus.function_mut(DEVICE_SLOT) else {
+            return;
+        };
+        if !f.take_irq_dirty() {
+            return;
+        }
+        let (msi, msix) = (f.msi_config(), f.msix_control());
+        if let Some(irq) = self.irq.as_mut() {
+            irq.sync(msi, msix);
         }
     }
 
@@ -231,12 +256,28 @@ impl<'a> Machine<'a> {
             if let Some(dev) = self.bus.io_write(port, data) {
                 self.decode_changed(dev)?;
             }
+            self.irq_sync();
         } else if port == PORT_EXIT {
             self.exits.count("io-exit");
             return Ok(Flow::Exit(data.first().copied().unwrap_or(0)));
+        } else if port == PORT_IRQ {
+            self.exits.count("io-irq");
+            if let Some(irq) = self.irq.as_mut() {
+                irq.request(value);
+            }
         } else if port == PORT_MARK {
             self.marks.push((value, Instant::now()));
             match value {
+                MARK_IRQ_BEGIN => {
+                    self.exits.count("io-mark");
+                    self.irq_begin = self.kvm_stats.as_ref().map(|k| k.read());
+                }
+                MARK_IRQ_END => {
+                    if let (Some(k), Some(b)) = (&self.kvm_stats, self.irq_begin.take()) {
+                        self.irq_kvm = Some(super::kvmstats::delta(&b, &k.read()));
+                    }
+                    self.exits.count("io-mark");
+                }
                 MARK_LOOP_BEGIN => {
                     self.exits.count("io-mark");
                     let kvm = self.kvm_stats.as_ref().map(|k| k.read());
@@ -294,7 +335,10 @@ impl<'a> Machine<'a> {
             }
             Some(Hit::Msix { bar, offset }) => {
                 self.exits.count("mmio-msix");
-                self.regions.read(bar, offset, data);
+                let virtualized = self.irq.as_ref().is_some_and(|i| i.table_read(bar, offset, data));
+                if !virtualized {
+                    self.regions.read(bar, offset, data);
+                }
             }
             None => {
                 self.exits.count("mmio-unclaimed");
@@ -311,14 +355,29 @@ impl<'a> Machine<'a> {
             }
             Some(Hit::Msix { bar, offset }) => {
                 self.exits.count("mmio-msix");
-                self.regions.write(bar, offset, data);
+                let f = self.bus.function(DEVICE_SLOT);
+                let (msi, msix) = (f.and_then(|f| f.msi_config()), f.and_then(|f| f.msix_control()));
+                let mut handled = false;
+                if let Some(i) = self.irq.as_mut() {
+                    handled = i.table_write(bar, offset, data);
+                    if handled {
+                        i.sync(msi, msix);
+                    }
+                }
+                if !handled {
+                    self.regions.write(bar, offset, data);
+                }
             }
             None => self.exits.count("mmio-unclaimed"),
         }
     }
 
-    /// Remove the BAR slots (before the device's mappings go away).
+    /// Take the interrupt eventfds back and remove the BAR slots (before the device's
+    /// mappings go away and it is reset).
     pub fn teardown(&mut self) {
+        if let Some(irq) = self.irq.as_mut() {
+            irq.shutdown();
+        }
         self.mapper.unmap_all(self.slots.as_mut());
         self.serial.flush();
     }

@@ -1,0 +1,121 @@
+# lab-about: gpupass boot --check, the passthrough self-test, on edu (DMA, isolation, MSI, INTx), e1000e (MSI-X), the 16 GiB BAR, bochs-display and an mbochs mdev, on both VFIO backends where the kernel has iommufd; failing cases (unmapped DMA, unrouted interrupts). The guest only runs commands and ships the JSON reports with each device's config space and reset_method; tests/lab.rs judges the verdicts against them
+# lab-needs: gpupass
+# lab-timeout: 420
+# lab-steps: dev-kvm
+# lab-steps: edu-bind edu-facts edu-check edu-text edu-nomap-fails edu-noirq-fails edu-backends edu-unbind edu-restored
+# lab-steps: nic-bind nic-facts nic-check nic-unbind nic-restored
+# lab-steps: big-bind big-facts big-check big-unbind big-restored
+# lab-steps: vga-bind vga-facts vga-check vga-unbind vga-restored
+# lab-steps: mdev-create mdev-check mdev-removed
+#
+# Each device: `gpupass bind`, its config space and reset_method shipped as NAME.config and
+# NAME.reset_method (what the device really has, read by tests/lab.rs without gpupass),
+# `gpupass boot --check --json` shipped as NAME.json (exit status 0 expected: no verdict
+# fails), `gpupass unbind` back to the driver it had.
+
+T=120 # --timeout: nested KVM under TCG is slow
+
+lab_check dev-kvm test -c /dev/kvm
+
+# facts NAME BDF: ship what the device has, read from sysfs, not from gpupass.
+facts() {
+  cp "/sys/bus/pci/devices/$2/config" "$1.config" 2>"$1.facts.err"
+  cat "/sys/bus/pci/devices/$2/reset_method" > "$1.reset_method" 2>/dev/null || : > "$1.reset_method"
+  if lab_file "$1.config" "$1.config" && lab_file "$1.reset_method" "$1.reset_method"; then
+    lab_pass "$1-facts" "$(wc -c < "$1.config") config bytes, reset_method '$(cat "$1.reset_method")'"
+  else
+    lab_fail "$1-facts" "$(cat "$1.facts.err")"
+  fi
+}
+
+# check NAME ARGS...: boot --check --json; exit status 0 and the report shipped.
+check() {
+  _n=$1; shift
+  gpupass boot --check --json --timeout $T "$@" > "$_n.json" 2> "$_n.err"
+  _rc=$?
+  lab_file "$_n.json" "$_n.json"
+  if [ $_rc -eq 0 ]; then
+    lab_pass "$_n-check" "$(grep -c '"result"' "$_n.json") verdicts, none fails"
+  else
+    lab_fail "$_n-check" "rc=$_rc $(grep -A2 '"result": "fail"' "$_n.json" | tr '\n' ' ') $(head -3 "$_n.err")"
+  fi
+}
+
+# fails STEP NAME ENV ARGS...: with the env knob set the check must exit 1 (a verdict fails).
+fails() {
+  _s=$1 _n=$2 _e=$3; shift 3
+  env "$_e" gpupass boot --check --json --timeout $T "$@" > "$_n.json" 2> "$_n.err"
+  _rc=$?
+  lab_file "$_n.json" "$_n.json"
+  if [ $_rc -eq 1 ]; then
+    lab_pass "$_s" "$_e: rc=1, $(grep -c '"result": "fail"' "$_n.json") failing verdicts"
+  else
+    lab_fail "$_s" "$_e: rc=$_rc (want 1) $(head -3 "$_n.err")"
+  fi
+}
+
+# device NAME BDF: bind, facts, check, unbind.
+device() {
+  _name=$1 _bdf=$2
+  eval "orig_$_name=\$(lab_driver $_bdf)"
+  lab_run "$_name-bind" "$_name-bind.txt" gpupass bind "$_bdf"
+  facts "$_name" "$_bdf"
+  check "$_name" --device "$_bdf"
+}
+
+undevice() {
+  lab_run "$1-unbind" "$1-unbind.txt" gpupass unbind "$2"
+  eval "lab_expect $1-restored \"\$orig_$1\" \"\$(lab_driver $2)\""
+}
+
+# ---- edu 00:06.0: DMA, isolation, MSI and INTx raised by the device itself
+E=0000:00:06.0
+device edu $E
+gpupass boot --check --timeout $T --device $E > edu.txt 2> edu.txt.err
+lab_file edu.txt edu.txt
+if [ "$(cut -d' ' -f1 edu.txt | tr '\n' ' ')" = "config bars dma isolation msi-x msi intx reset " ]; then
+  lab_pass edu-text "$(tr -s ' ' < edu.txt | cut -d' ' -f1-2 | tr '\n' ',')"
+else
+  lab_fail edu-text "$(tr '\n' '|' < edu.txt) $(head -3 edu.txt.err)"
+fi
+fails edu-nomap-fails edu-nomap GPUPASS_BOOT_NO_DMA_MAP=1 --device $E
+fails edu-noirq-fails edu-noirq GPUPASS_BOOT_NO_IRQFD=1 --device $E
+if [ -e /dev/iommu ]; then
+  gpupass boot --check --json --timeout $T --device $E --backend iommufd > edu-iommufd.json 2> edu-iommufd.err
+  r1=$?
+  gpupass boot --check --json --timeout $T --device $E --backend legacy > edu-legacy.json 2> edu-legacy.err
+  r2=$?
+  lab_file edu-iommufd.json edu-iommufd.json
+  lab_file edu-legacy.json edu-legacy.json
+  if [ $r1 -eq 0 ] && [ $r2 -eq 0 ]; then
+    lab_pass edu-backends "iommufd rc=0, legacy rc=0"
+  else
+    lab_fail edu-backends "iommufd rc=$r1 $(head -2 edu-iommufd.err) legacy rc=$r2 $(head -2 edu-legacy.err)"
+  fi
+else
+  lab_pass edu-backends "no /dev/iommu on this kernel: the legacy container only (edu.json)"
+fi
+undevice edu $E
+
+# ---- e1000e 00:0d.0: MSI-X (5 vectors, raised by the device), MSI and INTx from the host side
+N=0000:00:0d.0
+device nic $N
+undevice nic $N
+
+# ---- ivshmem-plain 00:0c.0: the 16 GiB 64-bit BAR above 4 GiB
+B=0000:00:0c.0
+device big $B
+undevice big $B
+
+# ---- bochs-display 00:03.0: no interrupts, no DMA
+V=0000:00:03.0
+device vga $V
+undevice vga $V
+
+# ---- an mbochs mdev: trapped BAR2, no interrupts, no reset
+U=5a1c0a3e-8f0b-4c4e-9d8f-1b2c3d4e5f60
+t=$(ls -d /sys/class/mdev_bus/*/mdev_supported_types/mbochs-small 2>/dev/null | head -1)
+if [ -n "$t" ] && echo $U > "$t/create"; then lab_pass mdev-create "$U on $(basename "$(dirname "$(dirname "$t")")")"; else lab_fail mdev-create "no mbochs-small type"; fi
+check mdev --mdev $U
+echo 1 > /sys/bus/mdev/devices/$U/remove
+lab_check mdev-removed test ! -e /sys/bus/mdev/devices/$U

@@ -1,0 +1,811 @@
+//! Interrupt delivery for `gpupass boot`: the device's INTx, MSI and MSI-X reach the guest
+//! through KVM's in-kernel irqchip without a trip through gpupass.
+//!
+//! - **INTx**: the device's interrupt eventfd (`VFIO_DEVICE_SET_IRQS`, index INTx) is a KVM
+//!   irqfd on IOAPIC pin [`INTX_GSI`] with a *resample* eventfd: the guest's EOI of the
+//!   level-triggered pin makes KVM lower the line and signal the resample fd, which VFIO takes
+//!   as the unmask (`VFIO_IRQ_SET_ACTION_UNMASK` with an eventfd), so the next assertion
+//!   arrives. This is the path QEMU and cloud-hypervisor use.
+//! - **MSI / MSI-X**: the guest's writes to the MSI capability and to the MSI-X table are
+//!   virtualized (config in [`super::pci`], the table here). When the guest enables one, the
+//!   VFIO eventfds of its vectors are handed to the kernel (INTx is switched off first: vfio-pci
+//!   allows one interrupt type at a time), each vector's message becomes a `KVM_SET_GSI_ROUTING`
+//!   MSI route from GSI [`MSI_GSI_BASE`] on, and each unmasked vector's eventfd is a KVM irqfd on
+//!   its GSI. A masked MSI-X vector (entry or function mask) has its irqfd removed.
+//!
+//! The kernel then delivers device interrupts to the vCPU directly. The syscalls sit behind
+//! two traits ([`KvmIrq`], [`DeviceIrqs`]) so the unit tests run the state machine with fakes.
+
+use super::pci::{MsiConfig, MsixControl, MsixInfo};
+pub use super::protocol::{
+    INTX_GSI, IRQ_INDEX_INTX as INDEX_INTX, IRQ_INDEX_MSI as INDEX_MSI, IRQ_INDEX_MSIX as INDEX_MSIX,
+    MSI_GSI_BASE,
+};
+use serde::Serialize;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// An MSI route: the message of one vector, on its GSI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsiRoute {
+    pub gsi: u32,
+    pub address: u64,
+    pub data: u32,
+}
+
+/// KVM's side: GSI routing and irqfds.
+pub trait KvmIrq {
+    /// `KVM_SET_GSI_ROUTING` with the irqchip's pins and these MSI routes.
+    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String>;
+    /// `KVM_IRQFD`: `fd` injects on `gsi`; with `resample`, as a level-triggered line.
+    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String>;
+    /// `KVM_IRQFD` with `KVM_IRQFD_FLAG_DEASSIGN`.
+    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), String>;
+}
+
+/// The device's side: its interrupt sources (VFIO, or the emulated device).
+pub trait DeviceIrqs {
+    /// Vectors interrupt `index` offers (0: none).
+    fn count(&self, index: u32) -> u32;
+    /// The eventfds the device signals for interrupt `index`; empty: disable it.
+    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String>;
+    /// INTx: the eventfd whose signal unmasks it.
+    fn set_unmask(&mut self, fd: &EventFd) -> Result<(), String>;
+    /// Raise vector `vector` of `index` from the host side (VFIO's software trigger; the
+    /// emulated device's own interrupt).
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String>;
+    /// What [`trigger`](Self::trigger) is, for the report.
+    fn trigger_name(&self) -> &'static str;
+}
+
+/// The interrupt kind of a VFIO index, as reports name it.
+pub fn kind_name(index: u32) -> &'static str {
+    match index {
+        INDEX_INTX => "intx",
+        INDEX_MSI => "msi",
+        INDEX_MSIX => "msi-x",
+        _ => "other",
+    }
+}
+
+struct Vector {
+    fd: EventFd,
+    gsi: u32,
+    attached: bool,
+}
+
+impl Vector {
+    fn new(gsi: u32) -> Result<Vector, String> {
+        let fd = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        Ok(Vector {
+            fd,
+            gsi,
+            attached: false,
+        })
+    }
+}
+
+/// Which interrupt type the device signals now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    None,
+    Intx,
+    Msi,
+    Msix,
+}
+
+/// One kind's counters in the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KindReport {
+    /// Vectors the device offers (VFIO's `count`).
+    pub vectors: u32,
+    /// Times the guest turned it on (VFIO eventfds handed over).
+    pub enabled: u64,
+    /// Host-side raises the firmware asked for ([`DeviceIrqs::trigger`]).
+    pub host_triggers: u64,
+    /// What failed (a syscall, with its error); empty when all worked.
+    pub errors: Vec<String>,
+}
+
+/// What the interrupt layer did during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IrqReport {
+    /// The device's interrupt pin register (0: no INTx; 1-4: INTA-INTD).
+    pub pin: u8,
+    /// The device has an MSI / MSI-X capability.
+    pub msi_capability: bool,
+    pub msix_capability: bool,
+    /// An in-kernel irqchip was created (`KVM_CREATE_IRQCHIP`); without one nothing is
+    /// delivered and `error` says why.
+    pub irqchip: bool,
+    pub error: Option<String>,
+    /// How host-side raises are made (`vfio-trigger`, `emulated`).
+    pub host_trigger: &'static str,
+    pub intx: KindReport,
+    pub msi: KindReport,
+    pub msix: KindReport,
+    /// `KVM_SET_GSI_ROUTING` calls.
+    pub route_updates: u64,
+}
+
+impl IrqReport {
+    pub fn kind(&self, index: u32) -> &KindReport {
+        match index {
+            INDEX_INTX => &self.intx,
+            INDEX_MSI => &self.msi,
+            _ => &self.msix,
+        }
+    }
+
+    fn kind_mut(&mut self, index: u32) -> &mut KindReport {
+        match index {
+            INDEX_INTX => &mut self.intx,
+            INDEX_MSI => &mut self.msi,
+            _ => &mut self.msix,
+        }
+    }
+}
+
+/// The interrupt state of the presented device.
+pub struct Interrupts<'a> {
+    kvm: Box<dyn KvmIrq + 'a>,
+    dev: Box<dyn DeviceIrqs + 'a>,
+    mode: Mode,
+    intx: Option<(Vector, EventFd)>,
+    msi: Option<Vector>,
+    msix: Option<Vec<Vector>>,
+    msix_info: Option<MsixInfo>,
+    /// The virtualized MSI-X table: (address low, address high, data, vector control).
+    table: Vec<[u32; 4]>,
+    routes: Vec<MsiRoute>,
+    pub report: IrqReport,
+}
+
+impl<'a> Interrupts<'a> {
+    /// Set up what the device offers: INTx wired at once (when it has a pin), MSI and MSI-X
+    /// eventfds ready for the guest to enable. `msix` is where its table lives.
+    pub fn new(
+        kvm: Box<dyn KvmIrq + 'a>,
+        dev: Box<dyn DeviceIrqs + 'a>,
+        pin: u8,
+        msix: Option<MsixInfo>,
+    ) -> Interrupts<'a> {
+        let mut report = IrqReport {
+            irqchip: true,
+            host_trigger: dev.trigger_name(),
+            ..IrqReport::default()
+        };
+        for index in [INDEX_INTX, INDEX_MSI, INDEX_MSIX] {
+            report.kind_mut(index).vectors = dev.count(index);
+        }
+        let entries = msix.map_or(0, |m| (m.table_size / 16) as usize);
+        let mut irq = Interrupts {
+            kvm,
+            dev,
+            mode: Mode::None,
+            intx: None,
+            msi: None,
+            msix: None,
+            msix_info: msix,
+            // Out of reset every MSI-X vector is masked.
+            table: vec![[0, 0, 0, 1]; entries],
+            routes: Vec::new(),
+            report,
+        };
+        if irq.report.intx.vectors > 0 && pin != 0 {
+            match (Vector::new(INTX_GSI), EventFd::new(EFD_NONBLOCK)) {
+                (Ok(mut v), Ok(resample)) => match irq.kvm.irqfd(&v.fd, INTX_GSI, Some(&resample)) {
+                    Ok(()) => {
+                        v.attached = true;
+                        irq.intx = Some((v, resample));
+                        irq.enter(Mode::Intx);
+                    }
+                    Err(e) => irq.fail(INDEX_INTX, format!("KVM_IRQFD (resample) on GSI {INTX_GSI}: {e}")),
+                },
+                (Err(e), _) => irq.fail(INDEX_INTX, e),
+                (_, Err(e)) => irq.fail(INDEX_INTX, format!("eventfd: {e}")),
+            }
+        }
+        if irq.report.msi.vectors > 0 {
+            match Vector::new(MSI_GSI_BASE) {
+                Ok(v) => irq.msi = Some(v),
+                Err(e) => irq.fail(INDEX_MSI, e),
+            }
+        }
+        let n = (irq.report.msix.vectors as usize).min(entries);
+        if n > 0 {
+            let v: Result<Vec<Vector>, String> =
+                (0..n).map(|i| Vector::new(MSI_GSI_BASE + 1 + i as u32)).collect();
+            match v {
+                Ok(v) => irq.msix = Some(v),
+                Err(e) => irq.fail(INDEX_MSIX, e),
+            }
+        }
+        irq
+    }
+
+    /// No irqchip: nothing can be delivered; `why` is reported.
+    pub fn unavailable(why: String) -> IrqReport {
+        IrqReport {
+            irqchip: false,
+            error: Some(why),
+            ..IrqReport::default()
+        }
+    }
+
+    /// Whether the kind is wired and could be delivered.
+    pub fn offers(&self, index: u32) -> bool {
+        match index {
+            INDEX_INTX => self.intx.is_some(),
+            INDEX_MSI => self.msi.is_some(),
+            INDEX_MSIX => self.msix.is_some(),
+            _ => false,
+        }
+    }
+
+    /// MSI-X entries wired (0: none).
+    pub fn msix_entries(&self) -> u32 {
+        self.msix.as_ref().map_or(0, |v| v.len() as u32)
+    }
+
+    fn fail(&mut self, index: u32, e: String) {
+        let errors = &mut self.report.kind_mut(index).errors;
+        // A repeated failure is reported once.
+        if errors.len() < 8 && !errors.contains(&e) {
+            errors.push(e);
+        }
+    }
+
+    /// Hand the current mode's eventfds to the device (or take them back with `on` false).
+    fn device_set(&mut self, mode: Mode, on: bool) {
+        let (index, fds): (u32, Vec<&EventFd>) = match mode {
+            Mode::None => return,
+            Mode::Intx => (INDEX_INTX, self.intx.iter().map(|(v, _)| &v.fd).collect()),
+            Mode::Msi => (INDEX_MSI, self.msi.iter().map(|v| &v.fd).collect()),
+            Mode::Msix => (INDEX_MSIX, self.msix.iter().flatten().map(|v| &v.fd).collect()),
+        };
+        let fds = if on { fds } else { Vec::new() };
+        let n = fds.len();
+        let r = self.dev.set(index, &fds);
+        let what = kind_name(index);
+        match r {
+            Ok(()) if on => self.report.kind_mut(index).enabled += 1,
+            Ok(()) => {}
+            Err(e) => {
+                let verb = if on { "enable" } else { "disable" };
+                self.fail(
+                    index,
+                    format!("VFIO_DEVICE_SET_IRQS {verb} {what} ({n} vectors): {e}"),
+                );
+                return;
+            }
+        }
+        if mode == Mode::Intx && on {
+            if let Some((_, resample)) = &self.intx {
+                if let Err(e) = self.dev.set_unmask(resample) {
+                    self.fail(
+                        INDEX_INTX,
+                        format!("VFIO_DEVICE_SET_IRQS INTx unmask eventfd: {e}"),
+                    );
+                }
+            }
+        }
+    }
+
+    fn enter(&mut self, mode: Mode) {
+        if mode == self.mode {
+            return;
+        }
+        let old = self.mode;
+        self.device_set(old, false);
+        self.mode = mode;
+        self.device_set(mode, true);
+    }
+
+    /// Follow what the guest programmed: the MSI capability, the MSI-X control bits and table.
+    pub fn sync(&mut self, msi: Option<MsiConfig>, msix: Option<MsixControl>) {
+        let msix = msix.unwrap_or_default();
+        let msi = msi.unwrap_or_default();
+        let mode = if msix.enabled && self.msix.is_some() {
+            Mode::Msix
+        } else if msi.enabled && self.msi.is_some() {
+            Mode::Msi
+        } else if self.intx.is_some() {
+            Mode::Intx
+        } else {
+            Mode::None
+        };
+        self.enter(mode);
+
+        let mut routes = Vec::new();
+        if let Some(v) = &self.msi {
+            if msi.enabled {
+                routes.push(MsiRoute {
+                    gsi: v.gsi,
+                    address: msi.address,
+                    data: msi.data,
+                });
+            }
+        }
+        if let Some(vs) = &self.msix {
+            if msix.enabled {
+                // Only entries holding a message (an address): an unprogrammed one has none.
+                for (v, e) in vs.iter().zip(&self.table).filter(|(_, e)| e[0] != 0 || e[1] != 0) {
+                    routes.push(MsiRoute {
+                        gsi: v.gsi,
+                        address: u64::from(e[1]) << 32 | u64::from(e[0]),
+                        data: e[2],
+                    });
+                }
+            }
+        }
+        if routes != self.routes {
+            self.report.route_updates += 1;
+            match self.kvm.set_routes(&routes) {
+                Ok(()) => self.routes = routes,
+                Err(e) => {
+                    let index = if mode == Mode::Msix { INDEX_MSIX } else { INDEX_MSI };
+                    self.fail(
+                        index,
+                        format!("KVM_SET_GSI_ROUTING ({} MSI routes): {e}", routes.len()),
+                    );
+                }
+            }
+        }
+
+        // irqfds: attached while the vector is enabled and unmasked.
+        let msi_on = mode == Mode::Msi && !msi.masked;
+        let mut errs = Vec::new();
+        if let Some(v) = self.msi.as_mut() {
+            attach(self.kvm.as_mut(), v, msi_on, &mut errs, INDEX_MSI);
+        }
+        if let Some(vs) = self.msix.as_mut() {
+            for (v, e) in vs.iter_mut().zip(&self.table) {
+                let programmed = e[0] != 0 || e[1] != 0;
+                let on = mode == Mode::Msix && !msix.function_masked && e[3] & 1 == 0 && programmed;
+                attach(self.kvm.as_mut(), v, on, &mut errs, INDEX_MSIX);
+            }
+        }
+        for (index, e) in errs {
+            self.fail(index, e);
+        }
+    }
+
+    /// The BAR offset of MSI-X table entry `i` word `w`, if `(bar, offset)` is one.
+    fn table_word(&self, bar: u8, offset: u64, len: usize) -> Option<(usize, usize)> {
+        let m = self.msix_info?;
+        if bar != m.table_bar || offset < m.table_offset || offset >= m.table_offset + m.table_size {
+            return None;
+        }
+        let rel = offset - m.table_offset;
+        // Only aligned dword (or qword, split) accesses are defined for the table.
+        if rel % 4 != 0 || !(len == 4 || len == 8) {
+            return Some((usize::MAX, 0));
+        }
+        Some(((rel / 16) as usize, ((rel % 16) / 4) as usize))
+    }
+
+    /// A guest read of the MSI-X table; `false` when `(bar, offset)` is not in it.
+    pub fn table_read(&self, bar: u8, offset: u64, data: &mut [u8]) -> bool {
+        let Some((entry, word)) = self.table_word(bar, offset, data.len()) else {
+            return false;
+        };
+        data.fill(0xff);
+        for (k, chunk) in data.chunks_mut(4).enumerate() {
+            if let Some(v) = self.table.get(entry).and_then(|e| e.get(word + k)) {
+                chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
+            }
+        }
+        true
+    }
+
+    /// A guest write to the MSI-X table; `false` when `(bar, offset)` is not in it. The
+    /// caller then [`sync`](Self::sync)s.
+    pub fn table_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> bool {
+        let Some((entry, word)) = self.table_word(bar, offset, data.len()) else {
+            return false;
+        };
+        for (k, chunk) in data.chunks(4).enumerate() {
+            let mut b = [0u8; 4];
+            b[..chunk.len()].copy_from_slice(chunk);
+            if let Some(v) = self.table.get_mut(entry).and_then(|e| e.get_mut(word + k)) {
+                // Vector control: only the mask bit is defined.
+                *v = if word + k == 3 {
+                    u32::from_le_bytes(b) & 1
+                } else {
+                    u32::from_le_bytes(b)
+                };
+            }
+        }
+        true
+    }
+
+    /// The firmware asked (port [`super::protocol::PORT_IRQ`]) for `(index << 16) | vector`
+    /// to be raised from the host side.
+    pub fn request(&mut self, value: u32) {
+        let (index, vector) = (value >> 16, value & 0xffff);
+        if index > INDEX_MSIX {
+            return;
+        }
+        self.report.kind_mut(index).host_triggers += 1;
+        if let Err(e) = self.dev.trigger(index, vector) {
+            let what = kind_name(index);
+            self.fail(index, format!("host-side raise of {what} vector {vector}: {e}"));
+        }
+    }
+
+    /// Take every eventfd back from the device and KVM (before the device is reset).
+    pub fn shutdown(&mut self) {
+        let mode = self.mode;
+        self.device_set(mode, false);
+        self.mode = Mode::None;
+        let mut errs = Vec::new();
+        if let Some((v, _)) = self.intx.as_mut() {
+            attach(self.kvm.as_mut(), v, false, &mut errs, INDEX_INTX);
+        }
+        if let Some(v) = self.msi.as_mut() {
+            attach(self.kvm.as_mut(), v, false, &mut errs, INDEX_MSI);
+        }
+        for v in self.msix.iter_mut().flatten() {
+            attach(self.kvm.as_mut(), v, false, &mut errs, INDEX_MSIX);
+        }
+        for (index, e) in errs {
+            self.fail(index, e);
+        }
+    }
+}
+
+fn attach(kvm: &mut dyn KvmIrq, v: &mut Vector, on: bool, errs: &mut Vec<(u32, String)>, index: u32) {
+    if on == v.attached {
+        return;
+    }
+    let r = if on {
+        kvm.irqfd(&v.fd, v.gsi, None)
+    } else {
+        kvm.irqfd_remove(&v.fd, v.gsi)
+    };
+    match r {
+        Ok(()) => v.attached = on,
+        Err(e) => {
+            let verb = if on { "assign" } else { "deassign" };
+            errs.push((index, format!("KVM_IRQFD {verb} on GSI {}: {e}", v.gsi)));
+        }
+    }
+}
+
+/// Set to 1 to leave every interrupt unrouted (no irqfd is assigned): the failing case of
+/// `boot --check`'s interrupt verdicts, as [`super::dma::NO_DMA_MAP_ENV`] is for DMA.
+pub const NO_IRQFD_ENV: &str = "GPUPASS_BOOT_NO_IRQFD";
+
+/// Whether [`NO_IRQFD_ENV`] is set.
+pub fn skip_irqfd() -> bool {
+    std::env::var_os(NO_IRQFD_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The real KVM side of [`KvmIrq`].
+pub struct KvmRouting<'a> {
+    pub vm: &'a kvm_ioctls::VmFd,
+    /// [`NO_IRQFD_ENV`]: irqfds are not assigned (reported as assigned).
+    pub skip_irqfd: bool,
+}
+
+impl KvmIrq for KvmRouting<'_> {
+    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String> {
+        use kvm_bindings::{
+            kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+            KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+        };
+        let mut entries = Vec::new();
+        // KVM's default routing, which a KVM_SET_GSI_ROUTING replaces: GSI 0-15 on the PICs
+        // and the IOAPIC, 16-23 on the IOAPIC.
+        for gsi in 0..24u32 {
+            let mut chip = |irqchip: u32, pin: u32| {
+                let mut e = kvm_irq_routing_entry {
+                    gsi,
+                    type_: KVM_IRQ_ROUTING_IRQCHIP,
+                    ..Default::default()
+                };
+                e.u.irqchip.irqchip = irqchip;
+                e.u.irqchip.pin = pin;
+                entries.push(e);
+            };
+            if gsi < 8 {
+                chip(KVM_IRQCHIP_PIC_MASTER, gsi);
+            } else if gsi < 16 {
+                chip(KVM_IRQCHIP_PIC_SLAVE, gsi - 8);
+            }
+            chip(KVM_IRQCHIP_IOAPIC, gsi);
+        }
+        for r in msi {
+            let mut e = kvm_irq_routing_entry {
+                gsi: r.gsi,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
+            e.u.msi.address_lo = r.address as u32;
+            e.u.msi.address_hi = (r.address >> 32) as u32;
+            e.u.msi.data = r.data;
+            entries.push(e);
+        }
+        let table = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
+        self.vm.set_gsi_routing(&table).map_err(|e| e.to_string())
+    }
+
+    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String> {
+        if self.skip_irqfd {
+            return Ok(());
+        }
+        match resample {
+            Some(r) => self.vm.register_irqfd_with_resample(fd, r, gsi),
+            None => self.vm.register_irqfd(fd, gsi),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), String> {
+        if self.skip_irqfd {
+            return Ok(());
+        }
+        self.vm.unregister_irqfd(fd, gsi).map_err(|e| e.to_string())
+    }
+}
+
+/// The emulated device's interrupt: one MSI vector, raised by gpupass itself (a device model
+/// signals its irqfd as QEMU's and cloud-hypervisor's do).
+#[derive(Default)]
+pub struct EmulatedIrqs {
+    msi: Option<EventFd>,
+}
+
+impl DeviceIrqs for EmulatedIrqs {
+    fn count(&self, index: u32) -> u32 {
+        u32::from(index == INDEX_MSI)
+    }
+
+    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String> {
+        if index != INDEX_MSI {
+            return Err(format!("the emulated device has no {}", kind_name(index)));
+        }
+        self.msi = match fds.first() {
+            Some(fd) => Some(fd.try_clone().map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Ok(())
+    }
+
+    fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), String> {
+        Err("the emulated device has no INTx".into())
+    }
+
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+        match (&self.msi, index, vector) {
+            (Some(fd), INDEX_MSI, 0) => fd.write(1).map_err(|e| e.to_string()),
+            (None, INDEX_MSI, _) => Err("MSI is not enabled".into()),
+            _ => Err(format!(
+                "the emulated device has no {} vector {vector}",
+                kind_name(index)
+            )),
+        }
+    }
+
+    fn trigger_name(&self) -> &'static str {
+        "emulated"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    #[derive(Default)]
+    struct Log {
+        calls: Vec<String>,
+        fail_set: Option<u32>,
+    }
+
+    struct FakeKvm(Rc<RefCell<Log>>);
+    impl KvmIrq for FakeKvm {
+        fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String> {
+            let r: Vec<String> = msi
+                .iter()
+                .map(|r| format!("{}={:#x}/{:#x}", r.gsi, r.address, r.data))
+                .collect();
+            self.0
+                .borrow_mut()
+                .calls
+                .push(format!("routes [{}]", r.join(" ")));
+            Ok(())
+        }
+        fn irqfd(&mut self, _fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String> {
+            let r = if resample.is_some() { " resample" } else { "" };
+            self.0.borrow_mut().calls.push(format!("irqfd {gsi}{r}"));
+            Ok(())
+        }
+        fn irqfd_remove(&mut self, _fd: &EventFd, gsi: u32) -> Result<(), String> {
+            self.0.borrow_mut().calls.push(format!("irqfd-remove {gsi}"));
+            Ok(())
+        }
+    }
+
+    struct FakeDev(Rc<RefCell<Log>>, [u32; 3]);
+    impl DeviceIrqs for FakeDev {
+        fn count(&self, index: u32) -> u32 {
+            self.1[index as usize]
+        }
+        fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String> {
+            let mut l = self.0.borrow_mut();
+            l.calls.push(format!("set {} {}", kind_name(index), fds.len()));
+            if l.fail_set == Some(index) {
+                return Err("Invalid argument (os error 22)".into());
+            }
+            Ok(())
+        }
+        fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), String> {
+            self.0.borrow_mut().calls.push("unmask".into());
+            Ok(())
+        }
+        fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+            self.0
+                .borrow_mut()
+                .calls
+                .push(format!("trigger {} {vector}", kind_name(index)));
+            Ok(())
+        }
+        fn trigger_name(&self) -> &'static str {
+            "fake"
+        }
+    }
+
+    fn msix_info(entries: u64) -> MsixInfo {
+        MsixInfo {
+            table_bar: 3,
+            table_offset: 0,
+            table_size: entries * 16,
+            pba_bar: 3,
+            pba_offset: 0x2000,
+            pba_size: 8,
+        }
+    }
+
+    fn setup(counts: [u32; 3], pin: u8, fail_set: Option<u32>) -> (Interrupts<'static>, Rc<RefCell<Log>>) {
+        let log = Rc::new(RefCell::new(Log {
+            fail_set,
+            ..Log::default()
+        }));
+        let irq = Interrupts::new(
+            Box::new(FakeKvm(log.clone())),
+            Box::new(FakeDev(log.clone(), counts)),
+            pin,
+            Some(msix_info(5)),
+        );
+        (irq, log)
+    }
+
+    fn calls(log: &Rc<RefCell<Log>>) -> Vec<String> {
+        std::mem::take(&mut log.borrow_mut().calls)
+    }
+
+    fn word(v: u32) -> [u8; 4] {
+        v.to_le_bytes()
+    }
+
+    #[test]
+    fn intx_is_wired_at_once_with_a_resample_fd() {
+        let (irq, log) = setup([1, 1, 5], 1, None);
+        assert_eq!(calls(&log), ["irqfd 10 resample", "set intx 1", "unmask"]);
+        assert!(irq.offers(INDEX_INTX) && irq.offers(INDEX_MSI) && irq.offers(INDEX_MSIX));
+        assert_eq!(irq.msix_entries(), 5);
+        assert_eq!(irq.report.intx.enabled, 1);
+        // No pin: no INTx even though VFIO lists the index.
+        let (irq, log) = setup([1, 0, 0], 0, None);
+        assert!(calls(&log).is_empty());
+        assert!(!irq.offers(INDEX_INTX) && !irq.offers(INDEX_MSI));
+    }
+
+    #[test]
+    fn enabling_msi_switches_vfio_from_intx_and_routes_the_message() {
+        let (mut irq, log) = setup([1, 1, 0], 1, None);
+        calls(&log);
+        let msi = MsiConfig {
+            enabled: true,
+            address: 0xfee0_0000,
+            data: 0x50,
+            masked: false,
+        };
+        irq.sync(Some(msi), None);
+        assert_eq!(
+            calls(&log),
+            [
+                "set intx 0",
+                "set msi 1",
+                "routes [24=0xfee00000/0x50]",
+                "irqfd 24"
+            ]
+        );
+        // The same state again changes nothing.
+        irq.sync(Some(msi), None);
+        assert!(calls(&log).is_empty());
+        // Masked: the irqfd goes, the route stays.
+        irq.sync(Some(MsiConfig { masked: true, ..msi }), None);
+        assert_eq!(calls(&log), ["irqfd-remove 24"]);
+        // Disabled: back to INTx.
+        irq.sync(Some(MsiConfig::default()), None);
+        assert_eq!(calls(&log), ["set msi 0", "set intx 1", "unmask", "routes []"]);
+        assert_eq!(irq.report.msi.enabled, 1);
+        assert_eq!(irq.report.intx.enabled, 2);
+    }
+
+    #[test]
+    fn msix_follows_the_table_and_both_masks() {
+        let (mut irq, log) = setup([0, 0, 5], 0, None);
+        let ctl = |enabled, function_masked| {
+            Some(MsixControl {
+                enabled,
+                function_masked,
+            })
+        };
+        // Enabled with the function masked, as a driver programs it.
+        irq.sync(None, ctl(true, true));
+        assert_eq!(calls(&log), ["set msi-x 5"], "no entry holds a message yet");
+        // Entry 1: address, data, unmask (qword write of the address).
+        assert!(irq.table_write(3, 0x10, &(0xfee0_0000u64).to_le_bytes()));
+        assert!(irq.table_write(3, 0x18, &word(0x61)));
+        assert!(irq.table_write(3, 0x1c, &word(0)));
+        let mut b = [0u8; 4];
+        assert!(irq.table_read(3, 0x18, &mut b));
+        assert_eq!(u32::from_le_bytes(b), 0x61);
+        assert!(irq.table_read(3, 0x0c, &mut b));
+        assert_eq!(u32::from_le_bytes(b), 1, "entry 0 still masked");
+        assert!(!irq.table_read(3, 0x2000, &mut b), "the PBA is not the table");
+        assert!(!irq.table_write(0, 0x10, &word(1)), "another BAR");
+        irq.sync(None, ctl(true, true));
+        assert_eq!(calls(&log), ["routes [26=0xfee00000/0x61]"]);
+        irq.sync(None, ctl(true, false));
+        assert_eq!(calls(&log), ["irqfd 26"]);
+        irq.sync(None, ctl(true, true));
+        assert_eq!(calls(&log), ["irqfd-remove 26"]);
+        irq.sync(None, ctl(false, false));
+        assert_eq!(calls(&log), ["set msi-x 0", "routes []"]);
+        irq.request((INDEX_MSIX << 16) | 3);
+        assert_eq!(calls(&log), ["trigger msi-x 3"]);
+        assert_eq!(irq.report.msix.host_triggers, 1);
+    }
+
+    #[test]
+    fn a_refused_enable_is_reported_with_the_error() {
+        let (mut irq, log) = setup([1, 1, 0], 1, Some(INDEX_MSI));
+        irq.sync(
+            Some(MsiConfig {
+                enabled: true,
+                address: 0xfee0_0000,
+                data: 0x50,
+                masked: false,
+            }),
+            None,
+        );
+        assert!(calls(&log).contains(&"set msi 1".to_string()));
+        assert_eq!(
+            irq.report.msi.errors,
+            ["VFIO_DEVICE_SET_IRQS enable msi (1 vectors): Invalid argument (os error 22)"]
+        );
+        assert_eq!(irq.report.msi.enabled, 0);
+        irq.shutdown();
+        assert!(irq.report.intx.errors.is_empty());
+    }
+
+    #[test]
+    fn the_emulated_device_signals_its_msi_eventfd() {
+        let mut e = EmulatedIrqs::default();
+        assert_eq!(
+            (e.count(INDEX_INTX), e.count(INDEX_MSI), e.count(INDEX_MSIX)),
+            (0, 1, 0)
+        );
+        assert!(e.trigger(INDEX_MSI, 0).unwrap_err().contains("not enabled"));
+        let fd = EventFd::new(EFD_NONBLOCK).unwrap();
+        e.set(INDEX_MSI, &[&fd]).unwrap();
+        e.trigger(INDEX_MSI, 0).unwrap();
+        assert_eq!(fd.read().unwrap(), 1);
+        assert!(e.trigger(INDEX_MSIX, 0).is_err());
+    }
+}
