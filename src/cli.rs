@@ -5,6 +5,7 @@
 //! calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
 //! 1 a host error (or `check` found passthrough cannot work), 2 a usage error.
 
+use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::inventory;
 use crate::model::{Inventory, PciAddress};
@@ -396,15 +397,20 @@ pub struct Ctx {
     /// Colour on stdout (from --color and whether stdout is a terminal).
     pub color: bool,
     pub host: HostRoot,
+    /// Every change to the host goes through these, built once here for the whole invocation
+    /// (the real kernel; in a `testkit` build, what the test kit's environment asks for).
+    pub ops: Box<dyn HostOps>,
     pub from_json: Option<PathBuf>,
     pub json: bool,
 }
 
 impl Ctx {
     pub fn from_cli(cli: &Cli) -> Self {
+        let host = HostRoot::new(cli.globals.root.clone().unwrap_or_else(|| PathBuf::from("/")));
         Ctx {
             color: cli.globals.color.enabled_for_stdout(),
-            host: HostRoot::new(cli.globals.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
+            ops: crate::host::ops::for_process(host.clone()),
+            host,
             from_json: cli.globals.from_json.clone(),
             json: cli.globals.json,
         }
@@ -539,7 +545,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 }
                 Ok(inv)
             };
-            match crate::mdev::cli::run(&ctx.host, ctx.from_json.as_deref(), ctx.json, cmd, &load, out) {
+            let (from_json, json) = (ctx.from_json.as_deref(), ctx.json);
+            match crate::mdev::cli::run(ctx.ops.as_ref(), from_json, json, cmd, &load, out) {
                 Ok(code) => Ok(code),
                 Err(e) if e.is_usage() => {
                     eprintln!("gpupass: {e}");
@@ -609,7 +616,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Startup { dry_run } => crate::startup::run(&ctx.host, dry_run, out),
+        Command::Startup { dry_run } => crate::startup::run(ctx.ops.as_ref(), dry_run, out),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -735,7 +742,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::OciHook => crate::oci_hook::run_cli(&ctx.host),
+        Command::OciHook => crate::oci_hook::run_cli(ctx.ops.as_ref()),
         Command::DevicePlugin {
             socket_dir,
             poll_ms,
@@ -755,9 +762,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             crate::deviceplugin::server::run(cfg)?;
             Ok(0)
         }
-        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(&ctx.host, a, ctx.json, out)?),
-        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(&ctx.host, a, ctx.json, out)?),
-        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(&ctx.host, a, ctx.json, out)?),
+        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(ctx.ops.as_ref(), a, ctx.json, out)?),
+        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(ctx.ops.as_ref(), a, ctx.json, out)?),
+        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(ctx.ops.as_ref(), a, ctx.json, out)?),
         Command::Persist(a) => Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?),
         Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
         Command::Launch(a) => vm_exit(crate::vmout::launch::run(

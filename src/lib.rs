@@ -32,8 +32,10 @@ pub mod cli;
 pub mod container;
 pub mod deviceplugin;
 pub mod events;
+#[cfg(feature = "testkit")]
 pub mod fixtures;
 pub mod host;
+#[cfg(feature = "testkit")]
 pub mod hostgen;
 pub mod inventory;
 pub mod mdev;
@@ -43,6 +45,8 @@ pub mod oci_hook;
 pub mod output;
 pub mod snapshot;
 pub mod startup;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod vfio_dev;
 pub mod vmm;
 pub mod vmout;

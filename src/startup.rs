@@ -12,6 +12,7 @@
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
 
 use crate::bind::cmd::{run_bind, BindArgs};
+use crate::host::ops::HostOps;
 use crate::host::{dir_names, read_attr, HostRoot};
 use crate::model::{is_vfio_driver, PciAddress};
 use std::io::Write;
@@ -84,7 +85,8 @@ pub fn pending_binds(host: &HostRoot) -> Pending {
     out
 }
 
-pub fn run(host: &HostRoot, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<i32> {
+pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let host = ops.root();
     let mut failed = false;
     let Pending {
         binds: pending,
@@ -118,7 +120,7 @@ pub fn run(host: &HostRoot, dry_run: bool, out: &mut dyn Write) -> anyhow::Resul
             force: false,
             dry_run,
         };
-        if let Err(e) = run_bind(host, args, false, out) {
+        if let Err(e) = run_bind(ops, args, false, out) {
             eprintln!("gpupass startup: {e}");
             failed = true;
         }
@@ -141,7 +143,7 @@ pub fn run(host: &HostRoot, dry_run: bool, out: &mut dyn Write) -> anyhow::Resul
             parent: None,
             auto_all: true,
         };
-        match crate::mdev::cli::run(host, None, false, cmd, &load, out) {
+        match crate::mdev::cli::run(ops, None, false, cmd, &load, out) {
             Ok(0) => {}
             Ok(_) => failed = true,
             Err(e) => {

@@ -4,7 +4,7 @@
 use super::apply::{self, Applied};
 use super::persist::{apply_persist, plan_persist};
 use super::{checks, journal, BindError, BindRequest, UnbindRequest};
-use crate::host::ops::{self, HostOps};
+use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::PciAddress;
 use clap::Args;
@@ -138,19 +138,19 @@ fn announce(plan: &super::Plan) {
     }
 }
 
-fn host_ops(host: &HostRoot) -> Box<dyn HostOps> {
-    ops::for_root(host.clone())
-}
-
 /// `gpupass bind`.
-pub fn run_bind(host: &HostRoot, args: BindArgs, json: bool, out: &mut dyn Write) -> Result<i32, BindError> {
+pub fn run_bind(
+    ops: &dyn HostOps,
+    args: BindArgs,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, BindError> {
     let req = BindRequest {
         addresses: args.addresses,
         only: args.only,
         driver: args.driver,
     };
-    let ops = host_ops(host);
-    let a = apply::bind(ops.as_ref(), &req, args.force, args.dry_run, &announce)?;
+    let a = apply::bind(ops, &req, args.force, args.dry_run, &announce)?;
     print_applied(out, &a, args.dry_run, json)?;
     if args.dry_run && !a.plan.blocking(args.force).is_empty() {
         return Ok(1);
@@ -161,7 +161,7 @@ pub fn run_bind(host: &HostRoot, args: BindArgs, json: bool, out: &mut dyn Write
                 let b = if outcome.verified_viable.contains(g) {
                     Vec::new()
                 } else {
-                    apply::group_blockers(host, *g)
+                    apply::group_blockers(ops.root(), *g)
                 };
                 if b.is_empty() {
                     writeln!(out, "IOMMU group {g} is viable: /dev/vfio/{g}")?;
@@ -180,7 +180,7 @@ pub fn run_bind(host: &HostRoot, args: BindArgs, json: bool, out: &mut dyn Write
 
 /// `gpupass unbind`.
 pub fn run_unbind(
-    host: &HostRoot,
+    ops: &dyn HostOps,
     args: UnbindArgs,
     json: bool,
     out: &mut dyn Write,
@@ -191,8 +191,7 @@ pub fn run_unbind(
         all: args.all,
         only: args.only,
     };
-    let ops = host_ops(host);
-    let a = apply::unbind(ops.as_ref(), &req, false, args.dry_run, &announce)?;
+    let a = apply::unbind(ops, &req, false, args.dry_run, &announce)?;
     print_applied(out, &a, args.dry_run, json)?;
     if args.dry_run && !a.plan.blocking(false).is_empty() {
         return Ok(1);
@@ -202,13 +201,12 @@ pub fn run_unbind(
 
 /// `gpupass recover`.
 pub fn run_recover(
-    host: &HostRoot,
+    ops: &dyn HostOps,
     args: RecoverArgs,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, BindError> {
-    let ops = host_ops(host);
-    let lines = apply::recover(ops.as_ref(), args.cont, args.dry_run)?;
+    let lines = apply::recover(ops, args.cont, args.dry_run)?;
     if json {
         serde_json::to_writer_pretty(&mut *out, &serde_json::json!({ "result": lines }))
             .map_err(std::io::Error::other)?;

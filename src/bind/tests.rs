@@ -3,9 +3,10 @@
 use super::apply;
 use super::checks::{self, HostFacts, Use};
 use super::*;
-use crate::host::ops::{FakeHost, HostOps};
+use crate::host::ops::HostOps;
 use crate::hostgen::{DevSpec, HostBuilder};
 use crate::inventory;
+use crate::testkit::FakeHost;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> HostRoot {

@@ -3,7 +3,7 @@
 use super::defs::{self, Definition, StartMode};
 use super::types::{self, ParentKind};
 use super::{list, ops, InstanceRef, MdevError, MdevUuid, OpenNodes};
-use crate::host::ops::for_root;
+use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::Inventory;
 use clap::Subcommand;
@@ -148,13 +148,14 @@ fn resolve_type<'a>(parent: &'a types::Parent, ty: &str) -> Result<&'a types::Ty
 /// Run one `gpupass mdev` subcommand. `inventory` reads the host (or the saved JSON); the
 /// mutating subcommands refuse a saved inventory.
 pub fn run(
-    host: &HostRoot,
+    host_ops: &dyn HostOps,
     from_json: Option<&Path>,
     json: bool,
     cmd: MdevCommand,
     inventory: &dyn Fn() -> Result<Inventory, MdevError>,
     out: &mut dyn Write,
 ) -> Result<i32, MdevError> {
+    let host = host_ops.root();
     let live = from_json.is_none();
     let mutating = !matches!(cmd, MdevCommand::Types { .. } | MdevCommand::List { .. });
     if mutating && !live {
@@ -226,9 +227,8 @@ pub fn run(
                 )));
             }
             let t = resolve_type(&p, &ty)?;
-            let ops = for_root(host.clone());
             let attrs: Vec<(String, String)> = attrs.into_iter().map(|a| (a.0, a.1)).collect();
-            let made = ops::create(ops.as_ref(), &inv, &p, t, uuid.as_slice(), count, &attrs)?;
+            let made = ops::create(host_ops, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
             super::after_change(host);
             if json {
                 json_out(
@@ -249,11 +249,10 @@ pub fn run(
             Ok(0)
         }
         MdevCommand::Remove { instance } => {
-            let ops = for_root(host.clone());
             let open = OpenNodes::scan(host);
             let (name, parent) = match &instance {
-                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(ops.as_ref(), &inv, &open, u)?),
-                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(ops.as_ref(), &inv, &open, a)?),
+                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(host_ops, &inv, &open, u)?),
+                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(host_ops, &inv, &open, a)?),
             };
             super::after_change(host);
             if json {
@@ -340,8 +339,7 @@ pub fn run(
                 start: if auto { StartMode::Auto } else { StartMode::Manual },
                 attrs: attrs.into_iter().map(|a| (a.0, a.1)).collect(),
             };
-            let ops = for_root(host.clone());
-            defs::write(ops.as_ref(), &d)?;
+            defs::write(host_ops, &d)?;
             if json {
                 json_out(out, &json!({ "defined": d }))?;
             } else {
@@ -352,8 +350,7 @@ pub fn run(
         MdevCommand::Undefine { uuid, parent } => {
             let defs = read_defs(host);
             let d = defs::find(&defs, &uuid, parent.as_deref())?.clone();
-            let ops = for_root(host.clone());
-            defs::remove(ops.as_ref(), &d)?;
+            defs::remove(host_ops, &d)?;
             if json {
                 json_out(out, &json!({ "undefined": d }))?;
             } else {
@@ -367,7 +364,6 @@ pub fn run(
             auto_all,
         } => {
             let defs = read_defs(host);
-            let ops = for_root(host.clone());
             let todo: Vec<Definition> = if auto_all {
                 defs.iter()
                     .filter(|d| d.start == StartMode::Auto)
@@ -396,7 +392,7 @@ pub fn run(
                     })?;
                     let t = resolve_type(&p, &d.mdev_type)?;
                     let u: MdevUuid = d.uuid.parse().map_err(MdevError::Usage)?;
-                    ops::create(ops.as_ref(), &inv, &p, t, &[u], 1, &d.attrs)
+                    ops::create(host_ops, &inv, &p, t, &[u], 1, &d.attrs)
                 })();
                 match r {
                     Ok(_) => started.push(d.clone()),
@@ -430,9 +426,8 @@ pub fn run(
             Ok(if failed.is_empty() { 0 } else { 1 })
         }
         MdevCommand::Stop { uuid } => {
-            let ops = for_root(host.clone());
             let open = OpenNodes::scan(host);
-            let parent = ops::remove_mdev(ops.as_ref(), &inv, &open, &uuid)?;
+            let parent = ops::remove_mdev(host_ops, &inv, &open, &uuid)?;
             super::after_change(host);
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;

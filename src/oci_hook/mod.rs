@@ -29,6 +29,7 @@ pub mod bpf;
 mod ns;
 
 use crate::backend::{self, Policy};
+use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
 use serde::Deserialize;
@@ -377,13 +378,13 @@ fn v1_list_allows(list: &str, major: u64, minor: u64) -> bool {
 
 /// The rules the hook added to a cgroup v1 devices controller, to take back (`devices.deny`)
 /// when a later step fails.
-struct Allowed {
-    ops: Box<dyn crate::host::ops::HostOps>,
+struct Allowed<'a> {
+    ops: &'a dyn HostOps,
     deny: PathBuf,
     rules: Vec<String>,
 }
 
-impl Allowed {
+impl Allowed<'_> {
     /// Write every rule to `devices.deny` (best effort: all are tried) and return `err`, or
     /// `err` wrapped with the rules still allowed when taking them back failed.
     fn revoke(self, err: HookError) -> HookError {
@@ -408,8 +409,9 @@ impl Allowed {
     }
 }
 
-/// Run the hook for one OCI state document.
-pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
+/// Run the hook for one OCI state document; the cgroup v1 rules are written through `ops`.
+pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
+    let host = ops.root();
     let st: State = serde_json::from_slice(state).map_err(|e| HookError::BadState {
         reason: e.to_string(),
     })?;
@@ -530,7 +532,7 @@ pub fn run(host: &HostRoot, state: &[u8]) -> Result<Report, HookError> {
                 }
             }
             let mut done = Allowed {
-                ops: crate::host::ops::for_root(host.clone()),
+                ops,
                 deny: dir.join("devices.deny"),
                 rules: Vec::new(),
             };
@@ -635,8 +637,8 @@ fn rules_text(nodes: &[Node]) -> String {
 }
 
 /// `gpupass oci-hook`: the state on stdin; messages on stderr; the exit status.
-pub fn run_cli(host: &HostRoot) -> anyhow::Result<i32> {
-    let r = bounded_stdin().and_then(|s| run(host, &s));
+pub fn run_cli(ops: &dyn HostOps) -> anyhow::Result<i32> {
+    let r = bounded_stdin().and_then(|s| run(ops, &s));
     match r {
         Ok(rep) => {
             for n in rep.notes {

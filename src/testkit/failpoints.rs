@@ -1,0 +1,89 @@
+//! Failpoints in front of any host: the N-th sysfs write fails, or the process aborts right
+//! after it. Only `write` counts (the unit a bind plan's write count is in); module loads and
+//! configuration files pass straight through.
+
+use crate::host::ops::HostOps;
+use crate::host::HostRoot;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `H` with failpoints.
+#[derive(Debug)]
+pub struct Failpoints<H> {
+    inner: H,
+    count: AtomicUsize,
+    fail_at: Option<usize>,
+    crash_after: Option<usize>,
+}
+
+impl<H: HostOps> Failpoints<H> {
+    /// `inner` with no failpoint set.
+    pub fn new(inner: H) -> Self {
+        Failpoints {
+            inner,
+            count: AtomicUsize::new(0),
+            fail_at: None,
+            crash_after: None,
+        }
+    }
+
+    /// Fail the N-th write (1-based) with EIO; abort the process right after the M-th.
+    pub fn at(mut self, fail_at: Option<usize>, crash_after: Option<usize>) -> Self {
+        self.fail_at = fail_at;
+        self.crash_after = crash_after;
+        self
+    }
+
+    /// Fail the N-th write (1-based) with EIO.
+    pub fn fail_at(mut self, n: usize) -> Self {
+        self.fail_at = Some(n);
+        self
+    }
+
+    /// The host behind the failpoints.
+    pub fn inner(&self) -> &H {
+        &self.inner
+    }
+}
+
+impl<H: HostOps> HostOps for Failpoints<H> {
+    fn root(&self) -> &HostRoot {
+        self.inner.root()
+    }
+
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_at == Some(n) {
+            return Err(io::Error::other(format!(
+                "injected failure at write {n} (GPUPASS_FAIL_WRITE)"
+            )));
+        }
+        self.inner.write(path, value)?;
+        if self.crash_after == Some(n) {
+            eprintln!("gpupass: GPUPASS_CRASH_AFTER_WRITE={n}: aborting now");
+            std::process::abort();
+        }
+        Ok(())
+    }
+
+    fn load_module(&self, name: &str) -> io::Result<()> {
+        self.inner.load_module(name)
+    }
+
+    fn writes(&self) -> Vec<(PathBuf, String)> {
+        self.inner.writes()
+    }
+
+    fn before_apply(&self) {
+        self.inner.before_apply()
+    }
+
+    fn write_file(&self, path: &Path, contents: &str) -> io::Result<()> {
+        self.inner.write_file(path, contents)
+    }
+
+    fn remove_file(&self, path: &Path, prune_dir: bool) -> io::Result<()> {
+        self.inner.remove_file(path, prune_dir)
+    }
+}
