@@ -743,6 +743,19 @@ static void test_intx(u32 dev, u32 fn)
 		host_raise(IRQ_INDEX_INTX, 0);
 	}
 	u32 got = wait_irq(VEC_INTX, before + 1) - before;
+	if (!got) {
+		/* What the interrupt controller and the device hold, for the reader of the console. */
+		mmio_write32(IOAPIC_BASE, 0x10 + 2 * INTX_GSI);
+		puts("FW note intx ioapic-rte ");
+		put0x(mmio_read32(IOAPIC_BASE + 0x10));
+		puts(" status ");
+		put0x(cfg_read16(dev, fn, 6));
+		if (edu) {
+			puts(" edu-irq-status ");
+			put0x(mmio_read32(edu + EDU_IRQ_STATUS));
+		}
+		putc('\n');
+	}
 	ioapic_write(0x10 + 2 * INTX_GSI, VEC_INTX | (1u << 15) | (1u << 16)); /* masked */
 	edu_ack_bar = 0;
 	irq_line(dev, fn, "intx", via, 1, got);
@@ -855,7 +868,13 @@ static void irq_tests(void)
 		}
 	}
 	u8 pin = cfg_read8(dev, fn, 0x3d);
+	/* The 8259 PICs masked and the LAPIC's LINT0/LINT1 (ExtINT, NMI) masked: only the IOAPIC,
+	 * MSIs and the LAPIC timer may interrupt. */
+	outb(0x21, 0xff);
+	outb(0xa1, 0xff);
 	lapic_write(LAPIC_SVR, 0x100 | VEC_SPURIOUS); /* APIC software-enabled */
+	lapic_write(0x350, 1u << 16);
+	lapic_write(0x360, 1u << 16);
 	lapic_write(0x80, 0); /* TPR: accept every priority */
 	u16 cmd = cfg_read16(dev, fn, 4);
 	cfg_write16(dev, fn, 4, (u16)(cmd | 4)); /* bus master: a message is a DMA write */

@@ -49,7 +49,7 @@ fn emulated_boot_enumerates_sizes_and_reads_the_device() {
     let text = ok(&o);
     assert!(
         text.lines().any(
-            |l| l.starts_with("FW hello v3 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-")
+            |l| l.starts_with("FW hello v4 ram 0x4000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-")
         ),
         "{text}"
     );
@@ -61,6 +61,9 @@ fn emulated_boot_enumerates_sizes_and_reads_the_device() {
         // The 64-bit BAR goes above 4 GiB (long mode reaches it), its first and last dword read.
         "FW bar 4 mem64 pref addr 0x100000000 size 0x200000 first 0x34365047 last 0x444e4524",
         "FW dispi 00:01.0 0xb0c5",
+        // The emulated device's MSI, raised by gpupass's device model through an irqfd.
+        "FW irq 00:01.0 msi via host expected 1 delivered 1",
+        "FW irq timer 0",
         "FW done devices 2",
     ] {
         assert!(text.lines().any(|l| l == want), "missing {want:?} in:\n{text}");
@@ -102,7 +105,7 @@ fn emulated_boot_json_reports_devices_slots_and_exits() {
     assert_eq!(v["mmio64_window"]["limit"], limit);
     assert_eq!(
         fw["hello"],
-        format!("hello v3 ram 0x1000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-{limit:#x} phys-bits {bits}")
+        format!("hello v4 ram 0x1000000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-{limit:#x} phys-bits {bits}")
     );
     let dev = &fw["devices"][1];
     assert_eq!(
@@ -224,9 +227,13 @@ fn halt_and_triple_fault_end_the_vm_with_registers() {
     if !kvm_available() {
         return;
     }
+    // With the in-kernel irqchip KVM keeps a halted vCPU in the kernel (no KVM_EXIT_HLT): the
+    // halt is found when the timeout stops the run (KVM_GET_MP_STATE says HALTED).
     let o = gpupass(&[
         "boot",
         "--emulated",
+        "--timeout",
+        "1",
         "--firmware",
         test_guest("halt").to_str().unwrap(),
     ]);
@@ -447,4 +454,69 @@ fn mdev_backend_iommufd_needs_its_cdev() {
             && e.contains("kernel 5.15 predates the VFIO device cdev"),
         "{e}"
     );
+}
+
+/// `boot --check` on the emulated device: the eight verdicts in order, what it has passes, what
+/// it lacks is absent, exit status 0; the MSI delivery is confirmed by KVM's own injection count.
+#[test]
+fn check_judges_every_capability_and_kvm_counts_the_interrupt() {
+    if !kvm_available() {
+        return;
+    }
+    let o = gpupass(&["boot", "--emulated", "--check"]);
+    let text = ok(&o);
+    let verdicts: Vec<(&str, &str)> = text
+        .lines()
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next().unwrap_or(""), w.next().unwrap_or(""))
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("config", "pass"),
+            ("bars", "pass"),
+            ("dma", "absent"),
+            ("isolation", "absent"),
+            ("msi-x", "absent"),
+            ("msi", "pass"),
+            ("intx", "absent"),
+            ("reset", "absent"),
+        ],
+        "{text}"
+    );
+    assert!(text.contains("1/1 delivered"), "{text}");
+    let j = json(&gpupass(&["boot", "--emulated", "--check", "--json"]));
+    assert_eq!(j["ok"], true);
+    let boot = &j["boot"];
+    assert_eq!(boot["irq"]["irqchip"], true);
+    assert_eq!(boot["irq"]["msi"]["enabled"], 1);
+    assert_eq!(boot["irq"]["msi"]["host_triggers"], 1);
+    // KVM_GET_STATS_FD: every interrupt KVM injected between the marks is the firmware's
+    // delivery or its timer's.
+    let injected = boot["irq_kvm"]["delta"]["irq_injections"]
+        .as_u64()
+        .expect("irq_injections");
+    let timer = boot["firmware"]["irq_timer"].as_u64().unwrap();
+    assert_eq!(injected, 1 + timer, "{}", boot["irq_kvm"]);
+}
+
+/// The check can fail: with the interrupt left unrouted (no irqfd), MSI is not delivered, the
+/// verdict says so and the exit status is 1.
+#[test]
+fn check_fails_when_the_interrupt_is_not_routed() {
+    if !kvm_available() {
+        return;
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
+        .args(["boot", "--emulated", "--check"])
+        .env("GPUPASS_BOOT_NO_IRQFD", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    let msi = text.lines().find(|l| l.starts_with("msi ")).unwrap_or("");
+    assert!(msi.contains(" fail ") && msi.contains("0/1 delivered"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("config    pass")), "{text}");
 }

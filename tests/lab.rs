@@ -35,6 +35,7 @@ const SCENARIOS: &[&str] = &[
     "startup",
     "vfioids",
     "cgroupv2",
+    "selftest",
 ];
 
 struct LabRun {
@@ -112,6 +113,165 @@ fn assert_scenario(run: &LabRun, leg: &str, scenario: &str) {
     );
 }
 
+/// What a function's config space (sysfs `config`, read in the guest without gpupass) says it
+/// has: (MSI capability, MSI-X capability, interrupt pin).
+fn config_facts(cfg: &[u8]) -> (bool, bool, bool) {
+    let b = |o: usize| cfg.get(o).copied().unwrap_or(0);
+    let (mut msi, mut msix) = (false, false);
+    if b(0x06) & 0x10 != 0 {
+        let mut p = (b(0x34) & 0xfc) as usize;
+        for _ in 0..48 {
+            if p < 0x40 {
+                break;
+            }
+            match b(p) {
+                0x05 => msi = true,
+                0x11 => msix = true,
+                _ => {}
+            }
+            p = (b(p + 1) & 0xfc) as usize;
+        }
+    }
+    (msi, msix, b(0x3d) != 0)
+}
+
+fn verdicts(j: &serde_json::Value) -> Vec<(String, String, String)> {
+    j["verdicts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| {
+                    let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+                    (s("check"), s("result"), s("reason"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Judge the selftest scenario's shipped reports: every verdict against what the device has.
+fn check_selftest(run: &LabRun, leg: &str) {
+    assert_scenario(run, leg, "selftest");
+    let dir = run.out_root.join("selftest");
+    let load = |name: &str| -> serde_json::Value {
+        let p = dir.join(name);
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", p.display()))
+    };
+    let mut problems = Vec::new();
+    // (report, facts name, the device has a DMA engine gpupass drives, kinds raised by the device)
+    let cases: &[(&str, Option<&str>, bool, &[&str])] = &[
+        ("edu.json", Some("edu"), true, &["msi", "intx"]),
+        ("nic.json", Some("nic"), false, &["msi-x"]),
+        ("big.json", Some("big"), false, &[]),
+        ("vga.json", Some("vga"), false, &[]),
+        ("mdev.json", None, false, &[]),
+    ];
+    for (report, facts, dma, by_device) in cases {
+        let j = load(report);
+        let (msi, msix, pin, reset) = match facts {
+            Some(n) => {
+                let cfg = std::fs::read(dir.join(format!("{n}.config"))).unwrap_or_default();
+                let (msi, msix, pin) = config_facts(&cfg);
+                let rm = std::fs::read_to_string(dir.join(format!("{n}.reset_method"))).unwrap_or_default();
+                (msi, msix, pin, !rm.trim().is_empty())
+            }
+            // mbochs: no config capabilities, no interrupt, no reset flag.
+            None => (false, false, false, false),
+        };
+        let want = |has: bool| if has { "pass" } else { "absent" };
+        let expected = [
+            ("config", "pass"),
+            ("bars", "pass"),
+            ("dma", want(*dma)),
+            ("isolation", want(*dma)),
+            ("msi-x", want(msix)),
+            ("msi", want(msi)),
+            ("intx", want(pin)),
+            ("reset", want(reset)),
+        ];
+        let got = verdicts(&j);
+        let names: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+        if names != expected.iter().map(|e| e.0).collect::<Vec<_>>() {
+            problems.push(format!("{report}: verdicts {names:?}"));
+            continue;
+        }
+        for ((name, want), (_, result, reason)) in expected.iter().zip(&got) {
+            if result != want {
+                problems.push(format!(
+                    "{report}: {name} is {result}, the device says {want}: {reason}"
+                ));
+            }
+            if by_device.contains(name) && !reason.contains("raised by the device") {
+                problems.push(format!("{report}: {name} was not raised by the device: {reason}"));
+            }
+        }
+        if j["ok"] != true {
+            problems.push(format!("{report}: ok is {}", j["ok"]));
+        }
+        // KVM's own count: every interrupt it injected between the marks is a delivery the
+        // firmware counted or its timer.
+        let boot = &j["boot"];
+        let delivered: u64 = boot["firmware"]["irqs"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|i| i["delivered"].as_u64()).sum())
+            .unwrap_or(0);
+        let timer = boot["firmware"]["irq_timer"].as_u64().unwrap_or(0);
+        if let Some(n) = boot["irq_kvm"]["delta"]["irq_injections"].as_u64() {
+            if n != delivered + timer {
+                problems.push(format!(
+                    "{report}: KVM irq_injections {n} != {delivered} delivered + {timer} timer"
+                ));
+            }
+        } else {
+            problems.push(format!("{report}: no KVM irq_injections count"));
+        }
+    }
+    let big = verdicts(&load("big.json"));
+    if !big
+        .iter()
+        .any(|v| v.0 == "bars" && v.2.contains("16 GiB") && v.2.contains("above 4 GiB"))
+    {
+        problems.push(format!("big.json: no 16 GiB BAR above 4 GiB: {big:?}"));
+    }
+    // The failing cases fail where they should, and only there.
+    // (With no DMA map the isolation probe cannot run either: it needs the mapped copy.)
+    for (report, failing) in [
+        ("edu-nomap.json", &["dma", "isolation"][..]),
+        ("edu-noirq.json", &["msi", "intx"][..]),
+    ] {
+        let j = load(report);
+        let mut failed: Vec<String> = verdicts(&j)
+            .into_iter()
+            .filter(|v| v.1 == "fail")
+            .map(|v| v.0)
+            .collect();
+        failed.sort();
+        let mut want: Vec<String> = failing.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        if failed != want {
+            problems.push(format!("{report}: failing verdicts {failed:?}, want {want:?}"));
+        }
+        if j["ok"] != false {
+            problems.push(format!("{report}: ok is {}", j["ok"]));
+        }
+    }
+    if leg == "6.12" {
+        for (report, backend) in [("edu-iommufd.json", "iommufd"), ("edu-legacy.json", "legacy")] {
+            let j = load(report);
+            if j["ok"] != true || j["boot"]["backend"] != backend {
+                problems.push(format!(
+                    "{report}: ok {} backend {}: {:?}",
+                    j["ok"],
+                    j["boot"]["backend"],
+                    verdicts(&j)
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "selftest on {leg}:\n{}", problems.join("\n"));
+}
+
 /// One `#[test]` per scenario and leg: `leg_6_1::smoke`, `leg_6_12::smoke`, ...
 /// `$attr` goes on each scenario test: a `doc` for a leg that runs (an `ignore` with the reason
 /// would park a leg that is not green).
@@ -132,6 +292,13 @@ macro_rules! leg {
                     assert_scenario(lab_run($leg, &RUN), $leg, stringify!($scenario));
                 }
             )*
+            /// The selftest scenario's `boot --check` reports, judged here against each
+            /// device's own config space and reset_method as the guest shipped them.
+            #[test]
+            #[$attr]
+            fn selftest_verdicts() {
+                check_selftest(lab_run($leg, &RUN), $leg);
+            }
         }
     };
 }
@@ -157,7 +324,8 @@ leg!(
         cdiwatch,
         startup,
         vfioids,
-        cgroupv2
+        cgroupv2,
+        selftest
     ]
 );
 leg!(
@@ -181,6 +349,7 @@ leg!(
         cdiwatch,
         startup,
         vfioids,
-        cgroupv2
+        cgroupv2,
+        selftest
     ]
 );

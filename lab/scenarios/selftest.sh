@@ -29,38 +29,39 @@ facts() {
 }
 
 # check NAME ARGS...: boot --check --json; exit status 0 and the report shipped.
+# (lab_file sets _n and friends: these helpers keep their own names.)
 check() {
-  _n=$1; shift
-  gpupass boot --check --json --timeout $T "$@" > "$_n.json" 2> "$_n.err"
-  _rc=$?
-  lab_file "$_n.json" "$_n.json"
-  if [ $_rc -eq 0 ]; then
-    lab_pass "$_n-check" "$(grep -c '"result"' "$_n.json") verdicts, none fails"
+  ck=$1; shift
+  gpupass boot --check --json --timeout $T "$@" > "$ck.json" 2> "$ck.err"
+  ckrc=$?
+  lab_file "$ck.json" "$ck.json"
+  if [ $ckrc -eq 0 ]; then
+    lab_pass "$ck-check" "$(grep -c '"result"' "$ck.json") verdicts, none fails"
   else
-    lab_fail "$_n-check" "rc=$_rc $(grep -A2 '"result": "fail"' "$_n.json" | tr '\n' ' ') $(head -3 "$_n.err")"
+    lab_fail "$ck-check" "rc=$ckrc $(grep -B1 '"result": "fail"' "$ck.json" | grep '"check"' | tr -d ' \n') $(head -3 "$ck.err")"
   fi
 }
 
 # fails STEP NAME ENV ARGS...: with the env knob set the check must exit 1 (a verdict fails).
 fails() {
-  _s=$1 _n=$2 _e=$3; shift 3
-  env "$_e" gpupass boot --check --json --timeout $T "$@" > "$_n.json" 2> "$_n.err"
-  _rc=$?
-  lab_file "$_n.json" "$_n.json"
-  if [ $_rc -eq 1 ]; then
-    lab_pass "$_s" "$_e: rc=1, $(grep -c '"result": "fail"' "$_n.json") failing verdicts"
+  fs=$1 fn=$2 fe=$3; shift 3
+  env "$fe" gpupass boot --check --json --timeout $T "$@" > "$fn.json" 2> "$fn.err"
+  frc=$?
+  lab_file "$fn.json" "$fn.json"
+  if [ $frc -eq 1 ]; then
+    lab_pass "$fs" "$fe: rc=1, $(grep -c '"result": "fail"' "$fn.json") failing verdicts"
   else
-    lab_fail "$_s" "$_e: rc=$_rc (want 1) $(head -3 "$_n.err")"
+    lab_fail "$fs" "$fe: rc=$frc (want 1) $(head -3 "$fn.err")"
   fi
 }
 
 # device NAME BDF: bind, facts, check, unbind.
 device() {
-  _name=$1 _bdf=$2
-  eval "orig_$_name=\$(lab_driver $_bdf)"
-  lab_run "$_name-bind" "$_name-bind.txt" gpupass bind "$_bdf"
-  facts "$_name" "$_bdf"
-  check "$_name" --device "$_bdf"
+  dn=$1 db=$2
+  eval "orig_$dn=\$(lab_driver $db)"
+  lab_run "$dn-bind" "$dn-bind.txt" gpupass bind "$db"
+  facts "$dn" "$db"
+  check "$dn" --device "$db"
 }
 
 undevice() {

@@ -19,6 +19,12 @@ use serde::Serialize;
 /// check fails when the device cannot reach guest memory).
 pub const NO_DMA_MAP_ENV: &str = "GPUPASS_BOOT_NO_DMA_MAP";
 
+/// Whether [`NO_DMA_MAP_ENV`] asks for the failing case: honoured only by a `testkit` build
+/// (the tests' and the lab's), never by a release binary.
+pub fn skip_map() -> bool {
+    cfg!(feature = "testkit") && std::env::var_os(NO_DMA_MAP_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DmaReport {
     /// The function on the guest's bus (`00:01.0`).

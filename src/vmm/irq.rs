@@ -34,7 +34,7 @@ pub struct MsiRoute {
 
 /// KVM's side: GSI routing and irqfds.
 pub trait KvmIrq {
-    /// `KVM_SET_GSI_ROUTING` with the irqchip's pins and these MSI routes.
+    /// `KVM_SET_GSI_ROUTING` with the IOAPIC's pins and these MSI routes.
     fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String>;
     /// `KVM_IRQFD`: `fd` injects on `gsi`; with `resample`, as a level-triggered line.
     fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String>;
@@ -191,6 +191,11 @@ impl<'a> Interrupts<'a> {
             routes: Vec::new(),
             report,
         };
+        // The IOAPIC-only routing from the start (before INTx can assert its GSI).
+        irq.report.route_updates += 1;
+        if let Err(e) = irq.kvm.set_routes(&[]) {
+            irq.fail(INDEX_INTX, format!("KVM_SET_GSI_ROUTING (IOAPIC pins): {e}"));
+        }
         if irq.report.intx.vectors > 0 && pin != 0 {
             match (Vector::new(INTX_GSI), EventFd::new(EFD_NONBLOCK)) {
                 (Ok(mut v), Ok(resample)) => match irq.kvm.irqfd(&v.fd, INTX_GSI, Some(&resample)) {
@@ -476,9 +481,10 @@ fn attach(kvm: &mut dyn KvmIrq, v: &mut Vector, on: bool, errs: &mut Vec<(u32, S
 /// `boot --check`'s interrupt verdicts, as [`super::dma::NO_DMA_MAP_ENV`] is for DMA.
 pub const NO_IRQFD_ENV: &str = "GPUPASS_BOOT_NO_IRQFD";
 
-/// Whether [`NO_IRQFD_ENV`] is set.
+/// Whether [`NO_IRQFD_ENV`] is set: honoured only by a `testkit` build (the tests' and the
+/// lab's), never by a release binary.
 pub fn skip_irqfd() -> bool {
-    std::env::var_os(NO_IRQFD_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+    cfg!(feature = "testkit") && std::env::var_os(NO_IRQFD_ENV).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 /// The real KVM side of [`KvmIrq`].
@@ -491,29 +497,22 @@ pub struct KvmRouting<'a> {
 impl KvmIrq for KvmRouting<'_> {
     fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String> {
         use kvm_bindings::{
-            kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
-            KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+            kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
+            KVM_IRQ_ROUTING_MSI,
         };
         let mut entries = Vec::new();
-        // KVM's default routing, which a KVM_SET_GSI_ROUTING replaces: GSI 0-15 on the PICs
-        // and the IOAPIC, 16-23 on the IOAPIC.
+        // The IOAPIC's 24 pins only. KVM's default routing also wires GSI 0-15 to the 8259
+        // PICs, whose unprogrammed vector base would turn the INTx GSI into an ExtINT
+        // interrupt on vector 2 (seen in the lab as a spurious "NMI"): nothing here uses them.
         for gsi in 0..24u32 {
-            let mut chip = |irqchip: u32, pin: u32| {
-                let mut e = kvm_irq_routing_entry {
-                    gsi,
-                    type_: KVM_IRQ_ROUTING_IRQCHIP,
-                    ..Default::default()
-                };
-                e.u.irqchip.irqchip = irqchip;
-                e.u.irqchip.pin = pin;
-                entries.push(e);
+            let mut e = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_IRQCHIP,
+                ..Default::default()
             };
-            if gsi < 8 {
-                chip(KVM_IRQCHIP_PIC_MASTER, gsi);
-            } else if gsi < 16 {
-                chip(KVM_IRQCHIP_PIC_SLAVE, gsi - 8);
-            }
-            chip(KVM_IRQCHIP_IOAPIC, gsi);
+            e.u.irqchip.irqchip = KVM_IRQCHIP_IOAPIC;
+            e.u.irqchip.pin = gsi;
+            entries.push(e);
         }
         for r in msi {
             let mut e = kvm_irq_routing_entry {
@@ -693,13 +692,16 @@ mod tests {
     #[test]
     fn intx_is_wired_at_once_with_a_resample_fd() {
         let (irq, log) = setup([1, 1, 5], 1, None);
-        assert_eq!(calls(&log), ["irqfd 10 resample", "set intx 1", "unmask"]);
+        assert_eq!(
+            calls(&log),
+            ["routes []", "irqfd 10 resample", "set intx 1", "unmask"]
+        );
         assert!(irq.offers(INDEX_INTX) && irq.offers(INDEX_MSI) && irq.offers(INDEX_MSIX));
         assert_eq!(irq.msix_entries(), 5);
         assert_eq!(irq.report.intx.enabled, 1);
         // No pin: no INTx even though VFIO lists the index.
         let (irq, log) = setup([1, 0, 0], 0, None);
-        assert!(calls(&log).is_empty());
+        assert_eq!(calls(&log), ["routes []"]);
         assert!(!irq.offers(INDEX_INTX) && !irq.offers(INDEX_MSI));
     }
 
@@ -739,6 +741,7 @@ mod tests {
     #[test]
     fn msix_follows_the_table_and_both_masks() {
         let (mut irq, log) = setup([0, 0, 5], 0, None);
+        calls(&log);
         let ctl = |enabled, function_masked| {
             Some(MsixControl {
                 enabled,

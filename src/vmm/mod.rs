@@ -370,8 +370,7 @@ pub fn boot(
 
     let mut session = None;
     let mut dma_mapped = 0;
-    let skip_dma_map = resolved.is_some()
-        && std::env::var_os(dma::NO_DMA_MAP_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+    let skip_dma_map = resolved.is_some() && dma::skip_map();
     let mut dma_ranges: Vec<(u64, u64)> = ram.iter().map(|r| (r.gpa, r.len)).collect();
     let mut reset = None;
     let dev = match &resolved {

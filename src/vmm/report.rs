@@ -187,6 +187,8 @@ pub struct FirmwareReport {
     pub irqs: Vec<FwIrq>,
     /// `FW irq timer N`: LAPIC timer interrupts the firmware took (each a wait that ran out).
     pub irq_timer: Option<u32>,
+    /// `FW note` lines: what the firmware saw when something did not work (diagnostics).
+    pub notes: Vec<String>,
     /// An exception the firmware took (`FW fault vector N`), which ended it.
     pub fault: Option<String>,
     /// `FW done` seen: the firmware ran to its end.
@@ -376,6 +378,10 @@ fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
             }
             _ => false,
         },
+        ["note", ..] => {
+            r.notes.push(rest.to_string());
+            true
+        }
         ["fault", "vector", v] => {
             r.fault = Some(v.to_string());
             true

@@ -37,6 +37,11 @@ pub trait Vcpu {
     fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error>;
     /// The registers, formatted for an error message.
     fn dump(&self) -> String;
+    /// Whether the vCPU sits in HLT (`KVM_GET_MP_STATE`): with an in-kernel irqchip KVM keeps a
+    /// halted vCPU in the kernel, so a halt shows only when the run is stopped.
+    fn halted(&self) -> bool {
+        false
+    }
 }
 
 /// A real KVM vCPU.
@@ -45,6 +50,12 @@ pub struct KvmVcpu(pub VcpuFd);
 impl Vcpu for KvmVcpu {
     fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
         self.0.run()
+    }
+
+    fn halted(&self) -> bool {
+        self.0
+            .get_mp_state()
+            .is_ok_and(|m| m.mp_state == kvm_bindings::KVM_MP_STATE_HALTED)
     }
 
     fn dump(&self) -> String {
@@ -403,6 +414,9 @@ pub fn run_loop(
 ) -> Result<u8, VmmError> {
     loop {
         if stop.load(Ordering::Acquire) {
+            if vcpu.halted() {
+                return Err(VmmError::Halted { regs: vcpu.dump() });
+            }
             return Err(VmmError::Timeout {
                 secs: timeout.as_secs_f64(),
                 regs: vcpu.dump(),
