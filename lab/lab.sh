@@ -425,7 +425,9 @@ build_gpupass() {
   local profile=${GPUPASS_LAB_PROFILE:-lab} dir
   case $profile in dev) dir=debug ;; *) dir=$profile ;; esac
   local bin=$REPO/target/lab/$TARGET_TRIPLE/$dir/gpupass
-  local cargo=(cargo build --profile "$profile" --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass)
+  # --features testkit: the crash scenarios (bind.sh: GPUPASS_FAIL_WRITE,
+  # GPUPASS_CRASH_AFTER_WRITE) need the failpoints, which a release build leaves out.
+  local cargo=(cargo build --profile "$profile" --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass --features testkit)
   local rustflags="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static"
   local t0 s0=$SECONDS ok=0; t0=$(now)
   if [[ -x $bin ]]; then
