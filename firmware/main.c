@@ -81,11 +81,33 @@ static inline u8 inb(u16 port)
 	return v;
 }
 
-/* ---- console: the VMM's UART is always ready, so no LSR polling (one exit per byte).
- * (`rep outsb` of a whole line was tried: KVM's emulator still exits once per byte for
- * string OUTs, on kvm_pvm and on nested SVM alike, so it bought nothing.) */
+/* ---- console: lines are collected at FW_LOG_BUF and handed over with one out32 to
+ * PORT_LOG (one exit per line). A VMM before boot-info v4 gets the bytes on COM1 instead, one
+ * exit each (its UART is always ready: no LSR polling). (`rep outsb` of a whole line was tried
+ * first: KVM's emulator still exits once per byte for string OUTs.) */
 
-static void putc(char c) { outb(PORT_SERIAL, (u8)c); }
+static int log_port; /* the VMM takes lines at PORT_LOG */
+static u32 log_len;
+
+static void log_flush(void)
+{
+	if (log_len)
+		outl(PORT_LOG, log_len);
+	log_len = 0;
+}
+
+static void putc(char c)
+{
+	if (!log_port) {
+		outb(PORT_SERIAL, (u8)c);
+		return;
+	}
+	volatile char *buf;
+	__asm__("" : "=r"(buf) : "0"((uptr)FW_LOG_BUF));
+	buf[log_len++] = c;
+	if (c == '\n' || log_len == FW_LOG_LEN)
+		log_flush();
+}
 
 static void puts(const char *s)
 {
@@ -628,9 +650,11 @@ void fw_irq(u64 vec);
 void fw_irq(u64 vec)
 {
 	if (vec < 0x20) {
+		log_flush();
 		puts("FW fault vector ");
 		put0x(vec);
 		putc('\n');
+		log_flush();
 		outb(PORT_EXIT, 4);
 		for (;;)
 			__asm__ volatile("cli; hlt");
@@ -965,8 +989,10 @@ u32 fw_main(void)
 	if (info.version < 3)
 		info.dma_seed = 0x47504431; /* a v2 block: a fixed pattern */
 	if (info.version < 4) {
-		info.irq_flags = 0; /* a v3 block: no interrupt tests */
+		info.irq_flags = 0; /* a v3 block: no interrupt tests, no PORT_LOG */
 		info.msix_entries = 0;
+	} else {
+		log_port = 1;
 	}
 	idt_init();
 	next_mem = info.mmio_base;
@@ -1013,5 +1039,6 @@ u32 fw_main(void)
 	puts("FW done devices ");
 	putdec(count);
 	putc('\n');
+	log_flush();
 	return 0;
 }

@@ -520,3 +520,27 @@ fn check_fails_when_the_interrupt_is_not_routed() {
     assert!(msi.contains(" fail ") && msi.contains("0/1 delivered"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("config    pass")), "{text}");
 }
+
+/// `config` can fail: a firmware that never enumerates the bus (the `status` test guest exits at
+/// once) leaves the guest without the device; the check says so and exits 1.
+#[test]
+fn check_fails_config_when_the_guest_never_sees_the_device() {
+    if !kvm_available() {
+        return;
+    }
+    let o = gpupass(&[
+        "boot",
+        "--emulated",
+        "--check",
+        "--firmware",
+        test_guest("status").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("config    fail") && l.contains("found no device at 00:01.0")),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("msi       fail")), "{text}");
+}

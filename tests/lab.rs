@@ -165,6 +165,7 @@ fn check_selftest(run: &LabRun, leg: &str) {
         ("nic.json", Some("nic"), false, &["msi-x"]),
         ("big.json", Some("big"), false, &[]),
         ("vga.json", Some("vga"), false, &[]),
+        ("rst.json", Some("rst"), false, &[]),
         ("mdev.json", None, false, &[]),
     ];
     for (report, facts, dma, by_device) in cases {
@@ -239,6 +240,8 @@ fn check_selftest(run: &LabRun, leg: &str) {
     for (report, failing) in [
         ("edu-nomap.json", &["dma", "isolation"][..]),
         ("edu-noirq.json", &["msi", "intx"][..]),
+        ("nic-noirq.json", &["msi-x", "msi", "intx"][..]),
+        ("big-nowindow.json", &["bars"][..]),
     ] {
         let j = load(report);
         let mut failed: Vec<String> = verdicts(&j)

@@ -3,8 +3,9 @@
 # lab-timeout: 420
 # lab-steps: dev-kvm
 # lab-steps: edu-bind edu-facts edu-check edu-text edu-nomap-fails edu-noirq-fails edu-backends edu-unbind edu-restored
-# lab-steps: nic-bind nic-facts nic-check nic-unbind nic-restored
-# lab-steps: big-bind big-facts big-check big-unbind big-restored
+# lab-steps: nic-bind nic-facts nic-check nic-noirq-fails nic-unbind nic-restored
+# lab-steps: big-bind big-facts big-check big-nowindow-fails big-unbind big-restored
+# lab-steps: rst-bind rst-facts rst-check rst-unbind rst-restored
 # lab-steps: vga-bind vga-facts vga-check vga-unbind vga-restored
 # lab-steps: mdev-create mdev-check mdev-removed
 #
@@ -55,13 +56,13 @@ fails() {
   fi
 }
 
-# device NAME BDF: bind, facts, check, unbind.
+# device NAME BDF [ARGS...]: bind, facts, check (with ARGS).
 device() {
-  dn=$1 db=$2
+  dn=$1 db=$2; shift 2
   eval "orig_$dn=\$(lab_driver $db)"
   lab_run "$dn-bind" "$dn-bind.txt" gpupass bind "$db"
   facts "$dn" "$db"
-  check "$dn" --device "$db"
+  check "$dn" --device "$db" "$@"
 }
 
 undevice() {
@@ -101,12 +102,20 @@ undevice edu $E
 # ---- e1000e 00:0d.0: MSI-X (5 vectors, raised by the device), MSI and INTx from the host side
 N=0000:00:0d.0
 device nic $N
+fails nic-noirq-fails nic-noirq GPUPASS_BOOT_NO_IRQFD=1 --device $N
 undevice nic $N
 
-# ---- ivshmem-plain 00:0c.0: the 16 GiB 64-bit BAR above 4 GiB
+# ---- ivshmem-plain 00:0c.0: the 16 GiB 64-bit BAR above 4 GiB, a 100k-read loop on it (0
+# MMIO exits by KVM's count); with a 34-bit window (12 GiB above 4 GiB) it cannot be placed
 B=0000:00:0c.0
-device big $B
+device big $B --read-loop 100000 --read-bar 2
+fails big-nowindow-fails big-nowindow GPUPASS_BOOT_PHYS_BITS=34 --device $B
 undevice big $B
+
+# ---- bochs-display 01:00.0 behind a root port: a bus reset before and after
+R=0000:01:00.0
+device rst $R
+undevice rst $R
 
 # ---- bochs-display 00:03.0: no interrupts, no DMA
 V=0000:00:03.0

@@ -174,6 +174,19 @@ pub fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
         .unwrap_or(36)
 }
 
+/// Set to N (32-52) to give the firmware the 64-bit window of an N-bit guest address width
+/// (CPUID unchanged): the failing case of `boot --check`'s `bars` verdict, a BAR too large for
+/// the window. Honoured only by a `testkit` build.
+pub const PHYS_BITS_ENV: &str = "GPUPASS_BOOT_PHYS_BITS";
+
+fn phys_bits_override() -> Option<u32> {
+    if !cfg!(feature = "testkit") {
+        return None;
+    }
+    let v: u32 = std::env::var(PHYS_BITS_ENV).ok()?.parse().ok()?;
+    (32..=52).contains(&v).then_some(v)
+}
+
 /// A trapped BAR and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TrappedBar {
@@ -341,7 +354,7 @@ pub fn boot(
     let cpuid = kvm
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("get supported CPUID"))?;
-    let phys_bits = cpu_phys_bits(cpuid.as_slice());
+    let phys_bits = phys_bits_override().unwrap_or_else(|| cpu_phys_bits(cpuid.as_slice()));
     let ram = memory::regions(&mem)?;
 
     let vm = kvm.create_vm().map_err(kvm_err("create VM"))?;
@@ -421,6 +434,7 @@ pub fn boot(
         })),
     );
     m.kvm_stats = stats;
+    m.guest_mem = Some(&mem);
     let (pin, msi_capability, msix_capability, presented_ids) = match m.bus.function(vcpu::DEVICE_SLOT) {
         Some(f) => {
             let id = f.read(0, 4);

@@ -42,6 +42,10 @@ interface! {
     FW_DMA_ISO: u64 = 0x8_2000;
     /// Bytes of each DMA test buffer (edu's whole buffer).
     FW_DMA_LEN: u64 = 0x1000;
+    /// Console line buffer: the firmware writes a line here and its length to PORT_LOG.
+    FW_LOG_BUF: u64 = 0x8_3000;
+    /// Bytes of the console line buffer.
+    FW_LOG_LEN: u64 = 0x1000;
     /// Firmware stack top (grows down towards the DMA buffers).
     FW_STACK_TOP: u64 = 0x9_0000;
     /// Page tables: PML4, one PDPT, four PDs identity-mapping the low 4 GiB (2 MiB pages).
@@ -86,6 +90,8 @@ interface! {
     MARK_ISO_END: u32 = 6;
     /// Boot info loop_bar: let the firmware pick the BAR.
     LOOP_BAR_AUTO: u32 = 0xff;
+    /// out32: the firmware's console, N bytes at FW_LOG_BUF (one exit per line, not per byte).
+    PORT_LOG: u16 = 0x504;
     /// out32: raise interrupt `(index << 16) | vector` the way the VMM can (VFIO's software
     /// trigger, or the emulated device): for a device gpupass cannot make fire itself.
     PORT_IRQ: u16 = 0x503;
@@ -137,8 +143,8 @@ const _: () = {
         "image area below the DMA buffers"
     );
     assert!(
-        FW_DMA_ISO + FW_DMA_LEN < FW_STACK_TOP,
-        "the stack has room above the buffers"
+        FW_DMA_ISO + FW_DMA_LEN <= FW_LOG_BUF && FW_LOG_BUF + FW_LOG_LEN + 0x4000 <= FW_STACK_TOP,
+        "the log buffer above the DMA buffers, 16 KiB of stack above it"
     );
     assert!(FW_PT_END <= 1 << 20, "page tables below the smallest --memory");
     assert!(

@@ -9,6 +9,8 @@
 //! - 0x502 mark: a 32-bit write of 1 / 2 brackets the firmware's read loop, whose exits
 //!   are reported apart; 3 / 4 and 5 / 6 bracket its DMA test's transfers (timed); 7 / 8 its
 //!   interrupt tests (KVM's counters are read at both)
+//! - 0x504 log: a 32-bit write of N hands over N console bytes at `FW_LOG_BUF` in guest RAM
+//!   (the firmware's lines, one exit each instead of one per byte)
 //! - 0x503 irq: a 32-bit write of `(index << 16) | vector` asks for that interrupt to be
 //!   raised from the host side ([`super::irq::Interrupts::request`])
 //! - 0xCF8-0xCFF PCI configuration mechanism #1
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 
 pub use super::protocol::{
     MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQ_BEGIN, MARK_IRQ_END, MARK_ISO_BEGIN, MARK_ISO_END,
-    MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_MARK,
+    MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_LOG, PORT_MARK,
 };
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
 pub const DEVICE_SLOT: u8 = 1;
@@ -174,6 +176,8 @@ pub struct Machine<'a> {
     pub kvm_stats: Option<super::kvmstats::StatsReader>,
     /// The device's interrupts (none without an in-kernel irqchip).
     pub irq: Option<super::irq::Interrupts<'a>>,
+    /// Guest RAM, where PORT_LOG's lines are read (none: PORT_LOG is ignored).
+    pub guest_mem: Option<&'a vm_memory::GuestMemoryMmap>,
     irq_begin: Option<super::kvmstats::Snapshot>,
     /// KVM's counters over the firmware's interrupt tests (marks 7 to 8).
     pub irq_kvm: Option<super::kvmstats::KvmCounts>,
@@ -215,6 +219,7 @@ impl<'a> Machine<'a> {
             marks: Vec::new(),
             kvm_stats: None,
             irq: None,
+            guest_mem: None,
             irq_begin: None,
             irq_kvm: None,
         }
@@ -271,6 +276,21 @@ impl<'a> Machine<'a> {
         } else if port == PORT_EXIT {
             self.exits.count("io-exit");
             return Ok(Flow::Exit(data.first().copied().unwrap_or(0)));
+        } else if port == PORT_LOG {
+            self.exits.count("io-log");
+            if let Some(mem) = self.guest_mem {
+                use vm_memory::Bytes;
+                let n = (value as usize).min(super::protocol::FW_LOG_LEN as usize);
+                let mut buf = vec![0u8; n];
+                if mem
+                    .read_slice(&mut buf, vm_memory::GuestAddress(super::protocol::FW_LOG_BUF))
+                    .is_ok()
+                {
+                    for b in buf {
+                        self.serial.write(super::serial::COM1, b);
+                    }
+                }
+            }
         } else if port == PORT_IRQ {
             self.exits.count("io-irq");
             if let Some(irq) = self.irq.as_mut() {
