@@ -871,6 +871,45 @@ static void test_msix(u32 dev, u32 fn, u32 cap)
 	irq_line(dev, fn, "msi-x", device ? "device" : "host", tested, got);
 }
 
+/* The MSI round-trip loop (boot info irq_loop): raise the target's MSI and wait for it, N times,
+ * between marks 9 and 10; the VMM times it and counts its exits. Raised by edu itself, else
+ * from the host. */
+static void irq_loop(u32 dev, u32 fn, u32 cap)
+{
+	u16 ctl = cfg_read16(dev, fn, cap + 2);
+	u32 data_off = (ctl & 0x80) ? 12 : 8;
+	cfg_write32(dev, fn, cap + 4, (u32)LAPIC_BASE);
+	if (ctl & 0x80)
+		cfg_write32(dev, fn, cap + 8, 0);
+	cfg_write16(dev, fn, cap + data_off, (u16)VEC_MSI);
+	if (ctl & 0x100)
+		cfg_write32(dev, fn, cap + data_off + 4, 0);
+	cfg_write16(dev, fn, cap + 2, (u16)((ctl & ~0x70u) | 1));
+	u64 edu = is_edu() ? bar_mem(0) : 0;
+	edu_ack_bar = edu;
+	u32 done = 0;
+	outl(PORT_MARK, MARK_IRQLOOP_BEGIN);
+	for (; done < info.irq_loop; done++) {
+		u32 before = irq_count[VEC_MSI];
+		if (edu)
+			mmio_write32(edu + EDU_IRQ_RAISE, 4);
+		else
+			host_raise(IRQ_INDEX_MSI, 0);
+		if (wait_irq(VEC_MSI, before + 1) == before)
+			break;
+	}
+	outl(PORT_MARK, MARK_IRQLOOP_END);
+	cfg_write16(dev, fn, cap + 2, (u16)(ctl & ~1u));
+	edu_ack_bar = 0;
+	puts("FW irqloop ");
+	put_bdf(dev, fn);
+	puts(edu ? " msi via device count " : " msi via host count ");
+	putdec(info.irq_loop);
+	puts(" delivered ");
+	putdec(done);
+	putc('\n');
+}
+
 /* INTx, MSI and MSI-X of the target, each that it has and the VMM wires. */
 static void irq_tests(void)
 {
@@ -922,11 +961,18 @@ static void irq_tests(void)
 			irq_none(dev, fn, "msi-x", "not-offered");
 	}
 	outl(PORT_MARK, MARK_IRQ_END);
+	u32 timer = irq_count[VEC_TIMER];
+	if (info.irq_loop) {
+		if (msi && (info.irq_flags & IRQ_F_MSI))
+			irq_loop(dev, fn, msi);
+		else
+			puts("FW irqloop none no-msi\n");
+	}
 	cfg_write16(dev, fn, 4, cmd);
 	/* The LAPIC timer's own deliveries (waits that ran out): with the deliveries above they
 	 * are every interrupt KVM injected between the marks. */
 	puts("FW irq timer ");
-	putdec(irq_count[VEC_TIMER]);
+	putdec(timer);
 	putc('\n');
 }
 

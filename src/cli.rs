@@ -314,6 +314,13 @@ pub enum Command {
         /// stays legacy under auto)
         #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
         backend: crate::backend::Policy,
+        /// After the interrupt tests, time this many MSI round trips (raise, deliver, EOI)
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        irq_loop: u32,
+        /// How MSI reaches the vCPU: the kernel's irqfd, or gpupass injecting each message from
+        /// userspace with KVM_SIGNAL_MSI (the comparison of the interrupt benchmark)
+        #[arg(long, value_enum, default_value_t = crate::vmm::irq::IrqPath::Irqfd)]
+        irq_path: crate::vmm::irq::IrqPath,
         /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
         /// isolation, msi-x, msi, intx, reset), each pass, fail or absent with the reason;
         /// exit status 0 only when none fails (docs/vmm.md, "boot --check")
@@ -566,6 +573,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             read_bar,
             backend,
             check,
+            irq_loop,
+            irq_path,
         } => {
             use crate::vfio_dev::VfioTarget;
             use crate::vmm::{BootOptions, Target};
@@ -586,6 +595,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 read_loop,
                 read_bar,
                 backend,
+                irq_loop,
+                irq_path,
             };
             match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
                 Ok(status) => Ok(status),

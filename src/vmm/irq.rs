@@ -487,11 +487,123 @@ pub fn skip_irqfd() -> bool {
     cfg!(feature = "testkit") && std::env::var_os(NO_IRQFD_ENV).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// How MSI / MSI-X reach the vCPU (`boot --irq-path`): the kernel's irqfd (what gpupass and
+/// every modern VMM use), or gpupass reading the eventfds in userspace and injecting each
+/// message with `KVM_SIGNAL_MSI` (the comparison of the interrupt benchmark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IrqPath {
+    #[default]
+    Irqfd,
+    Userspace,
+}
+
+/// The userspace path: a thread polls the MSI vectors' eventfds and injects their messages.
+#[derive(Default)]
+pub struct Injector {
+    fds: std::sync::Mutex<Vec<(u32, EventFd)>>,
+    routes: std::sync::Mutex<std::collections::HashMap<u32, (u64, u32)>>,
+    stop: std::sync::atomic::AtomicBool,
+    /// Messages injected with `KVM_SIGNAL_MSI`.
+    pub injected: std::sync::atomic::AtomicU64,
+    pub errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl Injector {
+    fn add(&self, gsi: u32, fd: &EventFd) -> Result<(), String> {
+        let fd = fd.try_clone().map_err(|e| e.to_string())?;
+        let mut fds = self.fds.lock().map_err(|_| "poisoned".to_string())?;
+        fds.retain(|(g, _)| *g != gsi);
+        fds.push((gsi, fd));
+        Ok(())
+    }
+
+    fn remove(&self, gsi: u32) {
+        if let Ok(mut fds) = self.fds.lock() {
+            fds.retain(|(g, _)| *g != gsi);
+        }
+    }
+
+    fn set_routes(&self, msi: &[MsiRoute]) {
+        if let Ok(mut r) = self.routes.lock() {
+            r.clear();
+            r.extend(msi.iter().map(|m| (m.gsi, (m.address, m.data))));
+        }
+    }
+
+    /// Stop [`run`](Self::run) (from another thread).
+    pub fn stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Poll the eventfds and inject each signalled vector's message until stopped.
+    pub fn run(&self, vm: &kvm_ioctls::VmFd) {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        use std::sync::atomic::Ordering;
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        while !self.stop.load(Ordering::Acquire) {
+            let Ok(fds) = self.fds.lock() else { return };
+            if fds.is_empty() {
+                drop(fds);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+            use std::os::fd::{AsRawFd, BorrowedFd};
+            let borrowed: Vec<BorrowedFd> = fds
+                .iter()
+                // SAFETY: each EventFd stays open while `fds` is locked, which outlives
+                // `borrowed` and `polled` (both dropped before the lock is released).
+                .map(|(_, f)| unsafe { BorrowedFd::borrow_raw(f.as_raw_fd()) })
+                .collect();
+            let mut polled: Vec<PollFd> = borrowed.iter().map(|f| PollFd::new(f, PollFlags::IN)).collect();
+            if poll(&mut polled, Some(&tick)).unwrap_or(0) == 0 {
+                continue;
+            }
+            let ready: Vec<usize> = (0..polled.len())
+                .filter(|&i| polled[i].revents().contains(PollFlags::IN))
+                .collect();
+            drop(polled);
+            drop(borrowed);
+            for i in ready {
+                let (gsi, fd) = &fds[i];
+                if fd.read().is_err() {
+                    continue;
+                }
+                let route = self.routes.lock().ok().and_then(|r| r.get(gsi).copied());
+                let Some((address, data)) = route else { continue };
+                let msi = kvm_bindings::kvm_msi {
+                    address_lo: address as u32,
+                    address_hi: (address >> 32) as u32,
+                    data,
+                    ..Default::default()
+                };
+                match vm.signal_msi(msi) {
+                    Ok(_) => {
+                        self.injected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        if let Ok(mut errs) = self.errors.lock() {
+                            if errs.len() < 4 {
+                                errs.push(format!("KVM_SIGNAL_MSI on GSI {gsi}: {e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The real KVM side of [`KvmIrq`].
 pub struct KvmRouting<'a> {
     pub vm: &'a kvm_ioctls::VmFd,
     /// [`NO_IRQFD_ENV`]: irqfds are not assigned (reported as assigned).
     pub skip_irqfd: bool,
+    /// [`IrqPath::Userspace`]: MSI vectors go to this injector instead of an irqfd.
+    pub injector: Option<&'a Injector>,
 }
 
 impl KvmIrq for KvmRouting<'_> {
@@ -526,12 +638,18 @@ impl KvmIrq for KvmRouting<'_> {
             entries.push(e);
         }
         let table = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
+        if let Some(inj) = self.injector {
+            inj.set_routes(msi);
+        }
         self.vm.set_gsi_routing(&table).map_err(|e| e.to_string())
     }
 
     fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String> {
         if self.skip_irqfd {
             return Ok(());
+        }
+        if let (Some(inj), true) = (self.injector, gsi >= MSI_GSI_BASE) {
+            return inj.add(gsi, fd);
         }
         match resample {
             Some(r) => self.vm.register_irqfd_with_resample(fd, r, gsi),
@@ -542,6 +660,10 @@ impl KvmIrq for KvmRouting<'_> {
 
     fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), String> {
         if self.skip_irqfd {
+            return Ok(());
+        }
+        if let (Some(inj), true) = (self.injector, gsi >= MSI_GSI_BASE) {
+            inj.remove(gsi);
             return Ok(());
         }
         self.vm.unregister_irqfd(fd, gsi).map_err(|e| e.to_string())

@@ -106,6 +106,8 @@ pub struct BootInfo {
     pub irq_flags: u32,
     /// MSI-X table entries VFIO offers (0: none).
     pub msix_entries: u32,
+    /// MSI round trips the firmware times (0: none).
+    pub irq_loop: u32,
 }
 
 impl BootInfo {
@@ -127,7 +129,7 @@ impl BootInfo {
             ("dma_seed", self.dma_seed.into()),
             ("irq_flags", self.irq_flags.into()),
             ("msix_entries", self.msix_entries.into()),
-            ("reserved", 0),
+            ("irq_loop", self.irq_loop.into()),
         ];
         let mut out = [0u8; BOOT_INFO_LEN];
         for (name, size, _) in p::BOOT_INFO_FIELDS {
@@ -244,6 +246,7 @@ mod tests {
             dma_seed: 0x1234_5678,
             irq_flags: 0xb,
             msix_entries: 5,
+            irq_loop: 9,
         };
         load(&mem, &[0xfa, 0xfc], info).unwrap();
         let mut b = [0u8; 2];
@@ -263,6 +266,8 @@ mod tests {
         let flags: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 60)).unwrap();
         let entries: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 64)).unwrap();
         assert_eq!((flags, entries), (0xb, 5));
+        let irq_loop: u32 = mem.read_obj(GuestAddress(BOOT_INFO_ADDR + 68)).unwrap();
+        assert_eq!(irq_loop, 9);
         assert!(matches!(
             load(&mem, &vec![0; FIRMWARE_MAX as usize + 1], info),
             Err(VmmError::FirmwareSize { .. })

@@ -131,6 +131,10 @@ pub struct BootOptions {
     pub read_bar: Option<u8>,
     /// `--backend`: the VFIO backend a device is opened through (docs/iommufd.md).
     pub backend: crate::backend::Policy,
+    /// MSI round trips the firmware times after its interrupt tests (0: none).
+    pub irq_loop: u32,
+    /// How MSI reaches the vCPU ([`irq::IrqPath`]).
+    pub irq_path: irq::IrqPath,
 }
 
 impl Default for BootOptions {
@@ -143,6 +147,8 @@ impl Default for BootOptions {
             read_loop: 0,
             read_bar: None,
             backend: crate::backend::Policy::Auto,
+            irq_loop: 0,
+            irq_path: irq::IrqPath::Irqfd,
         }
     }
 }
@@ -204,6 +210,22 @@ pub struct Timing {
     pub total_us: u64,
 }
 
+/// `--irq-loop`: N MSI round trips (raise, deliver, EOI) timed between the firmware's marks.
+#[derive(Debug, Clone, Serialize)]
+pub struct IrqLoopReport {
+    pub path: irq::IrqPath,
+    /// `device` (edu raised it) or `host` (VFIO's software trigger / the emulated device).
+    pub via: Option<String>,
+    pub count: u32,
+    pub delivered: u32,
+    pub nanos: u64,
+    pub per_second: f64,
+    /// Messages the userspace path injected with `KVM_SIGNAL_MSI` over the whole run.
+    pub userspace_injections: u64,
+    pub userspace_errors: Vec<String>,
+    pub window: vcpu::LoopWindow,
+}
+
 /// The `--json` result of `gpupass boot`.
 #[derive(Debug, Clone, Serialize)]
 pub struct BootReport {
@@ -233,6 +255,9 @@ pub struct BootReport {
     pub irq: irq::IrqReport,
     /// KVM's counters over the firmware's interrupt tests (`irq_injections`, `halt_wakeup`).
     pub irq_kvm: Option<kvmstats::KvmCounts>,
+    /// The MSI round-trip loop (`--irq-loop`): how MSI was delivered, round trips per second,
+    /// exits and KVM's counters over it.
+    pub irq_loop: Option<IrqLoopReport>,
     pub kvm_vfio_device: bool,
     /// The VFIO backend the device was opened through (`legacy` or `iommufd`; none for
     /// --emulated) and the nodes it opened.
@@ -346,6 +371,9 @@ pub fn boot(
         }
     };
 
+    // The userspace MSI path's injector (`--irq-path userspace`; idle otherwise). Declared
+    // before the machine, which lends it to the interrupt layer.
+    let injector = irq::Injector::default();
     // Declared first so it is dropped last: KVM slots and DMA maps point into it.
     let mem = memory::create(opts.memory)?;
     let kvm = open_kvm(host)?;
@@ -459,6 +487,7 @@ pub fn boot(
             let kvm_side = irq::KvmRouting {
                 vm: &vm,
                 skip_irqfd: irq::skip_irqfd(),
+                injector: (opts.irq_path == irq::IrqPath::Userspace).then_some(&injector),
             };
             m.irq = Some(irq::Interrupts::new(Box::new(kvm_side), dev, pin, msix));
             None
@@ -492,6 +521,7 @@ pub fn boot(
             dma_seed: dma_seed(),
             irq_flags,
             msix_entries,
+            irq_loop: opts.irq_loop,
         },
     )?;
     // The kernel log from here on: the IOMMU's fault lines for the run (VFIO targets).
@@ -500,7 +530,14 @@ pub fn boot(
         .map(|_| kmsg::Cursor::open(&host.path("dev/kmsg")));
     let kvm_before = m.kvm_stats.as_ref().map(|k| k.read());
     let t_run = Instant::now();
-    let result = vcpu::run_with_timeout(&mut vcpu, &mut m, opts.timeout);
+    let result = std::thread::scope(|sc| {
+        if opts.irq_path == irq::IrqPath::Userspace {
+            sc.spawn(|| injector.run(&vm));
+        }
+        let r = vcpu::run_with_timeout(&mut vcpu, &mut m, opts.timeout);
+        injector.stop();
+        r
+    });
     let run = t_run.elapsed();
     let kvm_exits = match (&m.kvm_stats, kvm_before) {
         (Some(k), Some(b)) => Some(kvmstats::delta(&b, &k.read())),
@@ -518,6 +555,7 @@ pub fn boot(
     irq_report.msi_capability = msi_capability;
     irq_report.msix_capability = msix_capability;
     let irq_kvm = m.irq_kvm.take();
+    let irq_loop_window = m.irq_loop_window.take();
     let kvm_vfio_device = session.as_ref().is_some_and(|s| s.kvm_vfio_device);
     drop(rest.keep);
     // Reset again once the BARs are unmapped (the guest's state must not reach the next user),
@@ -569,6 +607,24 @@ pub fn boot(
         reset,
         irq: irq_report,
         irq_kvm,
+        irq_loop: match (fw.irq_loop.as_ref(), irq_loop_window) {
+            (Some(l), Some(w)) => Some(IrqLoopReport {
+                path: opts.irq_path,
+                via: l.via.clone(),
+                count: l.count,
+                delivered: l.delivered,
+                nanos: w.nanos,
+                per_second: if w.nanos > 0 {
+                    f64::from(l.delivered) * 1e9 / w.nanos as f64
+                } else {
+                    0.0
+                },
+                userspace_injections: injector.injected.load(std::sync::atomic::Ordering::Relaxed),
+                userspace_errors: injector.errors.lock().map(|e| e.clone()).unwrap_or_default(),
+                window: w,
+            }),
+            _ => None,
+        },
         kvm_vfio_device,
         backend: resolved.as_ref().map(|r| r.backend),
         vfio_nodes: resolved.as_ref().map(|r| r.nodes()).unwrap_or_default(),

@@ -142,7 +142,7 @@ impl MsiCap {
         self.data_offset() + 4
     }
     /// Bytes of the capability.
-    pub fn len(&self) -> u16 {
+    pub fn size(&self) -> u16 {
         10 + if self.is64 { 4 } else { 0 } + if self.maskable { 10 } else { 0 }
     }
 }
@@ -198,7 +198,7 @@ pub fn walk_capabilities(backend: &dyn ConfigBackend) -> Capabilities {
                     is64: ctl & 0x80 != 0,
                     maskable: ctl & 0x100 != 0,
                 };
-                out.blocked.push((ptr, (ptr + cap.len()).min(0x100)));
+                out.blocked.push((ptr, (ptr + cap.size()).min(0x100)));
                 out.msi = Some(cap);
             }
             CAP_MSIX if out.msix.is_none() => {

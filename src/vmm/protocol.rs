@@ -99,6 +99,10 @@ interface! {
     MARK_IRQ_BEGIN: u32 = 7;
     /// Mark: the interrupt tests end.
     MARK_IRQ_END: u32 = 8;
+    /// Mark: the MSI round-trip loop begins.
+    MARK_IRQLOOP_BEGIN: u32 = 9;
+    /// Mark: the MSI round-trip loop ends.
+    MARK_IRQLOOP_END: u32 = 10;
     /// Boot info irq_flags: an in-kernel irqchip (LAPIC, IOAPIC) is present.
     IRQ_F_IRQCHIP: u32 = 1;
     /// Boot info irq_flags: INTx is routed (IOAPIC pin INTX_GSI, level, resampled).
@@ -192,7 +196,7 @@ pub const BOOT_INFO_FIELDS: &[(&str, usize, &str)] = &[
         "v4: IRQ_F_* - what the VMM delivers (0: no interrupt tests)",
     ),
     ("msix_entries", 4, "v4: MSI-X entries VFIO offers (0: none)"),
-    ("reserved", 4, "0"),
+    ("irq_loop", 4, "v4: MSI round trips the firmware times (0: none)"),
 ];
 
 /// Byte offset of a boot-info field; `None` for an unknown name.

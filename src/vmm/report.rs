@@ -103,6 +103,17 @@ pub struct FwIrq {
     pub skipped: Option<String>,
 }
 
+/// The firmware's MSI round-trip loop.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FwIrqLoop {
+    pub device: Option<String>,
+    /// `device` or `host`, as for [`FwIrq`].
+    pub via: Option<String>,
+    pub count: u32,
+    pub delivered: u32,
+    pub skipped: Option<String>,
+}
+
 /// `ok polls N` / `timeout` at `t[i..]`: the polls and how many tokens were used.
 fn polls(t: &[&str]) -> Option<(Option<u64>, usize)> {
     match t {
@@ -185,6 +196,8 @@ pub struct FirmwareReport {
     pub isolation: Option<FwIso>,
     /// `FW irq` lines, in order.
     pub irqs: Vec<FwIrq>,
+    /// `FW irqloop ...`: the MSI round-trip loop.
+    pub irq_loop: Option<FwIrqLoop>,
     /// `FW irq timer N`: LAPIC timer interrupts the firmware took (each a wait that ran out).
     pub irq_timer: Option<u32>,
     /// `FW note` lines: what the firmware saw when something did not work (diagnostics).
@@ -341,6 +354,26 @@ fn parse_line(r: &mut FirmwareReport, rest: &str) -> bool {
             }
             None => false,
         },
+        ["irqloop", "none", why] => {
+            r.irq_loop = Some(FwIrqLoop {
+                skipped: Some(why.to_string()),
+                ..FwIrqLoop::default()
+            });
+            true
+        }
+        ["irqloop", addr, "msi", "via", via, "count", c, "delivered", d] => match (c.parse(), d.parse()) {
+            (Ok(count), Ok(delivered)) => {
+                r.irq_loop = Some(FwIrqLoop {
+                    device: Some(addr.to_string()),
+                    via: Some(via.to_string()),
+                    count,
+                    delivered,
+                    skipped: None,
+                });
+                true
+            }
+            _ => false,
+        },
         ["irq", "timer", n] => match n.parse() {
             Ok(n) => {
                 r.irq_timer = Some(n);
@@ -470,6 +503,7 @@ mod tests {
              FW irq none no-irqchip\n\
              FW irq 00:01.0 msi via host expected x delivered 1\n\
              FW irq timer 2\n\
+             FW irqloop 00:01.0 msi via device count 1000 delivered 999\n\
              FW fault vector 0xd\n",
         );
         assert_eq!(r.unparsed.len(), 1, "{:?}", r.unparsed);
@@ -487,6 +521,8 @@ mod tests {
         assert_eq!(r.irqs[3].device, None);
         assert_eq!(r.fault.as_deref(), Some("0xd"));
         assert_eq!(r.irq_timer, Some(2));
+        let l = r.irq_loop.unwrap();
+        assert_eq!((l.count, l.delivered, l.via.as_deref()), (1000, 999, Some("device")));
     }
 
     #[test]

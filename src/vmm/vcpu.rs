@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use super::protocol::{
-    MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQ_BEGIN, MARK_IRQ_END, MARK_ISO_BEGIN, MARK_ISO_END,
+    MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQLOOP_BEGIN, MARK_IRQLOOP_END, MARK_IRQ_BEGIN, MARK_IRQ_END, MARK_ISO_BEGIN, MARK_ISO_END,
     MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_LOG, PORT_MARK,
 };
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
@@ -181,6 +181,9 @@ pub struct Machine<'a> {
     irq_begin: Option<super::kvmstats::Snapshot>,
     /// KVM's counters over the firmware's interrupt tests (marks 7 to 8).
     pub irq_kvm: Option<super::kvmstats::KvmCounts>,
+    irqloop_begin: Option<(ExitCounts, Instant, Option<super::kvmstats::Snapshot>)>,
+    /// The MSI round-trip loop (marks 9 to 10), as the read loop's window.
+    pub irq_loop_window: Option<LoopWindow>,
 }
 
 impl<'a> Machine<'a> {
@@ -220,6 +223,8 @@ impl<'a> Machine<'a> {
             kvm_stats: None,
             irq: None,
             guest_mem: None,
+            irqloop_begin: None,
+            irq_loop_window: None,
             irq_begin: None,
             irq_kvm: None,
         }
@@ -299,6 +304,26 @@ impl<'a> Machine<'a> {
         } else if port == PORT_MARK {
             self.marks.push((value, Instant::now()));
             match value {
+                MARK_IRQLOOP_BEGIN => {
+                    self.exits.count("io-mark");
+                    let kvm = self.kvm_stats.as_ref().map(|k| k.read());
+                    self.irqloop_begin = Some((self.exits.clone(), Instant::now(), kvm));
+                }
+                MARK_IRQLOOP_END => {
+                    if let Some((before, t0, kvm_before)) = self.irqloop_begin.take() {
+                        let nanos = t0.elapsed().as_nanos() as u64;
+                        let kvm = match (&self.kvm_stats, kvm_before) {
+                            (Some(k), Some(b)) => Some(super::kvmstats::delta(&b, &k.read())),
+                            _ => None,
+                        };
+                        self.irq_loop_window = Some(LoopWindow {
+                            exits: self.exits.since(&before),
+                            nanos,
+                            kvm,
+                        });
+                    }
+                    self.exits.count("io-mark");
+                }
                 MARK_IRQ_BEGIN => {
                     self.exits.count("io-mark");
                     self.irq_begin = self.kvm_stats.as_ref().map(|k| k.read());
