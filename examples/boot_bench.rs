@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Measures exec-to-exit wall time of `gpupass boot --emulated` (or `--device`) against the
-//! floor (`kvm_floor`: create VM + vCPU, run one `hlt`), and counts VM exits of a 100k-read
+//! floor (`kvm_floor`: create VM + vCPU, run one `hlt`), the two interleaved run by run, and
+//! reports the ratio of the medians; then counts VM exits of a 100k-read
 //! loop over a BAR mapped as a KVM slot vs. a trapped BAR (from `--json`).
 
 use std::path::PathBuf;
@@ -68,14 +69,37 @@ fn main() {
         Err(_) => vec!["--emulated".into()],
     };
 
-    let f = time_runs(runs, &mut || Command::new(&floor));
+    // Interleaved: floor, gpupass, floor, gpupass, ... so both see the same load.
+    let mut f = Vec::new();
+    let mut g = Vec::new();
+    for _ in 0..runs {
+        f.extend(time_runs(1, &mut || Command::new(&floor)));
+        g.extend(time_runs(1, &mut || {
+            let mut c = Command::new(&gpupass);
+            c.arg("boot").args(&target).arg("--json");
+            c
+        }));
+    }
+    f.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    g.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     stats("floor: exec + KVM create + run hlt", &f);
-    let g = time_runs(runs, &mut || {
-        let mut c = Command::new(&gpupass);
-        c.arg("boot").args(&target).arg("--json");
-        c
-    });
     stats(&format!("gpupass boot {}", target.join(" ")), &g);
+    println!(
+        "ratio gpupass/floor: median {:.2}x, min {:.2}x (interleaved, n={runs} each)",
+        g[g.len() / 2] / f[f.len() / 2],
+        g[0] / f[0]
+    );
+    let exits = Command::new(&gpupass)
+        .arg("boot")
+        .args(&target)
+        .arg("--json")
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .map(|v| (v["exits"]["total"].as_u64(), v["exits"]["by_kind"].clone()));
+    if let Some((total, kinds)) = exits {
+        println!("gpupass boot VM exits: {total:?} {kinds}");
+    }
 
     for bar in ["0", "2"] {
         let out = Command::new(&gpupass)

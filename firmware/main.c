@@ -208,28 +208,47 @@ static u32 cfg_addr(u32 dev, u32 fn, u32 off)
 {
 	return 0x80000000u | (dev << 11) | (fn << 8) | (off & 0xfc);
 }
+/* ECAM (boot-info v4: the VMM decodes ECAM_BASE): one MMIO access per register instead of
+ * mechanism #1's address write and data access (two exits). */
+static int use_ecam;
+static u64 ecam(u32 dev, u32 fn, u32 off) { return ECAM_BASE | (dev << 15) | (fn << 12) | off; }
+
 static u32 cfg_read32(u32 dev, u32 fn, u32 off)
 {
+	if (use_ecam)
+		return mmio_read32(ecam(dev, fn, off & 0xffc));
 	outl(PORT_PCI_ADDR, cfg_addr(dev, fn, off));
 	return inl(PORT_PCI_DATA);
 }
 static u16 cfg_read16(u32 dev, u32 fn, u32 off)
 {
+	if (use_ecam)
+		return mmio_read16(ecam(dev, fn, off & 0xffe));
 	outl(PORT_PCI_ADDR, cfg_addr(dev, fn, off));
 	return inw((u16)(PORT_PCI_DATA + (off & 2)));
 }
 static u8 cfg_read8(u32 dev, u32 fn, u32 off)
 {
+	if (use_ecam)
+		return *(volatile u8 *)(uptr)ecam(dev, fn, off);
 	outl(PORT_PCI_ADDR, cfg_addr(dev, fn, off));
 	return inb((u16)(PORT_PCI_DATA + (off & 3)));
 }
 static void cfg_write32(u32 dev, u32 fn, u32 off, u32 v)
 {
+	if (use_ecam) {
+		mmio_write32(ecam(dev, fn, off & 0xffc), v);
+		return;
+	}
 	outl(PORT_PCI_ADDR, cfg_addr(dev, fn, off));
 	outl(PORT_PCI_DATA, v);
 }
 static void cfg_write16(u32 dev, u32 fn, u32 off, u16 v)
 {
+	if (use_ecam) {
+		*(volatile u16 *)(uptr)ecam(dev, fn, off & 0xffe) = v;
+		return;
+	}
 	outl(PORT_PCI_ADDR, cfg_addr(dev, fn, off));
 	outw((u16)(PORT_PCI_DATA + (off & 2)), v);
 }
@@ -1039,6 +1058,7 @@ u32 fw_main(void)
 		info.msix_entries = 0;
 	} else {
 		log_port = 1;
+		use_ecam = 1;
 	}
 	idt_init();
 	next_mem = info.mmio_base;

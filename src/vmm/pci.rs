@@ -643,6 +643,45 @@ impl PciBus {
         Some((idx, (a & 0xfc) as u16 + byte as u16))
     }
 
+    /// An ECAM (MMIO) config read at `offset` into the bus-0 window; absent functions read
+    /// all-ones.
+    pub fn ecam_read(&self, offset: u64, data: &mut [u8]) {
+        let len = data.len();
+        let (dev, func, reg) = (
+            (offset >> 15) as u8 & 0x1f,
+            (offset >> 12) & 7,
+            (offset & 0xfff) as u16,
+        );
+        let v = match self.slots.iter().position(|(d, _)| *d == dev) {
+            Some(i) if func == 0 && matches!(len, 1 | 2 | 4) => self.slots[i].1.read(reg, len),
+            _ => all_ones(len.min(4)),
+        };
+        let n = len.min(4);
+        data[..n].copy_from_slice(&v.to_le_bytes()[..n]);
+        data[n..].fill(0xff);
+    }
+
+    /// An ECAM (MMIO) config write. Returns the device number whose decode may have changed.
+    pub fn ecam_write(&mut self, offset: u64, data: &[u8]) -> Option<u8> {
+        let len = data.len();
+        if !matches!(len, 1 | 2 | 4) {
+            return None;
+        }
+        let (dev, func, reg) = (
+            (offset >> 15) as u8 & 0x1f,
+            (offset >> 12) & 7,
+            (offset & 0xfff) as u16,
+        );
+        if func != 0 {
+            return None;
+        }
+        let mut b = [0u8; 4];
+        b[..len].copy_from_slice(data);
+        let i = self.slots.iter().position(|(d, _)| *d == dev)?;
+        let (d, f) = &mut self.slots[i];
+        f.write(reg, len, u32::from_le_bytes(b)).then_some(*d)
+    }
+
     /// Guest `in` from a config port; absent functions read all-ones.
     pub fn io_read(&self, port: u16, data: &mut [u8]) {
         let len = data.len();
@@ -833,6 +872,33 @@ mod tests {
         c.put(0x40, &[0x09, 0x40]);
         let f = VirtFunction::new(Box::new(c), &[]);
         assert_eq!(f.capabilities().len(), 48);
+    }
+
+    #[test]
+    fn ecam_reaches_the_same_registers_in_one_access() {
+        let mut bus = PciBus::new();
+        bus.add(0, host_bridge());
+        bus.add(1, vga());
+        let rd = |bus: &PciBus, off: u64, len: usize| {
+            let mut d = vec![0u8; len];
+            bus.ecam_read(off, &mut d);
+            let mut b = [0u8; 4];
+            b[..len].copy_from_slice(&d);
+            u32::from_le_bytes(b)
+        };
+        assert_eq!(rd(&bus, 0, 4), 0x0008_1b36);
+        assert_eq!(rd(&bus, 1 << 15, 4), 0x1111_1234);
+        assert_eq!(rd(&bus, (1 << 15) | 2, 2), 0x1111);
+        assert_eq!(
+            bus.ecam_write((1 << 15) | 0x18, &0xffff_ffffu32.to_le_bytes()),
+            Some(1)
+        );
+        assert_eq!(rd(&bus, (1 << 15) | 0x18, 4), 0xffff_c000);
+        // Empty slots, other functions, and registers past 0xff read all-ones.
+        assert_eq!(rd(&bus, 2 << 15, 4), 0xffff_ffff);
+        assert_eq!(rd(&bus, (1 << 15) | (1 << 12), 4), 0xffff_ffff);
+        assert_eq!(rd(&bus, (1 << 15) | 0x100, 4), 0xffff_ffff);
+        assert_eq!(bus.ecam_write((1 << 15) | (1 << 12), &[0; 4]), None);
     }
 
     #[test]

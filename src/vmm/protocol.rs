@@ -58,6 +58,11 @@ interface! {
     MMIO_BASE: u64 = 0xC000_0000;
     /// 32-bit MMIO hole: last address (below the IOAPIC/LAPIC range).
     MMIO_LIMIT: u64 = 0xFEBF_FFFF;
+    /// PCIe ECAM (enhanced configuration) of bus 0: function `dev.fn` at `+ (dev << 15 | fn << 12)`,
+    /// one MMIO exit per access instead of mechanism #1's two port exits (boot-info v4).
+    ECAM_BASE: u64 = 0xFED0_0000;
+    /// Bytes of the ECAM window (bus 0 only: 32 devices x 8 functions x 4 KiB).
+    ECAM_SIZE: u64 = 0x10_0000;
     /// I/O port window for I/O BARs: first port.
     IO_BASE: u32 = 0xC000;
     /// I/O port window: last port.
@@ -151,6 +156,10 @@ const _: () = {
         "the log buffer above the DMA buffers, 16 KiB of stack above it"
     );
     assert!(FW_PT_END <= 1 << 20, "page tables below the smallest --memory");
+    assert!(
+        ECAM_BASE > MMIO_LIMIT && ECAM_BASE >= IOAPIC_BASE + 0x1000 && ECAM_BASE + ECAM_SIZE <= LAPIC_BASE,
+        "ECAM between the IOAPIC and the LAPIC, above the BAR hole"
+    );
     assert!(
         VEC_MSIX + MSIX_TESTED_MAX <= 0x70,
         "MSI-X vectors below the firmware's last stub"

@@ -522,7 +522,10 @@ mod tests {
         assert_eq!(r.fault.as_deref(), Some("0xd"));
         assert_eq!(r.irq_timer, Some(2));
         let l = r.irq_loop.unwrap();
-        assert_eq!((l.count, l.delivered, l.via.as_deref()), (1000, 999, Some("device")));
+        assert_eq!(
+            (l.count, l.delivered, l.via.as_deref()),
+            (1000, 999, Some("device"))
+        );
     }
 
     #[test]

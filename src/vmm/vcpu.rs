@@ -13,7 +13,8 @@
 //!   (the firmware's lines, one exit each instead of one per byte)
 //! - 0x503 irq: a 32-bit write of `(index << 16) | vector` asks for that interrupt to be
 //!   raised from the host side ([`super::irq::Interrupts::request`])
-//! - 0xCF8-0xCFF PCI configuration mechanism #1
+//! - 0xCF8-0xCFF PCI configuration mechanism #1; MMIO `ECAM_BASE` + 1 MiB the same registers
+//!   through PCIe ECAM (one exit per access)
 //! - I/O BAR windows the guest assigned; anything else reads all-ones and ignores writes.
 
 use super::bars::{BarMapper, Hit, PresentedDevice, SlotOps};
@@ -27,8 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use super::protocol::{
-    MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQLOOP_BEGIN, MARK_IRQLOOP_END, MARK_IRQ_BEGIN, MARK_IRQ_END, MARK_ISO_BEGIN, MARK_ISO_END,
-    MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_LOG, PORT_MARK,
+    MARK_DMA_BEGIN, MARK_DMA_END, MARK_IRQLOOP_BEGIN, MARK_IRQLOOP_END, MARK_IRQ_BEGIN, MARK_IRQ_END,
+    MARK_ISO_BEGIN, MARK_ISO_END, MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_LOG, PORT_MARK,
 };
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
 pub const DEVICE_SLOT: u8 = 1;
@@ -383,7 +384,19 @@ impl<'a> Machine<'a> {
         }
     }
 
+    fn ecam(addr: u64) -> Option<u64> {
+        use super::protocol::{ECAM_BASE, ECAM_SIZE};
+        (ECAM_BASE..ECAM_BASE + ECAM_SIZE)
+            .contains(&addr)
+            .then(|| addr - ECAM_BASE)
+    }
+
     fn mmio_read(&mut self, addr: u64, data: &mut [u8]) {
+        if let Some(off) = Self::ecam(addr) {
+            self.exits.count("mmio-pci-config");
+            self.bus.ecam_read(off, data);
+            return;
+        }
         match self.mapper.find(addr, false) {
             Some(Hit::Bar { bar, offset }) => {
                 self.exits.count("mmio-bar");
@@ -403,7 +416,15 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn mmio_write(&mut self, addr: u64, data: &[u8]) {
+    fn mmio_write(&mut self, addr: u64, data: &[u8]) -> Result<(), VmmError> {
+        if let Some(off) = Self::ecam(addr) {
+            self.exits.count("mmio-pci-config");
+            if let Some(dev) = self.bus.ecam_write(off, data) {
+                self.decode_changed(dev)?;
+            }
+            self.irq_sync();
+            return Ok(());
+        }
         match self.mapper.find(addr, false) {
             Some(Hit::Bar { bar, offset }) => {
                 self.exits.count("mmio-bar");
@@ -426,6 +447,7 @@ impl<'a> Machine<'a> {
             }
             None => self.exits.count("mmio-unclaimed"),
         }
+        Ok(())
     }
 
     /// Take the interrupt eventfds back and remove the BAR slots (before the device's
@@ -477,10 +499,10 @@ pub fn run_loop(
                 m.mmio_read(addr, data);
                 Ok(Flow::Continue)
             }
-            Ok(VcpuExit::MmioWrite(addr, data)) => {
-                m.mmio_write(addr, data);
-                Ok(Flow::Continue)
-            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => m
+                .mmio_write(addr, data)
+                .map(|()| Flow::Continue)
+                .map_err(Fault::Device),
             Ok(VcpuExit::Intr) => {
                 m.exits.count("intr");
                 Ok(Flow::Continue)
