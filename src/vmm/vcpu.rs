@@ -849,6 +849,83 @@ mod tests {
         assert_eq!(o.exits.by_kind["io-unclaimed"], 2);
     }
 
+    struct RouteLog(std::rc::Rc<std::cell::RefCell<Vec<String>>>);
+    impl super::super::irq::KvmIrq for RouteLog {
+        fn set_routes(&mut self, msi: &[super::super::irq::MsiRoute]) -> Result<(), String> {
+            let r: Vec<String> = msi
+                .iter()
+                .map(|r| format!("{}={:#x}/{:#x}", r.gsi, r.address, r.data))
+                .collect();
+            self.0.borrow_mut().push(format!("routes [{}]", r.join(" ")));
+            Ok(())
+        }
+        fn irqfd(
+            &mut self,
+            _fd: &vmm_sys_util::eventfd::EventFd,
+            gsi: u32,
+            _r: Option<&vmm_sys_util::eventfd::EventFd>,
+        ) -> Result<(), String> {
+            self.0.borrow_mut().push(format!("irqfd {gsi}"));
+            Ok(())
+        }
+        fn irqfd_remove(&mut self, _fd: &vmm_sys_util::eventfd::EventFd, gsi: u32) -> Result<(), String> {
+            self.0.borrow_mut().push(format!("irqfd-remove {gsi}"));
+            Ok(())
+        }
+    }
+
+    /// The guest programs the emulated device's MSI through ECAM, asks for it on port 0x503 and
+    /// logs a line through port 0x504: the machine routes, raises and prints.
+    #[test]
+    fn ecam_msi_programming_irq_requests_and_log_lines() {
+        use super::super::irq::{EmulatedIrqs, Interrupts, INDEX_MSI};
+        use super::super::protocol::{ECAM_BASE, FW_LOG_BUF};
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+        let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        mem.write_slice(b"FW hi\n", GuestAddress(FW_LOG_BUF)).unwrap();
+        let (parts, _rest) = emulated::device().unwrap().split();
+        let slots = std::rc::Rc::new(std::cell::RefCell::new(Slots::default()));
+        let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut out = Vec::new();
+        let dev = |reg: u64| ECAM_BASE | (1 << 15) | reg;
+        let mut vcpu = FakeVcpu::new(vec![
+            Step::MmioRead(dev(0), 4),
+            Step::MmioWrite(dev(0x54), 0xfee0_0000u32.to_le_bytes().to_vec()),
+            Step::MmioWrite(dev(0x58), 0x50u16.to_le_bytes().to_vec()),
+            Step::MmioWrite(dev(0x52), 1u16.to_le_bytes().to_vec()),
+            Step::MmioRead(dev(0x52), 2),
+            Step::Out(PORT_IRQ, (INDEX_MSI << 16).to_le_bytes().to_vec()),
+            Step::Out(super::super::protocol::PORT_LOG, 6u32.to_le_bytes().to_vec()),
+            Step::Out(PORT_EXIT, vec![0]),
+        ]);
+        let report = {
+            let mut m = Machine::new(parts, 1 << 20, 1, Box::new(slots), Serial::new(Some(&mut out)));
+            m.guest_mem = Some(&mem);
+            m.irq = Some(Interrupts::new(
+                Box::new(RouteLog(log.clone())),
+                Box::new(EmulatedIrqs::default()),
+                0,
+                None,
+            ));
+            assert_eq!(
+                run_loop(&mut vcpu, &mut m, &AtomicBool::new(false), Duration::from_secs(1)).unwrap(),
+                0
+            );
+            assert_eq!(m.exits.by_kind["mmio-pci-config"], 5);
+            assert_eq!(m.exits.by_kind["io-log"], 1);
+            m.irq.take().unwrap().report
+        };
+        assert_eq!(FakeVcpu::value(&vcpu.answers[0]), 0x1111_1234, "IDs through ECAM");
+        assert_eq!(FakeVcpu::value(&vcpu.answers[1]), 1, "MSI enable reads back");
+        assert_eq!(
+            *log.borrow(),
+            ["routes []", "routes [24=0xfee00000/0x50]", "irqfd 24"]
+        );
+        assert_eq!((report.msi.enabled, report.msi.host_triggers), (1, 1));
+        assert!(report.msi.errors.is_empty(), "{:?}", report.msi.errors);
+        assert_eq!(out, b"FW hi\n");
+    }
+
     #[test]
     fn dma_marks_time_the_transfers() {
         let mark = |v: u32| Step::Out(PORT_MARK, v.to_le_bytes().to_vec());
