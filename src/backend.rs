@@ -216,11 +216,20 @@ pub fn fill_backends(inv: &mut Inventory) {
     for (d, b) in inv.devices.iter_mut().zip(backends) {
         d.backends = b;
     }
+    // Members by address, once: `Inventory::device` is a linear search, and a large host has a
+    // group per function.
+    let by_addr: std::collections::HashMap<_, &PciDevice> =
+        inv.devices.iter().rev().map(|d| (d.address, d)).collect();
     let per_group: Vec<Vec<Backend>> = inv
         .groups
         .iter()
         .map(|g| {
-            let vfio = vfio_members(inv, g);
+            let vfio: Vec<&PciDevice> = g
+                .members
+                .iter()
+                .filter_map(|a| by_addr.get(a).copied())
+                .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
+                .collect();
             [Backend::Legacy, Backend::Iommufd]
                 .into_iter()
                 .filter(|b| !vfio.is_empty() && vfio.iter().all(|d| d.backends.contains(b)))

@@ -45,50 +45,123 @@ const ZERO64: &str = "0x0000000000000000";
 pub fn parse_resource(text: &str) -> (Vec<Bar>, Vec<String>) {
     let mut bars = Vec::new();
     let mut errs = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let mut it = line.split_whitespace();
-        let (Some(f0), Some(f1), Some(f2), None) = (it.next(), it.next(), it.next(), it.next()) else {
-            let n = line.split_whitespace().count();
-            errs.push(format!("line {i} has {n} fields, expected 3"));
-            continue;
-        };
-        // All-zero lines (absent BARs) are most of the file: no number to parse.
-        if f0 == ZERO64 && f1 == ZERO64 {
-            continue;
+    let bytes = text.as_bytes();
+    let mut pos = 0;
+    let mut i = 0;
+    // Lines as `str::lines` splits them (`\n` or `\r\n`), walked by hand: a kernel line is
+    // taken whole by its length, without searching for its end.
+    while pos < bytes.len() {
+        let rest = &bytes[pos..];
+        // The kernel's own format (`0x%016llx 0x%016llx 0x%016llx`), parsed from the bytes;
+        // anything else takes the general path below.
+        if rest.len() >= KERNEL_LINE && rest.get(KERNEL_LINE).is_none_or(|c| *c == b'\n') {
+            let line = &rest[..KERNEL_LINE];
+            if line == ZERO_LINE.as_bytes() {
+                (pos, i) = (pos + KERNEL_LINE + 1, i + 1);
+                continue;
+            }
+            if let Some([start, end, flags]) = kernel_resource_line(line) {
+                if !(start == 0 && end == 0) {
+                    bars.extend(resource_bar(i, start, end, flags, &mut errs));
+                }
+                (pos, i) = (pos + KERNEL_LINE + 1, i + 1);
+                continue;
+            }
         }
-        let (Some(start), Some(end), Some(flags)) = (parse_hex(f0), parse_hex(f1), parse_hex(f2)) else {
-            errs.push(format!("line {i} is not hex"));
-            continue;
+        let (line, next) = match rest.iter().position(|c| *c == b'\n') {
+            Some(n) => {
+                let l = &text[pos..pos + n];
+                (l.strip_suffix('\r').unwrap_or(l), pos + n + 1)
+            }
+            None => (&text[pos..], bytes.len()),
         };
-        if start == 0 && end == 0 {
-            continue;
-        }
-        if end < start {
-            errs.push(format!("line {i} ends before it starts"));
-            continue;
-        }
-        // Found by fuzzing: 0..=u64::MAX has no u64 size.
-        let Some(size) = (end - start).checked_add(1) else {
-            errs.push(format!("line {i} spans the whole 64-bit address space"));
-            continue;
-        };
-        let kind = if flags & IORESOURCE_IO != 0 {
-            BarKind::Io
-        } else if flags & IORESOURCE_MEM != 0 {
-            BarKind::Memory
-        } else {
-            continue;
-        };
-        bars.push(Bar {
-            index: i as u32,
-            kind,
-            start,
-            size,
-            is_64bit: flags & IORESOURCE_MEM_64 != 0,
-            prefetchable: flags & IORESOURCE_PREFETCH != 0,
-        });
+        parse_resource_line(i, line, &mut bars, &mut errs);
+        (pos, i) = (next, i + 1);
     }
     (bars, errs)
+}
+
+/// The length of a `resource` line as the kernel prints it, and an unassigned one.
+const KERNEL_LINE: usize = 3 * 18 + 2;
+const ZERO_LINE: &str = "0x0000000000000000 0x0000000000000000 0x0000000000000000";
+
+/// Line `i` of `resource` in any spacing and hex spelling.
+fn parse_resource_line(i: usize, line: &str, bars: &mut Vec<Bar>, errs: &mut Vec<String>) {
+    let mut it = line.split_whitespace();
+    let (Some(f0), Some(f1), Some(f2), None) = (it.next(), it.next(), it.next(), it.next()) else {
+        let n = line.split_whitespace().count();
+        errs.push(format!("line {i} has {n} fields, expected 3"));
+        return;
+    };
+    // All-zero lines (absent BARs) are most of the file: no number to parse.
+    if f0 == ZERO64 && f1 == ZERO64 {
+        return;
+    }
+    let (Some(start), Some(end), Some(flags)) = (parse_hex(f0), parse_hex(f1), parse_hex(f2)) else {
+        errs.push(format!("line {i} is not hex"));
+        return;
+    };
+    if start == 0 && end == 0 {
+        return;
+    }
+    bars.extend(resource_bar(i, start, end, flags, errs));
+}
+
+/// The three numbers of a `resource` line exactly as the kernel prints it: `0x` and 16 hex
+/// digits, three times, separated by one space.
+fn kernel_resource_line(line: &[u8]) -> Option<[u64; 3]> {
+    if line.len() != 3 * 18 + 2 {
+        return None;
+    }
+    let mut out = [0u64; 3];
+    for (k, v) in out.iter_mut().enumerate() {
+        let f = &line[k * 19..k * 19 + 18];
+        if k > 0 && line[k * 19 - 1] != b' ' {
+            return None;
+        }
+        if &f[..2] != b"0x" {
+            return None;
+        }
+        for &c in &f[2..] {
+            let d = match c {
+                b'0'..=b'9' => c - b'0',
+                b'a'..=b'f' => c - b'a' + 10,
+                b'A'..=b'F' => c - b'A' + 10,
+                _ => return None,
+            };
+            *v = (*v << 4) | d as u64;
+        }
+    }
+    Some(out)
+}
+
+/// Resource line `i` as a BAR; `None` for a line that is not an I/O or memory resource, or is
+/// garbled (then `errs` says why).
+fn resource_bar(i: usize, start: u64, end: u64, flags: u64, errs: &mut Vec<String>) -> Option<Bar> {
+    if end < start {
+        errs.push(format!("line {i} ends before it starts"));
+        return None;
+    }
+    // Found by fuzzing: 0..=u64::MAX has no u64 size.
+    let Some(size) = (end - start).checked_add(1) else {
+        errs.push(format!("line {i} spans the whole 64-bit address space"));
+        return None;
+    };
+    let kind = if flags & IORESOURCE_IO != 0 {
+        BarKind::Io
+    } else if flags & IORESOURCE_MEM != 0 {
+        BarKind::Memory
+    } else {
+        return None;
+    };
+    Some(Bar {
+        index: i as u32,
+        kind,
+        start,
+        size,
+        is_64bit: flags & IORESOURCE_MEM_64 != 0,
+        prefetchable: flags & IORESOURCE_PREFETCH != 0,
+    })
 }
 
 /// IDs from a PCI `modalias` (`pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X`).
@@ -155,30 +228,25 @@ pub fn parse_nvidia_information(text: &str) -> NvidiaInfo {
     info
 }
 
-/// pci.ids names: (vendor, device, subsystem, class).
-fn names(
-    vendor: u16,
-    device: u16,
-    sub: Option<(u16, u16)>,
-    class: u32,
-) -> (Option<String>, Option<String>, Option<String>, Option<String>) {
+/// pci.ids names: [vendor, device, subsystem, class].
+fn names(vendor: u16, device: u16, sub: Option<(u16, u16)>, class: u32) -> Names {
     use pci_ids::FromId;
-    let vname = pci_ids::Vendor::from_id(vendor).map(|v| v.name().to_string());
+    let vname = pci_ids::Vendor::from_id(vendor).map(|v| v.name());
     let dev = pci_ids::Device::from_vid_pid(vendor, device);
-    let dname = dev.map(|d| d.name().to_string());
+    let dname = dev.map(|d| d.name());
     let sname = match (dev, sub) {
         (Some(d), Some((sv, sd))) => d
             .subsystems()
             .find(|s| s.subvendor() == sv && s.subdevice() == sd)
-            .map(|s| s.name().to_string()),
+            .map(|s| s.name()),
         _ => None,
     };
     let base = (class >> 16) as u8;
     let subc = (class >> 8) as u8;
     let cname = pci_ids::Subclass::from_cid_sid(base, subc)
-        .map(|s| s.name().to_string())
-        .or_else(|| pci_ids::Class::from_id(base).map(|c| c.name().to_string()));
-    (vname, dname, sname, cname)
+        .map(|s| s.name())
+        .or_else(|| pci_ids::Class::from_id(base).map(|c| c.name()));
+    [vname, dname, sname, cname]
 }
 
 /// Host-wide tables read once per scan rather than once per device.
@@ -213,46 +281,194 @@ impl HostTables {
     }
 }
 
-/// Attributes a light read leaves out: placement, resources and capabilities that no plan of a
-/// bind, an unbind or a container's device nodes looks at.
-const LIGHT_SKIPS: &[&str] = &[
-    "numa_node",
-    "local_cpulist",
-    "resource",
-    "revision",
-    "reset_method",
-    "sriov_totalvfs",
-    "sriov_numvfs",
-];
+/// The attributes of a device directory the reader looks at: bits of a [`Listing`], and the
+/// names it opens them by (C strings, so an open copies no path).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Attr {
+    Modalias,
+    Vendor,
+    Device,
+    SubsystemVendor,
+    SubsystemDevice,
+    Class,
+    Revision,
+    IommuGroup,
+    Driver,
+    DriverOverride,
+    NumaNode,
+    LocalCpulist,
+    Resource,
+    BootVga,
+    ResetMethod,
+    PciBus,
+    SriovTotalvfs,
+    SriovNumvfs,
+    Physfn,
+    MdevSupportedTypes,
+    Nvidia,
+    VfioDev,
+}
 
-/// The entries of a device directory, sorted for lookups, with whether each is a regular file.
-#[derive(Default)]
-struct Listing(Vec<(String, bool)>);
+impl Attr {
+    /// Every attribute (for the tests).
+    #[cfg(test)]
+    const ALL: [Attr; 22] = [
+        Attr::Modalias,
+        Attr::Vendor,
+        Attr::Device,
+        Attr::SubsystemVendor,
+        Attr::SubsystemDevice,
+        Attr::Class,
+        Attr::Revision,
+        Attr::IommuGroup,
+        Attr::Driver,
+        Attr::DriverOverride,
+        Attr::NumaNode,
+        Attr::LocalCpulist,
+        Attr::Resource,
+        Attr::BootVga,
+        Attr::ResetMethod,
+        Attr::PciBus,
+        Attr::SriovTotalvfs,
+        Attr::SriovNumvfs,
+        Attr::Physfn,
+        Attr::MdevSupportedTypes,
+        Attr::Nvidia,
+        Attr::VfioDev,
+    ];
 
-impl Listing {
-    fn new(mut v: Vec<(String, bool)>) -> Self {
-        v.sort_unstable();
-        Listing(v)
+    fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Attr::Modalias => c"modalias",
+            Attr::Vendor => c"vendor",
+            Attr::Device => c"device",
+            Attr::SubsystemVendor => c"subsystem_vendor",
+            Attr::SubsystemDevice => c"subsystem_device",
+            Attr::Class => c"class",
+            Attr::Revision => c"revision",
+            Attr::IommuGroup => c"iommu_group",
+            Attr::Driver => c"driver",
+            Attr::DriverOverride => c"driver_override",
+            Attr::NumaNode => c"numa_node",
+            Attr::LocalCpulist => c"local_cpulist",
+            Attr::Resource => c"resource",
+            Attr::BootVga => c"boot_vga",
+            Attr::ResetMethod => c"reset_method",
+            Attr::PciBus => c"pci_bus",
+            Attr::SriovTotalvfs => c"sriov_totalvfs",
+            Attr::SriovNumvfs => c"sriov_numvfs",
+            Attr::Physfn => c"physfn",
+            Attr::MdevSupportedTypes => c"mdev_supported_types",
+            Attr::Nvidia => c"nvidia",
+            Attr::VfioDev => c"vfio-dev",
+        }
     }
-    fn find(&self, name: &str) -> Option<&(String, bool)> {
-        self.0
-            .binary_search_by(|(n, _)| n.as_str().cmp(name))
-            .ok()
-            .map(|i| &self.0[i])
+
+    /// The name as text, for warnings.
+    fn name(self) -> &'static str {
+        self.c_name().to_str().unwrap_or("?")
     }
-    fn contains(&self, name: &str) -> bool {
-        self.find(name).is_some()
+
+    fn from_name(n: &[u8]) -> Option<Attr> {
+        // Most entries of a device directory are not looked at; the names of each length are
+        // few, so a miss costs a comparison or two.
+        let of_len: &[Attr] = match n.len() {
+            5 => &[Attr::Class],
+            6 => &[
+                Attr::Vendor,
+                Attr::Device,
+                Attr::Driver,
+                Attr::Physfn,
+                Attr::Nvidia,
+            ],
+            7 => &[Attr::PciBus],
+            8 => &[
+                Attr::Modalias,
+                Attr::Revision,
+                Attr::Resource,
+                Attr::BootVga,
+                Attr::VfioDev,
+            ],
+            9 => &[Attr::NumaNode],
+            11 => &[Attr::IommuGroup],
+            12 => &[Attr::ResetMethod, Attr::SriovNumvfs],
+            13 => &[Attr::LocalCpulist],
+            14 => &[Attr::SriovTotalvfs],
+            15 => &[Attr::DriverOverride],
+            16 => &[Attr::SubsystemVendor, Attr::SubsystemDevice],
+            20 => &[Attr::MdevSupportedTypes],
+            _ => &[],
+        };
+        of_len.iter().copied().find(|a| a.c_name().to_bytes() == n)
     }
-    fn is_regular(&self, name: &str) -> bool {
-        self.find(name).is_some_and(|(_, r)| *r)
+
+    fn bit(self) -> u32 {
+        1 << self as u32
     }
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-    fn names(&self) -> impl Iterator<Item = String> + '_ {
-        self.0.iter().map(|(n, _)| n.clone())
+
+    /// Attributes a light read leaves out: placement, resources and capabilities that no plan
+    /// of a bind, an unbind or a container's device nodes looks at.
+    fn light_skips(self) -> bool {
+        matches!(
+            self,
+            Attr::NumaNode
+                | Attr::LocalCpulist
+                | Attr::Resource
+                | Attr::Revision
+                | Attr::ResetMethod
+                | Attr::SriovTotalvfs
+                | Attr::SriovNumvfs
+        )
     }
 }
+
+/// What one listing (`getdents64`) of a device directory said: which of the attributes the
+/// reader knows are there and which of them are regular files, the `virtfn<N>` links, and
+/// whether the directory had any entry at all. Nothing is allocated per entry.
+#[derive(Default)]
+struct Listing {
+    present: u32,
+    regular: u32,
+    any: bool,
+    /// `virtfn<N>` entries by N.
+    virtfns: Vec<(u32, String)>,
+}
+
+impl Listing {
+    fn read(d: &host::AttrDir) -> io::Result<Self> {
+        let mut l = Listing::default();
+        d.for_each_entry(|n, regular| {
+            l.any = true;
+            if let Some(a) = Attr::from_name(n) {
+                l.present |= a.bit();
+                if regular {
+                    l.regular |= a.bit();
+                }
+            } else if let Some(i) = n.strip_prefix(b"virtfn") {
+                let n = host::utf8(n);
+                if let Ok(i) = host::utf8(i).parse() {
+                    l.virtfns.push((i, n.into_owned()));
+                }
+            }
+        })?;
+        l.virtfns.sort();
+        Ok(l)
+    }
+    fn contains(&self, a: Attr) -> bool {
+        self.present & a.bit() != 0
+    }
+    fn is_regular(&self, a: Attr) -> bool {
+        self.regular & a.bit() != 0
+    }
+    fn is_empty(&self) -> bool {
+        !self.any
+    }
+}
+
+/// pci.ids names of (vendor, device, subsystem, class).
+type Names = [Option<&'static str>; 4];
+/// What the pci.ids names are looked up by: vendor, device, subsystem, class.
+type NamesKey = (u16, u16, Option<(u16, u16)>, u32);
 
 struct Reader<'a> {
     host: &'a HostRoot,
@@ -266,28 +482,65 @@ struct Reader<'a> {
     cur: Option<host::AttrDir>,
     /// `local_cpulist` per NUMA node (-1: no node), see `device()`.
     cpulists: HashMap<i32, String>,
+    /// The one buffer every attribute and link of the scan is read into.
+    buf: Vec<u8>,
+    /// pci.ids lookups already made (a large host has many functions of few models).
+    names: HashMap<NamesKey, Names>,
+    /// `sys/bus/pci/devices`, which the bus links are relative to.
+    bus: std::path::PathBuf,
+}
+
+impl<'a> Reader<'a> {
+    fn new(host: &'a HostRoot, tables: &'a HostTables, light: bool) -> Self {
+        Reader {
+            host,
+            tables,
+            warnings: Vec::new(),
+            present: Default::default(),
+            light,
+            cur: None,
+            cpulists: HashMap::new(),
+            buf: Vec::new(),
+            names: HashMap::new(),
+            bus: host.sys_bus_pci_devices(),
+        }
+    }
 }
 
 impl Reader<'_> {
-    /// An attribute of the current device directory (see `present`).
-    fn attr(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
-        if !self.present.contains(name) || (self.light && LIGHT_SKIPS.contains(&name)) {
-            return None;
+    /// Read an attribute of the current device directory (see `present`) into `self.buf`;
+    /// `false` when it is absent, skipped or unreadable (which warns).
+    fn read(&mut self, addr: &str, a: Attr) -> bool {
+        if !self.present.contains(a) || (self.light && a.light_skips()) {
+            return false;
         }
-        let cur = self.cur.as_ref()?;
-        let r = if self.present.is_regular(name) {
-            cur.read_listed_regular(name, host::ATTR_LIMIT as usize)
-        } else {
-            cur.read(name, host::ATTR_LIMIT as usize)
+        let Some(cur) = self.cur.as_ref() else {
+            return false;
         };
-        match r {
-            Ok(s) => Some(s),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        match cur.read_into(
+            a.c_name(),
+            host::ATTR_LIMIT as usize,
+            self.present.is_regular(a),
+            &mut self.buf,
+        ) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => {
-                self.warnings.push(format!("{addr}: cannot read {name}: {e}"));
-                None
+                self.warnings
+                    .push(format!("{addr}: cannot read {}: {e}", a.name()));
+                false
             }
         }
+    }
+
+    /// An attribute of the current device directory as text, borrowed from `self.buf`.
+    fn text(&mut self, addr: &str, a: Attr) -> Option<std::borrow::Cow<'_, str>> {
+        self.read(addr, a).then(|| host::utf8(&self.buf))
+    }
+
+    /// An attribute of the current device directory as an owned string.
+    fn attr(&mut self, addr: &str, a: Attr) -> Option<String> {
+        self.text(addr, a).map(|s| s.into_owned())
     }
 
     /// An optional attribute: missing is normal (`None`, no warning); unreadable warns.
@@ -302,51 +555,65 @@ impl Reader<'_> {
         }
     }
 
-    /// A hex ID attribute of the device directory rendered as `width` lower-case hex digits.
-    fn hex_id_attr(
-        &mut self,
-        dir: &Path,
-        addr: &str,
-        name: &str,
-        width: usize,
-        required: bool,
-    ) -> Option<String> {
-        let raw = self.attr(dir, addr, name);
-        match raw.as_deref().map(parse_hex) {
-            Some(Some(v)) if width >= 16 || v < (1u64 << (4 * width)) => Some(format!("{v:0width$x}")),
-            Some(_) => {
-                self.warnings.push(format!(
-                    "{addr}: {name} holds {:?}, not a hex number",
-                    raw.unwrap_or_default()
-                ));
-                None
+    /// A hex ID attribute of the device directory as a number below `16^width`.
+    fn hex_id_attr(&mut self, addr: &str, a: Attr, width: usize, required: bool) -> Option<u64> {
+        if !self.read(addr, a) {
+            if required {
+                self.warnings.push(format!("{addr}: {} is missing", a.name()));
             }
-            None => {
-                if required {
-                    self.warnings.push(format!("{addr}: {name} is missing"));
-                }
-                None
-            }
-        }
-    }
-
-    /// A link of the current device directory (see `present`).
-    fn dev_link(&mut self, _dir: &Path, addr: &str, name: &str) -> Option<String> {
-        if !self.present.contains(name) {
             return None;
         }
-        match self.cur.as_ref()?.link_name(name) {
-            Ok(v) => v,
-            Err(e) => {
-                self.warnings
-                    .push(format!("{addr}: cannot read link {name}: {e}"));
+        let raw = host::utf8(&self.buf);
+        match parse_hex(&raw) {
+            Some(v) if width >= 16 || v < (1u64 << (4 * width)) => Some(v),
+            _ => {
+                let w = format!("{addr}: {} holds {:?}, not a hex number", a.name(), raw);
+                self.warnings.push(w);
                 None
             }
         }
     }
 
-    fn addr_link(&mut self, dir: &Path, addr: &str, name: &str) -> Option<PciAddress> {
-        self.dev_link(dir, addr, name).and_then(|n| n.parse().ok())
+    /// Read a link of the current device directory (see `present`) into `self.buf`; `false`
+    /// when it is absent or unreadable (which warns).
+    fn link(&mut self, addr: &str, name: &std::ffi::CStr, listed: bool) -> bool {
+        if !listed {
+            return false;
+        }
+        let Some(cur) = self.cur.as_ref() else {
+            return false;
+        };
+        match cur.link_into(name, &mut self.buf) {
+            Ok(found) => found,
+            Err(e) => {
+                let n = name.to_string_lossy();
+                self.warnings.push(format!("{addr}: cannot read link {n}: {e}"));
+                false
+            }
+        }
+    }
+
+    /// The last component of a link of the current device directory, borrowed from `self.buf`.
+    fn link_last(&mut self, addr: &str, a: Attr) -> Option<std::borrow::Cow<'_, str>> {
+        let listed = self.present.contains(a);
+        self.link(addr, a.c_name(), listed)
+            .then(|| host::utf8(host::last_component(&self.buf)))
+    }
+
+    /// The address a link of the current device directory (`physfn`, `virtfn<N>`) points at.
+    fn addr_link(&mut self, addr: &str, name: &std::ffi::CStr, listed: bool) -> Option<PciAddress> {
+        if !self.link(addr, name, listed) {
+            return None;
+        }
+        host::utf8(host::last_component(&self.buf)).parse().ok()
+    }
+
+    /// pci.ids names, looked up once per model.
+    fn names(&mut self, vendor: u16, device: u16, sub: Option<(u16, u16)>, class: u32) -> Names {
+        *self
+            .names
+            .entry((vendor, device, sub, class))
+            .or_insert_with(|| names(vendor, device, sub, class))
     }
 
     fn mdev_types(&mut self, types_dir: &Path, addr: &str) -> Vec<MdevType> {
@@ -389,16 +656,16 @@ impl Reader<'_> {
         // Resolve the bus link once (lexically: sysfs links are relative and the bus directory
         // is real), so each attribute open does not walk the symlink again.
         let dir = match link_target {
-            Some(t) => host::join_link(&self.host.sys_bus_pci_devices(), t),
+            Some(t) => host::join_link(&self.bus, t),
             None => self.host.pci_device(&addr),
         };
         self.cur = None;
         self.present = match host::AttrDir::open(&dir).and_then(|d| {
-            let entries = d.entries()?;
+            let listing = Listing::read(&d)?;
             self.cur = Some(d);
-            Ok(entries)
+            Ok(listing)
         }) {
-            Ok(v) => Listing::new(v),
+            Ok(l) => l,
             Err(e) => {
                 if e.kind() != io::ErrorKind::NotFound {
                     self.warnings
@@ -409,93 +676,90 @@ impl Reader<'_> {
         };
         // One read of `modalias` gives vendor, device, subsystem and class; the separate
         // attributes are the fallback when it is missing or garbled.
-        let modalias = self.attr(&dir, &a, "modalias");
+        let modalias = self.attr(&a, Attr::Modalias);
         let ids = modalias.as_deref().and_then(parse_pci_modalias);
-        let (vendor_id, device_id, subsystem_vendor_id, subsystem_device_id, class) = match ids {
-            Some(m) => (
-                format!("{:04x}", m.vendor),
-                format!("{:04x}", m.device),
-                Some(format!("{:04x}", m.subvendor)),
-                Some(format!("{:04x}", m.subdevice)),
-                format!("{:06x}", m.class),
-            ),
+        let (vid, did, sv, sd, class_code) = match ids {
+            Some(m) => (m.vendor, m.device, Some(m.subvendor), Some(m.subdevice), m.class),
             None => (
-                self.hex_id_attr(&dir, &a, "vendor", 4, true)
-                    .unwrap_or_else(|| "ffff".into()),
-                self.hex_id_attr(&dir, &a, "device", 4, true)
-                    .unwrap_or_else(|| "ffff".into()),
-                self.hex_id_attr(&dir, &a, "subsystem_vendor", 4, false),
-                self.hex_id_attr(&dir, &a, "subsystem_device", 4, false),
-                self.hex_id_attr(&dir, &a, "class", 6, true)
-                    .unwrap_or_else(|| "ff0000".into()),
+                self.hex_id_attr(&a, Attr::Vendor, 4, true)
+                    .map_or(0xffff, |v| v as u16),
+                self.hex_id_attr(&a, Attr::Device, 4, true)
+                    .map_or(0xffff, |v| v as u16),
+                self.hex_id_attr(&a, Attr::SubsystemVendor, 4, false)
+                    .map(|v| v as u16),
+                self.hex_id_attr(&a, Attr::SubsystemDevice, 4, false)
+                    .map(|v| v as u16),
+                self.hex_id_attr(&a, Attr::Class, 6, true)
+                    .map_or(0xff0000, |v| v as u32),
             ),
         };
-        let revision = self.hex_id_attr(&dir, &a, "revision", 2, false);
-        let class_code = u32::from_str_radix(&class, 16).unwrap_or(0);
-        let vid = u16::from_str_radix(&vendor_id, 16).unwrap_or(0xffff);
-        let did = u16::from_str_radix(&device_id, 16).unwrap_or(0xffff);
-        let sub = match (&subsystem_vendor_id, &subsystem_device_id) {
-            (Some(v), Some(d)) => Some((
-                u16::from_str_radix(v, 16).unwrap_or(0),
-                u16::from_str_radix(d, 16).unwrap_or(0),
-            )),
-            _ => None,
-        };
-        let (vendor_name, device_name, subsystem_name, class_name) = names(vid, did, sub, class_code);
+        let sub = sv.zip(sd);
+        let vendor_id = PciId::from_u16(vid);
+        let device_id = PciId::from_u16(did);
+        let subsystem_vendor_id = sv.map(PciId::from_u16);
+        let subsystem_device_id = sd.map(PciId::from_u16);
+        // `class` was checked to fit six digits, and a modalias has 24 bits.
+        let class = ClassCode::from_bits(class_code);
+        let revision = self
+            .hex_id_attr(&a, Attr::Revision, 2, false)
+            .map(|v| Revision::from_u8(v as u8));
+        let [vendor_name, device_name, subsystem_name, class_name] = self
+            .names(vid, did, sub, class_code)
+            .map(|n| n.map(str::to_string));
 
-        let group_link = self.dev_link(&dir, &a, "iommu_group");
-        let iommu_group = group_link.as_deref().and_then(|n| n.parse().ok());
-        if let (Some(n), None) = (&group_link, iommu_group) {
+        let (iommu_group, bad_group) = match self.link_last(&a, Attr::IommuGroup) {
+            Some(n) => match n.parse::<u32>() {
+                Ok(g) => (Some(g), None),
+                Err(_) => (None, Some(n.into_owned())),
+            },
+            None => (None, None),
+        };
+        if let Some(n) = bad_group {
             self.warnings.push(format!(
                 "{a}: iommu_group links to {n:?}, not a group number; treated as having no IOMMU group"
             ));
         }
         // The kernel's link is `../../../bus/pci/drivers/<name>`; anything else (a loop, a link
         // to elsewhere) is a broken tree, not a driver. One readlink gives both.
-        let driver = match self
-            .present
-            .contains("driver")
-            .then_some(self.cur.as_ref())
-            .flatten()
-        {
-            None => None,
-            Some(c) => match c.link_target("driver") {
-                Ok(Some(t)) if t.contains("/drivers/") => t.rsplit('/').next().map(str::to_string),
-                Ok(Some(t)) => {
-                    self.warnings.push(format!(
-                        "{a}: driver links to {t:?}, not to a driver under bus/pci/drivers; treated as driverless"
-                    ));
-                    None
-                }
-                Ok(None) => None,
-                Err(e) => {
-                    self.warnings.push(format!("{a}: cannot read link driver: {e}"));
-                    None
-                }
-            },
+        let driver = if self.link(&a, c"driver", self.present.contains(Attr::Driver)) {
+            let t = &self.buf;
+            if t.windows(9).any(|w| w == b"/drivers/") {
+                Some(host::utf8(host::last_component(t)).into_owned())
+            } else {
+                let t = host::utf8(t).into_owned();
+                self.warnings.push(format!(
+                    "{a}: driver links to {t:?}, not to a driver under bus/pci/drivers; treated as driverless"
+                ));
+                None
+            }
+        } else {
+            None
         };
         let driver_override = self
-            .attr(&dir, &a, "driver_override")
-            .filter(|s| !s.is_empty() && s != "(null)");
-        let numa_node = match self.attr(&dir, &a, "numa_node") {
-            Some(s) => match s.trim().parse::<i32>() {
+            .text(&a, Attr::DriverOverride)
+            .filter(|s| !s.is_empty() && s != "(null)")
+            .map(|s| s.into_owned());
+        let numa_node = if self.read(&a, Attr::NumaNode) {
+            let s = host::utf8(&self.buf);
+            match s.trim().parse::<i32>() {
                 Ok(n) if n >= 0 => Some(n),
                 Ok(_) => None,
                 Err(_) => {
-                    self.warnings
-                        .push(format!("{a}: numa_node holds {s:?}, not a number"));
+                    let w = format!("{a}: numa_node holds {s:?}, not a number");
+                    self.warnings.push(w);
                     None
                 }
-            },
-            None => None,
+            }
+        } else {
+            None
         };
         // The kernel prints cpumask_of_node(node) here (all online CPUs without a node), so
         // every device of one node has the same list: read it once per node.
         let node_key = numa_node.unwrap_or(-1);
         let local_cpulist = match self.cpulists.get(&node_key) {
-            Some(v) if self.present.contains("local_cpulist") => Some(v.clone()),
+            Some(v) if self.present.contains(Attr::LocalCpulist) => Some(v.clone()),
             _ => {
-                let v = self.attr(&dir, &a, "local_cpulist");
+                let v = self.attr(&a, Attr::LocalCpulist);
                 if let Some(v) = &v {
                     self.cpulists.insert(node_key, v.clone());
                 }
@@ -506,8 +770,8 @@ impl Reader<'_> {
         let mut bars = Vec::new();
         let mut rom = None;
         let mut vf_bars = Vec::new();
-        if let Some(text) = self.attr(&dir, &a, "resource") {
-            let (parsed, errs) = parse_resource(&text);
+        if self.read(&a, Attr::Resource) {
+            let (parsed, errs) = parse_resource(&host::utf8(&self.buf));
             for e in errs {
                 self.warnings.push(format!("{a}: resource: {e}"));
             }
@@ -520,13 +784,13 @@ impl Reader<'_> {
                 }
             }
         }
-        let boot_vga = self.attr(&dir, &a, "boot_vga").map(|s| s.trim() == "1");
+        let boot_vga = self.text(&a, Attr::BootVga).map(|s| s.trim() == "1");
         let reset_methods = self
-            .attr(&dir, &a, "reset_method")
+            .text(&a, Attr::ResetMethod)
             .map(|s| s.split_whitespace().map(str::to_string).collect());
         let base = (class_code >> 16) as u8;
         let subc = (class_code >> 8) as u8;
-        let is_bridge = (base == 0x06 && matches!(subc, 0x04 | 0x09)) || self.present.contains("pci_bus");
+        let is_bridge = (base == 0x06 && matches!(subc, 0x04 | 0x09)) || self.present.contains(Attr::PciBus);
         let parent = link_target.and_then(|t| {
             t.parent()
                 .and_then(|p| p.file_name())
@@ -534,29 +798,22 @@ impl Reader<'_> {
                 .and_then(|n| n.parse().ok())
         });
 
-        let sriov = match self.attr(&dir, &a, "sriov_totalvfs") {
-            Some(t) => {
-                let total_vfs = t.trim().parse().unwrap_or(0);
+        let sriov = match self
+            .text(&a, Attr::SriovTotalvfs)
+            .map(|t| t.trim().parse().unwrap_or(0))
+        {
+            Some(total_vfs) => {
                 let num_vfs = self
-                    .opt(&dir, &a, "sriov_numvfs")
+                    .text(&a, Attr::SriovNumvfs)
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
                 let mut vfs: Vec<PciAddress> = Vec::new();
-                {
-                    let mut idx: Vec<(u32, String)> = self
-                        .present
-                        .names()
-                        .filter_map(|n| {
-                            n.strip_prefix("virtfn")
-                                .and_then(|i| i.parse().ok())
-                                .map(|i| (i, n))
-                        })
-                        .collect();
-                    idx.sort();
-                    for (_, n) in idx {
-                        if let Some(v) = self.addr_link(&dir, &a, &n) {
-                            vfs.push(v);
-                        }
+                for (_, n) in std::mem::take(&mut self.present.virtfns) {
+                    let Ok(n) = std::ffi::CString::new(n) else {
+                        continue;
+                    };
+                    if let Some(v) = self.addr_link(&a, &n, true) {
+                        vfs.push(v);
                     }
                 }
                 Some(Sriov {
@@ -568,10 +825,10 @@ impl Reader<'_> {
             }
             None => None,
         };
-        let physfn = self.addr_link(&dir, &a, "physfn");
+        let physfn = self.addr_link(&a, c"physfn", self.present.contains(Attr::Physfn));
         let mdev_types = {
             let td = dir.join("mdev_supported_types");
-            if self.present.contains("mdev_supported_types") && !self.light {
+            if self.present.contains(Attr::MdevSupportedTypes) && !self.light {
                 self.mdev_types(&td, &a)
             } else {
                 Vec::new()
@@ -595,7 +852,7 @@ impl Reader<'_> {
         // `vfio-dev/vfioN` is the VFIO device's sysfs node (Linux 6.1+); it is a character
         // device, the cdev, only where it has a `dev` attribute (6.6+ with
         // CONFIG_VFIO_DEVICE_CDEV): on 6.1 the directory is there and the `dev` file is not.
-        let vfio_cdev = if self.present.contains("vfio-dev") {
+        let vfio_cdev = if self.present.contains(Attr::VfioDev) {
             dir_names(&dir.join("vfio-dev")).ok().and_then(|v| {
                 v.into_iter().find_map(|n| {
                     let dev = read_attr(&dir.join("vfio-dev").join(&n).join("dev")).ok()?;
@@ -655,7 +912,7 @@ impl Reader<'_> {
     /// NVIDIA vendor-VFIO vGPU (kernel 6.8+, vGPU 17+): `nvidia/creatable_vgpu_types` lists
     /// `ID : Name` rows after a header; `nvidia/current_vgpu_type` holds the active id (0 = none).
     fn nvidia_vgpu(&mut self, dir: &Path, a: &str) -> (Vec<MdevType>, Option<String>) {
-        if !self.present.contains("nvidia") || self.light {
+        if !self.present.contains(Attr::Nvidia) || self.light {
             return (Vec::new(), None);
         }
         let nd = dir.join("nvidia");
@@ -695,7 +952,8 @@ pub fn parse_creatable_vgpu_types(text: &str) -> Vec<MdevType> {
 /// Order devices for display: GPUs (and accelerators) first, then everything else, each by
 /// address.
 pub fn sort_devices(devices: &mut [PciDevice]) {
-    devices.sort_by_key(|d| (!d.is_gpu(), d.address));
+    // The key once per device: `is_gpu` parses the class text.
+    devices.sort_by_cached_key(|d| (!d.is_gpu(), d.address));
 }
 
 /// Read the whole host.
@@ -777,6 +1035,20 @@ fn in_chunks<T: Sync, R: Send>(
     })
 }
 
+/// The target of the bus link `sys/bus/pci/devices/<addr>`, read relative to the open bus
+/// directory when there is one; `None` when it cannot be read.
+fn bus_link(host: &HostRoot, bus: Option<&host::AttrDir>, a: &PciAddress) -> Option<std::path::PathBuf> {
+    let Some(bus) = bus else {
+        return std::fs::read_link(host.pci_device(a)).ok();
+    };
+    let mut v = Vec::new();
+    let name = a.to_string();
+    bus.link_into(name.as_str(), &mut v).ok()?.then(|| {
+        use std::os::unix::ffi::OsStringExt;
+        std::ffi::OsString::from_vec(v).into()
+    })
+}
+
 /// Read devices, spread over the machine's cores (each device is independent).
 fn read_devices(
     host: &HostRoot,
@@ -790,21 +1062,15 @@ fn read_devices(
     // the reads.
     const PER_THREAD: usize = 64;
     let read_part = |part: &[(PciAddress, Option<std::path::PathBuf>)]| {
-        let mut r = Reader {
-            host,
-            tables,
-            warnings: Vec::new(),
-            present: Default::default(),
-            light,
-            cur: None,
-            cpulists: HashMap::new(),
-        };
+        let mut r = Reader::new(host, tables, light);
+        // The bus links are read relative to the open bus directory.
+        let bus = host::AttrDir::open(&host.sys_bus_pci_devices()).ok();
         // A device that vanished since the listing (hot unplug) is skipped.
         let devs: Vec<PciDevice> = part
                         .iter()
                         .filter_map(|(a, t)| {
                             let before = r.warnings.len();
-                            let link = t.clone().or_else(|| std::fs::read_link(host.pci_device(a)).ok());
+                            let link = t.clone().or_else(|| bus_link(host, bus.as_ref(), a));
                             let d = r.device(*a, link.as_deref());
                             if !r.present.is_empty() {
                                 return Some(d);
@@ -904,15 +1170,7 @@ fn read_virtual_mdev_parents(
             real.strip_prefix(root).ok().map(|r| format!("/{}", r.display()))
         });
         let tables = HostTables::default();
-        let mut r = Reader {
-            host,
-            tables: &tables,
-            warnings: Vec::new(),
-            present: Default::default(),
-            light: false,
-            cur: None,
-            cpulists: HashMap::new(),
-        };
+        let mut r = Reader::new(host, &tables, false);
         let mdev_types = r.mdev_types(&link.join("mdev_supported_types"), &name);
         warnings.extend(r.warnings);
         out.push(MdevParent {
@@ -1303,6 +1561,49 @@ mod tests {
         );
         assert!(bars.is_empty());
         assert_eq!(errs.len(), 4);
+    }
+
+    #[test]
+    fn resource_kernel_lines_and_other_spellings_agree() {
+        // The kernel's spelling takes the byte path; the same numbers spelled otherwise
+        // (upper-case prefix, extra spaces, CRLF, no prefix) take the general one.
+        let kernel = "0x00000000fd000000 0x00000000fdffffff 0x0000000000040200\n\
+                      0x0000000000000000 0x0000000000000000 0x0000000000000000\n\
+                      0x00000000E0000000 0x00000000EFFFFFFF 0x000000000014220C\n\
+                      0x0000000000000000 0x0000000000000000 0x0000000000000100\n\
+                      0x0000000000002000 0x0000000000001000 0x0000000000000200";
+        let other = "0X00000000fd000000  0x00000000fdffffff 0x0000000000040200\r\n\
+                     0x0 0x0 0x0\n\
+                     e0000000 efffffff 14220c\n\
+                     0x0000000000000000 0x0000000000000000\t0x0000000000000100\n\
+                     0x2000 0x1000 0x200";
+        let (a, ea) = parse_resource(kernel);
+        let (b, eb) = parse_resource(other);
+        assert_eq!(a, b);
+        assert_eq!(ea, eb);
+        assert_eq!(a.len(), 2);
+        assert_eq!((a[1].index, a[1].size), (2, 0x1000_0000));
+        assert_eq!(ea, vec!["line 4 ends before it starts".to_string()]);
+        // Line numbers count empty lines and a last line without its newline.
+        let (c, ec) = parse_resource("\n0x0000000000001000 0x0000000000001fff 0x0000000000000200\n\nx");
+        assert_eq!(c[0].index, 1);
+        assert_eq!(
+            ec,
+            vec![
+                "line 0 has 0 fields, expected 3",
+                "line 2 has 0 fields, expected 3",
+                "line 3 has 1 fields, expected 3"
+            ]
+        );
+    }
+
+    #[test]
+    fn listing_names() {
+        for a in Attr::ALL {
+            assert_eq!(Attr::from_name(a.c_name().to_bytes()), Some(a));
+        }
+        assert_eq!(Attr::from_name(b"vendorx"), None);
+        assert_eq!(Attr::from_name(b"x"), None);
     }
 
     #[test]

@@ -52,13 +52,52 @@ impl PciAddress {
     }
 }
 
+impl PciAddress {
+    /// The address as the kernel prints it (`%04x:%02x:%02x.%x`), into `buf`: what
+    /// `Display` and `Serialize` write, without the formatting machinery (a scan prints
+    /// thousands).
+    fn write_to<'b>(&self, buf: &'b mut [u8; 20]) -> &'b str {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut n = 0;
+        let mut hex = |v: u32, min: usize, sep: Option<u8>| {
+            let digits = (32 - v.leading_zeros() as usize).div_ceil(4).max(min);
+            for i in (0..digits).rev() {
+                buf[n] = DIGITS[((v >> (4 * i)) & 0xf) as usize];
+                n += 1;
+            }
+            if let Some(c) = sep {
+                buf[n] = c;
+                n += 1;
+            }
+        };
+        hex(self.domain, 4, Some(b':'));
+        hex(self.bus.into(), 2, Some(b':'));
+        hex(self.device.into(), 2, Some(b'.'));
+        hex(self.function.into(), 1, None);
+        // At most 8 + 1 + 2 + 1 + 2 + 1 + 2 = 17 bytes.
+        std::str::from_utf8(&buf[..n]).unwrap_or_default()
+    }
+}
+
+impl PciAddress {
+    /// `DDDD:BB:DD.F` exactly as sysfs names functions (four-digit domain), parsed without
+    /// allocating; `None` for every other spelling, which [`FromStr`] then parses or rejects.
+    fn parse_kernel_form(b: &[u8]) -> Option<PciAddress> {
+        if b.len() != 12 || b[4] != b':' || b[7] != b':' || b[10] != b'.' {
+            return None;
+        }
+        let hex = |r: std::ops::Range<usize>| {
+            b[r].iter()
+                .try_fold(0u32, |v, c| Some(v << 4 | (*c as char).to_digit(16)?))
+        };
+        let (domain, bus, dev, func) = (hex(0..4)?, hex(5..7)?, hex(8..10)?, hex(11..12)?);
+        (dev <= 0x1f && func <= 7).then(|| PciAddress::new(domain, bus as u8, dev as u8, func as u8))
+    }
+}
+
 impl fmt::Display for PciAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.domain, self.bus, self.device, self.function
-        )
+        f.write_str(self.write_to(&mut [0; 20]))
     }
 }
 
@@ -80,6 +119,9 @@ impl FromStr for PciAddress {
     type Err = AddressError;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
+        if let Some(a) = PciAddress::parse_kernel_form(input.as_bytes()) {
+            return Ok(a);
+        }
         let err = |reason| AddressError {
             input: input.to_string(),
             reason,
@@ -122,7 +164,7 @@ impl FromStr for PciAddress {
 
 impl Serialize for PciAddress {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        s.serialize_str(self.write_to(&mut [0; 20]))
     }
 }
 
@@ -220,19 +262,144 @@ pub struct NvidiaInfo {
     pub uuid: Option<String>,
 }
 
+/// A number kept as the `N` lower-case hex digits sysfs and lspci show it with, no `0x`:
+/// a PCI vendor, device or subsystem ID ([`PciId`], `10de`), a class code ([`ClassCode`],
+/// `030000`), a revision ([`Revision`], `a1`). It is serialised as that string (the JSON is
+/// what it was when these fields were strings), reads as a `&str` (`as_str`, `Deref`) and as
+/// its value (`value`), and needs no allocation.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HexId<const N: usize> {
+    digits: [u8; N],
+}
+
+/// A PCI vendor, device or subsystem ID: four hex digits.
+pub type PciId = HexId<4>;
+/// A PCI class code (base class, subclass, programming interface): six hex digits.
+pub type ClassCode = HexId<6>;
+/// A PCI revision ID: two hex digits.
+pub type Revision = HexId<2>;
+
+impl<const N: usize> HexId<N> {
+    /// `v` in `N` hex digits; `None` when it does not fit.
+    pub fn new(v: u32) -> Option<Self> {
+        (N >= 8 || v >> (4 * N) == 0).then(|| Self::low_digits(v))
+    }
+
+    /// The low `N` hex digits of `v`.
+    fn low_digits(v: u32) -> Self {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0u8; N];
+        for (i, c) in digits.iter_mut().rev().enumerate() {
+            *c = DIGITS[((v >> (4 * i)) & 0xf) as usize];
+        }
+        HexId { digits }
+    }
+
+    pub fn value(&self) -> u32 {
+        self.digits
+            .iter()
+            .fold(0, |v, c| (v << 4) | (*c as char).to_digit(16).unwrap_or(0))
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever stored (`new`, `from_str`).
+        std::str::from_utf8(&self.digits).unwrap_or_default()
+    }
+}
+
+impl PciId {
+    pub fn from_u16(v: u16) -> Self {
+        Self::low_digits(v.into())
+    }
+}
+
+impl ClassCode {
+    /// The class code in the low 24 bits of `v`.
+    pub fn from_bits(v: u32) -> Self {
+        Self::low_digits(v & 0xff_ffff)
+    }
+}
+
+impl Revision {
+    pub fn from_u8(v: u8) -> Self {
+        Self::low_digits(v.into())
+    }
+}
+
+impl<const N: usize> FromStr for HexId<N> {
+    type Err = String;
+
+    /// Exactly `N` hex digits (upper-case ones are stored lower-case).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let b = s.as_bytes();
+        if b.len() != N || !b.iter().all(u8::is_ascii_hexdigit) {
+            return Err(format!("{s:?} is not {N} hex digits"));
+        }
+        let mut digits = [0u8; N];
+        for (d, c) in digits.iter_mut().zip(b) {
+            *d = c.to_ascii_lowercase();
+        }
+        Ok(HexId { digits })
+    }
+}
+
+impl<const N: usize> std::ops::Deref for HexId<N> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl<const N: usize> fmt::Display for HexId<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl<const N: usize> fmt::Debug for HexId<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl<const N: usize> PartialEq<str> for HexId<N> {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl<const N: usize> PartialEq<&str> for HexId<N> {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl<const N: usize> Serialize for HexId<N> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de, const N: usize> Deserialize<'de> for HexId<N> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One PCI function and everything the kernel says about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PciDevice {
     pub address: PciAddress,
     /// Four lower-case hex digits, no `0x` (`10de`).
-    pub vendor_id: String,
-    pub device_id: String,
-    pub subsystem_vendor_id: Option<String>,
-    pub subsystem_device_id: Option<String>,
+    pub vendor_id: PciId,
+    pub device_id: PciId,
+    pub subsystem_vendor_id: Option<PciId>,
+    pub subsystem_device_id: Option<PciId>,
     /// Two hex digits.
-    pub revision: Option<String>,
+    pub revision: Option<Revision>,
     /// Six hex digits: base class, subclass, programming interface (`030000`).
-    pub class: String,
+    pub class: ClassCode,
     /// pci.ids name of the class/subclass ("VGA compatible controller").
     pub class_name: Option<String>,
     pub vendor_name: Option<String>,
@@ -286,7 +453,7 @@ pub struct PciDevice {
 
 impl PciDevice {
     pub fn class_code(&self) -> u32 {
-        u32::from_str_radix(&self.class, 16).unwrap_or(0)
+        self.class.value()
     }
 
     pub fn base_class(&self) -> u8 {
@@ -308,11 +475,11 @@ impl PciDevice {
     }
 
     pub fn vendor_id_u16(&self) -> u16 {
-        u16::from_str_radix(&self.vendor_id, 16).unwrap_or(0)
+        self.vendor_id.value() as u16
     }
 
     pub fn device_id_u16(&self) -> u16 {
-        u16::from_str_radix(&self.device_id, 16).unwrap_or(0)
+        self.device_id.value() as u16
     }
 
     /// A short human name: the pci.ids device name, else `vendor:device`.
@@ -386,8 +553,18 @@ pub struct IommufdFacts {
 
 /// Whether a driver name is a VFIO driver (vfio-pci or a variant such as `mlx5_vfio_pci`).
 pub fn is_vfio_driver(driver: &str) -> bool {
-    let d = driver.replace('-', "_");
-    d == "vfio_pci" || d.ends_with("_vfio_pci") || d.starts_with("vfio_")
+    // `-` and `_` are the same character in a module name; compared without building the
+    // normalised name (this runs for every function and group member of a scan).
+    let same = |a: &[u8], b: &[u8]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x == y || (matches!(x, b'-' | b'_') && matches!(y, b'-' | b'_')))
+    };
+    let d = driver.as_bytes();
+    same(d, b"vfio_pci")
+        || d.len() >= 9 && same(&d[d.len() - 9..], b"_vfio_pci")
+        || d.len() >= 5 && same(&d[..5], b"vfio_")
 }
 
 /// Whether a bound driver keeps a group viable for VFIO (kernel `vfio_dev_driver_allowed`).
@@ -516,6 +693,66 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vfio_driver_spellings() {
+        for d in [
+            "vfio-pci",
+            "vfio_pci",
+            "nvgrace_gpu_vfio_pci",
+            "mlx5-vfio-pci",
+            "vfio_ap",
+            "vfio-mdev",
+        ] {
+            assert!(is_vfio_driver(d), "{d}");
+        }
+        for d in [
+            "",
+            "vfio",
+            "vfiopci",
+            "nvidia",
+            "pci-stub",
+            "xvfio_pci",
+            "vfio",
+            "é_vfio_pci_",
+        ] {
+            assert!(!is_vfio_driver(d), "{d}");
+        }
+    }
+
+    #[test]
+    fn hex_ids_are_their_strings() {
+        let v = PciId::new(0x10de).unwrap();
+        assert_eq!(
+            (v.as_str(), v.value(), v.to_string()),
+            ("10de", 0x10de, "10de".to_string())
+        );
+        assert_eq!(serde_json::to_string(&v).unwrap(), "\"10de\"");
+        assert_eq!(serde_json::from_str::<PciId>("\"10DE\"").unwrap(), v);
+        assert!(serde_json::from_str::<PciId>("\"10de0\"").is_err());
+        assert!(serde_json::from_str::<PciId>("\"0x10\"").is_err());
+        assert_eq!(ClassCode::new(0x30000).unwrap().as_str(), "030000");
+        assert_eq!(Revision::new(0x100), None);
+        assert_eq!(
+            format!("{:>6}|{:?}", Revision::new(0xa1).unwrap(), v),
+            "    a1|\"10de\""
+        );
+        assert!(v == "10de");
+    }
+
+    #[test]
+    fn address_text_is_the_kernels() {
+        for a in [
+            PciAddress::new(0, 0, 0, 0),
+            PciAddress::new(0, 0x3b, 0x1f, 7),
+            PciAddress::new(0x10000, 0xff, 0x1f, 0xff),
+            PciAddress::new(u32::MAX, 1, 2, 3),
+        ] {
+            let want = format!("{:04x}:{:02x}:{:02x}.{:x}", a.domain, a.bus, a.device, a.function);
+            assert_eq!(a.to_string(), want);
+            assert_eq!(serde_json::to_string(&a).unwrap(), format!("\"{want}\""));
+        }
+    }
 
     #[test]
     fn parses_full_and_short_addresses() {

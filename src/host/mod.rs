@@ -220,24 +220,37 @@ impl AttrDir {
         entries_of_dir_fd(&self.fd)
     }
 
+    /// [`for_each_entry`] on this directory.
+    pub fn for_each_entry(&self, f: impl FnMut(&[u8], bool)) -> io::Result<()> {
+        for_each_entry(&self.fd, f)
+    }
+
     /// Read at most `limit` bytes of an attribute (lossy UTF-8, trailing newline trimmed).
+    pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
+        let mut buf = Vec::new();
+        self.read_into(name, limit, true, &mut buf)?;
+        Ok(utf8(&buf).into_owned())
+    }
+
+    /// Read at most `limit` bytes of an attribute into `buf`, trailing newlines and NULs
+    /// trimmed. `buf` is cleared first and keeps its capacity, so a scan that reads thousands
+    /// of attributes allocates one buffer, and nothing is zeroed before the kernel fills it.
+    /// `listed_regular`: the directory listing reported the entry as a regular file
+    /// ([`entries`](Self::entries)), so the `fstat` that refuses FIFOs and device nodes is
+    /// skipped. (Should the entry be swapped for a FIFO since, the non-blocking open and read
+    /// still return at once.)
     ///
     /// A sysfs attribute's `show()` fills its whole page on the first read, so a read shorter
     /// than the buffer is the end of the file; this saves the second, empty read per attribute.
-    pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
-        self.read_impl(name, limit, true)
-    }
-
-    /// Like [`read`](Self::read), for an entry the directory listing reported as a regular file
-    /// ([`entries`](Self::entries)): the `fstat` that refuses FIFOs and device nodes is skipped.
-    /// (Should the entry be swapped for a FIFO since, the non-blocking open and read still
-    /// return at once.)
-    pub fn read_listed_regular(&self, name: &str, limit: usize) -> io::Result<String> {
-        self.read_impl(name, limit, false)
-    }
-
-    fn read_impl(&self, name: &str, limit: usize, check_type: bool) -> io::Result<String> {
+    pub fn read_into<P: rustix::path::Arg>(
+        &self,
+        name: P,
+        limit: usize,
+        listed_regular: bool,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<()> {
         use rustix::fs::{Mode, OFlags};
+        buf.clear();
         // O_NONBLOCK: a FIFO planted where an attribute belongs must not block the open.
         let fd = rustix::fs::openat(
             &self.fd,
@@ -245,50 +258,77 @@ impl AttrDir {
             OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )?;
-        if check_type {
+        if !listed_regular {
             regular_only(&fd)?;
         }
-        let mut buf = vec![0u8; 4096.min(limit)];
-        let mut len = 0;
+        buf.reserve(4096.min(limit));
         loop {
-            if len == buf.len() {
-                if len >= limit {
-                    break;
-                }
-                buf.resize((len * 2).min(limit), 0);
+            let want = buf.capacity() - buf.len();
+            let n = rustix::io::read(&fd, rustix::buffer::spare_capacity(buf))?;
+            if buf.len() >= limit {
+                buf.truncate(limit);
+                break;
             }
-            let want = buf.len() - len;
-            let n = rustix::io::read(&fd, &mut buf[len..])?;
-            len += n;
             if n == 0 || n < want {
                 break;
             }
+            // Full: grow (doubling) and read on.
+            buf.reserve(buf.len().min(limit - buf.len()));
         }
-        buf.truncate(len);
-        let s = String::from_utf8_lossy(&buf);
-        Ok(s.trim_end_matches(['\n', '\0']).to_string())
+        let end = buf
+            .iter()
+            .rposition(|b| !matches!(b, b'\n' | b'\0'))
+            .map_or(0, |i| i + 1);
+        buf.truncate(end);
+        Ok(())
+    }
+
+    /// A symlink's whole target into `buf` (cleared first, its capacity kept); `false` when the
+    /// link does not exist.
+    pub fn link_into<P: rustix::path::Arg + Copy>(&self, name: P, buf: &mut Vec<u8>) -> io::Result<bool> {
+        buf.clear();
+        buf.reserve(256);
+        loop {
+            let room = buf.capacity();
+            match rustix::fs::readlinkat_raw(&self.fd, name, rustix::buffer::spare_capacity(buf)) {
+                // Filled the buffer: the target may be longer; read it again into a bigger one.
+                Ok(n) if n >= room => {
+                    buf.clear();
+                    buf.reserve(room * 2);
+                }
+                Ok(_) => return Ok(true),
+                Err(rustix::io::Errno::NOENT) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// A symlink's whole target (lossy UTF-8), `None` when it does not exist.
     pub fn link_target(&self, name: &str) -> io::Result<Option<String>> {
-        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
-            Ok(t) => Ok(Some(String::from_utf8_lossy(t.to_bytes()).into_owned())),
-            Err(rustix::io::Errno::NOENT) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let mut buf = Vec::new();
+        Ok(self.link_into(name, &mut buf)?.then(|| utf8(&buf).into_owned()))
     }
 
     /// The last component of a symlink's target, `None` when it does not exist.
     pub fn link_name(&self, name: &str) -> io::Result<Option<String>> {
-        match rustix::fs::readlinkat(&self.fd, name, Vec::new()) {
-            Ok(t) => {
-                let b = t.to_bytes();
-                let last = b.rsplit(|c| *c == b'/').next().unwrap_or(b);
-                Ok(Some(String::from_utf8_lossy(last).into_owned()))
-            }
-            Err(rustix::io::Errno::NOENT) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let mut buf = Vec::new();
+        Ok(self
+            .link_into(name, &mut buf)?
+            .then(|| utf8(last_component(&buf)).into_owned()))
+    }
+}
+
+/// The bytes after the last `/` (all of them when there is none).
+pub fn last_component(b: &[u8]) -> &[u8] {
+    b.rsplit(|c| *c == b'/').next().unwrap_or(b)
+}
+
+/// Bytes as text: borrowed when they are UTF-8 (sysfs always is), else lossily converted.
+/// `from_utf8` validates far faster than the lossy decoder walks valid input.
+pub fn utf8(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(b) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(b),
     }
 }
 
@@ -359,7 +399,7 @@ fn read_all_bounded_sized(f: fs::File, limit: u64, size: Option<u64>) -> io::Res
             f.read_to_end(&mut buf)?;
         }
     }
-    let s = String::from_utf8_lossy(&buf);
+    let s = utf8(&buf);
     Ok(s.trim_end_matches(['\n', '\0']).to_string())
 }
 
@@ -390,6 +430,37 @@ pub fn link_name(path: &Path) -> io::Result<Option<String>> {
 /// (`sys/bus/pci/devices` + `../../../devices/pci0000:00/X` = `sys/devices/pci0000:00/X`).
 /// Valid for sysfs, whose link directories are real directories.
 pub fn join_link(dir: &Path, target: &Path) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let (d, t) = (dir.as_os_str().as_bytes(), target.as_os_str().as_bytes());
+    // The bytes directly when `dir` is in normal form (no empty, `.` or `..` component, no
+    // trailing slash) and `target` is relative, as with every bus link: the same result as the
+    // component walk below, without it (a scan joins one link per function).
+    let normal = !d.is_empty()
+        && (d == b"/" || !d.ends_with(b"/"))
+        && d.split(|c| *c == b'/')
+            .skip(1)
+            .all(|c| !matches!(c, b"" | b"." | b".."))
+        && !matches!(d.split(|c| *c == b'/').next(), Some(b"." | b".."));
+    if normal && !t.starts_with(b"/") {
+        let mut out = d.to_vec();
+        for c in t.split(|c| *c == b'/') {
+            match c {
+                b"" | b"." => {}
+                b".." => match out.iter().rposition(|c| *c == b'/') {
+                    Some(0) => out.truncate(1),
+                    Some(i) => out.truncate(i),
+                    None => out.clear(),
+                },
+                c => {
+                    if !out.is_empty() && !out.ends_with(b"/") {
+                        out.push(b'/');
+                    }
+                    out.extend_from_slice(c);
+                }
+            }
+        }
+        return PathBuf::from(std::ffi::OsString::from_vec(out));
+    }
     let mut out = dir.to_path_buf();
     for c in target.components() {
         match c {
@@ -501,9 +572,17 @@ pub fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
 
 /// [`names_of_dir_fd`] with whether each entry is a regular file (`d_type`).
 pub fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, bool)>> {
+    let mut v = Vec::new();
+    for_each_entry(fd, |n, regular| v.push((utf8(n).into_owned(), regular)))?;
+    Ok(v)
+}
+
+/// Call `f` with the name and "is a regular file" (`d_type`) of each entry of an open
+/// directory, without `.`, `..` and dot-files, read with `getdents64`; nothing is allocated
+/// per entry.
+pub fn for_each_entry(fd: &impl rustix::fd::AsFd, mut f: impl FnMut(&[u8], bool)) -> io::Result<()> {
     let mut buf = Vec::with_capacity(16 * 1024);
     let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
-    let mut v = Vec::new();
     while let Some(e) = it.next() {
         let e = e?;
         let n = e.file_name().to_bytes();
@@ -511,10 +590,9 @@ pub fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, 
         if n.first() == Some(&b'.') {
             continue;
         }
-        let regular = e.file_type() == rustix::fs::FileType::RegularFile;
-        v.push((String::from_utf8_lossy(n).into_owned(), regular));
+        f(n, e.file_type() == rustix::fs::FileType::RegularFile);
     }
-    Ok(v)
+    Ok(())
 }
 
 /// A file some process holds open: `proc/<pid>/fd/<n>` whose link text (the path as the
@@ -628,6 +706,49 @@ mod tests {
         assert_eq!(parse_hex("zz"), None);
         assert_eq!(parse_hex(""), None);
         assert_eq!(parse_hex("0x11112222333344445"), None);
+    }
+
+    #[test]
+    fn link_joins() {
+        // The byte path and the component walk agree (the second for the forms the first
+        // leaves to it).
+        let walk = |dir: &str, t: &str| {
+            let mut out = PathBuf::from(dir);
+            for c in Path::new(t).components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    other => out.push(other),
+                }
+            }
+            out
+        };
+        for dir in [
+            "/r/sys/bus/pci/devices",
+            "/",
+            "r/sys",
+            "r",
+            "/r//sys/",
+            "./r/sys",
+            "/r/./x/../sys",
+        ] {
+            for t in [
+                "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+                "../../../../../../../../x",
+                "a/./b//c/",
+                "..",
+                "",
+                "/abs/x",
+            ] {
+                assert_eq!(
+                    join_link(Path::new(dir), Path::new(t)),
+                    walk(dir, t),
+                    "{dir} + {t}"
+                );
+            }
+        }
     }
 
     #[test]

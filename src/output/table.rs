@@ -54,7 +54,7 @@ pub fn list(inv: &Inventory, devices: &[&PciDevice]) -> String {
         rows.push(vec![
             d.address.to_string(),
             format!("{}:{}", d.vendor_id, d.device_id),
-            d.class_name.clone().unwrap_or_else(|| d.class.clone()),
+            d.class_name.clone().unwrap_or_else(|| d.class.to_string()),
             opt(&d.driver),
             opt(&d.iommu_group),
             opt(&d.numa_node),
