@@ -13,6 +13,10 @@
 //! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
 //! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
 //! the messages and both the client and server stubs into OUT_DIR (`src/deviceplugin`).
+//!
+//! Each half runs only with its cargo feature (docs/ARCHITECTURE.md, "Features"): the
+//! firmware and test guests with `vmm`, the proto compile with `deviceplugin`; a build
+//! without either (`--no-default-features`) needs neither gcc nor the proto.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,8 +84,25 @@ fn compile_protos() {
         .unwrap_or_else(|e| panic!("generating code for {proto}: {e}"));
 }
 
+/// Whether cargo builds the crate with `feature` (it sets `CARGO_FEATURE_<NAME>` for build.rs).
+fn feature(name: &str) -> bool {
+    std::env::var_os(format!("CARGO_FEATURE_{}", name.to_ascii_uppercase())).is_some()
+}
+
 fn main() {
-    compile_protos();
+    // Without either feature nothing below prints a rerun-if-changed line, and cargo would
+    // rerun this script on every change in the package.
+    println!("cargo:rerun-if-changed=build.rs");
+    if feature("deviceplugin") {
+        compile_protos();
+    }
+    if feature("vmm") {
+        build_firmware();
+    }
+}
+
+/// The firmware (`firmware.bin`) and the test guests (`test-*.bin`) into OUT_DIR.
+fn build_firmware() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for f in ["entry.S", "main.c", "firmware.ld"] {
         println!("cargo:rerun-if-changed=firmware/{f}");

@@ -236,6 +236,8 @@ pub enum Command {
     OciHook,
     /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
     /// and mdevs, one resource per device model / mdev type
+    // Only with the `deviceplugin` build feature (on by default; docs/ARCHITECTURE.md, "Features").
+    #[cfg(feature = "deviceplugin")]
     DevicePlugin {
         /// Directory of kubelet.sock and the plugin sockets [default: ROOT/var/lib/kubelet/device-plugins]
         #[arg(long, value_name = "DIR")]
@@ -283,6 +285,8 @@ pub enum Command {
     /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
     Detach(crate::vmout::DetachArgs),
     /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
+    // Only with the `vmm` build feature (on by default; docs/ARCHITECTURE.md, "Features").
+    #[cfg(feature = "vmm")]
     #[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
     Boot {
         /// PCI function bound to vfio-pci (`gpupass bind` it first)
@@ -376,10 +380,12 @@ pub enum ContainerCommand {
     },
 }
 
+#[cfg(feature = "vmm")]
 fn parse_uuid_arg(s: &str) -> Result<String, String> {
     crate::vfio_dev::parse_uuid(s).map_err(|e| e.to_string())
 }
 
+#[cfg(feature = "vmm")]
 fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
@@ -482,6 +488,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         Command::Check => Some("check"),
         Command::Startup { .. } => Some("startup"),
         Command::OciHook => Some("oci-hook"),
+        #[cfg(feature = "deviceplugin")]
         Command::DevicePlugin { .. } => Some("device-plugin"),
         Command::Launch(_) => Some("launch"),
         _ => None,
@@ -562,6 +569,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 Err(e) => Err(e.into()),
             }
         }
+        #[cfg(feature = "vmm")]
         Command::Boot {
             device,
             mdev,
@@ -754,6 +762,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             Ok(0)
         }
         Command::OciHook => crate::oci_hook::run_cli(ctx.ops.as_ref()),
+        #[cfg(feature = "deviceplugin")]
         Command::DevicePlugin {
             socket_dir,
             poll_ms,

@@ -25,11 +25,13 @@
 
 pub mod backend;
 pub mod bind;
+#[cfg(feature = "vmm")]
 pub mod boot;
 pub mod cdi;
 pub mod check;
 pub mod cli;
 pub mod container;
+#[cfg(feature = "deviceplugin")]
 pub mod deviceplugin;
 pub mod events;
 #[cfg(feature = "testkit")]
@@ -47,7 +49,9 @@ pub mod snapshot;
 pub mod startup;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+#[cfg(feature = "vmm")]
 pub mod vfio_dev;
+#[cfg(feature = "vmm")]
 pub mod vmm;
 pub mod vmout;
 

@@ -171,7 +171,7 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
     let iommu_node = host.dev_iommu();
     let iommu = open_rw(host, &iommu_node)?;
     if !a.keep_user_accounting {
-        crate::vfio_dev::iommufd_set_rlimit_mode(&iommu, 1).map_err(|source| LaunchError::RlimitMode {
+        iommufd_set_rlimit_mode(&iommu, 1).map_err(|source| LaunchError::RlimitMode {
             node: host.display(&iommu_node),
             source,
         })?;
@@ -247,4 +247,31 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
         source: e,
     }
     .into())
+}
+
+vmm_sys_util::ioctl_io_nr!(IOMMU_OPTION, 0x3b, 0x87);
+
+/// `IOMMU_OPTION_RLIMIT_MODE` = `mode` on an open `/dev/iommu` (`gpupass launch`): 0 charges
+/// pinned pages to the user's `RLIMIT_MEMLOCK`, 1 to the process's. A global option (object
+/// id 0) that needs `CAP_SYS_RESOURCE`.
+pub fn iommufd_set_rlimit_mode(iommu: &File, mode: u64) -> std::io::Result<()> {
+    use iommufd_bindings::iommufd::{
+        iommu_option, iommufd_option_IOMMU_OPTION_RLIMIT_MODE, iommufd_option_ops_IOMMU_OPTION_OP_SET,
+    };
+    let mut opt = iommu_option {
+        size: std::mem::size_of::<iommu_option>() as u32,
+        option_id: iommufd_option_IOMMU_OPTION_RLIMIT_MODE,
+        op: iommufd_option_ops_IOMMU_OPTION_OP_SET as u16,
+        __reserved: 0,
+        object_id: 0,
+        val64: mode,
+    };
+    // SAFETY: `iommu` is an open /dev/iommu; IOMMU_OPTION reads and writes exactly one
+    // `struct iommu_option`, whose `size` field tells the kernel its length, and `opt` lives
+    // across the call.
+    let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(iommu, IOMMU_OPTION(), &mut opt) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
