@@ -25,6 +25,7 @@
 //!
 //! Without the annotation the hook does nothing, so it can be installed for every container.
 
+#[allow(unsafe_code)] // bpf(2) calls (the crate denies unsafe_code elsewhere: src/lib.rs)
 pub mod bpf;
 mod ns;
 

@@ -8,6 +8,7 @@
 
 pub mod attach;
 pub mod domxml;
+#[allow(unsafe_code)] // IOMMU_OPTION ioctl on /dev/iommu
 pub mod launch;
 
 use crate::model::{Inventory, PciAddress};
