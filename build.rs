@@ -40,7 +40,7 @@ fn base_build(long_mode: bool, generated: &Path) -> cc::Build {
     b.include(generated)
         .include("firmware")
         .cargo_metadata(false)
-        .opt_level_str("s")
+        .opt_level_str("2")
         .debug(false)
         .pic(false)
         .warnings(true)

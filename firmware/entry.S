@@ -3,9 +3,9 @@
  *
  * The VMM loads the flat binary at FW_LOAD (0x1000) and starts the vCPU in
  * 16-bit real mode with CS = 0, IP = 0x1000 (a reset-like state). We load our
- * own GDT, set CR0.PE and jump to 32-bit protected mode, build identity-mapping
- * page tables for the low 4 GiB (2 MiB pages; the 3-4 GiB MMIO hole uncached),
- * enable PAE, EFER.LME and paging, and far-jump to 64-bit code: the C code runs
+ * own GDT, set CR0.PE and jump to 32-bit protected mode, map the first 2 MiB,
+ * enable PAE, EFER.LME and paging, far-jump to 64-bit code, and there build the
+ * identity map of the low 4 GiB (2 MiB pages; the 3-4 GiB MMIO hole uncached): the C code runs
  * in long mode and maps BARs above 4 GiB on demand (main.c, map_phys). Every
  * mode switch is done by the guest itself, as a real firmware does.
  */
@@ -43,40 +43,27 @@ pm32:
 	movw %ax, %gs
 	movw %ax, %ss
 	movl $FW_STACK_TOP, %esp
-	/* Zero the fixed tables: PML4, PDPT, PD0-PD3 (6 pages). */
-	movl $FW_PT_BASE, %edi
-	movl $(6 * 4096 / 4), %ecx
-	xorl %eax, %eax
-	rep stosl
-	/* PML4[0] -> PDPT; PDPT[0..3] -> PD0..PD3. */
-	movl $(FW_PT_BASE + 0x1000 + PTE_P_RW), FW_PT_BASE
-	movl $(FW_PT_BASE + 0x2000 + PTE_P_RW), %eax
-	movl $(FW_PT_BASE + 0x1000), %edi
-	movl $4, %ecx
-1:	movl %eax, (%edi)
-	addl $0x1000, %eax
-	addl $8, %edi
-	loop 1b
-	/* 2048 PDEs of 2 MiB from physical 0 (high dwords stay 0); from 3 GiB (index 1536)
-	 * uncached. */
-	movl $(FW_PT_BASE + 0x2000), %edi
-	movl $PDE_2M, %eax
-	xorl %ecx, %ecx
-2:	movl %eax, %edx
-	cmpl $1536, %ecx
-	jb 3f
-	orl $PDE_UC, %edx
-3:	movl %edx, (%edi, %ecx, 8)
-	addl $0x200000, %eax
-	incl %ecx
-	cmpl $2048, %ecx
-	jb 2b
+	/* The VMM builds the low 4 GiB map at FW_PT_BASE (boot_flags BOOT_F_PAGE_TABLES, as
+	 * Firecracker does for its guests): then CR3 is all there is to do. Otherwise only what
+	 * long mode needs, here, in three boot tables at FW_BOOT_PT: PML4[0] -> PDPT,
+	 * PDPT[0] -> PD, PD[0] = the first 2 MiB (firmware, stack, tables). The VMM hands over
+	 * zeroed RAM. lm64 then builds the real tables at FW_PT_BASE while they are not yet in
+	 * use, and switches to them. (On kvm_pvm KVM's emulator runs every instruction of this
+	 * firmware, by its own insn_emulation counter: the 2048-entry loop cost a boot ~17,000
+	 * emulated instructions, ~12 ms, hence the VMM-built tables.) */
+	movl $FW_PT_BASE, %ebx
+	testl $BOOT_F_PAGE_TABLES, FW_BOOT_INFO + FW_BOOT_FLAGS_OFFSET
+	jnz 7f                          /* the VMM built the whole map: load it */
+	movl $(FW_BOOT_PT + 0x1000 + PTE_P_RW), FW_BOOT_PT
+	movl $(FW_BOOT_PT + 0x2000 + PTE_P_RW), FW_BOOT_PT + 0x1000
+	movl $PDE_2M, FW_BOOT_PT + 0x2000
+	movl $FW_BOOT_PT, %ebx
+7:
 	/* PAE, then EFER.LME, CR3, then paging: IA-32e compatibility mode. */
 	movl %cr4, %eax
 	orl $CR4_PAE, %eax
 	movl %eax, %cr4
-	movl $FW_PT_BASE, %eax
-	movl %eax, %cr3
+	movl %ebx, %cr3
 	movl $MSR_EFER, %ecx
 	rdmsr
 	orl $EFER_LME, %eax
@@ -89,6 +76,49 @@ pm32:
 	.code64
 lm64:
 	movl $FW_STACK_TOP, %esp
+	testl $BOOT_F_PAGE_TABLES, FW_BOOT_INFO + FW_BOOT_FLAGS_OFFSET
+	jnz 8f
+	/* The identity map of the low 4 GiB at FW_PT_BASE (zeroed RAM, as the VMM hands it
+	 * over): PML4[0] -> PDPT; with 1 GiB pages (CPUID 0x80000001 EDX[26]) PDPT[0..3] map
+	 * it directly, else PDPT[0..3] -> PD0..PD3 with 2048 PDEs of 2 MiB. The 3-4 GiB MMIO
+	 * hole is uncached. Only without BOOT_F_PAGE_TABLES (a VMM before boot-info v4). */
+	movl $(FW_PT_BASE + 0x1000 + PTE_P_RW), %eax
+	movq %rax, FW_PT_BASE
+	movl $0x80000001, %eax
+	cpuid
+	btl $26, %edx
+	jnc 4f
+	movl $PDE_2M, %eax              /* present, writable, PS: a 1 GiB page here */
+	movq %rax, FW_PT_BASE + 0x1000
+	movl $(0x40000000 + PDE_2M), %eax
+	movq %rax, FW_PT_BASE + 0x1008
+	movl $(0x80000000 + PDE_2M), %eax
+	movq %rax, FW_PT_BASE + 0x1010
+	movl $(0xc0000000 + PDE_2M + PDE_UC), %eax
+	movq %rax, FW_PT_BASE + 0x1018
+	jmp 5f
+4:	movl $(FW_PT_BASE + 0x2000 + PTE_P_RW), %eax
+	movl $(FW_PT_BASE + 0x1000), %edi
+	movl $4, %ecx
+1:	movq %rax, (%rdi)
+	addq $0x1000, %rax
+	addq $8, %rdi
+	loop 1b
+	movl $(FW_PT_BASE + 0x2000), %edi
+	movl $PDE_2M, %eax
+	xorl %ecx, %ecx
+2:	movq %rax, %rdx
+	cmpl $1536, %ecx
+	jb 3f
+	orq $PDE_UC, %rdx
+3:	movq %rdx, (%rdi, %rcx, 8)
+	addq $0x200000, %rax
+	incl %ecx
+	cmpl $2048, %ecx
+	jb 2b
+5:	movl $FW_PT_BASE, %eax
+	movq %rax, %cr3
+8:
 	/* Zero .bss (a flat binary does not carry it). */
 	movl $__bss_start, %edi
 	movl $__bss_end, %ecx
@@ -99,8 +129,8 @@ lm64:
 	/* fw_main returns the exit status in %al: report it on the exit port. */
 	movw $PORT_EXIT, %dx
 	outb %al, %dx
-4:	hlt
-	jmp 4b
+6:	hlt
+	jmp 6b
 
 	/* Interrupt and exception stubs, 16 bytes apart (main.c builds the IDT from
 	 * isr_stubs + 16 * vector): each pushes its vector and joins isr_common, which saves

@@ -605,6 +605,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 backend,
                 irq_loop,
                 irq_path,
+                interrupts: check || irq_loop > 0,
             };
             match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
                 Ok(status) => Ok(status),

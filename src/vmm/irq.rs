@@ -24,6 +24,9 @@ pub use super::protocol::{
 use serde::Serialize;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+/// The irqchip error of a boot that did not ask for interrupts.
+pub const NOT_REQUESTED: &str = "not requested (interrupts are tested by boot --check and --irq-loop)";
+
 /// An MSI route: the message of one vector, on its GSI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MsiRoute {

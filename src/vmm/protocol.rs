@@ -29,7 +29,7 @@ interface! {
     /// Boot-info version: 4 adds the interrupt fields (3: the DMA seed; 2: the 64-bit window).
     FW_BOOT_VERSION: u32 = 4;
     /// Bytes of struct boot_info.
-    FW_BOOT_INFO_LEN: usize = 72;
+    FW_BOOT_INFO_LEN: usize = 80;
     /// Flat binary load and entry address (real mode, CS:IP 0:0x1000).
     FW_LOAD: u64 = 0x1000;
     /// End of the firmware image area (an image may be 508 KiB).
@@ -46,7 +46,10 @@ interface! {
     FW_LOG_BUF: u64 = 0x8_3000;
     /// Bytes of the console line buffer.
     FW_LOG_LEN: u64 = 0x1000;
-    /// Firmware stack top (grows down towards the DMA buffers).
+    /// Boot page tables (PML4, PDPT, PD: the first 2 MiB), only until long mode has built the
+    /// real ones at FW_PT_BASE.
+    FW_BOOT_PT: u64 = 0x8_4000;
+    /// Firmware stack top (grows down towards the boot page tables).
     FW_STACK_TOP: u64 = 0x9_0000;
     /// Page tables: PML4, one PDPT, four PDs identity-mapping the low 4 GiB (2 MiB pages).
     FW_PT_BASE: u64 = 0x9_0000;
@@ -108,8 +111,16 @@ interface! {
     MARK_IRQLOOP_BEGIN: u32 = 9;
     /// Mark: the MSI round-trip loop ends.
     MARK_IRQLOOP_END: u32 = 10;
+    /// Boot info boot_flags: the VMM wrote the identity map of the low 4 GiB at FW_PT_BASE
+    /// (PML4, PDPT, four PDs of 2 MiB pages, 3-4 GiB uncached), as Firecracker does for its
+    /// guests: the firmware only loads CR3.
+    BOOT_F_PAGE_TABLES: u32 = 1;
+    /// Byte offset of boot_flags in the boot-info block (entry.S reads it in 32-bit code).
+    FW_BOOT_FLAGS_OFFSET: u64 = 72;
     /// Boot info irq_flags: an in-kernel irqchip (LAPIC, IOAPIC) is present.
     IRQ_F_IRQCHIP: u32 = 1;
+    /// Boot info irq_flags: interrupt tests were asked for (0: none, and no line about them).
+    IRQ_F_REQUESTED: u32 = 16;
     /// Boot info irq_flags: INTx is routed (IOAPIC pin INTX_GSI, level, resampled).
     IRQ_F_INTX: u32 = 2;
     /// Boot info irq_flags: the VMM virtualizes the MSI capability.
@@ -152,8 +163,12 @@ const _: () = {
         "image area below the DMA buffers"
     );
     assert!(
-        FW_DMA_ISO + FW_DMA_LEN <= FW_LOG_BUF && FW_LOG_BUF + FW_LOG_LEN + 0x4000 <= FW_STACK_TOP,
-        "the log buffer above the DMA buffers, 16 KiB of stack above it"
+        FW_DMA_ISO + FW_DMA_LEN <= FW_LOG_BUF && FW_LOG_BUF + FW_LOG_LEN <= FW_BOOT_PT,
+        "the log buffer above the DMA buffers, the boot tables above it"
+    );
+    assert!(
+        FW_BOOT_PT + 0x3000 + 0x8000 <= FW_STACK_TOP,
+        "32 KiB of stack above the boot tables"
     );
     assert!(FW_PT_END <= 1 << 20, "page tables below the smallest --memory");
     assert!(
@@ -206,6 +221,12 @@ pub const BOOT_INFO_FIELDS: &[(&str, usize, &str)] = &[
     ),
     ("msix_entries", 4, "v4: MSI-X entries VFIO offers (0: none)"),
     ("irq_loop", 4, "v4: MSI round trips the firmware times (0: none)"),
+    (
+        "boot_flags",
+        4,
+        "v4: BOOT_F_* (BOOT_F_PAGE_TABLES: the VMM built the low 4 GiB map at FW_PT_BASE)",
+    ),
+    ("reserved", 4, "0"),
 ];
 
 /// Byte offset of a boot-info field; `None` for an unknown name.
@@ -271,6 +292,10 @@ mod tests {
         assert_eq!(boot_info_offset("dma_seed"), Some(56));
         assert_eq!(boot_info_offset("irq_flags"), Some(60));
         assert_eq!(boot_info_offset("msix_entries"), Some(64));
+        assert_eq!(
+            boot_info_offset("boot_flags"),
+            Some(FW_BOOT_FLAGS_OFFSET as usize)
+        );
         assert_eq!(boot_info_offset("nope"), None);
     }
 
