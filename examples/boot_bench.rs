@@ -5,6 +5,7 @@
 //! cargo build --release --bin gpupass --example kvm_floor --example boot_bench
 //! target/release/examples/boot_bench [RUNS]            # on this machine (--emulated)
 //! GPUPASS_BENCH_DEVICE=0000:00:03.0 boot_bench         # with a VFIO device (lab)
+//! GPUPASS_BENCH_BIN_B=/path/to/older/gpupass boot_bench  # an earlier build in the same rounds
 //! ```
 //!
 //! Measures exec-to-exit wall time of `gpupass boot --emulated` (or `--device`) against the
@@ -69,9 +70,13 @@ fn main() {
         Err(_) => vec!["--emulated".into()],
     };
 
-    // Interleaved: floor, gpupass, floor, gpupass, ... so both see the same load.
+    // Interleaved: floor, gpupass, gpupass --check, [build B], floor, ... so all see the same
+    // load. GPUPASS_BENCH_BIN_B: a second gpupass build (an earlier commit) in the same rounds.
+    let bin_b = std::env::var_os("GPUPASS_BENCH_BIN_B").map(PathBuf::from);
     let mut f = Vec::new();
     let mut g = Vec::new();
+    let mut gc = Vec::new();
+    let mut b = Vec::new();
     for _ in 0..runs {
         f.extend(time_runs(1, &mut || Command::new(&floor)));
         g.extend(time_runs(1, &mut || {
@@ -79,16 +84,40 @@ fn main() {
             c.arg("boot").args(&target).arg("--json");
             c
         }));
+        gc.extend(time_runs(1, &mut || {
+            let mut c = Command::new(&gpupass);
+            c.arg("boot").args(&target).args(["--json", "--check"]);
+            c
+        }));
+        if let Some(bb) = &bin_b {
+            b.extend(time_runs(1, &mut || {
+                let mut c = Command::new(bb);
+                c.arg("boot").args(&target).arg("--json");
+                c
+            }));
+        }
     }
-    f.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    g.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    for v in [&mut f, &mut g, &mut gc, &mut b] {
+        v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    }
     stats("floor: exec + KVM create + run hlt", &f);
     stats(&format!("gpupass boot {}", target.join(" ")), &g);
+    stats(&format!("gpupass boot {} --check", target.join(" ")), &gc);
+    let med = |v: &[f64]| v[v.len() / 2];
     println!(
-        "ratio gpupass/floor: median {:.2}x, min {:.2}x (interleaved, n={runs} each)",
-        g[g.len() / 2] / f[f.len() / 2],
-        g[0] / f[0]
+        "ratio gpupass/floor: median {:.2}x, min {:.2}x; --check/floor median {:.2}x (interleaved, n={runs} each)",
+        med(&g) / med(&f),
+        g[0] / f[0],
+        med(&gc) / med(&f)
     );
+    if let Some(bb) = &bin_b {
+        stats(&format!("build B ({}) boot", bb.display()), &b);
+        println!(
+            "ratio build B/floor: median {:.2}x; this build / build B: {:.2}x",
+            med(&b) / med(&f),
+            med(&g) / med(&b)
+        );
+    }
     let exits = Command::new(&gpupass)
         .arg("boot")
         .args(&target)
