@@ -939,7 +939,7 @@ static void irq_tests(void)
 		puts("FW irq none no-irqchip\n");
 		return;
 	}
-	/* Only here: on kvm_pvm loading an IDT costs a boot ~2.5 ms. */
+	/* Only here: a boot that tests no interrupt needs no IDT. */
 	idt_init();
 	u32 msi = 0, msix = 0;
 	if (cfg_read16(dev, fn, 6) & 0x10) {

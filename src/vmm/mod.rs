@@ -136,7 +136,7 @@ pub struct BootOptions {
     /// How MSI reaches the vCPU ([`irq::IrqPath`]).
     pub irq_path: irq::IrqPath,
     /// Create the in-kernel irqchip and run the interrupt tests (`--check`, `--irq-loop`). A
-    /// plain `boot` does without: on kvm_pvm the irqchip alone adds 6-10 ms to a boot.
+    /// plain `boot` does without (docs/performance.md: `--check` costs 3.3 ms more).
     pub interrupts: bool,
 }
 
