@@ -769,6 +769,20 @@ static u64 bar_mem(int i)
 	return map_phys(target.bars[i].addr) ? target.bars[i].addr : 0;
 }
 
+/* Raise vector 0 of `index`: edu itself where the target is edu (its raise register, with
+ * `edu_bits`; the handler acknowledges it there), else from the host. Returns who raised it. */
+static const char *raise(u32 index, u32 edu_bits)
+{
+	u64 edu = is_edu() ? bar_mem(0) : 0;
+	if (!edu) {
+		host_raise(index, 0);
+		return "host";
+	}
+	edu_ack_bar = edu;
+	mmio_write32(edu + EDU_IRQ_RAISE, edu_bits);
+	return "device";
+}
+
 static void test_intx(u32 dev, u32 fn)
 {
 	u32 before = irq_count[VEC_INTX];
@@ -776,15 +790,8 @@ static void test_intx(u32 dev, u32 fn)
 	ioapic_write(0x10 + 2 * INTX_GSI, VEC_INTX | (1u << 15)); /* fixed, level, active high */
 	u16 cmd = cfg_read16(dev, fn, 4);
 	cfg_write16(dev, fn, 4, (u16)(cmd & ~0x400u)); /* INTx enabled */
-	const char *via = "host";
-	u64 edu = is_edu() ? bar_mem(0) : 0;
-	if (edu) {
-		via = "device";
-		edu_ack_bar = edu;
-		mmio_write32(edu + EDU_IRQ_RAISE, 1);
-	} else {
-		host_raise(IRQ_INDEX_INTX, 0);
-	}
+	const char *via = raise(IRQ_INDEX_INTX, 1);
+	u64 edu = edu_ack_bar;
 	u32 got = wait_irq(VEC_INTX, before + 1) - before;
 	if (!got) {
 		/* What the interrupt controller and the device hold, for the reader of the console. */
@@ -816,15 +823,7 @@ static void test_msi(u32 dev, u32 fn, u32 cap)
 		cfg_write32(dev, fn, cap + data_off + 4, 0); /* vector 0 unmasked */
 	cfg_write16(dev, fn, cap + 2, (u16)((ctl & ~0x70u) | 1));
 	u32 before = irq_count[VEC_MSI];
-	const char *via = "host";
-	u64 edu = is_edu() ? bar_mem(0) : 0;
-	if (edu) {
-		via = "device";
-		edu_ack_bar = edu;
-		mmio_write32(edu + EDU_IRQ_RAISE, 2);
-	} else {
-		host_raise(IRQ_INDEX_MSI, 0);
-	}
+	const char *via = raise(IRQ_INDEX_MSI, 2);
 	u32 got = wait_irq(VEC_MSI, before + 1) - before;
 	cfg_write16(dev, fn, cap + 2, (u16)(ctl & ~1u));
 	edu_ack_bar = 0;
@@ -904,16 +903,12 @@ static void irq_loop(u32 dev, u32 fn, u32 cap)
 	if (ctl & 0x100)
 		cfg_write32(dev, fn, cap + data_off + 4, 0);
 	cfg_write16(dev, fn, cap + 2, (u16)((ctl & ~0x70u) | 1));
-	u64 edu = is_edu() ? bar_mem(0) : 0;
-	edu_ack_bar = edu;
+	const char *via = "host";
 	u32 done = 0;
 	outl(PORT_MARK, MARK_IRQLOOP_BEGIN);
 	for (; done < info.irq_loop; done++) {
 		u32 before = irq_count[VEC_MSI];
-		if (edu)
-			mmio_write32(edu + EDU_IRQ_RAISE, 4);
-		else
-			host_raise(IRQ_INDEX_MSI, 0);
+		via = raise(IRQ_INDEX_MSI, 4);
 		if (wait_irq(VEC_MSI, before + 1) == before)
 			break;
 	}
@@ -922,7 +917,9 @@ static void irq_loop(u32 dev, u32 fn, u32 cap)
 	edu_ack_bar = 0;
 	puts("FW irqloop ");
 	put_bdf(dev, fn);
-	puts(edu ? " msi via device count " : " msi via host count ");
+	puts(" msi via ");
+	puts(via);
+	puts(" count ");
 	putdec(info.irq_loop);
 	puts(" delivered ");
 	putdec(done);

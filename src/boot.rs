@@ -45,14 +45,7 @@ pub fn run(
     Ok(i32::from(report.status))
 }
 
-fn size(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
-    }
-}
+use crate::vmm::report::size;
 
 /// The human summary printed after the console.
 pub fn summary(r: &BootReport) -> String {

@@ -211,6 +211,16 @@ pub struct FirmwareReport {
     pub unparsed: Vec<String>,
 }
 
+/// A byte count as people write it: the largest unit it is a whole multiple of.
+pub fn size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
 fn hex(s: &str) -> Option<u64> {
     let t = s.strip_prefix("0x")?;
     if t.is_empty() || t.len() > 16 {

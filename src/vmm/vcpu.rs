@@ -119,6 +119,9 @@ pub struct LoopWindow {
     pub kvm: Option<super::kvmstats::KvmCounts>,
 }
 
+/// Exits, time and KVM's counters when a measured window began.
+type WindowStart = (ExitCounts, Instant, Option<super::kvmstats::Snapshot>);
+
 /// What continues after an exit.
 enum Flow {
     Continue,
@@ -169,7 +172,7 @@ pub struct Machine<'a> {
     pub regions: Box<dyn super::bars::BarRegions>,
     pub slots: Box<dyn SlotOps + 'a>,
     pub exits: ExitCounts,
-    loop_begin: Option<(ExitCounts, Instant, Option<super::kvmstats::Snapshot>)>,
+    loop_begin: Option<WindowStart>,
     pub loop_window: Option<LoopWindow>,
     /// Every mark the firmware wrote, with when it arrived (the DMA test is timed from them).
     pub marks: Vec<(u32, Instant)>,
@@ -182,7 +185,7 @@ pub struct Machine<'a> {
     irq_begin: Option<super::kvmstats::Snapshot>,
     /// KVM's counters over the firmware's interrupt tests (marks 7 to 8).
     pub irq_kvm: Option<super::kvmstats::KvmCounts>,
-    irqloop_begin: Option<(ExitCounts, Instant, Option<super::kvmstats::Snapshot>)>,
+    irqloop_begin: Option<WindowStart>,
     /// The MSI round-trip loop (marks 9 to 10), as the read loop's window.
     pub irq_loop_window: Option<LoopWindow>,
 }
@@ -228,6 +231,29 @@ impl<'a> Machine<'a> {
             irq_loop_window: None,
             irq_begin: None,
             irq_kvm: None,
+        }
+    }
+
+    /// The counters at a window's begin mark.
+    fn window_start(&self) -> WindowStart {
+        (
+            self.exits.clone(),
+            Instant::now(),
+            self.kvm_stats.as_ref().map(|k| k.read()),
+        )
+    }
+
+    /// The window from `start` to now: gpupass's exits, the time, KVM's counters.
+    fn window_end(&self, (before, t0, kvm_before): WindowStart) -> LoopWindow {
+        let nanos = t0.elapsed().as_nanos() as u64;
+        let kvm = match (&self.kvm_stats, kvm_before) {
+            (Some(k), Some(b)) => Some(super::kvmstats::delta(&b, &k.read())),
+            _ => None,
+        };
+        LoopWindow {
+            exits: self.exits.since(&before),
+            nanos,
+            kvm,
         }
     }
 
@@ -307,21 +333,11 @@ impl<'a> Machine<'a> {
             match value {
                 MARK_IRQLOOP_BEGIN => {
                     self.exits.count("io-mark");
-                    let kvm = self.kvm_stats.as_ref().map(|k| k.read());
-                    self.irqloop_begin = Some((self.exits.clone(), Instant::now(), kvm));
+                    self.irqloop_begin = Some(self.window_start());
                 }
                 MARK_IRQLOOP_END => {
-                    if let Some((before, t0, kvm_before)) = self.irqloop_begin.take() {
-                        let nanos = t0.elapsed().as_nanos() as u64;
-                        let kvm = match (&self.kvm_stats, kvm_before) {
-                            (Some(k), Some(b)) => Some(super::kvmstats::delta(&b, &k.read())),
-                            _ => None,
-                        };
-                        self.irq_loop_window = Some(LoopWindow {
-                            exits: self.exits.since(&before),
-                            nanos,
-                            kvm,
-                        });
+                    if let Some(start) = self.irqloop_begin.take() {
+                        self.irq_loop_window = Some(self.window_end(start));
                     }
                     self.exits.count("io-mark");
                 }
@@ -337,21 +353,11 @@ impl<'a> Machine<'a> {
                 }
                 MARK_LOOP_BEGIN => {
                     self.exits.count("io-mark");
-                    let kvm = self.kvm_stats.as_ref().map(|k| k.read());
-                    self.loop_begin = Some((self.exits.clone(), Instant::now(), kvm));
+                    self.loop_begin = Some(self.window_start());
                 }
                 MARK_LOOP_END => {
-                    if let Some((before, t0, kvm_before)) = self.loop_begin.take() {
-                        let nanos = t0.elapsed().as_nanos() as u64;
-                        let kvm = match (&self.kvm_stats, kvm_before) {
-                            (Some(k), Some(b)) => Some(super::kvmstats::delta(&b, &k.read())),
-                            _ => None,
-                        };
-                        self.loop_window = Some(LoopWindow {
-                            exits: self.exits.since(&before),
-                            nanos,
-                            kvm,
-                        });
+                    if let Some(start) = self.loop_begin.take() {
+                        self.loop_window = Some(self.window_end(start));
                     }
                     self.exits.count("io-mark");
                 }

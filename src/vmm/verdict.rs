@@ -7,7 +7,7 @@
 //! (the reason says which); only `fail` makes the check fail.
 
 use super::irq::{self, IrqReport};
-use super::report::FwIrq;
+use super::report::{size, FwIrq};
 use super::BootReport;
 use serde::Serialize;
 
@@ -84,15 +84,6 @@ impl CheckReport {
             s.push_str(&format!("{:<9} {:<6} {}\n", x.check, x.result.word(), x.reason));
         }
         s
-    }
-}
-
-fn size(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
     }
 }
 
