@@ -1,0 +1,76 @@
+# lab-about: benchmark: mdev create+remove of an mbochs-small instance, gpupass vs Debian's mdevctl start+stop, interleaved round by round, microsecond clock
+# lab-needs: gpupass
+# lab-files: /usr/bin/mdevctl
+# lab-timeout: 300
+# lab-steps: parent gpupass mdevctl ratio end-clean
+# Not a timed test: it reports figures (LAB-RESULT ... PASS <numbers>) for docs/performance.md.
+#
+# One pair: create the mdev (sysfs `create` on mbochs's mbochs-small type) and remove it, one
+# process per step, for both tools, with the same UUID:
+#   gpupass   gpupass mdev create --parent mbochs --type mbochs-small --uuid U; gpupass mdev remove U
+#   mdevctl   mdevctl start --uuid U --parent mbochs --type mbochs-small; mdevctl stop --uuid U
+# ROUNDS rounds; in each, N pairs of gpupass then N pairs of mdevctl (the order alternates from
+# round to round). Clock: busybox adjtimex (microseconds; reading it costs a process, the same
+# for both). Figures: ms per pair per round, the medians, and their ratio. Everything runs
+# under QEMU TCG: absolute figures are far above hardware, the ratio is the result.
+ROUNDS=${BENCH_ROUNDS:-5}
+N=${BENCH_N:-10}
+U=dddddddd-1111-4222-8333-444444444444
+T_DIR=/sys/class/mdev_bus/mbochs/mdev_supported_types/mbochs-small
+
+# T = now in microseconds (no subshell: the value is left in T).
+now() {
+  adjtimex > /tmp/adj
+  while read -r _k _v _r; do
+    case $_k in time.tv_sec:) _s=$_v ;; time.tv_usec:) _u=$_v ;; esac
+  done < /tmp/adj
+  _u=${_u#"${_u%%[!0]*}"}
+  T=$((_s * 1000000 + ${_u:-0}))
+}
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+if [ -d $T_DIR ]; then lab_pass parent "mbochs-small: $(cat $T_DIR/available_instances) available"; else lab_fail parent "no $T_DIR"; fi
+have_mdevctl=1
+command -v mdevctl > /dev/null 2>&1 || have_mdevctl=0
+
+ok=1
+pairs_gpupass() {
+  i=0
+  while [ $i -lt $N ]; do
+    gpupass mdev create --parent mbochs --type mbochs-small --uuid $U > /dev/null 2>&1 || ok=0
+    gpupass mdev remove $U > /dev/null 2>&1 || ok=0
+    i=$((i + 1))
+  done
+}
+pairs_mdevctl() {
+  i=0
+  while [ $i -lt $N ]; do
+    mdevctl start --uuid $U --parent mbochs --type mbochs-small > /dev/null 2>&1 || ok=0
+    mdevctl stop --uuid $U > /dev/null 2>&1 || ok=0
+    i=$((i + 1))
+  done
+}
+# time_pairs FN: microseconds per pair of FN, in P.
+time_pairs() { now; t0=$T; $1; now; P=$(( (T - t0) / N )); }
+
+gp='' mc='' r=1
+while [ $r -le $ROUNDS ]; do
+  if [ $((r % 2)) = 1 ]; then order="pairs_gpupass pairs_mdevctl"; else order="pairs_mdevctl pairs_gpupass"; fi
+  for f in $order; do
+    [ $f = pairs_mdevctl ] && [ $have_mdevctl = 0 ] && continue
+    time_pairs $f
+    case $f in pairs_gpupass) gp="$gp $((P / 1000))" ;; *) mc="$mc $((P / 1000))" ;; esac
+  done
+  r=$((r + 1))
+done
+gm=$(echo $gp | median)
+if [ $ok = 1 ]; then lab_pass gpupass "median $gm ms per pair (rounds:$gp) N=$N"; else lab_fail gpupass "a create/remove failed (rounds:$gp)"; fi
+if [ $have_mdevctl = 1 ]; then
+  mm=$(echo $mc | median)
+  lab_pass mdevctl "median $mm ms per pair (rounds:$mc) N=$N"
+  lab_pass ratio "gpupass/mdevctl = $gm/$mm = $(awk "BEGIN {printf \"%.2f\", $gm / $mm}")x"
+else
+  lab_fail mdevctl "mdevctl is not in the guest (lab-files)"
+  lab_fail ratio "no mdevctl"
+fi
+lab_check end-clean test ! -e /sys/bus/mdev/devices/$U
