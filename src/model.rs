@@ -582,6 +582,75 @@ pub struct Blocker {
     pub driver: String,
 }
 
+impl fmt::Display for Blocker {
+    /// `0000:01:00.1 (snd_hda_intel)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.address, self.driver)
+    }
+}
+
+/// Why a PCI function cannot be handed to a VFIO user now: the checks of
+/// [`Inventory::vfio_readiness`], in the order they run. This is the one statement of the rule
+/// (VFIO opens a function through its whole group: a VFIO driver on the function, an IOMMU
+/// group, every member on a VFIO driver, pci-stub or none, the device nodes present); each
+/// consumer words it for its user (`vfio_dev`, `oci_hook`, the device plugin,
+/// `output::selection`). The Display is the short reason the device plugin reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// Not bound to a VFIO driver; `None` when bound to no driver at all.
+    NotOnVfio { driver: Option<String> },
+    /// The function has no IOMMU group.
+    NoGroup,
+    /// Members of the group are on host drivers.
+    NotViable { group: u32, blockers: Vec<Blocker> },
+    /// No backend's device nodes are present for it (`/dev/vfio/<group>` missing).
+    NoNode { group: u32 },
+}
+
+impl NotReady {
+    /// The blocking members as `0000:01:00.1 (snd_hda_intel), ...` (empty for other reasons).
+    pub fn blocker_list(&self) -> String {
+        match self {
+            NotReady::NotViable { blockers, .. } => blockers
+                .iter()
+                .map(Blocker::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            _ => String::new(),
+        }
+    }
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::NotOnVfio { driver } => {
+                write!(
+                    f,
+                    "bound to {}, not vfio-pci",
+                    driver.as_deref().unwrap_or("no driver")
+                )
+            }
+            NotReady::NoGroup => f.write_str("no IOMMU group"),
+            NotReady::NotViable { group, .. } => write!(f, "group {group} is not viable"),
+            NotReady::NoNode { group } => write!(f, "/dev/vfio/{group} is missing"),
+        }
+    }
+}
+
+impl PciDevice {
+    /// The first readiness check: bound to a VFIO driver.
+    pub fn check_vfio_driver(&self) -> Result<(), NotReady> {
+        if self.driver.as_deref().is_some_and(is_vfio_driver) {
+            Ok(())
+        } else {
+            Err(NotReady::NotOnVfio {
+                driver: self.driver.clone(),
+            })
+        }
+    }
+}
+
 /// An IOMMU group: the unit of isolation, and so the unit VFIO hands to a VM.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IommuGroup {
@@ -601,6 +670,20 @@ pub struct IommuGroup {
     /// Backends that serve every VFIO-bound member now (docs/iommufd.md); empty when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub backends: Vec<Backend>,
+}
+
+impl IommuGroup {
+    /// The viability check: VFIO opens a group only when no member is on a host driver.
+    pub fn check_viable(&self) -> Result<(), NotReady> {
+        if self.viable {
+            Ok(())
+        } else {
+            Err(NotReady::NotViable {
+                group: self.number,
+                blockers: self.blockers.clone(),
+            })
+        }
+    }
 }
 
 /// An active mediated device instance (`/sys/bus/mdev/devices/<uuid>`).
@@ -683,6 +766,29 @@ impl Inventory {
         self.device(addr)
             .and_then(|d| d.iommu_group)
             .and_then(|n| self.group(n))
+    }
+
+    /// The group VFIO will open for `d`, when `d` passes the first three readiness checks
+    /// ([`NotReady`]): a VFIO driver, an IOMMU group, a viable group. For consumers that check
+    /// the device nodes themselves, per backend.
+    pub fn vfio_group(&self, d: &PciDevice) -> Result<&IommuGroup, NotReady> {
+        d.check_vfio_driver()?;
+        let g = d
+            .iommu_group
+            .and_then(|n| self.group(n))
+            .ok_or(NotReady::NoGroup)?;
+        g.check_viable()?;
+        Ok(g)
+    }
+
+    /// Whether `d` can be handed to a VFIO user now, as this inventory saw it: the checks of
+    /// [`Inventory::vfio_group`], then a backend's device nodes present (`d.backends`).
+    pub fn vfio_readiness(&self, d: &PciDevice) -> Result<&IommuGroup, NotReady> {
+        let g = self.vfio_group(d)?;
+        if d.backends.is_empty() {
+            return Err(NotReady::NoNode { group: g.number });
+        }
+        Ok(g)
     }
 
     pub fn mdev(&self, uuid: &str) -> Option<&MdevInstance> {
@@ -800,5 +906,53 @@ mod tests {
         assert!(driver_allows_vfio(None));
         assert!(driver_allows_vfio(Some("pci-stub")));
         assert!(!driver_allows_vfio(Some("snd_hda_intel")));
+    }
+
+    /// The readiness checks run in order, each with its reason; the Display is the short one.
+    #[test]
+    fn vfio_readiness_reasons_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        let mut inv = crate::inventory::scan(&crate::host::HostRoot::new(dir.path())).unwrap();
+        let a: PciAddress = "0000:17:00.0".parse().unwrap();
+        let ready = |inv: &Inventory| {
+            let d = inv.device(&a).unwrap();
+            (
+                inv.vfio_group(d).map(|g| g.number),
+                inv.vfio_readiness(d).map(|g| g.number),
+            )
+        };
+        let n = inv.device(&a).unwrap().iommu_group.unwrap();
+        assert_eq!(ready(&inv), (Ok(n), Ok(n)));
+
+        let i = inv.devices.iter().position(|d| d.address == a).unwrap();
+        inv.devices[i].backends.clear();
+        let (group, full) = ready(&inv);
+        assert_eq!(group, Ok(n));
+        assert_eq!(full.unwrap_err().to_string(), format!("/dev/vfio/{n} is missing"));
+
+        let gi = inv.groups.iter().position(|g| g.number == n).unwrap();
+        let blocker = Blocker {
+            address: "0000:17:00.1".parse().unwrap(),
+            driver: "snd_hda_intel".into(),
+        };
+        inv.groups[gi].viable = false;
+        inv.groups[gi].blockers = vec![blocker.clone(), blocker];
+        let e = ready(&inv).1.unwrap_err();
+        assert_eq!(e.to_string(), format!("group {n} is not viable"));
+        assert_eq!(
+            e.blocker_list(),
+            "0000:17:00.1 (snd_hda_intel), 0000:17:00.1 (snd_hda_intel)"
+        );
+
+        inv.devices[i].iommu_group = None;
+        assert_eq!(ready(&inv).0, Err(NotReady::NoGroup));
+        assert_eq!(NotReady::NoGroup.to_string(), "no IOMMU group");
+
+        inv.devices[i].driver = None;
+        let e = ready(&inv).0.unwrap_err();
+        assert_eq!(e, NotReady::NotOnVfio { driver: None });
+        assert_eq!(e.to_string(), "bound to no driver, not vfio-pci");
+        assert_eq!(e.blocker_list(), "");
     }
 }

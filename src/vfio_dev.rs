@@ -29,7 +29,7 @@
 
 use crate::backend::{self, BackendError, Policy};
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
+use crate::model::{Backend, Inventory, NotReady, PciAddress};
 use crate::vmm::bars::{carve_pieces, BarRegions, HostArea, PresentedDevice};
 use crate::vmm::memory::RamRegion;
 use crate::vmm::pci::{walk_capabilities, BarSpec, ConfigBackend};
@@ -100,6 +100,25 @@ pub enum VfioDevError {
 }
 
 impl VfioDevError {
+    /// The wording here of the model's readiness reasons for the PCI function `addr`.
+    fn not_ready(addr: PciAddress, e: NotReady) -> VfioDevError {
+        match e {
+            NotReady::NotOnVfio { driver } => VfioDevError::NotOnVfio { addr, driver },
+            NotReady::NotViable { group, .. } => VfioDevError::not_viable(group, &e),
+            // `resolve` checks the nodes itself, per backend, on the host.
+            NotReady::NoGroup | NotReady::NoNode { .. } => VfioDevError::NoGroup {
+                what: addr.to_string(),
+            },
+        }
+    }
+
+    fn not_viable(group: u32, e: &NotReady) -> VfioDevError {
+        VfioDevError::NotViable {
+            group,
+            blockers: e.blocker_list(),
+        }
+    }
+
     /// Errors in what the user typed (exit status 2).
     pub fn is_usage(&self) -> bool {
         matches!(self, VfioDevError::BadUuid { .. })
@@ -170,16 +189,8 @@ pub fn resolve(
             let d = inv
                 .device(addr)
                 .ok_or(VfioDevError::NoSuchDevice { addr: *addr })?;
-            if !d.driver.as_deref().is_some_and(is_vfio_driver) {
-                return Err(VfioDevError::NotOnVfio {
-                    addr: *addr,
-                    driver: d.driver.clone(),
-                });
-            }
-            let g = d.iommu_group.ok_or_else(|| VfioDevError::NoGroup {
-                what: addr.to_string(),
-            })?;
-            (host.pci_device(addr), g, addr.to_string())
+            let g = inv.vfio_group(d).map_err(|e| VfioDevError::not_ready(*addr, e))?;
+            (host.pci_device(addr), g.number, addr.to_string())
         }
         VfioTarget::Mdev(uuid) => {
             let uuid = parse_uuid(uuid)?;
@@ -202,22 +213,14 @@ pub fn resolve(
                 .ok_or_else(|| VfioDevError::NoGroup {
                     what: format!("mdev {uuid}"),
                 })?;
+            if let Some(group) = inv.group(g) {
+                group
+                    .check_viable()
+                    .map_err(|e| VfioDevError::not_viable(g, &e))?;
+            }
             (path, g, format!("mdev {uuid}"))
         }
     };
-    if let Some(g) = inv.group(group) {
-        if !g.viable {
-            let blockers: Vec<String> = g
-                .blockers
-                .iter()
-                .map(|b| format!("{} ({})", b.address, b.driver))
-                .collect();
-            return Err(VfioDevError::NotViable {
-                group,
-                blockers: blockers.join(", "),
-            });
-        }
-    }
     let (backend, cdev) = match target {
         VfioTarget::Pci(addr) => match backend::resolve_vm(policy, inv, &[*addr], None)? {
             Backend::Legacy => (Backend::Legacy, None),

@@ -19,7 +19,7 @@ pub mod proto {
 use crate::backend::{self, Policy};
 use crate::cdi::Kind;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Inventory, PciAddress, PciDevice};
+use crate::model::{Inventory, NotReady, PciAddress, PciDevice};
 use crate::naming;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -94,37 +94,18 @@ impl Resource {
     }
 }
 
-/// Why a VFIO function is not usable now, `None` when it is.
-fn pci_problem(inv: &Inventory, d: &PciDevice) -> Option<String> {
-    if !d.driver.as_deref().is_some_and(is_vfio_driver) {
-        return Some(format!(
-            "bound to {}, not vfio-pci",
-            d.driver.as_deref().unwrap_or("no driver")
-        ));
-    }
-    let Some(g) = d.iommu_group.and_then(|n| inv.group(n)) else {
-        return Some("no IOMMU group".into());
-    };
-    if !g.viable {
-        return Some(format!("group {} is not viable", g.number));
-    }
-    if d.backends.is_empty() {
-        return Some(format!("/dev/vfio/{} is missing", g.number));
-    }
-    None
-}
-
 /// Every resource of the host: VFIO-bound functions (bridges excluded) by model, active mdevs
 /// by type. Health: still bound to a VFIO driver, group viable, its device node present
 /// (devices that vanish are handled by [`merge`]).
 pub fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
     let mut out: BTreeMap<String, Resource> = BTreeMap::new();
     for d in &inv.devices {
-        if d.is_bridge || !d.driver.as_deref().is_some_and(is_vfio_driver) {
+        if d.is_bridge || d.check_vfio_driver().is_err() {
             continue;
         }
         let name = naming::pci_resource_name(d);
-        let problem = pci_problem(inv, d);
+        // Why it is not usable now (the model's readiness rule), `None` when it is.
+        let problem = inv.vfio_readiness(d).err().map(|e| e.to_string());
         out.entry(name.clone())
             .or_insert_with(|| Resource {
                 name,
@@ -143,9 +124,9 @@ pub fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
         let name = naming::mdev_instance_resource_name(inv, m);
         let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
         let problem = match m.iommu_group {
-            None => Some("no IOMMU group".to_string()),
+            None => Some(NotReady::NoGroup.to_string()),
             Some(g) if !(inv.vfio_container_present && inv.group(g).is_some_and(|g| g.vfio_node_present)) => {
-                Some(format!("/dev/vfio/{g} is missing"))
+                Some(NotReady::NoNode { group: g }.to_string())
             }
             Some(_) => None,
         };
@@ -260,24 +241,15 @@ pub fn allocate(
                     id: id.clone(),
                     resource: resource.into(),
                 })?;
-            if let Some(reason) = pci_problem(inv, d) {
-                return Err(AllocError::NotReady {
-                    id: id.clone(),
-                    reason,
-                });
-            }
-            let g = d
-                .iommu_group
-                .and_then(|n| inv.group(n))
-                .ok_or_else(|| AllocError::NotReady {
-                    id: id.clone(),
-                    reason: "no IOMMU group".into(),
-                })?;
+            let g = inv.vfio_readiness(d).map_err(|e| AllocError::NotReady {
+                id: id.clone(),
+                reason: e.to_string(),
+            })?;
             let b = backend::choose(policy, d).ok_or_else(|| AllocError::NotReady {
                 id: id.clone(),
                 reason: match policy {
                     Policy::Iommufd => format!("--backend iommufd: {}", backend::why_not_iommufd(inv, d)),
-                    _ => format!("/dev/vfio/{} is missing", g.number),
+                    _ => NotReady::NoNode { group: g.number }.to_string(),
                 },
             })?;
             // The group is the unit, as with the legacy group node: every VFIO member's cdev.
@@ -304,7 +276,7 @@ pub fn allocate(
             }
             let g = m.iommu_group.ok_or_else(|| AllocError::NotReady {
                 id: id.clone(),
-                reason: "no IOMMU group".into(),
+                reason: NotReady::NoGroup.to_string(),
             })?;
             is_mdev = true;
             add("/dev/vfio/vfio".into());

@@ -32,7 +32,7 @@ mod ns;
 use crate::backend::{self, Policy};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
+use crate::model::{Backend, Inventory, NotReady, PciAddress};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::io::Read;
@@ -103,6 +103,27 @@ pub enum HookError {
 }
 
 impl HookError {
+    /// The hook's wording of the model's readiness reasons for the function `addr`.
+    fn not_ready(addr: PciAddress, e: NotReady) -> HookError {
+        match e {
+            NotReady::NotOnVfio { driver } => HookError::NotVfio {
+                addr,
+                driver: driver.unwrap_or_else(|| "no driver".into()),
+            },
+            NotReady::NotViable { group, .. } => HookError::not_viable(group, &e),
+            NotReady::NoGroup | NotReady::NoNode { .. } => HookError::Unknown {
+                what: format!("the IOMMU group of {addr}"),
+            },
+        }
+    }
+
+    fn not_viable(group: u32, e: &NotReady) -> HookError {
+        HookError::NotViable {
+            group,
+            blockers: e.blocker_list(),
+        }
+    }
+
     /// 2 for malformed input (state, annotation), 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -175,18 +196,7 @@ pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<Str
                 let d = inv.device(a).ok_or_else(|| HookError::Unknown {
                     what: format!("PCI function {a}"),
                 })?;
-                if !d.driver.as_deref().is_some_and(is_vfio_driver) {
-                    return Err(HookError::NotVfio {
-                        addr: *a,
-                        driver: d.driver.clone().unwrap_or_else(|| "no driver".into()),
-                    });
-                }
-                let g = d
-                    .iommu_group
-                    .and_then(|n| inv.group(n))
-                    .ok_or_else(|| HookError::Unknown {
-                        what: format!("the IOMMU group of {a}"),
-                    })?;
+                let g = inv.vfio_group(d).map_err(|e| HookError::not_ready(*a, e))?;
                 (g, vec![d])
             }
             Request::Group(n) => {
@@ -197,25 +207,15 @@ pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<Str
                     .members
                     .iter()
                     .filter_map(|a| inv.device(a))
-                    .filter(|d| d.driver.as_deref().is_some_and(is_vfio_driver))
+                    .filter(|d| d.check_vfio_driver().is_ok())
                     .collect();
                 if devs.is_empty() {
                     return Err(HookError::GroupNotVfio { group: *n });
                 }
+                g.check_viable().map_err(|e| HookError::not_viable(*n, &e))?;
                 (g, devs)
             }
         };
-        if !group.viable {
-            let b: Vec<String> = group
-                .blockers
-                .iter()
-                .map(|b| format!("{} ({})", b.address, b.driver))
-                .collect();
-            return Err(HookError::NotViable {
-                group: group.number,
-                blockers: b.join(", "),
-            });
-        }
         // One backend for the whole request: the one every requested function has.
         let picks: Vec<Option<Backend>> = devices.iter().map(|d| backend::choose(policy, d)).collect();
         let chosen = match picks.first().copied().flatten() {

@@ -17,7 +17,7 @@
 //!   profile in `nvidia/current_vgpu_type` stays on `nvidia` and is still passed as a PCI
 //!   function.
 
-use crate::model::{is_vfio_driver, Inventory, MdevInstance, MdevType, PciAddress, PciDevice};
+use crate::model::{Inventory, MdevInstance, MdevType, PciAddress, PciDevice};
 use std::fmt;
 use std::str::FromStr;
 
@@ -356,9 +356,11 @@ fn check_drivers(sel: &mut Selection, consumer: Consumer) -> Result<(), SelectEr
     let mut notes = Vec::new();
     for f in sel.functions() {
         let d = &f.device;
-        match d.driver.as_deref() {
-            Some(drv) if is_vfio_driver(drv) => {}
-            Some(drv) if is_nvidia_vendor_vgpu(d) => notes.push(format!(
+        // The model's first readiness check; the group's own checks are the notes of
+        // `select` (companions added, or left out by --only).
+        match (d.check_vfio_driver(), d.driver.as_deref()) {
+            (Ok(()), _) => {}
+            (Err(_), Some(drv)) if is_nvidia_vendor_vgpu(d) => notes.push(format!(
                 "{} carries NVIDIA vGPU profile {} and stays on {drv} (vendor-specific VFIO): passed as a PCI function",
                 d.address,
                 d.current_vgpu_type.as_deref().unwrap_or("?")
