@@ -208,6 +208,12 @@ pub fn is_uuid(s: &str) -> bool {
         })
 }
 
+/// `s` as the canonical (lower-case) mdev UUID when [`is_uuid`] holds: the one spelling every
+/// consumer stores and compares (the kernel's, and mdevctl's).
+pub fn canonical_uuid(s: &str) -> Option<String> {
+    is_uuid(s).then(|| s.to_ascii_lowercase())
+}
+
 /// One host NUMA node: its CPUs and hugepage pools.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NumaNode {

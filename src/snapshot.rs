@@ -200,7 +200,7 @@ impl Copier<'_> {
     }
 }
 
-pub use crate::model::is_uuid;
+use crate::model::is_uuid;
 
 /// Summary of what was written.
 pub struct SnapshotReport {

@@ -127,13 +127,9 @@ impl VfioDevError {
 
 /// Validate an mdev UUID (8-4-4-4-12 hex digits); returned lower-case.
 pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
-    if crate::model::is_uuid(input) {
-        Ok(input.to_ascii_lowercase())
-    } else {
-        Err(VfioDevError::BadUuid {
-            input: input.to_string(),
-        })
-    }
+    crate::model::canonical_uuid(input).ok_or_else(|| VfioDevError::BadUuid {
+        input: input.to_string(),
+    })
 }
 
 /// A target that passed the checks: its sysfs path (what vfio-ioctls opens), group, name, and

@@ -226,13 +226,9 @@ impl FromStr for MdevUuid {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        if crate::model::is_uuid(t) {
-            Ok(MdevUuid(t.to_ascii_lowercase()))
-        } else {
-            Err(format!(
-                "{s:?} is not a UUID; expected 8-4-4-4-12 hex digits like 2f3e4d5c-6b7a-4988-8776-655443322110"
-            ))
-        }
+        crate::model::canonical_uuid(t).map(MdevUuid).ok_or_else(|| {
+            format!("{s:?} is not a UUID; expected 8-4-4-4-12 hex digits like 2f3e4d5c-6b7a-4988-8776-655443322110")
+        })
     }
 }
 

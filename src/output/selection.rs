@@ -37,15 +37,13 @@ pub struct DeviceArgError {
     pub reason: String,
 }
 
-pub use crate::model::is_uuid;
-
 impl FromStr for DeviceArg {
     type Err = DeviceArgError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
-        if is_uuid(t) {
-            return Ok(DeviceArg::Mdev(t.to_ascii_lowercase()));
+        if let Some(u) = crate::model::canonical_uuid(t) {
+            return Ok(DeviceArg::Mdev(u));
         }
         t.parse::<PciAddress>()
             .map(DeviceArg::Pci)
