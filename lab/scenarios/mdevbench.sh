@@ -32,21 +32,24 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[i
 if [ -d $T_DIR ]; then lab_pass parent "mbochs-small: $(cat $T_DIR/available_instances) available"; else lab_fail parent "no $T_DIR"; fi
 have_mdevctl=1
 command -v mdevctl > /dev/null 2>&1 || have_mdevctl=0
+# What Debian's mdevctl package creates on a real system (its config and callout dirs).
+mkdir -p /etc/mdevctl.d/scripts.d/callouts /etc/mdevctl.d/scripts.d/notifiers /usr/lib/mdevctl/scripts.d/callouts /usr/lib/mdevctl/scripts.d/notifiers
 
-ok=1
+# A failed step is kept (its stderr, once) in gp.err / mc.err, and fails the contender's step.
+: > gp.err; : > mc.err
 pairs_gpupass() {
   i=0
   while [ $i -lt $N ]; do
-    gpupass mdev create --parent mbochs --type mbochs-small --uuid $U > /dev/null 2>&1 || ok=0
-    gpupass mdev remove $U > /dev/null 2>&1 || ok=0
+    gpupass mdev create --parent mbochs --type mbochs-small --uuid $U > /dev/null 2>> gp.err || echo "create failed (pair $i)" >> gp.err
+    gpupass mdev remove $U > /dev/null 2>> gp.err || echo "remove failed (pair $i)" >> gp.err
     i=$((i + 1))
   done
 }
 pairs_mdevctl() {
   i=0
   while [ $i -lt $N ]; do
-    mdevctl start --uuid $U --parent mbochs --type mbochs-small > /dev/null 2>&1 || ok=0
-    mdevctl stop --uuid $U > /dev/null 2>&1 || ok=0
+    mdevctl start --uuid $U --parent mbochs --type mbochs-small > /dev/null 2>> mc.err || echo "start failed (pair $i)" >> mc.err
+    mdevctl stop --uuid $U > /dev/null 2>> mc.err || echo "stop failed (pair $i)" >> mc.err
     i=$((i + 1))
   done
 }
@@ -64,11 +67,15 @@ while [ $r -le $ROUNDS ]; do
   r=$((r + 1))
 done
 gm=$(echo $gp | median)
-if [ $ok = 1 ]; then lab_pass gpupass "median $gm ms per pair (rounds:$gp) N=$N"; else lab_fail gpupass "a create/remove failed (rounds:$gp)"; fi
+if [ ! -s gp.err ]; then lab_pass gpupass "median $gm ms per pair (rounds:$gp) N=$N"; else lab_fail gpupass "$(head -3 gp.err | tr '\n' ' ') (rounds:$gp)"; fi
 if [ $have_mdevctl = 1 ]; then
   mm=$(echo $mc | median)
-  lab_pass mdevctl "median $mm ms per pair (rounds:$mc) N=$N"
-  lab_pass ratio "gpupass/mdevctl = $gm/$mm = $(awk "BEGIN {printf \"%.2f\", $gm / $mm}")x"
+  if [ ! -s mc.err ]; then lab_pass mdevctl "median $mm ms per pair (rounds:$mc) N=$N"; else lab_fail mdevctl "$(head -3 mc.err | tr '\n' ' ') (rounds:$mc)"; fi
+  if [ ! -s gp.err ] && [ ! -s mc.err ]; then
+    lab_pass ratio "gpupass/mdevctl = $gm/$mm = $(awk "BEGIN {printf \"%.2f\", $gm / $mm}")x"
+  else
+    lab_fail ratio "a contender failed: no ratio"
+  fi
 else
   lab_fail mdevctl "mdevctl is not in the guest (lab-files)"
   lab_fail ratio "no mdevctl"
