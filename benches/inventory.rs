@@ -40,8 +40,9 @@ fn timeval(t: libc::timeval) -> Duration {
 
 /// Run `cmd` (output discarded) and reap it with `wait4`, which returns the rusage of that
 /// child alone.
-// The child is reaped by `wait4`, which clippy does not see.
-#[allow(clippy::zombie_processes)]
+// The child is reaped by `wait4`, which clippy does not see; wait4(2) for the child's rusage
+// has no safe std wrapper.
+#[allow(clippy::zombie_processes, unsafe_code)]
 fn run_once(cmd: &mut Command) -> Sample {
     let t = Instant::now();
     let child = cmd

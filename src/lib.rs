@@ -22,8 +22,8 @@
 //! (`output`) and, for changes, plan → apply. See `docs/ARCHITECTURE.md`.
 
 // `unsafe` only where allowed below, each block with its `// SAFETY:` comment (Cargo.toml
-// [lints]: `clippy::undocumented_unsafe_blocks`; docs/ARCHITECTURE.md, "Rules").
-#![deny(unsafe_code)]
+// [lints]: `unsafe_code` denied, `clippy::undocumented_unsafe_blocks`; docs/ARCHITECTURE.md,
+// "Rules").
 
 pub mod backend;
 pub mod bind;

@@ -1,5 +1,3 @@
-#![deny(unsafe_code)]
-
 use std::io::Write;
 use std::process::ExitCode;
 
