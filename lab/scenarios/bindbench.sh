@@ -35,15 +35,8 @@ P=/sys/bus/pci/drivers
 drv() { basename "$(readlink $D/$1/driver)" 2>/dev/null; }
 [ "$(basename "$(readlink $D/$VGA/iommu_group)")" = 4 ] || lab_fail group "00:05.0 is not in IOMMU group 4 (lab.md's map changed?)"
 
-# T = now in microseconds (no subshell: the value is left in T).
-now() {
-  adjtimex > /tmp/adj
-  while read -r _k _v _r; do
-    case $_k in time.tv_sec:) _s=$_v ;; time.tv_usec:) _u=$_v ;; esac
-  done < /tmp/adj
-  _u=${_u#"${_u%%[!0]*}"}
-  T=$((_s * 1000000 + ${_u:-0}))
-}
+# now (lab/guest/lib.sh): T = the clock in microseconds.
+now() { lab_now_us; }
 
 floor_idiom() {
   echo vfio-pci > $D/$HDA/driver_override; echo $HDA > $P/snd_hda_intel/unbind

@@ -18,15 +18,8 @@ N=${BENCH_N:-10}
 U=dddddddd-1111-4222-8333-444444444444
 T_DIR=/sys/class/mdev_bus/mbochs/mdev_supported_types/mbochs-small
 
-# T = now in microseconds (no subshell: the value is left in T).
-now() {
-  adjtimex > /tmp/adj
-  while read -r _k _v _r; do
-    case $_k in time.tv_sec:) _s=$_v ;; time.tv_usec:) _u=$_v ;; esac
-  done < /tmp/adj
-  _u=${_u#"${_u%%[!0]*}"}
-  T=$((_s * 1000000 + ${_u:-0}))
-}
+# now (lab/guest/lib.sh): T = the clock in microseconds.
+now() { lab_now_us; }
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 if [ -d $T_DIR ]; then lab_pass parent "mbochs-small: $(cat $T_DIR/available_instances) available"; else lab_fail parent "no $T_DIR"; fi
