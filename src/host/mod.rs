@@ -461,6 +461,11 @@ pub fn join_link(dir: &Path, target: &Path) -> PathBuf {
         }
         return PathBuf::from(std::ffi::OsString::from_vec(out));
     }
+    join_components(dir, target)
+}
+
+/// [`join_link`]'s general form: `target`'s components applied to `dir` one by one.
+fn join_components(dir: &Path, target: &Path) -> PathBuf {
     let mut out = dir.to_path_buf();
     for c in target.components() {
         match c {
@@ -712,19 +717,7 @@ mod tests {
     fn link_joins() {
         // The byte path and the component walk agree (the second for the forms the first
         // leaves to it).
-        let walk = |dir: &str, t: &str| {
-            let mut out = PathBuf::from(dir);
-            for c in Path::new(t).components() {
-                match c {
-                    std::path::Component::ParentDir => {
-                        out.pop();
-                    }
-                    std::path::Component::CurDir => {}
-                    other => out.push(other),
-                }
-            }
-            out
-        };
+        let walk = |dir: &str, t: &str| join_components(Path::new(dir), Path::new(t));
         for dir in [
             "/r/sys/bus/pci/devices",
             "/",
