@@ -12,7 +12,7 @@
 //!
 //! It also compiles proto/deviceplugin/v1beta1/api.proto (the kubelet device-plugin API) with
 //! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
-//! the messages and both the client and server stubs into OUT_DIR (`src/deviceplugin`).
+//! the messages and both the client and server stubs into OUT_DIR (`src/containers/deviceplugin`).
 //!
 //! Each half runs only with its cargo feature (docs/ARCHITECTURE.md, "Features"): the
 //! firmware and test guests with `vmm`, the proto compile with `deviceplugin`; a build

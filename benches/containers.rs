@@ -43,7 +43,7 @@ fn rebind(root: &Path, addr: &str, driver: &str) {
 }
 
 fn synthetic(root: &Path) -> Vec<String> {
-    gpupass::fixtures::synthetic(root, 4096, 64).unwrap();
+    gpupass::testkit::fixtures::synthetic(root, 4096, 64).unwrap();
     let inv = gpupass::inventory::scan(&HostRoot::new(root)).unwrap();
     let gpus: Vec<String> = inv
         .devices
@@ -58,7 +58,7 @@ fn cdi_generation() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path();
     let gpus = synthetic(root);
-    let h = gpupass::hostgen::HostBuilder::new(root).unwrap();
+    let h = gpupass::testkit::hostgen::HostBuilder::new(root).unwrap();
     for (i, a) in gpus.iter().enumerate() {
         h.nvidia_info(
             &a.parse().unwrap(),
@@ -87,14 +87,14 @@ fn cdi_generation() {
     }
     let host = HostRoot::new(root);
     let inv = gpupass::inventory::scan(&host).unwrap();
-    let files = gpupass::container::discover(&host);
-    let opts = gpupass::cdi::Options::default();
+    let files = gpupass::containers::native::discover(&host);
+    let opts = gpupass::output::cdi::Options::default();
     let mut render = Vec::new();
     let mut devices = 0;
     for _ in 0..200 {
         let s = Instant::now();
-        let r = gpupass::cdi::render(&inv, &files, &opts).unwrap();
-        let text = gpupass::cdi::to_json(&r.spec);
+        let r = gpupass::output::cdi::render(&inv, &files, &opts).unwrap();
+        let text = gpupass::output::cdi::to_json(&r.spec);
         render.push(s.elapsed());
         devices = r.spec.devices.len();
         assert_eq!(text.len(), size);
@@ -146,8 +146,8 @@ const RUNC_DEFAULT: &[(u32, u32)] = &[
 ];
 
 /// The runtime's device program: allow RUNC_DEFAULT (rwm), deny everything else.
-fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
-    use gpupass::oci_hook::bpf::{self, Grant, Insn};
+fn runtime_program() -> Vec<gpupass::containers::oci_hook::bpf::Insn> {
+    use gpupass::containers::oci_hook::bpf::{self, Grant, Insn};
     let all = bpf::ACC_MKNOD | bpf::ACC_READ | bpf::ACC_WRITE;
     let grants: Vec<Grant> = RUNC_DEFAULT
         .iter()
@@ -164,7 +164,7 @@ fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
 
 /// Put the cgroup back as the runtime left it (untimed, before every run).
 fn reset_cgroup(shape: Shape, cg: &Path, runtime: &std::os::fd::OwnedFd) {
-    use gpupass::oci_hook::bpf;
+    use gpupass::containers::oci_hook::bpf;
     use std::os::fd::AsFd;
     match shape {
         Shape::V1Runc => {
@@ -221,7 +221,7 @@ fn hook_runs(label: &str, root: &Path, request: &str, shape: Shape, bins: &[(Str
         }
     };
     std::fs::create_dir_all(&cg).unwrap();
-    let runtime = gpupass::oci_hook::bpf::load(&runtime_program(), "bench_runtime").unwrap();
+    let runtime = gpupass::containers::oci_hook::bpf::load(&runtime_program(), "bench_runtime").unwrap();
     let work = tempfile::tempdir().unwrap();
     let b = work.path().join("bundle");
     std::fs::create_dir_all(b.join("rootfs/dev")).unwrap();
@@ -293,9 +293,14 @@ fn hook_runs(label: &str, root: &Path, request: &str, shape: Shape, bins: &[(Str
                 }
                 Shape::V2Bpf => {
                     let dir = std::fs::File::open(&cg).unwrap();
-                    let ids = gpupass::oci_hook::bpf::query(dir.as_fd(), false).unwrap().ids;
-                    let cur = gpupass::oci_hook::bpf::prog_fd(ids[0]).unwrap();
-                    gpupass::oci_hook::bpf::prog_insns(cur.as_fd()).unwrap().1.len()
+                    let ids = gpupass::containers::oci_hook::bpf::query(dir.as_fd(), false)
+                        .unwrap()
+                        .ids;
+                    let cur = gpupass::containers::oci_hook::bpf::prog_fd(ids[0]).unwrap();
+                    gpupass::containers::oci_hook::bpf::prog_insns(cur.as_fd())
+                        .unwrap()
+                        .1
+                        .len()
                         != runtime_program().len()
                 }
             };
@@ -375,7 +380,7 @@ fn hook() {
     for shape in shapes {
         // Small host.
         let t = tempfile::tempdir().unwrap();
-        gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
+        gpupass::testkit::fixtures::build("vfio-numa", t.path()).unwrap();
         mknod(&t.path().join("dev/vfio/vfio"), 10, 196);
         mknod(&t.path().join("dev/vfio/40"), 240, 40);
         mknod(&t.path().join("dev/iommu"), 10, 123);
@@ -410,7 +415,7 @@ fn hook() {
 
 fn allocate() {
     let t = tempfile::tempdir().unwrap();
-    gpupass::fixtures::build("vfio-numa", t.path()).unwrap();
+    gpupass::testkit::fixtures::build("vfio-numa", t.path()).unwrap();
     let sockets = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -418,30 +423,37 @@ fn allocate() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let cfg = gpupass::deviceplugin::Config {
+        let cfg = gpupass::containers::deviceplugin::Config {
             host: HostRoot::new(t.path()),
             socket_dir: sockets.path().to_path_buf(),
             poll: Duration::from_millis(500),
-            cdi: gpupass::deviceplugin::CdiMode::Never,
-            cdi_kind: gpupass::cdi::Kind::default(),
-            backend: gpupass::backend::Policy::Auto,
+            cdi: gpupass::containers::deviceplugin::CdiMode::Never,
+            cdi_kind: gpupass::output::cdi::Kind::default(),
+            backend: gpupass::inventory::backend::Policy::Auto,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(gpupass::deviceplugin::server::serve(cfg, async {
+        let server = tokio::spawn(gpupass::containers::deviceplugin::server::serve(cfg, async {
             let _ = stop_rx.await;
         }));
-        let sock = sockets.path().join(gpupass::deviceplugin::server::socket_name(
-            "nvidia.com/AD102GL_L40S",
-        ));
+        let sock = sockets
+            .path()
+            .join(gpupass::containers::deviceplugin::server::socket_name(
+                "nvidia.com/AD102GL_L40S",
+            ));
         while !sock.exists() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let ch = gpupass::deviceplugin::server::connect_unix(&sock).await.unwrap();
-        let mut c = gpupass::deviceplugin::proto::device_plugin_client::DevicePluginClient::new(ch);
-        let req = || gpupass::deviceplugin::proto::AllocateRequest {
-            container_requests: vec![gpupass::deviceplugin::proto::ContainerAllocateRequest {
-                devices_ids: vec!["0000:17:00.0".into(), "0000:31:00.0".into()],
-            }],
+        let ch = gpupass::containers::deviceplugin::server::connect_unix(&sock)
+            .await
+            .unwrap();
+        let mut c =
+            gpupass::containers::deviceplugin::proto::device_plugin_client::DevicePluginClient::new(ch);
+        let req = || gpupass::containers::deviceplugin::proto::AllocateRequest {
+            container_requests: vec![
+                gpupass::containers::deviceplugin::proto::ContainerAllocateRequest {
+                    devices_ids: vec!["0000:17:00.0".into(), "0000:31:00.0".into()],
+                },
+            ],
         };
         for _ in 0..500 {
             c.allocate(req()).await.unwrap();
@@ -466,12 +478,12 @@ fn allocate() {
         let mut pure = Vec::with_capacity(10_000);
         for _ in 0..10_000 {
             let s = Instant::now();
-            let r = gpupass::deviceplugin::allocate(
+            let r = gpupass::containers::deviceplugin::allocate(
                 &inv,
                 "nvidia.com/AD102GL_L40S",
                 &ids,
                 None,
-                gpupass::backend::Policy::Auto,
+                gpupass::inventory::backend::Policy::Auto,
             )
             .unwrap();
             pure.push(s.elapsed());

@@ -130,7 +130,7 @@ fn main() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("synthetic-{total}"));
     if !dir.join("sys/bus/pci/devices").exists() {
         let _ = std::fs::remove_dir_all(&dir);
-        gpupass::fixtures::synthetic(&dir, total, 64).expect("generate synthetic host");
+        gpupass::testkit::fixtures::synthetic(&dir, total, 64).expect("generate synthetic host");
     }
     let n = std::fs::read_dir(dir.join("sys/bus/pci/devices"))
         .unwrap()

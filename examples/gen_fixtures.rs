@@ -8,12 +8,12 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("tests/fixtures/hosts"));
-    for name in gpupass::fixtures::NAMES {
+    for name in gpupass::testkit::fixtures::NAMES {
         let dir = base.join(name);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
-        gpupass::fixtures::build(name, &dir)?;
+        gpupass::testkit::fixtures::build(name, &dir)?;
         gpupass::host::keep_empty_dirs(&dir)?;
         println!("wrote {}", dir.display());
     }

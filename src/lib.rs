@@ -25,39 +25,32 @@
 // [lints]: `unsafe_code` denied, `clippy::undocumented_unsafe_blocks`; docs/ARCHITECTURE.md,
 // "Rules").
 
-pub mod backend;
-pub mod bind;
-#[cfg(feature = "vmm")]
-pub mod boot;
-pub mod cdi;
-pub mod check;
-pub mod cli;
-pub mod container;
-#[cfg(feature = "deviceplugin")]
-pub mod deviceplugin;
-pub mod events;
-#[cfg(feature = "testkit")]
-pub mod fixtures;
+// Read: where the host is, what it holds.
 pub mod host;
-#[cfg(feature = "testkit")]
-pub mod hostgen;
 pub mod inventory;
-pub mod mdev;
 pub mod model;
-pub mod naming;
-pub mod oci_hook;
+
+// Change: plan, then apply (through host::ops::HostOps only).
+pub mod bind;
+pub mod mdev;
+
+// Render: pure over the inventory.
 pub mod output;
-pub mod snapshot;
-pub mod startup;
+
+// Containers: the OCI hook, the device plugin, the native driver's files.
+pub mod containers;
+
+// Commands: arguments, the one context, dispatch.
+pub mod cli;
+
+// The VMM (and its VFIO wrapper) stands apart: `gpupass boot`.
+#[cfg(feature = "vmm")]
+#[allow(unsafe_code)] // KVM memory slots, vCPU runs, VFIO maps
+pub mod vmm;
+
+// Test machinery, never in a default build.
 #[cfg(feature = "testkit")]
 pub mod testkit;
-#[cfg(feature = "vmm")]
-#[allow(unsafe_code)] // VFIO DMA maps and BAR mmaps for the VMM
-pub mod vfio_dev;
-#[cfg(feature = "vmm")]
-#[allow(unsafe_code)] // KVM memory slots, vCPU runs
-pub mod vmm;
-pub mod vmout;
 
 /// Minor page faults of this process so far (profiling aid for the phase events at `-vv`).
 #[allow(unsafe_code)]

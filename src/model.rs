@@ -918,7 +918,7 @@ mod tests {
     #[test]
     fn vfio_readiness_reasons_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        crate::testkit::fixtures::build("vfio-numa", dir.path()).unwrap();
         let mut inv = crate::inventory::scan(&crate::host::HostRoot::new(dir.path())).unwrap();
         let a: PciAddress = "0000:17:00.0".parse().unwrap();
         let ready = |inv: &Inventory| {

@@ -441,7 +441,7 @@ fn the_lock_serializes_binds_of_one_group() {
 #[test]
 fn variant_driver_from_modules_alias_is_picked() {
     let t = tempfile::tempdir().unwrap();
-    let mut h = gpupass::hostgen::HostBuilder::new(t.path()).unwrap();
+    let mut h = gpupass::testkit::hostgen::HostBuilder::new(t.path()).unwrap();
     h.kernel(
         "6.8.0-1-nvidia-64k",
         "iommu.passthrough=1",
@@ -449,7 +449,7 @@ fn variant_driver_from_modules_alias_is_picked() {
     )
     .unwrap();
     h.add(
-        &gpupass::hostgen::DevSpec::new("0009:01:00.0", 0x10de, 0x2342, 0x030200)
+        &gpupass::testkit::hostgen::DevSpec::new("0009:01:00.0", 0x10de, 0x2342, 0x030200)
             .group(9)
             .driver("nvidia"),
     )
@@ -524,7 +524,7 @@ fn debian_driverctl_reads_persisted_overrides() {
         "install driverctl (apt-get install driverctl) to run this test"
     );
     let t = tempfile::tempdir().unwrap();
-    let mut h = gpupass::hostgen::HostBuilder::new(t.path()).unwrap();
+    let mut h = gpupass::testkit::hostgen::HostBuilder::new(t.path()).unwrap();
     h.kernel(
         "6.1.0-27-amd64",
         "intel_iommu=on",
@@ -532,13 +532,13 @@ fn debian_driverctl_reads_persisted_overrides() {
     )
     .unwrap();
     h.add(
-        &gpupass::hostgen::DevSpec::new("0042:01:00.0", 0x10de, 0x2684, 0x030000)
+        &gpupass::testkit::hostgen::DevSpec::new("0042:01:00.0", 0x10de, 0x2684, 0x030000)
             .group(1)
             .driver("nvidia"),
     )
     .unwrap();
     h.add(
-        &gpupass::hostgen::DevSpec::new("0042:01:00.1", 0x10de, 0x22ba, 0x040300)
+        &gpupass::testkit::hostgen::DevSpec::new("0042:01:00.1", 0x10de, 0x22ba, 0x040300)
             .group(1)
             .driver("snd_hda_intel"),
     )

@@ -42,7 +42,7 @@ fn loader_checks(spec: &serde_json::Value) {
     for d in devs {
         let n = d["name"].as_str().unwrap();
         assert!(names.insert(n), "duplicate device {n}");
-        assert!(gpupass::cdi::valid_device_name(n), "bad device name {n}");
+        assert!(gpupass::output::cdi::valid_device_name(n), "bad device name {n}");
         for e in d["containerEdits"]["env"].as_array().into_iter().flatten() {
             assert!(e.as_str().unwrap().contains('='), "env without '=': {e}");
         }
@@ -58,7 +58,7 @@ fn loader_checks(spec: &serde_json::Value) {
         }
     }
     // Unknown fields: the loader is strict; our own strict types must read it back.
-    let _: gpupass::cdi::Spec = serde_json::from_value(spec.clone()).expect("no unknown fields");
+    let _: gpupass::output::cdi::Spec = serde_json::from_value(spec.clone()).expect("no unknown fields");
 }
 
 /// Every environment variable of every generated CDI spec survives a shell: busybox `sh` and
@@ -98,7 +98,7 @@ fn cdi_env_names_survive_a_shell() {
                         "{h}: {sh:?} dropped {kv:?}; it passed on:\n{got}"
                     );
                     let name = kv.split_once('=').unwrap().0;
-                    assert!(gpupass::naming::is_posix_env_name(name), "{h}: {name}");
+                    assert!(gpupass::output::naming::is_posix_env_name(name), "{h}: {name}");
                 }
             }
             seen += env.len();
@@ -344,7 +344,7 @@ fn cdi_write_and_refresh_after_unbind() {
     };
     let spec_path = t.path().join("var/run/cdi/gpupass.json");
     // Refresh without a spec written before: nothing happens.
-    gpupass::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
+    gpupass::output::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
     assert!(!spec_path.exists());
     let o = run(&["cdi", "generate", "--write"]);
     assert!(ok(&o).contains("var/run/cdi/gpupass.json"));
@@ -360,7 +360,7 @@ fn cdi_write_and_refresh_after_unbind() {
     let dev = t.path().join("sys/bus/pci/devices/0000:31:00.0");
     std::fs::remove_file(dev.join("driver")).unwrap();
     std::fs::remove_file(t.path().join("dev/vfio/41")).unwrap();
-    gpupass::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
+    gpupass::output::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
     let after = std::fs::read_to_string(&spec_path).unwrap();
     assert!(
         !after.contains("\"0000:31:00.0\"") && !after.contains("group-41"),

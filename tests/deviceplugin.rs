@@ -3,9 +3,9 @@
 //! plugin's socket, as the kubelet's device manager does, all over unix sockets in a tempdir.
 
 mod util;
-use gpupass::deviceplugin::proto::device_plugin_client::DevicePluginClient;
-use gpupass::deviceplugin::proto::registration_server::{Registration, RegistrationServer};
-use gpupass::deviceplugin::proto::*;
+use gpupass::containers::deviceplugin::proto::device_plugin_client::DevicePluginClient;
+use gpupass::containers::deviceplugin::proto::registration_server::{Registration, RegistrationServer};
+use gpupass::containers::deviceplugin::proto::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

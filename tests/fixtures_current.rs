@@ -1,7 +1,7 @@
 //! The committed fixture hosts (`tests/fixtures/hosts/<name>`, written by `cargo run --example
 //! gen_fixtures`) are exactly what the generator writes today: every file with the same bytes,
 //! every symlink with the same target, nothing extra on either side. A change to
-//! `src/fixtures.rs` or `src/hostgen.rs` without regenerating fails here. (`qemu-lab` is not
+//! `src/testkit/fixtures.rs` or `src/testkit/hostgen.rs` without regenerating fails here. (`qemu-lab` is not
 //! generated: it is a `gpupass snapshot` of the lab's real kernel.)
 
 mod util;
@@ -37,9 +37,9 @@ fn tree(root: &Path) -> BTreeMap<String, String> {
 fn committed_fixtures_equal_the_generator() {
     let t = tempfile::tempdir().unwrap();
     // What `cargo run --example gen_fixtures DIR` does, through the library.
-    for name in gpupass::fixtures::NAMES {
+    for name in gpupass::testkit::fixtures::NAMES {
         let dir = t.path().join(name);
-        gpupass::fixtures::build(name, &dir).unwrap();
+        gpupass::testkit::fixtures::build(name, &dir).unwrap();
         gpupass::host::keep_empty_dirs(&dir).unwrap();
     }
     let mut checked = 0;

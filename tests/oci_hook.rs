@@ -442,8 +442,8 @@ fn podman_runs_the_hook_from_a_hooks_dir() {
 }
 
 /// "Allow c 1:3 (/dev/null), deny everything else": a runtime's device program in small.
-fn runtime_program() -> Vec<gpupass::oci_hook::bpf::Insn> {
-    use gpupass::oci_hook::bpf::Insn;
+fn runtime_program() -> Vec<gpupass::containers::oci_hook::bpf::Insn> {
+    use gpupass::containers::oci_hook::bpf::Insn;
     vec![
         Insn::ldx_w(2, 1, 0),
         Insn::and_imm(2, 0xffff),
@@ -470,7 +470,7 @@ struct V2Container {
 
 impl V2Container {
     fn new(host: &Path, tag: &str, script: &str) -> V2Container {
-        use gpupass::oci_hook::bpf;
+        use gpupass::containers::oci_hook::bpf;
         use std::os::fd::AsFd;
         let mount = cgroup2_mount().expect("no cgroup2 mount: the cgroup v2 hook test needs one");
         let cg = mount.join(format!("gpupass-test-{}-{tag}", std::process::id()));
@@ -512,7 +512,9 @@ impl V2Container {
     fn programs(&self) -> Vec<u32> {
         use std::os::fd::AsFd;
         let dir = std::fs::File::open(&self.cg).unwrap();
-        gpupass::oci_hook::bpf::query(dir.as_fd(), false).unwrap().ids
+        gpupass::containers::oci_hook::bpf::query(dir.as_fd(), false)
+            .unwrap()
+            .ids
     }
     fn pid(&self) -> u32 {
         self.child.id()

@@ -9,7 +9,7 @@
 # lab-steps-6.1: hook-group hook-container cgroup-v1-devices
 #
 # 6.12 boots the unified hierarchy only, so device access in the container is the BPF program
-# runc attaches to the container's cgroup, and the hook must extend it (src/oci_hook/bpf.rs).
+# runc attaches to the container's cgroup, and the hook must extend it (src/containers/oci_hook/bpf.rs).
 # 6.1 boots cgroup v1: the same container gets the nodes through devices.allow. The steps
 # are the same on both legs, except: which VFIO nodes the hook gives is the backend policy's
 # choice where both exist (6.12: the group node or the cdev, hook-group-or-cdev; 6.1 has only

@@ -10,7 +10,7 @@
 //! what the kernel shows now and makes only the writes still needed, so it is correct whether
 //! the process died before, during or after any given write, and running it twice is harmless.
 
-use super::checks::{self, HostFacts};
+use super::facts::{self, HostFacts};
 use super::journal::{self, Journal, Record};
 use super::{
     after_change, plan_bind, plan_unbind, Action, BindError, BindRequest, DriverState, Expect, FuncPlan,
@@ -356,7 +356,7 @@ enum Scope<'a> {
 }
 
 /// Scan the host (the scope of the change) and gather facts (under the lock when changing).
-fn view(host: &HostRoot, scope: Scope, need: checks::Need) -> Result<(Inventory, HostFacts), BindError> {
+fn view(host: &HostRoot, scope: Scope, need: facts::Need) -> Result<(Inventory, HostFacts), BindError> {
     let inv = match scope {
         Scope::All => inventory::scan(host)?,
         Scope::Groups { addrs, groups } => inventory::scan_groups(host, addrs, groups)?,
@@ -367,7 +367,7 @@ fn view(host: &HostRoot, scope: Scope, need: checks::Need) -> Result<(Inventory,
         faults = crate::minor_faults(),
         "scanned"
     );
-    let facts = checks::gather_for(host, &inv, need);
+    let facts = facts::gather_for(host, &inv, need);
     tracing::debug!(
         in_use = facts.uses.len(),
         faults = crate::minor_faults(),
@@ -484,7 +484,7 @@ pub struct Applied {
 fn change(
     ops: &dyn HostOps,
     scope: Scope,
-    need: checks::Need,
+    need: facts::Need,
     dry_run: bool,
     force: bool,
     announce: &dyn Fn(&Plan),
@@ -568,7 +568,7 @@ pub fn bind(
     change(
         ops,
         scope,
-        checks::Need::BIND,
+        facts::Need::BIND,
         dry_run,
         force,
         announce,
@@ -596,7 +596,7 @@ pub fn unbind(
     change(
         ops,
         scope,
-        checks::Need::UNBIND,
+        facts::Need::UNBIND,
         dry_run,
         force,
         announce,

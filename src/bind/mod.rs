@@ -24,14 +24,13 @@
 //!   aliases in `modules.alias`; they bind only through `driver_override`.
 
 pub mod apply;
-pub mod checks;
-pub mod cmd;
+pub mod facts;
 pub mod journal;
 pub mod persist;
 
 use crate::host::HostRoot;
 use crate::model::{driver_allows_vfio, is_vfio_driver, Inventory, PciAddress, PciDevice};
-use checks::{HostFacts, Use};
+use facts::{HostFacts, Use};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -846,10 +845,10 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
 /// directory listing. The change itself has already succeeded when this runs, so a failed
 /// refresh is a warning, not an error.
 pub fn after_change(host: &HostRoot, changed: &[PciAddress]) {
-    if let Err(e) = crate::cdi::refresh(host) {
+    if let Err(e) = crate::output::cdi::refresh(host) {
         eprintln!(
             "warning: {} changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`",
-            crate::bind::cmd::addrs(changed)
+            crate::cli::bind::addrs(changed)
         );
     }
 }

@@ -10,7 +10,7 @@
 //! also takes every other device with the same IDs) and `softdep <native> pre: vfio-pci` in
 //! modprobe.d, so vfio-pci is loaded before the native driver.
 
-use super::checks::HostFacts;
+use super::facts::HostFacts;
 use super::{select_functions, target_driver, Action, BindError, BindRequest, BoundState, Plan, Refusal};
 use crate::host::HostRoot;
 use crate::model::{is_vfio_driver, Inventory, PciAddress};

@@ -1,11 +1,11 @@
 //! Planner and apply tests against the fixture hosts and the fake kernel.
 
 use super::apply;
-use super::checks::{self, HostFacts, Use};
+use super::facts::{self, HostFacts, Use};
 use super::*;
 use crate::host::ops::HostOps;
-use crate::hostgen::{DevSpec, HostBuilder};
 use crate::inventory;
+use crate::testkit::hostgen::{DevSpec, HostBuilder};
 use crate::testkit::FakeHost;
 use std::path::PathBuf;
 
@@ -20,7 +20,7 @@ fn fixture(name: &str) -> HostRoot {
 fn view(name: &str) -> (Inventory, HostFacts) {
     let h = fixture(name);
     let inv = inventory::scan(&h).unwrap();
-    let f = checks::gather(&h, &inv);
+    let f = facts::gather(&h, &inv);
     (inv, f)
 }
 
@@ -223,7 +223,7 @@ fn variant_from_modules_alias() {
     .unwrap();
     let host = HostRoot::new(t.path());
     let inv = inventory::scan(&host).unwrap();
-    let f = checks::gather(&host, &inv);
+    let f = facts::gather(&host, &inv);
     assert_eq!(
         f.variants.get(&a("0009:01:00.0")).map(String::as_str),
         Some("nvgrace_gpu_vfio_pci")
@@ -529,7 +529,7 @@ fn a_process_on_dev_nvidia_minor_refuses_the_bind() {
     b.open_fd(778, "nvidia-persiste", 3, "/dev/nvidiactl").unwrap();
     let h = HostRoot::new(t.path());
     let inv = inventory::scan(&h).unwrap();
-    let f = checks::gather(&h, &inv);
+    let f = facts::gather(&h, &inv);
     assert_eq!(
         f.uses_of(&a("07:00.0")),
         &[Use::NvidiaOpen {

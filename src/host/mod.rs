@@ -9,6 +9,7 @@
 //! make gpupass read forever) and return `None`/errors instead of panicking.
 
 pub mod ops;
+pub mod uevents;
 
 use std::fs;
 use std::io::{self, Read};

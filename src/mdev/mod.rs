@@ -27,7 +27,6 @@
 //! changes the host through [`HostOps`](crate::host::ops::HostOps), [`defs`] reads and writes
 //! `etc/mdevctl.d/<parent>/<uuid>` exactly as mdevctl does, [`cli`] holds the clap arguments.
 
-pub mod cli;
 pub mod defs;
 pub mod list;
 pub mod ops;
@@ -257,11 +256,11 @@ impl FromStr for InstanceRef {
 /// Hook run after every change to the set of active instances (create, remove, start, stop).
 ///
 /// Container device specs (CDI) list mdev instances and their VFIO nodes, so the specs gpupass
-/// wrote are regenerated when an mdev comes or goes (`crate::cdi::refresh`: a no-op when no
+/// wrote are regenerated when an mdev comes or goes (`crate::output::cdi::refresh`: a no-op when no
 /// gpupass spec exists). Every mdev mutation path calls it exactly once per command; a failed
 /// refresh is a warning, since the change itself succeeded.
 pub fn after_change(host: &HostRoot) {
-    if let Err(e) = crate::cdi::refresh(host) {
+    if let Err(e) = crate::output::cdi::refresh(host) {
         eprintln!("warning: mdev instances changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`");
     }
 }

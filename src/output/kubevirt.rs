@@ -9,7 +9,7 @@
 //! - `mediatedDevices[]` selects vGPUs by `mdevNameSelector` = the mdev type's `name`.
 //! - A VM asks for them by `deviceName` (= resourceName) under
 //!   `spec.domain.devices.gpus` (display devices, vGPUs) or `.hostDevices` (anything else).
-//! - Resource names come from [`crate::naming`], shared with gpupass's device plugin.
+//! - Resource names come from [`crate::output::naming`], shared with gpupass's device plugin.
 //! - iommufd (KubeVirt 1.9, alpha; kubevirt/enhancements VEP 266, docs/iommufd.md): with the
 //!   feature gate `IOMMUFD` in `spec.configuration.developerConfiguration.featureGates`,
 //!   virt-launcher opens a host device through iommufd when its cdev
@@ -17,7 +17,7 @@
 //!   KubeVirt's own PCI device plugin hands out the group node, so iommufd needs an external
 //!   provider that hands out the cdev (gpupass `device-plugin --backend iommufd`).
 
-use crate::naming;
+use crate::output::naming;
 use crate::output::selection::Selection;
 use serde_json::{json, Value};
 

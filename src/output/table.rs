@@ -1,6 +1,6 @@
 //! Human-readable renderers for the read commands. Pure: inventory in, text out.
 
-use crate::check::{Readiness, Status};
+use crate::inventory::readiness::{Readiness, Status};
 use crate::model::{Bar, BarKind, Inventory, PciDevice};
 use std::fmt::Write;
 

@@ -447,8 +447,8 @@ impl HostOps for FakeHost {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hostgen::{DevSpec, HostBuilder};
     use crate::model::PciAddress;
+    use crate::testkit::hostgen::{DevSpec, HostBuilder};
 
     fn host() -> (tempfile::TempDir, FakeHost) {
         let t = tempfile::tempdir().unwrap();

@@ -16,10 +16,12 @@
 //!     write, as a power cut or `kill -9` would (on the real kernel too: the lab's crash
 //!     tests).
 //!
-//! The fixture generators (`crate::hostgen`, `crate::fixtures`) are behind the same feature.
+//! The fixture generators (`crate::testkit::hostgen`, `crate::testkit::fixtures`) are behind the same feature.
 
 mod failpoints;
 mod fake_kernel;
+pub mod fixtures;
+pub mod hostgen;
 
 pub use failpoints::Failpoints;
 pub use fake_kernel::FakeHost;

@@ -27,10 +27,11 @@ pub mod reset;
 pub mod serial;
 pub mod vcpu;
 pub mod verdict;
+#[allow(unsafe_code)] // VFIO DMA maps and BAR mmaps (the whole of vmm allows it: KVM)
+pub mod vfio;
 
 use crate::host::HostRoot;
 use crate::model::Inventory;
-use crate::vfio_dev::{self, VfioDevError, VfioTarget};
 use bars::SlotOps;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VmFd};
@@ -38,6 +39,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vfio::{VfioDevError, VfioTarget};
 
 /// The default firmware, built from `firmware/` by build.rs.
 pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
@@ -130,7 +132,7 @@ pub struct BootOptions {
     /// first memory BAR).
     pub read_bar: Option<u8>,
     /// `--backend`: the VFIO backend a device is opened through (docs/iommufd.md).
-    pub backend: crate::backend::Policy,
+    pub backend: crate::inventory::backend::Policy,
     /// MSI round trips the firmware times after its interrupt tests (0: none).
     pub irq_loop: u32,
     /// How MSI reaches the vCPU ([`irq::IrqPath`]).
@@ -149,7 +151,7 @@ impl Default for BootOptions {
             timeout: Duration::from_secs(10),
             read_loop: 0,
             read_bar: None,
-            backend: crate::backend::Policy::Auto,
+            backend: crate::inventory::backend::Policy::Auto,
             irq_loop: 0,
             irq_path: irq::IrqPath::Irqfd,
             interrupts: true,
@@ -369,8 +371,8 @@ pub fn boot(
         Target::Vfio(t) => {
             let inv =
                 inv.ok_or_else(|| VmmError::Memory("internal: VFIO boot without an inventory".into()))?;
-            let r = vfio_dev::resolve(host, inv, t, opts.backend)?;
-            vfio_dev::check_live_root(host)?;
+            let r = vfio::resolve(host, inv, t, opts.backend)?;
+            vfio::check_live_root(host)?;
             Some(r)
         }
     };
@@ -424,7 +426,7 @@ pub fn boot(
     let dev = match &resolved {
         None => emulated::device()?,
         Some(r) => {
-            let s = session.insert(vfio_dev::open(host, r, &vm)?);
+            let s = session.insert(vfio::open(host, r, &vm)?);
             let mut rr = reset::ResetReport::new(s.can_reset(), r.reset_methods.clone(), r.mdev);
             if rr.wanted() {
                 rr.before = Some(reset::attempt(|| s.reset()));

@@ -1,9 +1,9 @@
 //! The command-line face of bind/unbind/recover/persist: clap arguments and output. `cli.rs`
 //! only dispatches here.
 
-use super::apply::{self, Applied};
-use super::persist::{apply_persist, plan_persist};
-use super::{checks, journal, BindError, BindRequest, UnbindRequest};
+use crate::bind::apply::{self, Applied};
+use crate::bind::persist::{apply_persist, plan_persist};
+use crate::bind::{facts, journal, BindError, BindRequest, UnbindRequest};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::PciAddress;
@@ -11,7 +11,7 @@ use clap::Args;
 use std::io::Write;
 
 fn parse_driver(s: &str) -> Result<String, String> {
-    if super::valid_driver_name(s) {
+    if crate::bind::valid_driver_name(s) {
         Ok(s.to_string())
     } else {
         Err(format!(
@@ -132,7 +132,7 @@ fn print_applied(out: &mut dyn Write, a: &Applied, dry_run: bool, json: bool) ->
 }
 
 /// Said on stderr after the plan passed its refusals and before anything changes.
-fn announce(plan: &super::Plan) {
+fn announce(plan: &crate::bind::Plan) {
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
@@ -235,7 +235,7 @@ pub fn run_persist(
         driver: args.driver,
     };
     let inv = crate::inventory::scan(host)?;
-    let facts = checks::gather(host, &inv);
+    let facts = facts::gather(host, &inv);
     let replay = journal::read(host)?;
     let p = plan_persist(&inv, &facts, &replay.bound, &req, args.remove);
     if !p.refusals.is_empty() {

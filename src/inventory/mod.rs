@@ -15,6 +15,10 @@
 //! Anything unreadable or garbled degrades to `null` for that field plus a warning; the listing
 //! never aborts because one attribute is bad.
 
+pub mod backend;
+pub mod readiness;
+pub mod snapshot;
+
 use crate::host::{self, dir_names, link_name, parse_hex, read_attr, HostRoot};
 use crate::model::*;
 use std::collections::{BTreeMap, HashMap};
@@ -1008,7 +1012,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         iommu_addr_bits: read_iommu_addr_bits(host),
         warnings,
     };
-    crate::backend::annotate(host, &mut inv);
+    crate::inventory::backend::annotate(host, &mut inv);
     Ok(inv)
 }
 
@@ -1384,7 +1388,7 @@ pub fn scan_groups(
         iommu_addr_bits: None,
         warnings,
     };
-    crate::backend::annotate(host, &mut inv);
+    crate::inventory::backend::annotate(host, &mut inv);
     Ok(inv)
 }
 
@@ -1499,7 +1503,7 @@ pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
     }
     if inv.iommufd.is_none() {
         // Saved before backends were recorded: derive them from the nodes it did record.
-        crate::backend::fill_backends(&mut inv);
+        crate::inventory::backend::fill_backends(&mut inv);
     }
     Ok(inv)
 }

@@ -1,7 +1,7 @@
 //! What a container needs from the host's native NVIDIA driver, found on the host (never
 //! assumed): device nodes, user-space libraries, binaries and IPC sockets. This is what
 //! `nvidia-container-cli list` prints; `gpupass container list` prints the same, and the CDI
-//! renderer ([`crate::cdi`]) turns it into bind mounts.
+//! renderer ([`crate::output::cdi`]) turns it into bind mounts.
 //!
 //! Libraries come from the dynamic linker's cache (`/etc/ld.so.cache`, parsed by [`ldcache`]):
 //! the entries of this build's ABI whose soname belongs to the driver's library set. Without a

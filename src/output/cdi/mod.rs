@@ -25,11 +25,11 @@
 //! or `hostPath` need 0.5.0, mount `type` 0.4.0, a `.` in the class or annotations 0.6.0.
 //! Podman 4.3 accepts at most 0.5.0, so gpupass uses no newer field.
 
-use crate::backend::{self, BackendError, Policy};
-use crate::container::DriverFiles;
+use crate::containers::native::DriverFiles;
 use crate::host::HostRoot;
+use crate::inventory::backend::{self, BackendError, Policy};
 use crate::model::{Backend, Inventory, PciDevice};
-use crate::naming;
+use crate::output::naming;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
@@ -760,7 +760,7 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
         return Ok(());
     }
     let inv = crate::inventory::scan(host)?;
-    let files = crate::container::discover(host);
+    let files = crate::containers::native::discover(host);
     for (name, opts) in todo {
         match write_to_host(host, &inv, &files, &opts) {
             Ok(_) => {}
@@ -811,9 +811,9 @@ mod tests {
     #[test]
     fn one_backend_per_device() {
         let dir = tempfile::tempdir().unwrap();
-        for name in crate::fixtures::NAMES {
+        for name in crate::testkit::fixtures::NAMES {
             let root = dir.path().join(name);
-            crate::fixtures::build(name, &root).unwrap();
+            crate::testkit::fixtures::build(name, &root).unwrap();
             let inv = crate::inventory::scan(&HostRoot::new(&root)).unwrap();
             for policy in [Policy::Legacy, Policy::Iommufd, Policy::Auto] {
                 let opts = Options {
@@ -863,7 +863,7 @@ mod tests {
     #[test]
     fn backend_policies_on_a_cdev_host() {
         let dir = tempfile::tempdir().unwrap();
-        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        crate::testkit::fixtures::build("vfio-numa", dir.path()).unwrap();
         let inv = crate::inventory::scan(&HostRoot::new(dir.path())).unwrap();
         let spec = |p| {
             let opts = Options {
@@ -906,7 +906,7 @@ mod tests {
         );
 
         let old = tempfile::tempdir().unwrap();
-        crate::fixtures::build("hgx-8gpu", old.path()).unwrap();
+        crate::testkit::fixtures::build("hgx-8gpu", old.path()).unwrap();
         let inv = crate::inventory::scan(&HostRoot::new(old.path())).unwrap();
         let opts = Options {
             backend: Policy::Iommufd,

@@ -5,6 +5,13 @@
 //! calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
 //! 1 a host error (or `check` found passthrough cannot work), 2 a usage error.
 
+pub mod bind;
+#[cfg(feature = "vmm")]
+pub mod boot;
+pub mod mdev;
+pub mod startup;
+pub mod vmout;
+
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::inventory;
@@ -93,10 +100,10 @@ pub fn command_for(first: Option<&str>) -> clap::Command {
     use clap::{Args, CommandFactory};
     let sub = match first {
         Some("bind") => {
-            crate::bind::cmd::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT))
+            crate::cli::bind::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT))
         }
         Some("unbind") => {
-            crate::bind::cmd::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT))
+            crate::cli::bind::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT))
         }
         Some("oci-hook") => clap::Command::new("oci-hook").about(OCI_HOOK_ABOUT),
         _ => return Cli::command(),
@@ -247,43 +254,43 @@ pub enum Command {
         poll_ms: u64,
         /// Name CDI devices in Allocate replies: auto (when a gpupass spec exists in
         /// /var/run/cdi or /etc/cdi), always, never
-        #[arg(long, value_enum, default_value_t = crate::deviceplugin::CdiMode::Auto)]
-        cdi: crate::deviceplugin::CdiMode,
+        #[arg(long, value_enum, default_value_t = crate::containers::deviceplugin::CdiMode::Auto)]
+        cdi: crate::containers::deviceplugin::CdiMode,
         /// CDI kind of those names
-        #[arg(long, default_value = crate::cdi::DEFAULT_KIND)]
-        cdi_kind: crate::cdi::Kind,
+        #[arg(long, default_value = crate::output::cdi::DEFAULT_KIND)]
+        cdi_kind: crate::output::cdi::Kind,
         /// VFIO node set of each allocated function: legacy (/dev/vfio/N + /dev/vfio/vfio),
         /// iommufd (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves
         /// the function through it, else legacy). docs/iommufd.md
-        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-        backend: crate::backend::Policy,
+        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+        backend: crate::inventory::backend::Policy,
     },
     #[command(about = BIND_ABOUT)]
-    Bind(crate::bind::cmd::BindArgs),
+    Bind(crate::cli::bind::BindArgs),
     #[command(about = UNBIND_ABOUT)]
-    Unbind(crate::bind::cmd::UnbindArgs),
+    Unbind(crate::cli::bind::UnbindArgs),
     /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
-    Recover(crate::bind::cmd::RecoverArgs),
+    Recover(crate::cli::bind::RecoverArgs),
     /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
-    Persist(crate::bind::cmd::PersistArgs),
+    Persist(crate::cli::bind::PersistArgs),
     /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
     /// definitions (docs/mdev.md)
     #[command(subcommand)]
-    Mdev(crate::mdev::cli::MdevCommand),
+    Mdev(crate::cli::mdev::MdevCommand),
     /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
     #[command(subcommand)]
-    Xml(crate::vmout::XmlCommand),
+    Xml(crate::cli::vmout::XmlCommand),
     /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
-    QemuArgs(crate::vmout::QemuArgsArgs),
+    QemuArgs(crate::cli::vmout::QemuArgsArgs),
     /// As root: open /dev/iommu and the devices' VFIO cdevs, then exec a VMM (QEMU) with them
     /// inherited and its device arguments pointing at them (fd=), optionally as another user
-    Launch(crate::vmout::launch::LaunchArgs),
+    Launch(crate::cli::vmout::launch::LaunchArgs),
     /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
-    Kubevirt(crate::vmout::KubevirtArgs),
+    Kubevirt(crate::cli::vmout::KubevirtArgs),
     /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
-    Attach(crate::vmout::AttachArgs),
+    Attach(crate::cli::vmout::AttachArgs),
     /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
-    Detach(crate::vmout::DetachArgs),
+    Detach(crate::cli::vmout::DetachArgs),
     /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
     // Only with the `vmm` build feature (on by default; docs/ARCHITECTURE.md, "Features").
     #[cfg(feature = "vmm")]
@@ -316,8 +323,8 @@ pub enum Command {
         /// VFIO backend: the group + container (legacy), the device cdev + /dev/iommu
         /// (iommufd), or iommufd where the kernel serves the device through it (auto; an mdev
         /// stays legacy under auto)
-        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-        backend: crate::backend::Policy,
+        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+        backend: crate::inventory::backend::Policy,
         /// After the interrupt tests, time this many MSI round trips (raise, deliver, EOI)
         #[arg(long, value_name = "N", default_value_t = 0)]
         irq_loop: u32,
@@ -350,10 +357,10 @@ pub enum CdiCommand {
         watch: bool,
         /// Pin cdiVersion (default: the lowest version the spec's fields need)
         #[arg(long, value_name = "V")]
-        cdi_version: Option<crate::cdi::CdiVersion>,
+        cdi_version: Option<crate::output::cdi::CdiVersion>,
         /// CDI kind, vendor/class
-        #[arg(long, value_name = "K", default_value = crate::cdi::DEFAULT_KIND)]
-        kind: crate::cdi::Kind,
+        #[arg(long, value_name = "K", default_value = crate::output::cdi::DEFAULT_KIND)]
+        kind: crate::output::cdi::Kind,
         /// The host's /dev as the container runtime sees it (adds hostPath to device nodes)
         #[arg(long, value_name = "DIR", default_value = "/dev")]
         dev_root: String,
@@ -364,8 +371,8 @@ pub enum CdiCommand {
         /// (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves the
         /// device through it, else legacy; devices both serve also get legacy-NAME and
         /// iommufd-NAME). docs/iommufd.md
-        #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-        backend: crate::backend::Policy,
+        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+        backend: crate::inventory::backend::Policy,
     },
 }
 
@@ -382,7 +389,7 @@ pub enum ContainerCommand {
 
 #[cfg(feature = "vmm")]
 fn parse_uuid_arg(s: &str) -> Result<String, String> {
-    crate::vfio_dev::parse_uuid(s).map_err(|e| e.to_string())
+    crate::vmm::vfio::parse_uuid(s).map_err(|e| e.to_string())
 }
 
 #[cfg(feature = "vmm")]
@@ -443,7 +450,7 @@ impl Ctx {
 }
 
 /// VM-output errors: usage errors print and exit 2, the rest go up as host errors (exit 1).
-fn vm_exit(r: Result<i32, crate::vmout::VmOutError>) -> Result<i32> {
+fn vm_exit(r: Result<i32, crate::cli::vmout::VmOutError>) -> Result<i32> {
     match r {
         Err(e) if e.is_usage() => {
             eprintln!("gpupass: {e}");
@@ -501,7 +508,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
     }
     if !changes && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
-        crate::bind::cmd::warn_unfinished(&ctx.host);
+        crate::cli::bind::warn_unfinished(&ctx.host);
     }
     match cli.command {
         Command::List { all } => {
@@ -540,7 +547,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
         }
         Command::Check => {
             let inv = ctx.inventory()?;
-            let r = crate::check::assess(&ctx.host, &inv);
+            let r = crate::inventory::readiness::assess(&ctx.host, &inv);
             if ctx.json {
                 write_json(out, &r)?;
             } else {
@@ -560,7 +567,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 Ok(inv)
             };
             let (from_json, json) = (ctx.from_json.as_deref(), ctx.json);
-            match crate::mdev::cli::run(ctx.ops.as_ref(), from_json, json, cmd, &load, out) {
+            match crate::cli::mdev::run(ctx.ops.as_ref(), from_json, json, cmd, &load, out) {
                 Ok(code) => Ok(code),
                 Err(e) if e.is_usage() => {
                     eprintln!("gpupass: {e}");
@@ -584,7 +591,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             irq_loop,
             irq_path,
         } => {
-            use crate::vfio_dev::VfioTarget;
+            use crate::vmm::vfio::VfioTarget;
             use crate::vmm::{BootOptions, Target};
             let target = match (device, mdev) {
                 (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
@@ -607,7 +614,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 irq_path,
                 interrupts: check || irq_loop > 0,
             };
-            match crate::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
+            match crate::cli::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
                 Ok(status) => Ok(status),
                 Err(e) if e.is_usage() => {
                     eprintln!("gpupass: {e}");
@@ -617,7 +624,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
         }
         Command::Events { count, timeout } => {
-            let sock = crate::events::UeventSocket::open()
+            let sock = crate::host::uevents::UeventSocket::open()
                 .context("cannot subscribe to kernel uevents (NETLINK_KOBJECT_UEVENT)")?;
             let deadline =
                 timeout.map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.max(0.0)));
@@ -636,7 +643,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Startup { dry_run } => crate::startup::run(ctx.ops.as_ref(), dry_run, out),
+        Command::Startup { dry_run } => crate::cli::startup::run(ctx.ops.as_ref(), dry_run, out),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -654,7 +661,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             Ok(0)
         }
         Command::Snapshot { out: dir } => {
-            let rep = crate::snapshot::snapshot(&ctx.host, &dir)
+            let rep = crate::inventory::snapshot::snapshot(&ctx.host, &dir)
                 .with_context(|| format!("snapshot of {} failed", ctx.host.root().display()))?;
             writeln!(
                 out,
@@ -680,17 +687,19 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 },
         } => {
             let inv = ctx.inventory()?;
-            let files = crate::container::discover(&ctx.host);
-            let opts = crate::cdi::Options {
+            let files = crate::containers::native::discover(&ctx.host);
+            let opts = crate::output::cdi::Options {
                 kind,
                 version: cdi_version,
                 dev_root,
                 driver_root,
                 backend,
             };
-            let usage = |e: &crate::cdi::CdiError| matches!(e, crate::cdi::CdiError::VersionTooLow { .. });
+            let usage = |e: &crate::output::cdi::CdiError| {
+                matches!(e, crate::output::cdi::CdiError::VersionTooLow { .. })
+            };
             if write {
-                let path = match crate::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
+                let path = match crate::output::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
                     Ok((path, warnings)) => {
                         for w in warnings {
                             eprintln!("warning: {w}");
@@ -698,8 +707,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                         writeln!(out, "wrote {}", path.display())?;
                         path
                     }
-                    Err(crate::cdi::CdiError::Empty) if watch => {
-                        let path = crate::cdi::record_emptied(&ctx.host, &opts)?;
+                    Err(crate::output::cdi::CdiError::Empty) if watch => {
+                        let path = crate::output::cdi::record_emptied(&ctx.host, &opts)?;
                         writeln!(
                             out,
                             "nothing to describe yet; {} appears when a device is bound to VFIO",
@@ -715,10 +724,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 };
                 if watch {
                     out.flush()?;
-                    let sock = crate::events::UeventSocket::open()
+                    let sock = crate::host::uevents::UeventSocket::open()
                         .context("cannot subscribe to kernel uevents for --watch")?;
                     while let Some(ev) = sock.next(None)? {
-                        match crate::cdi::refresh(&ctx.host) {
+                        match crate::output::cdi::refresh(&ctx.host) {
                             Ok(()) => writeln!(out, "refreshed {} after {}", path.display(), ev.line())?,
                             Err(e) => eprintln!("warning: refresh after {} failed: {e}", ev.line()),
                         }
@@ -727,7 +736,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 }
                 Ok(0)
             } else {
-                let r = match crate::cdi::render(&inv, &files, &opts) {
+                let r = match crate::output::cdi::render(&inv, &files, &opts) {
                     Ok(r) => r,
                     Err(e) if usage(&e) => {
                         eprintln!("gpupass: {e}");
@@ -738,9 +747,9 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 for w in &r.warnings {
                     eprintln!("warning: {w}");
                 }
-                let text = crate::cdi::to_json(&r.spec);
+                let text = crate::output::cdi::to_json(&r.spec);
                 match output {
-                    Some(p) => crate::cdi::write_atomic(&p, text.as_bytes())
+                    Some(p) => crate::output::cdi::write_atomic(&p, text.as_bytes())
                         .with_context(|| format!("cannot write {}", p.display()))?,
                     None => out.write_all(text.as_bytes())?,
                 }
@@ -751,18 +760,23 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             cmd: ContainerCommand::List { device },
         } => {
             let inv = ctx.inventory()?;
-            let files = crate::container::discover(&ctx.host);
+            let files = crate::containers::native::discover(&ctx.host);
             for w in &files.warnings {
                 eprintln!("warning: {w}");
             }
             if ctx.json {
-                write_json(out, &crate::container::list_json(&inv, &files, device.as_ref())?)?;
+                write_json(
+                    out,
+                    &crate::containers::native::list_json(&inv, &files, device.as_ref())?,
+                )?;
             } else {
-                out.write_all(crate::container::list_text(&inv, &files, device.as_ref())?.as_bytes())?;
+                out.write_all(
+                    crate::containers::native::list_text(&inv, &files, device.as_ref())?.as_bytes(),
+                )?;
             }
             Ok(0)
         }
-        Command::OciHook => crate::oci_hook::run_cli(ctx.ops.as_ref()),
+        Command::OciHook => crate::containers::oci_hook::run_cli(ctx.ops.as_ref()),
         #[cfg(feature = "deviceplugin")]
         Command::DevicePlugin {
             socket_dir,
@@ -772,7 +786,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
             backend,
         } => {
             let dir = socket_dir.unwrap_or_else(|| ctx.host.kubelet_device_plugins());
-            let cfg = crate::deviceplugin::Config {
+            let cfg = crate::containers::deviceplugin::Config {
                 host: ctx.host.clone(),
                 socket_dir: dir,
                 poll: std::time::Duration::from_millis(poll_ms),
@@ -780,24 +794,29 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
                 cdi_kind,
                 backend,
             };
-            crate::deviceplugin::server::run(cfg)?;
+            crate::containers::deviceplugin::server::run(cfg)?;
             Ok(0)
         }
-        Command::Bind(a) => Ok(crate::bind::cmd::run_bind(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Unbind(a) => Ok(crate::bind::cmd::run_unbind(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Recover(a) => Ok(crate::bind::cmd::run_recover(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Persist(a) => Ok(crate::bind::cmd::run_persist(&ctx.host, a, ctx.json, out)?),
-        Command::Xml(c) => vm_exit(crate::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
-        Command::Launch(a) => vm_exit(crate::vmout::launch::run(
+        Command::Bind(a) => Ok(crate::cli::bind::run_bind(ctx.ops.as_ref(), a, ctx.json, out)?),
+        Command::Unbind(a) => Ok(crate::cli::bind::run_unbind(ctx.ops.as_ref(), a, ctx.json, out)?),
+        Command::Recover(a) => Ok(crate::cli::bind::run_recover(ctx.ops.as_ref(), a, ctx.json, out)?),
+        Command::Persist(a) => Ok(crate::cli::bind::run_persist(&ctx.host, a, ctx.json, out)?),
+        Command::Xml(c) => vm_exit(crate::cli::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
+        Command::Launch(a) => vm_exit(crate::cli::vmout::launch::run(
             &ctx.host,
             &ctx.inventory()?,
             &a,
             &mut std::io::stderr(),
         )),
-        Command::QemuArgs(a) => vm_exit(crate::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
-        Command::Kubevirt(a) => vm_exit(crate::vmout::run_kubevirt(&ctx.inventory()?, &a, ctx.json, out)),
-        Command::Attach(a) => vm_exit(crate::vmout::run_attach(&ctx.inventory()?, &a, out)),
-        Command::Detach(a) => vm_exit(crate::vmout::run_detach(&ctx.inventory()?, &a, out)),
+        Command::QemuArgs(a) => vm_exit(crate::cli::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
+        Command::Kubevirt(a) => vm_exit(crate::cli::vmout::run_kubevirt(
+            &ctx.inventory()?,
+            &a,
+            ctx.json,
+            out,
+        )),
+        Command::Attach(a) => vm_exit(crate::cli::vmout::run_attach(&ctx.inventory()?, &a, out)),
+        Command::Detach(a) => vm_exit(crate::cli::vmout::run_detach(&ctx.inventory()?, &a, out)),
     }
 }
 

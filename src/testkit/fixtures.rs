@@ -7,7 +7,7 @@
 //! mdev parent, an A100 box whose `/dev/nvidiaN` minors are not in PCI order, and a legacy
 //! bridge whose group mixes unrelated devices.
 
-use crate::hostgen::{DevSpec, HostBuilder, IO, MEM, MEM64, MEM64_PREF, MEM_PREF, ROM};
+use crate::testkit::hostgen::{DevSpec, HostBuilder, IO, MEM, MEM64, MEM64_PREF, MEM_PREF, ROM};
 use std::io;
 use std::path::Path;
 

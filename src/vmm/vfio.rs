@@ -27,8 +27,8 @@
 //! the nodes are checked under the [`HostRoot`] and the open itself needs the live root `/`;
 //! the iommufd path opens `/dev/iommu` and the cdev through the [`HostRoot`].
 
-use crate::backend::{self, BackendError, Policy};
 use crate::host::HostRoot;
+use crate::inventory::backend::{self, BackendError, Policy};
 use crate::model::{Backend, Inventory, NotReady, PciAddress};
 use crate::vmm::bars::{carve_pieces, BarRegions, HostArea, PresentedDevice};
 use crate::vmm::memory::RamRegion;

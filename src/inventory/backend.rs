@@ -440,7 +440,7 @@ mod tests {
     #[test]
     fn kernel_config_gives_the_reason() {
         let dir = tempfile::tempdir().unwrap();
-        crate::fixtures::build("workstation", dir.path()).unwrap();
+        crate::testkit::fixtures::build("workstation", dir.path()).unwrap();
         let host = HostRoot::new(dir.path());
         let boot = dir.path().join("boot");
         std::fs::create_dir_all(&boot).unwrap();

@@ -11,7 +11,7 @@
 //!
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
 
-use crate::bind::cmd::{run_bind, BindArgs};
+use crate::cli::bind::{run_bind, BindArgs};
 use crate::host::ops::HostOps;
 use crate::host::{dir_names, read_attr, HostRoot};
 use crate::model::{is_vfio_driver, PciAddress};
@@ -111,7 +111,7 @@ pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Res
         writeln!(
             out,
             "persistent binds to {drv}: {}",
-            crate::bind::cmd::addrs(&addresses)
+            crate::cli::bind::addrs(&addresses)
         )?;
         let args = BindArgs {
             addresses,
@@ -138,12 +138,12 @@ pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Res
         let load = || -> Result<crate::model::Inventory, crate::mdev::MdevError> {
             Ok(crate::inventory::scan(host)?)
         };
-        let cmd = crate::mdev::cli::MdevCommand::Start {
+        let cmd = crate::cli::mdev::MdevCommand::Start {
             uuid: None,
             parent: None,
             auto_all: true,
         };
-        match crate::mdev::cli::run(ops, None, false, cmd, &load, out) {
+        match crate::cli::mdev::run(ops, None, false, cmd, &load, out) {
             Ok(0) => {}
             Ok(_) => failed = true,
             Err(e) => {

@@ -29,9 +29,9 @@
 pub mod bpf;
 mod ns;
 
-use crate::backend::{self, Policy};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
+use crate::inventory::backend::{self, Policy};
 use crate::model::{Backend, Inventory, NotReady, PciAddress};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -96,7 +96,7 @@ pub enum HookError {
     Bpf { cgroup: String, reason: String },
     #[error("annotation {BACKEND_ANNOTATION}={value:?}: expected legacy, iommufd or auto")]
     BadBackend { value: String },
-    #[error("--backend iommufd (annotation {BACKEND_ANNOTATION}): {what} cannot use iommufd: {reason}; {}; use legacy or auto", crate::backend::IOMMUFD_NEEDS)]
+    #[error("--backend iommufd (annotation {BACKEND_ANNOTATION}): {what} cannot use iommufd: {reason}; {}; use legacy or auto", crate::inventory::backend::IOMMUFD_NEEDS)]
     NoIommufd { what: String, reason: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),

@@ -1,6 +1,6 @@
 //! Kubernetes device plugin (kubelet deviceplugin API v1beta1) for devices held by VFIO.
 //!
-//! One resource per device model (`nvidia.com/AD102GL_L40S`, named by [`crate::naming`], the
+//! One resource per device model (`nvidia.com/AD102GL_L40S`, named by [`crate::output::naming`], the
 //! names KubeVirt's `permittedHostDevices` expects) and per mdev type; device IDs are PCI
 //! addresses (mdev: UUIDs). This module is the pure part: which resources and devices a host
 //! has and their health ([`resources`]), what a container gets for an allocation
@@ -16,11 +16,11 @@ pub mod proto {
     tonic::include_proto!("v1beta1");
 }
 
-use crate::backend::{self, Policy};
-use crate::cdi::Kind;
 use crate::host::HostRoot;
+use crate::inventory::backend::{self, Policy};
 use crate::model::{Inventory, NotReady, PciAddress, PciDevice};
-use crate::naming;
+use crate::output::cdi::Kind;
+use crate::output::naming;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -405,7 +405,7 @@ mod tests {
     #[test]
     fn allocate_follows_the_backend_policy() {
         let dir = tempfile::tempdir().unwrap();
-        crate::fixtures::build("vfio-numa", dir.path()).unwrap();
+        crate::testkit::fixtures::build("vfio-numa", dir.path()).unwrap();
         let inv = crate::inventory::scan(&HostRoot::new(dir.path())).unwrap();
         let d = inv.device(&"0000:17:00.0".parse().unwrap()).unwrap();
         let res = naming::pci_resource_name(d);
@@ -432,7 +432,7 @@ mod tests {
         assert_eq!(paths(Policy::Auto).1, ["gpupass.dev/pci=0000:17:00.0"]);
         let mut no_iommufd = inv.clone();
         no_iommufd.iommufd_present = false;
-        crate::backend::fill_backends(&mut no_iommufd);
+        crate::inventory::backend::fill_backends(&mut no_iommufd);
         assert_eq!(
             allocate(&no_iommufd, &res, &ids, None, Policy::Auto)
                 .unwrap()

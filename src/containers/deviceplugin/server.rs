@@ -4,7 +4,7 @@
 //! kubelet restarts.
 //!
 //! Every `poll` (500 ms by default), and at once when a kernel uevent for a PCI function, VFIO
-//! node or mdev arrives (live host only; see `crate::events`), the loop:
+//! node or mdev arrives (live host only; see `crate::host::uevents`), the loop:
 //! 1. scans the inventory and recomputes [`resources`]; a resource whose device list or health
 //!    changed gets the new list on its `ListAndWatch` streams at once (so a change reaches the
 //!    kubelet within one poll interval plus a scan);
@@ -345,7 +345,7 @@ pub async fn connect_unix(path: &Path) -> Result<tonic::transport::Channel, toni
 }
 
 fn cdi_spec_present(cfg: &Config) -> bool {
-    let name = crate::cdi::spec_file_name(&cfg.cdi_kind);
+    let name = crate::output::cdi::spec_file_name(&cfg.cdi_kind);
     cfg.host.cdi_dynamic_dir().join(&name).exists() || cfg.host.cdi_static_dir().join(&name).exists()
 }
 
@@ -388,7 +388,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
     // at once; the poll stays as the fallback (and for the kubelet's socket, which has no event).
     let wake = Arc::new(tokio::sync::Notify::new());
     if shared.cfg.host.root() == std::path::Path::new("/") {
-        match crate::events::UeventSocket::open() {
+        match crate::host::uevents::UeventSocket::open() {
             Ok(sock) => {
                 let w = wake.clone();
                 std::thread::spawn(move || {

@@ -278,8 +278,8 @@ fn iommufd_items(inv: &Inventory) -> Vec<CheckItem> {
     let old_kernel = inv
         .kernel
         .as_deref()
-        .and_then(crate::backend::kernel_version)
-        .is_some_and(|v| v < crate::backend::CDEV_SINCE)
+        .and_then(crate::inventory::backend::kernel_version)
+        .is_some_and(|v| v < crate::inventory::backend::CDEV_SINCE)
         && f.kernel_cdev != Some(true);
     let mut items = vec![if f.usable {
         let n = inv.devices.iter().filter(|d| d.vfio_cdev.is_some()).count();
@@ -304,7 +304,7 @@ fn iommufd_items(inv: &Inventory) -> Vec<CheckItem> {
         } else {
             Some(format!(
                 "{}; until then --backend auto uses legacy",
-                crate::backend::IOMMUFD_NEEDS
+                crate::inventory::backend::IOMMUFD_NEEDS
             ))
         };
         item(

@@ -1,10 +1,10 @@
 //! `gpupass mdev ...`: clap arguments and the dispatch of each subcommand.
 
-use super::defs::{self, Definition, StartMode};
-use super::types::{self, ParentKind};
-use super::{list, ops, InstanceRef, MdevError, MdevUuid, OpenNodes};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
+use crate::mdev::defs::{self, Definition, StartMode};
+use crate::mdev::types::{self, ParentKind};
+use crate::mdev::{list, ops, InstanceRef, MdevError, MdevUuid, OpenNodes};
 use crate::model::Inventory;
 use clap::Subcommand;
 use serde_json::json;
@@ -229,7 +229,7 @@ pub fn run(
             let t = resolve_type(&p, &ty)?;
             let attrs: Vec<(String, String)> = attrs.into_iter().map(|a| (a.0, a.1)).collect();
             let made = ops::create(host_ops, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
-            super::after_change(host);
+            crate::mdev::after_change(host);
             if json {
                 json_out(
                     out,
@@ -254,7 +254,7 @@ pub fn run(
                 InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(host_ops, &inv, &open, u)?),
                 InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(host_ops, &inv, &open, a)?),
             };
-            super::after_change(host);
+            crate::mdev::after_change(host);
             if json {
                 json_out(out, &json!({ "removed": name, "parent": parent }))?;
             } else {
@@ -401,7 +401,7 @@ pub fn run(
                 }
             }
             if !started.is_empty() {
-                super::after_change(host);
+                crate::mdev::after_change(host);
             }
             if json {
                 let f: Vec<_> = failed
@@ -428,7 +428,7 @@ pub fn run(
         MdevCommand::Stop { uuid } => {
             let open = OpenNodes::scan(host);
             let parent = ops::remove_mdev(host_ops, &inv, &open, &uuid)?;
-            super::after_change(host);
+            crate::mdev::after_change(host);
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;
             } else {

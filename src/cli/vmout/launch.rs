@@ -18,8 +18,8 @@
 //!   (`VFIO_DEVICE_BIND_IOMMUFD`) is done by the VMM on the inherited descriptor.
 
 use super::{select, VmOutError};
-use crate::backend::{self, Policy};
 use crate::host::HostRoot;
+use crate::inventory::backend::{self, Policy};
 use crate::model::Inventory;
 use crate::output::qemu::{self, PassedFds, QemuOptions};
 use crate::output::selection::{Consumer, DeviceArg};

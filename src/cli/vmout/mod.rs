@@ -50,7 +50,7 @@ pub enum VmOutError {
     #[error("{0}")]
     Layout(String),
     #[error(transparent)]
-    Backend(#[from] crate::backend::BackendError),
+    Backend(#[from] crate::inventory::backend::BackendError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
 }
@@ -145,8 +145,8 @@ pub struct XmlBackendArgs {
     /// VFIO backend of the PCI functions: legacy (group + container), iommufd (<driver
     /// iommufd='yes'/> per hostdev, libvirt 12.1+; the domain-wide <iommufd enabled='yes'/>,
     /// 12.2+), auto (iommufd where the kernel and the target libvirt have it, else legacy)
-    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-    pub backend: crate::backend::Policy,
+    #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+    pub backend: crate::inventory::backend::Policy,
     /// The libvirt the XML is for, X.Y (default: the installed libvirt's version, from `virsh
     /// --version` or its library, else 9.0)
     #[arg(long, value_name = "X.Y")]
@@ -206,7 +206,7 @@ fn xml_iommufd(
     domain: bool,
 ) -> Result<libvirt::IommufdXml, VmOutError> {
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
-    let kernel = crate::backend::resolve_vm(a.backend, inv, &addrs, None)?;
+    let kernel = crate::inventory::backend::resolve_vm(a.backend, inv, &addrs, None)?;
     if kernel != crate::model::Backend::Iommufd || addrs.is_empty() {
         return Ok(libvirt::IommufdXml::default());
     }
@@ -216,7 +216,7 @@ fn xml_iommufd(
     };
     let mut x = target.iommufd();
     if !x.per_hostdev {
-        if a.backend == crate::backend::Policy::Iommufd {
+        if a.backend == crate::inventory::backend::Policy::Iommufd {
             return Err(libvirt::LibvirtError::IommufdTooOld {
                 target,
                 source_: source,
@@ -348,8 +348,8 @@ pub struct QemuArgsArgs {
     /// VFIO backend of the PCI functions: legacy (group + container), iommufd (-object
     /// iommufd and iommufd= on each vfio-pci; QEMU 8.2+, Linux 6.6+), auto (iommufd where
     /// the kernel has it, else legacy). docs/iommufd.md
-    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-    pub backend: crate::backend::Policy,
+    #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+    pub backend: crate::inventory::backend::Policy,
     /// The guest's 64-bit PCI window (-global q35-pcihost.pci-hole64-size= and OVMF's
     /// X-PciMmio64Mb): auto (sized from the devices' 64-bit BARs: twice the next power of two
     /// of their sum, at least 32G), off, or a size (64G, 2T)
@@ -395,8 +395,8 @@ pub struct KubevirtArgs {
     /// 1.9's IOMMUFD feature gate; needs --external-provider: gpupass device-plugin --backend
     /// iommufd hands out the cdev), auto (iommufd where the kernel has it and the resources
     /// come from an external provider, else legacy). docs/iommufd.md
-    #[arg(long, value_enum, default_value_t = crate::backend::Policy::Auto)]
-    pub backend: crate::backend::Policy,
+    #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+    pub backend: crate::inventory::backend::Policy,
 }
 
 #[derive(Debug, Args)]
@@ -726,7 +726,7 @@ pub fn run_xml(
     match cmd {
         XmlCommand::Hostdev(a) => {
             // A kernel without iommufd fails `--backend iommufd` before anything else is said.
-            crate::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
+            crate::inventory::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
             let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
             let mut opts = a.dev.hostdev_options();
             opts.iommufd = xml_iommufd(inv, &sel, &a.vfio, false)?.per_hostdev;
@@ -749,7 +749,7 @@ pub fn run_xml(
             Ok(0)
         }
         XmlCommand::Domain(a) => {
-            crate::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
+            crate::inventory::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
             let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
             let x = xml_iommufd(inv, &sel, &a.vfio, true)?;
             let mut hostdev = a.dev.hostdev_options();
@@ -829,10 +829,10 @@ pub fn run_qemu(
     out: &mut dyn Write,
 ) -> Result<i32, VmOutError> {
     // A kernel without iommufd fails `--backend iommufd` before anything else is said.
-    crate::backend::resolve_vm(a.backend, inv, &[], None)?;
+    crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
-    let backend = crate::backend::resolve_vm(a.backend, inv, &addrs, None)?;
+    let backend = crate::inventory::backend::resolve_vm(a.backend, inv, &addrs, None)?;
     // Every refusal (window, NUMA, hugepages) comes before a note is printed.
     let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
     check_window(inv, hole64.as_ref())?;
@@ -901,13 +901,13 @@ pub fn run_kubevirt(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, VmOutError> {
-    use crate::backend::Policy;
+    use crate::inventory::backend::Policy;
     if a.backend == Policy::Iommufd && !a.external_provider {
         return Err(VmOutError::Usage(
             "--backend iommufd needs --external-provider: KubeVirt's own PCI device plugin hands out the group node (legacy); iommufd needs a device plugin that hands out /dev/vfio/devices/vfioN and /dev/iommu (gpupass device-plugin --backend iommufd)".into(),
         ));
     }
-    crate::backend::resolve_vm(a.backend, inv, &[], None)?;
+    crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Kubevirt)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     // auto without an external provider: KubeVirt's own plugin gives the group, so legacy.
@@ -917,7 +917,8 @@ pub fn run_kubevirt(
         Policy::Legacy
     };
     let iommufd = !addrs.is_empty()
-        && crate::backend::resolve_vm(policy, inv, &addrs, None)? == crate::model::Backend::Iommufd;
+        && crate::inventory::backend::resolve_vm(policy, inv, &addrs, None)?
+            == crate::model::Backend::Iommufd;
     if iommufd && sel.mdevs().next().is_some() {
         eprintln!("note: mdevs stay on the legacy group and container; only the PCI functions use iommufd");
     }
