@@ -1,5 +1,5 @@
 //! Builds the guest firmware (`firmware/`) into a flat binary in OUT_DIR, and the tiny test
-//! guests of `firmware/tests/` next to it (used by tests/boot.rs and the floor benchmark).
+//! guests of `firmware/tests/` next to it (used by tests/it/boot.rs and the floor benchmark).
 //!
 //! GNU as and gcc (through the `cc` crate, so `CC` is honoured) compile the sources as
 //! freestanding code (the firmware as 64-bit code: its entry switches real mode -> protected

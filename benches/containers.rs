@@ -8,7 +8,9 @@
 //! 3. Device-plugin Allocate latency: 10,000 sequential Allocate calls over the unix socket to
 //!    the plugin serving the vfio-numa host, p50/p99/max.
 
-#[path = "../tests/util/mod.rs"]
+// The integration tests' helpers (tests/it/util); this bench uses few of them.
+#[path = "../tests/it/util/mod.rs"]
+#[allow(dead_code)]
 mod util;
 
 use gpupass::host::HostRoot;

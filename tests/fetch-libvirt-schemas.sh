@@ -4,7 +4,7 @@
 # bookworm's 9.0 in libvirt0, so both packages are taken), fetching it on first use into the lab cache:
 # `apt-get download` through lab/tools/aptfetch.sh's private apt state (a state dir of its own
 # for the trixie suites, so bookworm's lists are not mixed in) and `dpkg -x`; nothing is
-# installed. tests/vm_outputs.rs validates the iommufd XML against these schemas.
+# installed. tests/it/vm_outputs.rs validates the iommufd XML against these schemas.
 #
 #   tests/fetch-libvirt-schemas.sh [CACHE]     (default $GPUPASS_LAB_CACHE or ~/.cache/gpupass-lab)
 set -euo pipefail

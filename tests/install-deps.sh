@@ -4,7 +4,7 @@
 # everything is present.
 set -euo pipefail
 need=()
-# QEMU is not installed: the lab (and tests/vm_outputs.rs) unpack Debian's qemu-system-x86 10.0
+# QEMU is not installed: the lab (and tests/it/vm_outputs.rs) unpack Debian's qemu-system-x86 10.0
 # from bookworm-backports into the lab cache (lab/tools/qemu.sh), which matches the qemu-utils
 # 10.0 these machines come with; bookworm's 7.2 could only be installed by removing it.
 # The lab's 6.12 kernel is built from linux-source-6.12 (lab/kernel/build.sh) with these:
@@ -14,27 +14,27 @@ for p in flex bison bc; do command -v $p >/dev/null || need+=($p); done
 command -v xz >/dev/null || need+=(xz-utils)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
-# tests/labtool.rs and the lab runner (lab/tools/labtool.py)
+# tests/it/labtool.rs and the lab runner (lab/tools/labtool.py)
 command -v python3 >/dev/null || need+=(python3)
 command -v depmod >/dev/null || need+=(kmod)
 command -v lspci >/dev/null || need+=(pciutils)
-# Containers: podman + runc consume the CDI specs and run the OCI hook (tests/containers.rs,
-# tests/oci_hook.rs); they fail, not skip, without them when CI=true.
+# Containers: podman + runc consume the CDI specs and run the OCI hook (tests/it/containers.rs,
+# tests/it/oci_hook.rs); they fail, not skip, without them when CI=true.
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
-# tests/bind.rs: Debian's driverctl reads the overrides `gpupass persist` writes; unshare (util-linux).
+# tests/it/bind.rs: Debian's driverctl reads the overrides `gpupass persist` writes; unshare (util-linux).
 [ -x /usr/sbin/driverctl ] || need+=(driverctl)
 command -v unshare >/dev/null || need+=(util-linux)
-# tests/mdev.rs runs Debian's mdevctl (chrooted into fixture trees) for interop checks.
+# tests/it/mdev.rs runs Debian's mdevctl (chrooted into fixture trees) for interop checks.
 command -v mdevctl >/dev/null || need+=(mdevctl)
-# VM outputs: libvirt's RNG schemas + virsh test driver (tests/vm_outputs.rs), and the libvirt
-# API for `--features libvirt` (tests/vm_attach.rs).
+# VM outputs: libvirt's RNG schemas + virsh test driver (tests/it/vm_outputs.rs), and the libvirt
+# API for `--features libvirt` (tests/it/vm_attach.rs).
 command -v virt-xml-validate >/dev/null || need+=(libvirt-clients)
 command -v virsh >/dev/null || need+=(libvirt-clients)
 command -v xmllint >/dev/null || need+=(libxml2-utils)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/libvirt/libvirt.h ] || need+=(libvirt-dev)
-# libvirt's own QEMU driver turns the domain XML into a QEMU command line (tests/vm_outputs.rs:
+# libvirt's own QEMU driver turns the domain XML into a QEMU command line (tests/it/vm_outputs.rs:
 # `virsh -c qemu:///session domxml-to-native`), with OVMF's firmware descriptors for
 # <os firmware='efi'>.
 [ -x /usr/sbin/libvirtd ] || need+=(libvirt-daemon)

@@ -3,7 +3,7 @@
 # lab-timeout: 300
 # lab-steps: exit-statuses did-bind did-unbind did-mdev-create did-mdev-remove group-00:05-whole
 # lab-steps: journal-closed mdevs-after drivers-restored
-# The real-kernel twin of tests/concurrency.rs. The global flock serializes the driver changes;
+# The real-kernel twin of tests/it/concurrency.rs. The global flock serializes the driver changes;
 # mdev create/remove race in the kernel (available_instances), where a refusal is a legal answer.
 A=0000:00:03.0
 VGA=0000:00:05.0

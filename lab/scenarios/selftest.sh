@@ -1,4 +1,4 @@
-# lab-about: gpupass boot --check, the passthrough self-test, on edu (DMA, isolation, MSI, INTx), e1000e (MSI-X), the 16 GiB BAR, bochs-display and an mbochs mdev, on both VFIO backends where the kernel has iommufd; failing cases (unmapped DMA, unrouted interrupts). The guest only runs commands and ships the JSON reports with each device's config space and reset_method; tests/lab.rs judges the verdicts against them
+# lab-about: gpupass boot --check, the passthrough self-test, on edu (DMA, isolation, MSI, INTx), e1000e (MSI-X), the 16 GiB BAR, bochs-display and an mbochs mdev, on both VFIO backends where the kernel has iommufd; failing cases (unmapped DMA, unrouted interrupts). The guest only runs commands and ships the JSON reports with each device's config space and reset_method; tests/it/lab.rs judges the verdicts against them
 # lab-needs: gpupass
 # lab-timeout: 420
 # lab-steps: dev-kvm
@@ -10,7 +10,7 @@
 # lab-steps: mdev-create mdev-check mdev-removed
 #
 # Each device: `gpupass bind`, its config space and reset_method shipped as NAME.config and
-# NAME.reset_method (what the device really has, read by tests/lab.rs without gpupass),
+# NAME.reset_method (what the device really has, read by tests/it/lab.rs without gpupass),
 # `gpupass boot --check --json` shipped as NAME.json (exit status 0 expected: no verdict
 # fails), `gpupass unbind` back to the driver it had.
 

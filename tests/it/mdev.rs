@@ -3,11 +3,10 @@
 //! and every refusal; mdevctl itself (Debian's package, run in a chroot of the scratch tree)
 //! reads what gpupass writes and writes what gpupass reads.
 
-mod util;
+use crate::util::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
-use util::*;
 
 const T4: &str = "0000:3b:00.0";
 const T4_INSTANCE: &str = "2f3e4d5c-6b7a-4988-8776-655443322110";
@@ -80,10 +79,6 @@ fn refused(root: &Path, args: &[&str], code: i32, needles: &[&str]) -> String {
     err
 }
 
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_str(&ok(o)).expect("valid JSON")
-}
-
 fn read(root: &Path, rel: &str) -> String {
     std::fs::read_to_string(root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
@@ -126,7 +121,7 @@ fn types_and_list_match_golden() {
 #[test]
 fn read_side_facts() {
     // Virtual parents come from sys/class/mdev_bus, not from the PCI devices.
-    let v = json(&on_host("mdev-lab", &["mdev", "types", "--json"]));
+    let v = ok_json(&on_host("mdev-lab", &["mdev", "types", "--json"]));
     let names: Vec<&str> = v["parents"]
         .as_array()
         .unwrap()
@@ -137,13 +132,13 @@ fn read_side_facts() {
     assert_eq!(v["parents"][0]["types"][2]["id"], "mbochs-small");
     assert_eq!(v["parents"][0]["types"][2]["available_instances"], 31);
     // The inventory carries them too (additive field).
-    let inv = json(&on_host("mdev-lab", &["list", "--all", "--json"]));
+    let inv = ok_json(&on_host("mdev-lab", &["list", "--all", "--json"]));
     assert_eq!(
         inv["mdev_parents"][0]["sysfs_path"],
         "/sys/devices/virtual/mbochs/mbochs"
     );
     // In use = some process holds /dev/vfio/N open.
-    let l = json(&on_host("mdev-lab", &["mdev", "list", "--json"]));
+    let l = ok_json(&on_host("mdev-lab", &["mdev", "list", "--json"]));
     let a = &l["active"][0];
     assert_eq!(a["instance"], LAB_BUSY);
     assert_eq!(a["parent"], "mbochs");
@@ -153,13 +148,13 @@ fn read_side_facts() {
     assert_eq!(a["holders"][0]["pid"], 4242);
     assert_eq!(a["defined"], "auto");
     // NVIDIA vGPU: PF aggregates its VFs; the instance is the VF.
-    let v = json(&on_host("sriov-vgpu", &["mdev", "types", "--json"]));
+    let v = ok_json(&on_host("sriov-vgpu", &["mdev", "types", "--json"]));
     let p = &v["parents"][0];
     assert_eq!(p["name"], "0000:41:00.0");
     assert_eq!(p["kind"], "nvidia-vgpu");
     assert_eq!(p["types"][1]["id"], "1044");
     assert_eq!(p["types"][1]["available_instances"], 3);
-    let l = json(&on_host("sriov-vgpu", &["mdev", "list", "--json"]));
+    let l = ok_json(&on_host("sriov-vgpu", &["mdev", "list", "--json"]));
     assert_eq!(l["active"][0]["instance"], "0000:41:00.4");
     assert_eq!(l["active"][0]["type_id"], "1044");
     assert_eq!(l["active"][0]["type_name"], "NVIDIA H200-2-35C");
@@ -189,7 +184,7 @@ fn create_and_remove_on_a_pci_parent() {
     let g = group.file_name().unwrap().to_str().unwrap().to_string();
     assert!(r.join("dev/vfio").join(&g).exists(), "/dev/vfio/{g}");
     assert_eq!(read(r, avail).trim(), "14");
-    let l = json(&fake(r, &["mdev", "list", "--json"]));
+    let l = ok_json(&fake(r, &["mdev", "list", "--json"]));
     let row = l["active"]
         .as_array()
         .unwrap()
@@ -576,7 +571,7 @@ fn nvidia_vendor_vfio_vgpu() {
         2,
         &["mdev devices only"],
     );
-    let l = json(&fake(r, &["mdev", "list", "--json"]));
+    let l = ok_json(&fake(r, &["mdev", "list", "--json"]));
     let names: Vec<&str> = l["active"]
         .as_array()
         .unwrap()
@@ -738,7 +733,7 @@ fn mdevctl_reads_what_gpupass_writes_and_the_reverse() {
     // mdevctl define -> gpupass lists it and starts it on the (fake) kernel.
     let m = "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a";
     mdevctl(r, &["define", "-u", m, "-p", "mdpy", "-t", "mdpy-hd", "--auto"]);
-    let d = json(&fake(r, &["mdev", "list", "--defined", "--json"]));
+    let d = ok_json(&fake(r, &["mdev", "list", "--defined", "--json"]));
     let row = d["defined"]
         .as_array()
         .unwrap()
@@ -766,6 +761,6 @@ fn mdevctl_reads_what_gpupass_writes_and_the_reverse() {
 
     // mdevctl undefine -> gpupass no longer lists it.
     mdevctl(r, &["undefine", "-u", m]);
-    let d = json(&fake(r, &["mdev", "list", "--defined", "--json"]));
+    let d = ok_json(&fake(r, &["mdev", "list", "--defined", "--json"]));
     assert!(d["defined"].as_array().unwrap().iter().all(|x| x["uuid"] != m));
 }

@@ -4,10 +4,9 @@
 //! `src/testkit/fixtures.rs` or `src/testkit/hostgen.rs` without regenerating fails here. (`qemu-lab` is not
 //! generated: it is a `gpupass snapshot` of the lab's real kernel.)
 
-mod util;
+use crate::util::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use util::*;
 
 /// Every entry under `root`: relative path -> "file <bytes>", "link <target>" or "dir".
 fn tree(root: &Path) -> BTreeMap<String, String> {

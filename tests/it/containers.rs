@@ -2,10 +2,9 @@
 //! schema, `--write` and refresh) and `container list` against the fixture hosts, and the
 //! generated specs consumed by podman (a real CDI loader) when it is installed.
 
-mod util;
+use crate::util::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use util::*;
 
 const HOSTS: &[&str] = &[
     "workstation",

@@ -1,7 +1,6 @@
 //! Bind, unbind and mdev changes refresh the CDI spec gpupass wrote, so it never goes stale.
 
-mod util;
-use util::*;
+use crate::util::*;
 
 fn run(root: &str, args: &[&str]) -> std::process::Output {
     let mut a = vec!["--root", root];

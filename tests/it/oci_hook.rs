@@ -2,10 +2,9 @@
 //! VFIO nodes appear inside the container (and can be opened: the devices cgroup allows
 //! them), not on the host; every malformed input is refused with nothing created.
 
-mod util;
+use crate::util::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use util::*;
 
 /// The vfio-numa host with stand-in char nodes, and the real /proc and cgroup tree (the hook
 /// needs the container's real pid, mount namespace and cgroup).

@@ -3,11 +3,10 @@
 //! rollback at every write, recovery after a crash at every write, the lock, persistence
 //! (read back by Debian's real `driverctl`).
 
-mod util;
+use crate::util::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use util::*;
 
 fn cmd(root: &Path, args: &[&str]) -> Command {
     let mut c = fake_kernel(&["--root", root.to_str().expect("a UTF-8 root")]);
@@ -59,12 +58,6 @@ fn state(root: &Path) -> BTreeMap<String, (Option<String>, String)> {
         m.insert(format!("/dev/vfio/{n}"), (None, String::new()));
     }
     m
-}
-
-fn driver(root: &Path, addr: &str) -> Option<String> {
-    std::fs::read_link(root.join("sys/bus/pci/devices").join(addr).join("driver"))
-        .ok()
-        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
 fn journal(root: &Path) -> String {

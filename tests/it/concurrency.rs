@@ -4,11 +4,9 @@
 //! instances are consistent, and no process panicked or hung. The same on the real kernel is
 //! lab/scenarios/concurrency.sh.
 
-mod util;
-
+use crate::util::{driver, run_bounded, scratch_host};
 use std::path::Path;
 use std::process::Command;
-use util::{run_bounded, scratch_host};
 
 /// Functions the workers fight over, by group (qemu-lab: the capture of the lab's kernel).
 const GROUPS: &[&[&str]] = &[
@@ -26,12 +24,6 @@ fn gp(root: &Path, args: &[&str]) -> (Option<i32>, String, String) {
         .env("GPUPASS_FAKE_KERNEL", "1")
         .env("GPUPASS_LOCK_TIMEOUT", "120");
     run_bounded(c, 180)
-}
-
-fn driver(root: &Path, addr: &str) -> Option<String> {
-    std::fs::read_link(root.join("sys/bus/pci/devices").join(addr).join("driver"))
-        .ok()
-        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
 /// One worker's sequence: deterministic, different per worker, overlapping groups.

@@ -6,12 +6,10 @@
 //! `every_row_has_a_test` parses docs/errors.md and fails when the table and this file disagree;
 //! rows that need a real kernel or KVM are listed in [`ELSEWHERE`] with where they are covered.
 
-mod util;
-
+use crate::util::{copy_tree, drivers, host, manifest_dir, run_bounded, run_bounded_stdin};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use util::{copy_tree, host, manifest_dir, run_bounded, run_bounded_stdin};
 
 /// What must be unchanged afterwards.
 #[derive(Clone, Copy, PartialEq)]
@@ -120,19 +118,6 @@ fn tree(dir: &Path, keep: Keep) -> BTreeMap<String, String> {
     }
     let mut out = BTreeMap::new();
     walk(dir, dir, keep, &mut out);
-    out
-}
-
-/// Address -> driver of every PCI function.
-fn drivers(root: &Path) -> BTreeMap<String, Option<String>> {
-    let bus = root.join("sys/bus/pci/devices");
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(&bus).into_iter().flatten().flatten() {
-        let d = std::fs::read_link(e.path().join("driver"))
-            .ok()
-            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
-        out.insert(e.file_name().to_string_lossy().into_owned(), d);
-    }
     out
 }
 
@@ -541,19 +526,19 @@ const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creati
 const ELSEWHERE: &[(&str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
     ("E-BIND-19", "lab: lab/scenarios/vfioids.sh step e-bind-19 (a boot with vfio_pci.ids=1af4:1044 for the scenario's own 00:10.0); the fake kernel has no ids table"),
-    ("E-OUT-14", "integration: tests/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)"),
+    ("E-OUT-14", "integration: tests/it/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)"),
     ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)"),
-    ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/boot.rs when /dev/kvm is usable"),
+    ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/it/boot.rs when /dev/kvm is usable"),
     ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)"),
     ("E-BOOT-13", "lab: lab/scenarios/boot.sh (vfio-pci and mdev steps)"),
     ("E-BOOT-14", "lab: lab/scenarios/boot.sh (nested KVM)"),
-    ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/lab.rs runs the cdiwatch scenario"),
-    ("E-HOOK-20", "integration: tests/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)"),
-    ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/oci_hook.rs covers the working path under runc"),
-    ("E-DP-05", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
-    ("E-DP-06", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)"),
+    ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/it/lab.rs runs the cdiwatch scenario"),
+    ("E-HOOK-20", "integration: tests/it/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)"),
+    ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/it/oci_hook.rs covers the working path under runc"),
+    ("E-DP-05", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
+    ("E-DP-06", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)"),
     ("E-LAUNCH-03", "lab: lab/scenarios/nested.sh (launch-exec-error step)"),
-    ("E-DP-07", "integration: tests/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)"),
+    ("E-DP-07", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)"),
 ];
 
 #[test]

@@ -2,13 +2,10 @@
 //! devices vanishing mid-listing, a group that changes between plan and apply. Every command
 //! must finish (a deadline kills a hang), never panic, and say what is wrong.
 
-mod util;
-
-use std::collections::BTreeMap;
+use crate::util::{drivers, run_bounded, scratch_host};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use util::{run_bounded, scratch_host};
 
 const GPU: &str = "0000:01:00.0";
 const AUDIO: &str = "0000:01:00.1";
@@ -37,20 +34,6 @@ fn replace(p: &Path, with: impl FnOnce(&Path)) {
     let _ = std::fs::remove_file(p);
     let _ = std::fs::remove_dir_all(p);
     with(p);
-}
-
-fn drivers(root: &Path) -> BTreeMap<String, Option<String>> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(root.join("sys/bus/pci/devices"))
-        .unwrap()
-        .flatten()
-    {
-        let d = std::fs::read_link(e.path().join("driver"))
-            .ok()
-            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
-        out.insert(e.file_name().to_string_lossy().into_owned(), d);
-    }
-    out
 }
 
 /// Every read command on the tree: finishes, no panic; returns the stderr of `list --all`.

@@ -44,13 +44,9 @@ struct LabRun {
     out_root: PathBuf,
 }
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn lab_run(leg: &'static str, cell: &'static OnceLock<LabRun>) -> &'static LabRun {
     cell.get_or_init(|| {
-        let repo = repo();
+        let repo = crate::util::manifest_dir();
         let out_root = match std::env::var_os("GPUPASS_LAB_OUT") {
             Some(p) => PathBuf::from(p).join(leg),
             None => repo.join("target/lab/test-out").join(leg),

@@ -1,7 +1,6 @@
 //! Everyday-use features: logs (-v, --log-format json), completions, the man page, --color.
 
-mod util;
-use util::*;
+use crate::util::*;
 
 #[test]
 fn completions_for_each_shell() {

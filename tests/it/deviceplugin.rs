@@ -2,7 +2,7 @@
 //! `Registration` server on `<dir>/kubelet.sock` and a `DevicePlugin` client that dials the
 //! plugin's socket, as the kubelet's device manager does, all over unix sockets in a tempdir.
 
-mod util;
+use crate::util::*;
 use gpupass::containers::deviceplugin::proto::device_plugin_client::DevicePluginClient;
 use gpupass::containers::deviceplugin::proto::registration_server::{Registration, RegistrationServer};
 use gpupass::containers::deviceplugin::proto::*;
@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
-use util::*;
 
 /// The kubelet's registration service: hands every RegisterRequest to the test, or refuses it
 /// (recording the resource name) while `refuse` is set.

@@ -4,7 +4,6 @@
 //! the guest's parsed results (`guest.json`, as `labtool collect` leaves them) into a scratch
 //! directory and runs the report on them. Needs `python3` (as the lab itself does).
 
-use std::path::Path;
 use std::process::Command;
 
 /// One scenario `s`: its script header, the steps the guest reported (name, status), the host
@@ -33,7 +32,7 @@ fn report(header: &str, guest: &[(&str, &str)], host: &[(&str, &str)], kernel: &
         .map(|(step, st)| format!("LAB-RESULT s {step} {st} d\n"))
         .collect();
     std::fs::write(out.join("s/host-check.log"), host_log).unwrap();
-    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("lab/tools/labtool.py");
+    let tool = crate::util::manifest_dir().join("lab/tools/labtool.py");
     let o = Command::new("python3")
         .arg(&tool)
         .args(["report", "--qemu-rc", "0", "--out"])
@@ -141,7 +140,7 @@ fn a_reported_failure_still_fails() {
 /// Every scenario in lab/scenarios declares its steps, and every word parses.
 #[test]
 fn every_lab_scenario_declares_its_steps() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("lab/scenarios");
+    let dir = crate::util::manifest_dir().join("lab/scenarios");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -149,7 +148,7 @@ fn every_lab_scenario_declares_its_steps() {
         .collect();
     names.sort();
     assert!(names.len() >= 10, "{names:?}");
-    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("lab/tools/labtool.py");
+    let tool = crate::util::manifest_dir().join("lab/tools/labtool.py");
     for kernel in [K61, "6.12.117"] {
         let o = Command::new("python3")
             .arg(&tool)

@@ -5,11 +5,9 @@
 //! The test driver keeps its state per connection, so each test checks what gpupass itself
 //! verified by reading the domain XML back inside the same connection.
 //!
-//! Run with: cargo test --features libvirt --test vm_attach
-#![cfg(feature = "libvirt")]
+//! Run with: cargo test --features libvirt --test it vm_attach::
 
-mod util;
-use util::*;
+use crate::util::*;
 
 fn attach(uri: &str, domain: &str, extra: &[&str]) -> std::process::Output {
     let mut a = vec!["attach", "--connect", uri, "--domain", domain];

@@ -1,5 +1,5 @@
-//! Shared helpers of the integration tests: run the real binary, compare with golden files.
-#![allow(dead_code)]
+//! Shared helpers of the integration tests (every module of tests/it): run the real binary,
+//! compare with golden files, copy fixture hosts, read drivers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -36,6 +36,31 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// [`ok`], parsed as JSON.
+pub fn ok_json(o: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(o)).expect("valid JSON")
+}
+
+/// The driver `addr` is bound to on a (fixture) root, by its `driver` link.
+pub fn driver(root: &Path, addr: &str) -> Option<String> {
+    std::fs::read_link(root.join("sys/bus/pci/devices").join(addr).join("driver"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+/// Address -> driver of every PCI function on a (fixture) root.
+pub fn drivers(root: &Path) -> std::collections::BTreeMap<String, Option<String>> {
+    let bus = root.join("sys/bus/pci/devices");
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(&bus).into_iter().flatten().flatten() {
+        let d = std::fs::read_link(e.path().join("driver"))
+            .ok()
+            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+        out.insert(e.file_name().to_string_lossy().into_owned(), d);
+    }
+    out
 }
 
 /// Assert success and return stdout; print both streams on failure.
@@ -168,7 +193,6 @@ pub fn need_tool(tool: &str) -> bool {
 
 /// The real binary on the fake kernel (`GPUPASS_FAKE_KERNEL=1`: writes under `--root` take
 /// the kernel's visible effect), with no root or failpoint inherited from the environment.
-#[allow(dead_code)]
 pub fn fake_kernel(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
     c.args(args)
@@ -180,7 +204,6 @@ pub fn fake_kernel(args: &[&str]) -> Command {
 }
 
 /// IOMMU group `n` of `gpupass groups --json` output (panics when it is not there).
-#[allow(dead_code)]
 pub fn group_json(groups: &serde_json::Value, n: u64) -> serde_json::Value {
     groups["groups"]
         .as_array()
@@ -194,7 +217,6 @@ pub fn group_json(groups: &serde_json::Value, n: u64) -> serde_json::Value {
 /// Stand-in VFIO nodes on a fixture root (this machine has no VFIO devices): the container
 /// (10:196) and iommufd (10:123) nodes, groups 40-42, 60, 61 as 240:N and cdevs vfio0-5 as
 /// 241:N (240-242 are the kernel's local/experimental majors, unused here).
-#[allow(dead_code)]
 pub fn vfio_stand_in_nodes(r: &Path) {
     mknod(&r.join("dev/vfio/vfio"), 10, 196);
     for g in [40, 41, 42, 60, 61] {

@@ -1,8 +1,7 @@
 //! Inventory commands (`list`, `show`, `groups`, `check`, `snapshot`, `--from-json`) run as the
 //! real binary against the fixture host trees, compared with golden outputs.
 
-mod util;
-use util::*;
+use crate::util::*;
 
 const HOSTS: &[&str] = &[
     "workstation",
@@ -53,13 +52,9 @@ fn show_matches_golden() {
     }
 }
 
-fn json(o: &std::process::Output) -> serde_json::Value {
-    serde_json::from_str(&ok(o)).expect("valid JSON")
-}
-
 #[test]
 fn json_has_the_documented_fields() {
-    let v = json(&on_host("workstation", &["list", "--all", "--json"]));
+    let v = ok_json(&on_host("workstation", &["list", "--all", "--json"]));
     assert_eq!(v["schema_version"], 1);
     let devs = v["devices"].as_array().unwrap();
     assert_eq!(devs.len(), 11);
@@ -98,7 +93,7 @@ fn json_has_the_documented_fields() {
 
 #[test]
 fn groups_know_viability_and_blockers() {
-    let v = json(&on_host("workstation", &["groups", "--json"]));
+    let v = ok_json(&on_host("workstation", &["groups", "--json"]));
     let g1 = group_json(&v, 1);
     assert_eq!(g1["members"].as_array().unwrap().len(), 3);
     assert_eq!(g1["viable"], false);
@@ -114,7 +109,7 @@ fn groups_know_viability_and_blockers() {
 
 #[test]
 fn nvidia_minors_come_from_proc_not_order() {
-    let v = json(&on_host("nvidia-minors", &["list", "--json"]));
+    let v = ok_json(&on_host("nvidia-minors", &["list", "--json"]));
     let minors: Vec<u64> = v["devices"]
         .as_array()
         .unwrap()
@@ -126,21 +121,21 @@ fn nvidia_minors_come_from_proc_not_order() {
 
 #[test]
 fn sriov_and_vgpu_profiles() {
-    let v = json(&on_host("sriov-vgpu", &["show", "41:00.0", "--json"]));
+    let v = ok_json(&on_host("sriov-vgpu", &["show", "41:00.0", "--json"]));
     let sr = &v["device"]["sriov"];
     assert_eq!(sr["total_vfs"], 16);
     assert_eq!(sr["num_vfs"], 4);
     assert_eq!(sr["vfs"][3], "0000:41:00.7");
-    let vf = json(&on_host("sriov-vgpu", &["show", "41:00.5", "--json"]));
+    let vf = ok_json(&on_host("sriov-vgpu", &["show", "41:00.5", "--json"]));
     assert_eq!(vf["device"]["physfn"], "0000:41:00.0");
     assert_eq!(vf["device"]["vgpu_types"][1]["name"], "NVIDIA H200-2-35C");
-    let vf0 = json(&on_host("sriov-vgpu", &["show", "41:00.4", "--json"]));
+    let vf0 = ok_json(&on_host("sriov-vgpu", &["show", "41:00.4", "--json"]));
     assert_eq!(vf0["device"]["current_vgpu_type"], "1044");
 }
 
 #[test]
 fn mdev_types_and_instances() {
-    let v = json(&on_host("mdev-t4", &["list", "--all", "--json"]));
+    let v = ok_json(&on_host("mdev-t4", &["list", "--all", "--json"]));
     let t4 = v["devices"]
         .as_array()
         .unwrap()
@@ -299,7 +294,7 @@ fn snapshot_replays_identically() {
 
 #[test]
 fn captured_lab_host_has_the_real_kernel_layout() {
-    let v = json(&on_host("qemu-lab", &["groups", "--json"]));
+    let v = ok_json(&on_host("qemu-lab", &["groups", "--json"]));
     let groups = v["groups"].as_array().unwrap();
     // The VGA+HDA multifunction pair shares one group, like a GPU with HDMI audio.
     let pair = groups
@@ -317,11 +312,11 @@ fn captured_lab_host_has_the_real_kernel_layout() {
         serde_json::json!(["0000:00:05.0", "0000:00:05.1"])
     );
     assert_eq!(pair["viable"], false);
-    let d = json(&on_host("qemu-lab", &["show", "00:02.0", "--json"]));
+    let d = ok_json(&on_host("qemu-lab", &["show", "00:02.0", "--json"]));
     assert_eq!(d["device"]["boot_vga"], true);
     assert_eq!(d["device"]["driver"], "bochs-drm");
     // Behind the root port, in its own group apart from the port.
-    let d = json(&on_host("qemu-lab", &["show", "01:00.0", "--json"]));
+    let d = ok_json(&on_host("qemu-lab", &["show", "01:00.0", "--json"]));
     assert_eq!(d["device"]["parent"], "0000:00:08.0");
     assert_eq!(d["group"]["members"], serde_json::json!(["0000:01:00.0"]));
 }
@@ -330,7 +325,7 @@ fn captured_lab_host_has_the_real_kernel_layout() {
 /// in `show`, `list --json` and `groups`; `check` says whether iommufd is usable and why not.
 #[test]
 fn cdev_and_backends_per_function() {
-    let v = json(&on_host("vfio-numa", &["show", "17:00.0", "--json"]));
+    let v = ok_json(&on_host("vfio-numa", &["show", "17:00.0", "--json"]));
     let d = &v["device"];
     assert_eq!(d["vfio_cdev"], "vfio0");
     assert_eq!(d["vfio_cdev_dev"], "511:0");
@@ -340,7 +335,7 @@ fn cdev_and_backends_per_function() {
     let text = ok(&on_host("vfio-numa", &["show", "17:00.0"]));
     assert!(text.contains("/dev/vfio/devices/vfio0 511:0"), "{text}");
     assert!(text.contains("legacy,iommufd"), "{text}");
-    let v = json(&on_host("vfio-numa", &["list", "--all", "--json"]));
+    let v = ok_json(&on_host("vfio-numa", &["list", "--all", "--json"]));
     assert_eq!(v["iommufd"]["usable"], true);
     assert_eq!(v["iommufd"]["vfio_container"], "legacy");
     let on_nvidia = v["devices"]
@@ -353,7 +348,7 @@ fn cdev_and_backends_per_function() {
     let g = ok(&on_host("vfio-numa", &["groups"]));
     assert!(g.contains("BACKENDS"), "{g}");
     assert!(g.contains("legacy,iommufd"), "{g}");
-    let g = json(&on_host("vfio-numa", &["groups", "--json"]));
+    let g = ok_json(&on_host("vfio-numa", &["groups", "--json"]));
     assert!(g["groups"]
         .as_array()
         .unwrap()

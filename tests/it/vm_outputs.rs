@@ -7,11 +7,10 @@
 //! The consumer checks fail, never skip, when a tool is missing: .ci/run installs
 //! libvirt-clients and libxml2-utils, and the lab's QEMU 10.0 (lab/tools/qemu.sh).
 
-mod util;
+use crate::util::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use util::*;
 
 /// Re-point the `driver` link of each function in a scratch host (as a bind would leave it).
 fn rebind(root: &Path, addrs: &[&str], driver: &str) {
@@ -88,7 +87,7 @@ fn tool(name: &str) -> Command {
 /// `lab/tools/qemu.sh`; nothing is installed): the QEMU the nested lab VMs run, so the
 /// properties checked here are the ones that boot there.
 fn lab_qemu() -> Command {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = manifest_dir();
     let cache = std::env::var("GPUPASS_LAB_CACHE").unwrap_or_else(|_| {
         format!(
             "{}/.cache/gpupass-lab",
@@ -1090,7 +1089,7 @@ fn qemu_args_on_iommufd() {
 /// tests/fetch-libvirt-schemas.sh; nothing installed): the first schemas with the iommufd
 /// elements.
 fn libvirt_12_9_schemas() -> PathBuf {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = manifest_dir();
     let o = Command::new("bash")
         .arg(repo.join("tests/fetch-libvirt-schemas.sh"))
         .output()

@@ -6,10 +6,8 @@
 //! they FAIL with the reason: set GPUPASS_SKIP_KVM_TESTS=1 to skip them *visibly* (each prints
 //! `SKIPPED`), never silently.
 
-mod util;
-
+use crate::util::*;
 use std::path::PathBuf;
-use util::*;
 
 fn test_guest(name: &str) -> PathBuf {
     PathBuf::from(env!("OUT_DIR")).join(format!("test-{name}.bin"))
