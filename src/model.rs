@@ -332,14 +332,25 @@ impl Revision {
     }
 }
 
+/// Text that is not a [`HexId`]: not exactly `digits` hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not {digits} hex digits")]
+pub struct HexIdError {
+    pub text: String,
+    pub digits: usize,
+}
+
 impl<const N: usize> FromStr for HexId<N> {
-    type Err = String;
+    type Err = HexIdError;
 
     /// Exactly `N` hex digits (upper-case ones are stored lower-case).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, HexIdError> {
         let b = s.as_bytes();
         if b.len() != N || !b.iter().all(u8::is_ascii_hexdigit) {
-            return Err(format!("{s:?} is not {N} hex digits"));
+            return Err(HexIdError {
+                text: s.to_string(),
+                digits: N,
+            });
         }
         let mut digits = [0u8; N];
         for (d, c) in digits.iter_mut().zip(b) {
@@ -799,6 +810,23 @@ impl Inventory {
 
     pub fn mdev(&self, uuid: &str) -> Option<&MdevInstance> {
         self.mdevs.iter().find(|m| m.uuid.eq_ignore_ascii_case(uuid))
+    }
+}
+
+/// An error and its causes, joined with ": " (`outer: cause: cause`), as `main` prints an error
+/// (anyhow's `{:#}`): for the places that print or embed an error themselves (a warning that
+/// goes on, one error carried inside another).
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
     }
 }
 

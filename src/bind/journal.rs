@@ -140,10 +140,10 @@ pub fn lock_path(host: &HostRoot) -> PathBuf {
 }
 
 fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> BindError {
-    let p = host.display(path);
-    move |error| BindError::Journal {
+    let p = PathBuf::from(host.display(path));
+    move |source| BindError::Journal {
         path: p.clone(),
-        error,
+        source,
     }
 }
 
@@ -308,8 +308,8 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
     let bus = host.sys_bus_pci_devices();
     if let Err(error) = std::fs::read_dir(&bus) {
         return Err(crate::inventory::InventoryError::NoPciBus {
-            path: bus.display().to_string(),
-            error,
+            path: bus,
+            source: error,
         }
         .into());
     }
@@ -323,7 +323,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
         }
         if start.elapsed() >= wait {
             return Err(BindError::Locked {
-                path: host.display(&path),
+                path: host.display(&path).into(),
                 holder: holder(&path),
                 waited_s: wait.as_secs(),
             });
@@ -347,7 +347,8 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
 /// The open journal, for appending.
 pub struct Journal {
     path: PathBuf,
-    display: String,
+    /// `path` as the user sees it (without the root).
+    display: PathBuf,
     file: File,
 }
 
@@ -371,7 +372,7 @@ impl Journal {
             .open(&path)
             .map_err(jerr(&path, host))?;
         Ok(Journal {
-            display: host.display(&path),
+            display: host.display(&path).into(),
             path,
             file,
         })
@@ -385,16 +386,16 @@ impl Journal {
     pub fn append(&mut self, rec: Record) -> Result<(), BindError> {
         let mut line = serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| BindError::Journal {
             path: self.display.clone(),
-            error: io::Error::other(e),
+            source: io::Error::other(e),
         })?;
         line.push('\n');
         let r = self
             .file
             .write_all(line.as_bytes())
             .and_then(|_| self.file.sync_data());
-        r.map_err(|error| BindError::Journal {
+        r.map_err(|source| BindError::Journal {
             path: self.display.clone(),
-            error,
+            source,
         })
     }
 }

@@ -34,6 +34,7 @@ use facts::{HostFacts, Use};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 /// Errors of bind, unbind, recover and persist.
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +45,15 @@ pub enum BindError {
     NeedsLiveHost(&'static str),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
-    #[error("journal {path}: {error}; check that the directory is writable (gpupass needs root to change drivers)")]
-    Journal { path: String, error: std::io::Error },
-    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {path}); try again when it is done")]
+    #[error("journal {}; check that the directory is writable (gpupass needs root to change drivers)", .path.display())]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {}); try again when it is done", .path.display())]
     Locked {
-        path: String,
+        path: PathBuf,
         holder: String,
         waited_s: u64,
     },
@@ -66,11 +71,15 @@ pub enum BindError {
         detail: String,
         rollback: String,
     },
-    #[error("cannot write {path}: {error}")]
-    Write { path: String, error: std::io::Error },
+    #[error("cannot write {}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("IOMMU group {group} changed after the plan was made ({change}); nothing was changed: rerun the command to plan with the group as it is now")]
     GroupChanged { group: u32, change: String },
-    #[error("output: {0}")]
+    #[error("output")]
     Output(#[from] std::io::Error),
 }
 

@@ -210,10 +210,10 @@ impl PersistPlan {
 pub fn apply_persist(host: &HostRoot, p: &PersistPlan) -> Result<(), BindError> {
     let dir = host.driverctl_dir();
     let werr = |path: &std::path::Path| {
-        let d = host.display(path);
-        move |error| BindError::Write {
+        let d = std::path::PathBuf::from(host.display(path));
+        move |source| BindError::Write {
             path: d.clone(),
-            error,
+            source,
         }
     };
     if p.remove {

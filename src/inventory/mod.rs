@@ -23,13 +23,17 @@ use crate::host::{self, dir_names, link_name, parse_hex, read_attr, HostRoot};
 use crate::model::*;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Why the inventory could not be read at all.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
-    #[error("cannot list PCI devices at {path}: {error}; is this a Linux host with sysfs mounted (or is --root right)?")]
-    NoPciBus { path: String, error: io::Error },
+    #[error("cannot list PCI devices at {}; is this a Linux host with sysfs mounted (or is --root right)?", .path.display())]
+    NoPciBus {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot read saved inventory {path}: {reason}")]
     BadJson { path: String, reason: String },
     #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
@@ -964,8 +968,8 @@ pub fn sort_devices(devices: &mut [PciDevice]) {
 pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     let bus = host.sys_bus_pci_devices();
     let names = std::fs::read_dir(&bus).map_err(|e| InventoryError::NoPciBus {
-        path: bus.display().to_string(),
-        error: e,
+        path: bus.clone(),
+        source: e,
     })?;
     let mut warnings = Vec::new();
     let mut entries: Vec<(PciAddress, Option<std::path::PathBuf>)> = Vec::new();
@@ -1320,8 +1324,8 @@ pub fn scan_groups(
     let bus = host.sys_bus_pci_devices();
     if !bus.is_dir() {
         return Err(InventoryError::NoPciBus {
-            path: bus.display().to_string(),
-            error: std::io::Error::from(std::io::ErrorKind::NotFound),
+            path: bus,
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
     let mut warnings = Vec::new();

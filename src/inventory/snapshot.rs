@@ -44,12 +44,20 @@ const FILE_LIMIT: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("snapshot target {path} exists and is not empty; choose a new directory")]
-    NotEmpty { path: String },
-    #[error("cannot write snapshot at {path}: {error}")]
-    Write { path: String, error: io::Error },
-    #[error("cannot list PCI devices at {path}: {error}; is --root (or GPUPASS_ROOT) a Linux host's root with sysfs?")]
-    NoPciBus { path: String, error: io::Error },
+    #[error("snapshot target {} exists and is not empty; choose a new directory", .path.display())]
+    NotEmpty { path: PathBuf },
+    #[error("cannot write snapshot at {}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot list PCI devices at {}; is --root (or GPUPASS_ROOT) a Linux host's root with sysfs?", .path.display())]
+    NoPciBus {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 use crate::host::join_link as resolve;
@@ -63,8 +71,8 @@ struct Copier<'a> {
 impl Copier<'_> {
     fn werr(&self, p: &Path, e: io::Error) -> SnapshotError {
         SnapshotError::Write {
-            path: p.display().to_string(),
-            error: e,
+            path: p.to_path_buf(),
+            source: e,
         }
     }
 
@@ -211,7 +219,7 @@ pub struct SnapshotReport {
 pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotError> {
     if out.exists() && fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(SnapshotError::NotEmpty {
-            path: out.display().to_string(),
+            path: out.to_path_buf(),
         });
     }
     let mut c = Copier {
@@ -223,8 +231,8 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     let bus = src.root().join(&bus_rel);
     let names = fs::read_dir(&bus)
         .map_err(|e| SnapshotError::NoPciBus {
-            path: bus.display().to_string(),
-            error: e,
+            path: bus.clone(),
+            source: e,
         })?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -364,8 +372,8 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         }
     }
     crate::host::keep_empty_dirs(out).map_err(|e| SnapshotError::Write {
-        path: out.display().to_string(),
-        error: e,
+        path: out.to_path_buf(),
+        source: e,
     })?;
     Ok(SnapshotReport {
         devices,

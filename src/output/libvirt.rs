@@ -31,7 +31,7 @@ use std::io;
 /// Why XML could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum LibvirtError {
-    #[error("writing XML failed: {0}")]
+    #[error("writing XML failed")]
     Io(#[from] io::Error),
     #[error("--guest-address places one device or the functions of one slot, but {count} guest slots are selected ({list}); name fewer devices, or use `gpupass xml domain`, which places each behind its own pcie-root-port")]
     GuestAddressTooMany { count: usize, list: String },
@@ -82,15 +82,21 @@ impl std::fmt::Display for LibvirtVersion {
     }
 }
 
+/// Text that is not a libvirt version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid libvirt version {text:?}: expected MAJOR.MINOR[.MICRO] like 12.1 or 9.0.0")]
+pub struct LibvirtVersionError {
+    pub text: String,
+}
+
 impl std::str::FromStr for LibvirtVersion {
-    type Err = String;
+    type Err = LibvirtVersionError;
     /// `12.1`, `12.9.0`, or what `virsh --version` prints (`9.0.0`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("invalid libvirt version {s:?}: expected MAJOR.MINOR[.MICRO] like 12.1 or 9.0.0");
+    fn from_str(s: &str) -> Result<Self, LibvirtVersionError> {
+        let bad = || LibvirtVersionError { text: s.to_string() };
         let t = s.trim();
         let mut it = t.split('.');
-        let num = |p: Option<&str>| -> Result<u32, String> {
+        let num = |p: Option<&str>| -> Result<u32, LibvirtVersionError> {
             let p = p.ok_or_else(bad)?;
             if p.is_empty() || p.len() > 6 || !p.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad());

@@ -2232,7 +2232,7 @@ fn e_hook_18_after_a_first_rule() {
             env: &[("GPUPASS_FAIL_WRITE", "2")],
             stdin: STATE_GROUP_40,
             needles: &[
-                "cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: injected failure at write 2",
+                "cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow; run the hook as root, with the cgroup v1 devices controller mounted: injected failure at write 2",
             ],
             setup: container_v1_two_rules,
             ..Case::DEFAULT
@@ -2245,7 +2245,7 @@ row!(
         host: "vfio-numa",
         args: &["oci-hook"],
         stdin: STATE_GROUP_40,
-        needles: &["cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow: No such file or directory", "cgroup v1 devices controller"],
+        needles: &["cannot allow the devices in cgroup /sys/fs/cgroup/devices/ctr/devices.allow; run the hook as root, with the cgroup v1 devices controller mounted: No such file or directory"],
         setup: container_v1_without_controller,
         ..Case::DEFAULT
     }
@@ -2290,7 +2290,7 @@ row!(
         stdin: STATE_GROUP_40,
         needles: &[
             "gpupass oci-hook: cannot enter the mount namespace of pid 4242: Invalid argument (os error 22); run the hook as root",
-            "; and the devices cgroup still allows c 1:3 rwm: taking it back through /sys/fs/cgroup/devices/ctr/devices.deny failed: No such file or directory (os error 2); the runtime drops it with the failed container's cgroup"
+            "; and the devices cgroup still allows c 1:3 rwm: taking it back through /sys/fs/cgroup/devices/ctr/devices.deny failed; the runtime drops it with the failed container's cgroup: No such file or directory (os error 2)"
         ],
         setup: container_v1_ns_fails_no_deny,
         keep: Keep::Drivers,
@@ -2327,7 +2327,7 @@ row!(
     Case {
         host: "vfio-numa",
         args: &["device-plugin", "--socket-dir", "{root}/sys/bus/pci/devices/0000:17:00.0/vendor/plugins"],
-        needles: &["cannot create the socket directory {root}/sys/bus/pci/devices/0000:17:00.0/vendor/plugins: Not a directory (os error 20); give --socket-dir a directory"],
+        needles: &["cannot create the socket directory {root}/sys/bus/pci/devices/0000:17:00.0/vendor/plugins; give --socket-dir a directory gpupass can create sockets in (the kubelet's is /var/lib/kubelet/device-plugins): Not a directory (os error 20)"],
         ..Case::DEFAULT
     }
 );

@@ -250,7 +250,7 @@ fn hostile_journal_and_lock_do_not_hang_or_panic() {
     let (code, _, err) = gp(r, &["bind", GPU], &[]);
     assert_eq!(code, Some(1), "{err}");
     assert!(
-        err.contains("journal /run/gpupass/journal.jsonl: not a regular file"),
+        err.contains("journal /run/gpupass/journal.jsonl; check that the directory is writable (gpupass needs root to change drivers): not a regular file"),
         "{err}"
     );
     let (code, _, _) = gp(r, &["list"], &[]);

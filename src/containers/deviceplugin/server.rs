@@ -107,12 +107,16 @@ impl Backoff {
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     #[error(
-        "cannot create the socket directory {path}: {error}; give --socket-dir a directory gpupass can \
-create sockets in (the kubelet's is /var/lib/kubelet/device-plugins)"
+        "cannot create the socket directory {}; give --socket-dir a directory gpupass can \
+create sockets in (the kubelet's is /var/lib/kubelet/device-plugins)", .path.display()
     )]
-    SocketDir { path: String, error: std::io::Error },
-    #[error("cannot start the async runtime: {0}")]
-    Runtime(std::io::Error),
+    SocketDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
 }
@@ -312,10 +316,10 @@ fn start_server(
 }
 
 /// Register one resource with the kubelet listening on `<dir>/kubelet.sock`.
-pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), String> {
+pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), RegisterError> {
     let channel = connect_unix(&dir.join(KUBELET_SOCKET))
         .await
-        .map_err(|e| format!("cannot reach the kubelet: {e}"))?;
+        .map_err(RegisterError::Connect)?;
     RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: API_VERSION.into(),
@@ -324,8 +328,19 @@ pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), 
             options: Some(options()),
         })
         .await
-        .map_err(|s| format!("the kubelet refused the registration: {}", s.message()))?;
+        .map_err(|s| RegisterError::Refused {
+            message: s.message().to_string(),
+        })?;
     Ok(())
+}
+
+/// Why a registration with the kubelet failed (the plugin retries it).
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot reach the kubelet")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("the kubelet refused the registration: {message}")]
+    Refused { message: String },
 }
 
 /// A gRPC channel over a unix socket (the authority sent is `localhost`).
@@ -369,8 +384,8 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
             .map_err(|e| PluginError::Runtime(std::io::Error::other(e)))??
     };
     std::fs::create_dir_all(&cfg.socket_dir).map_err(|e| PluginError::SocketDir {
-        path: cfg.socket_dir.display().to_string(),
-        error: e,
+        path: cfg.socket_dir.clone(),
+        source: e,
     })?;
     let shared = Arc::new(Shared {
         cdi_on: AtomicBool::new(false),
@@ -536,7 +551,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                     }
                     Err(e) => {
                         let d = r.retry.failed(Instant::now());
-                        warn!("{name}: {e}; retrying in {d:?}");
+                        warn!("{name}: {}; retrying in {d:?}", crate::model::ErrorChain(&e));
                     }
                 }
             }

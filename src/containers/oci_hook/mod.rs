@@ -61,25 +61,25 @@ pub enum HookError {
     GroupNotVfio { group: u32 },
     #[error("IOMMU group {group} is not viable: {blockers} still on host drivers; bind the whole group to vfio-pci")]
     NotViable { group: u32, blockers: String },
-    #[error("host device node {path} is missing: is the vfio module loaded and the device bound?")]
-    NoNode { path: String },
-    #[error("host path {path} is not a character device; the hook needs the live host's /dev (is --root a snapshot or fixture tree?)")]
-    NotCharDevice { path: String },
-    #[error("cannot read {path}: {source}")]
+    #[error("host device node {} is missing: is the vfio module loaded and the device bound?", .path.display())]
+    NoNode { path: PathBuf },
+    #[error("host path {} is not a character device; the hook needs the live host's /dev (is --root a snapshot or fixture tree?)", .path.display())]
+    NotCharDevice { path: PathBuf },
+    #[error("cannot read {}", .path.display())]
     Read {
-        path: String,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot allow the devices in cgroup {path}: {source}; run the hook as root, with the cgroup v1 devices controller mounted")]
+    #[error("cannot allow the devices in cgroup {}; run the hook as root, with the cgroup v1 devices controller mounted", .path.display())]
     Cgroup {
-        path: String,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error("cannot enter the mount namespace of pid {pid}: {reason}; run the hook as root from the runtime's createRuntime (or prestart) hooks, while the container's process exists")]
     Namespace { pid: u32, reason: String },
-    #[error("{error}; and the devices cgroup still allows {rules}: taking {them} back through {path} failed: {source}; the runtime drops {them} with the failed container's cgroup")]
+    #[error("{}; and the devices cgroup still allows {rules}: taking {them} back through {path} failed; the runtime drops {them} with the failed container's cgroup", crate::model::ErrorChain(.error.as_ref()))]
     NotRevoked {
         error: Box<HookError>,
         rules: String,
@@ -241,7 +241,7 @@ pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<Str
                 });
             }
             return Err(HookError::NoNode {
-                path: format!("/dev/vfio/{}", group.number),
+                path: PathBuf::from(format!("/dev/vfio/{}", group.number)),
             });
         };
         for p in backend::nodes(b, group.number, &devices) {
@@ -268,7 +268,7 @@ fn host_node(host: &HostRoot, path: &str) -> Result<Node, HookError> {
     let m = std::fs::metadata(&p).map_err(|_| HookError::NoNode { path: path.into() })?;
     if !m.file_type().is_char_device() {
         return Err(HookError::NotCharDevice {
-            path: host.display(&p),
+            path: host.display(&p).into(),
         });
     }
     let rdev = m.rdev();
@@ -496,7 +496,7 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
         .collect::<Result<_, _>>()?;
     let cg_path = host.proc_pid(pid).join("cgroup");
     let cg_text = crate::host::read_bounded(&cg_path, 64 << 10).map_err(|e| HookError::Read {
-        path: host.display(&cg_path),
+        path: host.display(&cg_path).into(),
         source: e,
     })?;
     let ns_path = host.proc_pid(pid).join("ns/mnt");
@@ -540,7 +540,7 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
             for r in rules {
                 if let Err(e) = done.ops.write(&allow, &r) {
                     return Err(done.revoke(HookError::Cgroup {
-                        path: host.display(&allow),
+                        path: host.display(&allow).into(),
                         source: e,
                     }));
                 }
@@ -648,7 +648,7 @@ pub fn run_cli(ops: &dyn HostOps) -> anyhow::Result<i32> {
             Ok(0)
         }
         Err(e) => {
-            eprintln!("gpupass oci-hook: {e}");
+            eprintln!("gpupass oci-hook: {}", crate::model::ErrorChain(&e));
             Ok(e.exit_code())
         }
     }
