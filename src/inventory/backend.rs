@@ -65,16 +65,45 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Text that is not a [`Policy`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend {text:?}: expected legacy, iommufd or auto")]
+pub struct PolicyError {
+    pub text: String,
+}
+
 impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = PolicyError;
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
         match s.trim() {
             "legacy" => Ok(Policy::Legacy),
             "iommufd" => Ok(Policy::Iommufd),
             "auto" => Ok(Policy::Auto),
-            _ => Err(format!("unknown backend {s:?}: expected legacy, iommufd or auto")),
+            _ => Err(PolicyError { text: s.to_string() }),
         }
     }
+}
+
+/// Why the host's kernel cannot serve iommufd at all ([`iommufd_ready`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IommufdNotReady {
+    /// The scan's own reason (`Inventory::iommufd`).
+    #[error("{0}")]
+    Unusable(String),
+    #[error("/dev/iommu does not exist")]
+    NoIommuNode,
+    #[error("no function has a VFIO device cdev")]
+    NoCdev,
+}
+
+/// Two VFIO backends' nodes in one node set ([`check_one_backend`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("mixed VFIO backends: {first} ({first_backend}) and {other} ({other_backend}) in one node set")]
+pub struct MixedBackends {
+    pub first: String,
+    pub first_backend: Backend,
+    pub other: String,
+    pub other_backend: Backend,
 }
 
 /// A backend that cannot serve what was asked.
@@ -242,14 +271,16 @@ pub fn fill_backends(inv: &mut Inventory) {
 }
 
 /// Whether the host's kernel can serve iommufd at all (not per device), and why not.
-pub fn iommufd_ready(inv: &Inventory) -> Result<(), String> {
+pub fn iommufd_ready(inv: &Inventory) -> Result<(), IommufdNotReady> {
     match &inv.iommufd {
         Some(f) if f.usable => Ok(()),
-        Some(f) => Err(f.reason.clone().unwrap_or_else(|| "iommufd is not usable".into())),
+        Some(f) => Err(IommufdNotReady::Unusable(
+            f.reason.clone().unwrap_or_else(|| "iommufd is not usable".into()),
+        )),
         // An inventory saved by an older gpupass: judge by the nodes it recorded.
         None if inv.iommufd_present && inv.devices.iter().any(|d| d.vfio_cdev.is_some()) => Ok(()),
-        None if !inv.iommufd_present => Err("/dev/iommu does not exist".into()),
-        None => Err("no function has a VFIO device cdev".into()),
+        None if !inv.iommufd_present => Err(IommufdNotReady::NoIommuNode),
+        None => Err(IommufdNotReady::NoCdev),
     }
 }
 
@@ -279,7 +310,7 @@ pub fn servable(inv: &Inventory, d: &PciDevice) -> Vec<Backend> {
 /// Why `d` cannot use iommufd now (for errors and warnings).
 pub fn why_not_iommufd(inv: &Inventory, d: &PciDevice) -> String {
     if let Err(r) = iommufd_ready(inv) {
-        return r;
+        return r.to_string();
     }
     if !d.driver.as_deref().is_some_and(is_vfio_driver) {
         return format!(
@@ -329,15 +360,20 @@ pub fn node_backend(path: &str) -> Option<Backend> {
 }
 
 /// The one rule every node set gpupass hands out keeps: VFIO nodes of one backend only.
-pub fn check_one_backend<'a>(paths: impl IntoIterator<Item = &'a str>) -> Result<Option<Backend>, String> {
+pub fn check_one_backend<'a>(
+    paths: impl IntoIterator<Item = &'a str>,
+) -> Result<Option<Backend>, MixedBackends> {
     let mut seen: Option<(Backend, &str)> = None;
     for p in paths {
         if let Some(b) = node_backend(p) {
             match seen {
                 Some((s, first)) if s != b => {
-                    return Err(format!(
-                        "mixed VFIO backends: {first} ({s}) and {p} ({b}) in one node set"
-                    ))
+                    return Err(MixedBackends {
+                        first: first.to_string(),
+                        first_backend: s,
+                        other: p.to_string(),
+                        other_backend: b,
+                    })
                 }
                 None => seen = Some((b, p)),
                 _ => {}
@@ -376,12 +412,16 @@ pub fn resolve_vm(
     addrs: &[PciAddress],
     extra: Option<String>,
 ) -> Result<Backend, BackendError> {
-    let problem = iommufd_ready(inv).err().or(extra).or_else(|| {
-        addrs.iter().filter_map(|a| inv.device(a)).find_map(|d| {
-            (d.driver.as_deref().is_some_and(is_vfio_driver) && !d.backends.contains(&Backend::Iommufd))
-                .then(|| why_not_iommufd(inv, d))
-        })
-    });
+    let problem = iommufd_ready(inv)
+        .err()
+        .map(|e| e.to_string())
+        .or(extra)
+        .or_else(|| {
+            addrs.iter().filter_map(|a| inv.device(a)).find_map(|d| {
+                (d.driver.as_deref().is_some_and(is_vfio_driver) && !d.backends.contains(&Backend::Iommufd))
+                    .then(|| why_not_iommufd(inv, d))
+            })
+        });
     match (policy, problem) {
         (Policy::Legacy, _) => Ok(Backend::Legacy),
         (Policy::Auto, Some(_)) => Ok(Backend::Legacy),
@@ -431,7 +471,7 @@ mod tests {
             Ok(Some(Backend::Iommufd))
         );
         let e = check_one_backend(["/dev/vfio/vfio", "/dev/vfio/40", "/dev/iommu"]).unwrap_err();
-        assert!(e.contains("mixed VFIO backends"), "{e}");
+        assert!(e.to_string().contains("mixed VFIO backends"), "{e}");
         assert!(check_one_backend(["/dev/vfio/devices/vfio1", "/dev/vfio/7"]).is_err());
         assert_eq!(check_one_backend(["/dev/nvidiactl"]), Ok(None));
     }

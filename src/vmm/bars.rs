@@ -43,7 +43,7 @@ pub struct PresentedDevice {
 
 /// Adds and removes KVM memory slots (`KVM_SET_USER_MEMORY_REGION`; size 0 removes).
 pub trait SlotOps {
-    fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), String>;
+    fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), kvm_ioctls::Error>;
 }
 
 /// Where an area sits now.
@@ -141,7 +141,7 @@ impl BarMapper {
                     .map_err(|e| VmmError::Slot {
                         bar: area.bar,
                         gpa: st.gpa.unwrap_or(0),
-                        reason: e,
+                        source: e,
                     })?;
                 st.gpa = None;
             }
@@ -152,7 +152,7 @@ impl BarMapper {
                     .map_err(|e| VmmError::Slot {
                         bar: area.bar,
                         gpa,
-                        reason: e,
+                        source: e,
                     })?;
                 st.gpa = Some(gpa);
                 self.moves += 1;
@@ -235,7 +235,7 @@ mod tests {
     #[derive(Default)]
     struct Rec(Vec<(u32, u64, u64)>);
     impl SlotOps for Rec {
-        fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), String> {
+        fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), kvm_ioctls::Error> {
             self.0.push((slot, gpa, size));
             Ok(())
         }

@@ -21,6 +21,7 @@ pub use super::protocol::{
     INTX_GSI, IRQ_INDEX_INTX as INDEX_INTX, IRQ_INDEX_MSI as INDEX_MSI, IRQ_INDEX_MSIX as INDEX_MSIX,
     MSI_GSI_BASE,
 };
+use crate::model::ErrorChain;
 use serde::Serialize;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -35,14 +36,42 @@ pub struct MsiRoute {
     pub data: u32,
 }
 
+/// Why an interrupt call failed: [`KvmIrq`]'s and [`DeviceIrqs`]' error. The run goes on; the
+/// report records the call and this error (its chain, `call: cause`).
+#[derive(Debug, thiserror::Error)]
+pub enum IrqError {
+    /// A system call (eventfd, `KVM_IRQFD`, `KVM_SET_GSI_ROUTING`...) failed.
+    #[error(transparent)]
+    Os(#[from] std::io::Error),
+    #[error(transparent)]
+    Kvm(#[from] kvm_ioctls::Error),
+    #[error("eventfd")]
+    EventFd(#[source] std::io::Error),
+    /// The routing table could not be built (vmm-sys-util's error, as it debug-prints).
+    #[error("{0}")]
+    Routing(String),
+    /// A VFIO interrupt ioctl: vfio-ioctls' error and the errno the failed ioctl left (its
+    /// error types drop it), as `<vfio error> (<errno>)`.
+    #[error("{vfio} ({errno})")]
+    Vfio {
+        vfio: vfio_ioctls::VfioError,
+        errno: std::io::Error,
+    },
+    /// What the emulated device does not have.
+    #[error("{0}")]
+    Emulated(String),
+    #[error("poisoned")]
+    Poisoned,
+}
+
 /// KVM's side: GSI routing and irqfds.
 pub trait KvmIrq {
     /// `KVM_SET_GSI_ROUTING` with the IOAPIC's pins and these MSI routes.
-    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String>;
+    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), IrqError>;
     /// `KVM_IRQFD`: `fd` injects on `gsi`; with `resample`, as a level-triggered line.
-    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String>;
+    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), IrqError>;
     /// `KVM_IRQFD` with `KVM_IRQFD_FLAG_DEASSIGN`.
-    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), String>;
+    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), IrqError>;
 }
 
 /// The device's side: its interrupt sources (VFIO, or the emulated device).
@@ -50,12 +79,12 @@ pub trait DeviceIrqs {
     /// Vectors interrupt `index` offers (0: none).
     fn count(&self, index: u32) -> u32;
     /// The eventfds the device signals for interrupt `index`; empty: disable it.
-    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String>;
+    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), IrqError>;
     /// INTx: the eventfd whose signal unmasks it.
-    fn set_unmask(&mut self, fd: &EventFd) -> Result<(), String>;
+    fn set_unmask(&mut self, fd: &EventFd) -> Result<(), IrqError>;
     /// Raise vector `vector` of `index` from the host side (VFIO's software trigger; the
     /// emulated device's own interrupt).
-    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String>;
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), IrqError>;
     /// What [`trigger`](Self::trigger) is, for the report.
     fn trigger_name(&self) -> &'static str;
 }
@@ -77,8 +106,8 @@ struct Vector {
 }
 
 impl Vector {
-    fn new(gsi: u32) -> Result<Vector, String> {
-        let fd = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+    fn new(gsi: u32) -> Result<Vector, IrqError> {
+        let fd = EventFd::new(EFD_NONBLOCK).map_err(IrqError::EventFd)?;
         Ok(Vector {
             fd,
             gsi,
@@ -197,7 +226,10 @@ impl<'a> Interrupts<'a> {
         // The IOAPIC-only routing from the start (before INTx can assert its GSI).
         irq.report.route_updates += 1;
         if let Err(e) = irq.kvm.set_routes(&[]) {
-            irq.fail(INDEX_INTX, format!("KVM_SET_GSI_ROUTING (IOAPIC pins): {e}"));
+            irq.fail(
+                INDEX_INTX,
+                format!("KVM_SET_GSI_ROUTING (IOAPIC pins): {}", ErrorChain(&e)),
+            );
         }
         if irq.report.intx.vectors > 0 && pin != 0 {
             match (Vector::new(INTX_GSI), EventFd::new(EFD_NONBLOCK)) {
@@ -207,25 +239,28 @@ impl<'a> Interrupts<'a> {
                         irq.intx = Some((v, resample));
                         irq.enter(Mode::Intx);
                     }
-                    Err(e) => irq.fail(INDEX_INTX, format!("KVM_IRQFD (resample) on GSI {INTX_GSI}: {e}")),
+                    Err(e) => irq.fail(
+                        INDEX_INTX,
+                        format!("KVM_IRQFD (resample) on GSI {INTX_GSI}: {}", ErrorChain(&e)),
+                    ),
                 },
-                (Err(e), _) => irq.fail(INDEX_INTX, e),
+                (Err(e), _) => irq.fail(INDEX_INTX, ErrorChain(&e).to_string()),
                 (_, Err(e)) => irq.fail(INDEX_INTX, format!("eventfd: {e}")),
             }
         }
         if irq.report.msi.vectors > 0 {
             match Vector::new(MSI_GSI_BASE) {
                 Ok(v) => irq.msi = Some(v),
-                Err(e) => irq.fail(INDEX_MSI, e),
+                Err(e) => irq.fail(INDEX_MSI, ErrorChain(&e).to_string()),
             }
         }
         let n = (irq.report.msix.vectors as usize).min(entries);
         if n > 0 {
-            let v: Result<Vec<Vector>, String> =
+            let v: Result<Vec<Vector>, IrqError> =
                 (0..n).map(|i| Vector::new(MSI_GSI_BASE + 1 + i as u32)).collect();
             match v {
                 Ok(v) => irq.msix = Some(v),
-                Err(e) => irq.fail(INDEX_MSIX, e),
+                Err(e) => irq.fail(INDEX_MSIX, ErrorChain(&e).to_string()),
             }
         }
         irq
@@ -282,7 +317,10 @@ impl<'a> Interrupts<'a> {
                 let verb = if on { "enable" } else { "disable" };
                 self.fail(
                     index,
-                    format!("VFIO_DEVICE_SET_IRQS {verb} {what} ({n} vectors): {e}"),
+                    format!(
+                        "VFIO_DEVICE_SET_IRQS {verb} {what} ({n} vectors): {}",
+                        ErrorChain(&e)
+                    ),
                 );
                 return;
             }
@@ -292,7 +330,7 @@ impl<'a> Interrupts<'a> {
                 if let Err(e) = self.dev.set_unmask(resample) {
                     self.fail(
                         INDEX_INTX,
-                        format!("VFIO_DEVICE_SET_IRQS INTx unmask eventfd: {e}"),
+                        format!("VFIO_DEVICE_SET_IRQS INTx unmask eventfd: {}", ErrorChain(&e)),
                     );
                 }
             }
@@ -354,7 +392,11 @@ impl<'a> Interrupts<'a> {
                     let index = if mode == Mode::Msix { INDEX_MSIX } else { INDEX_MSI };
                     self.fail(
                         index,
-                        format!("KVM_SET_GSI_ROUTING ({} MSI routes): {e}", routes.len()),
+                        format!(
+                            "KVM_SET_GSI_ROUTING ({} MSI routes): {}",
+                            routes.len(),
+                            ErrorChain(&e)
+                        ),
                     );
                 }
             }
@@ -437,7 +479,10 @@ impl<'a> Interrupts<'a> {
         self.report.kind_mut(index).host_triggers += 1;
         if let Err(e) = self.dev.trigger(index, vector) {
             let what = kind_name(index);
-            self.fail(index, format!("host-side raise of {what} vector {vector}: {e}"));
+            self.fail(
+                index,
+                format!("host-side raise of {what} vector {vector}: {}", ErrorChain(&e)),
+            );
         }
     }
 
@@ -475,7 +520,10 @@ fn attach(kvm: &mut dyn KvmIrq, v: &mut Vector, on: bool, errs: &mut Vec<(u32, S
         Ok(()) => v.attached = on,
         Err(e) => {
             let verb = if on { "assign" } else { "deassign" };
-            errs.push((index, format!("KVM_IRQFD {verb} on GSI {}: {e}", v.gsi)));
+            errs.push((
+                index,
+                format!("KVM_IRQFD {verb} on GSI {}: {}", v.gsi, ErrorChain(&e)),
+            ));
         }
     }
 }
@@ -513,9 +561,9 @@ pub struct Injector {
 }
 
 impl Injector {
-    fn add(&self, gsi: u32, fd: &EventFd) -> Result<(), String> {
-        let fd = fd.try_clone().map_err(|e| e.to_string())?;
-        let mut fds = self.fds.lock().map_err(|_| "poisoned".to_string())?;
+    fn add(&self, gsi: u32, fd: &EventFd) -> Result<(), IrqError> {
+        let fd = fd.try_clone()?;
+        let mut fds = self.fds.lock().map_err(|_| IrqError::Poisoned)?;
         fds.retain(|(g, _)| *g != gsi);
         fds.push((gsi, fd));
         Ok(())
@@ -610,7 +658,7 @@ pub struct KvmRouting<'a> {
 }
 
 impl KvmIrq for KvmRouting<'_> {
-    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String> {
+    fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), IrqError> {
         use kvm_bindings::{
             kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
             KVM_IRQ_ROUTING_MSI,
@@ -640,14 +688,14 @@ impl KvmIrq for KvmRouting<'_> {
             e.u.msi.data = r.data;
             entries.push(e);
         }
-        let table = KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))?;
+        let table = KvmIrqRouting::from_entries(&entries).map_err(|e| IrqError::Routing(format!("{e:?}")))?;
         if let Some(inj) = self.injector {
             inj.set_routes(msi);
         }
-        self.vm.set_gsi_routing(&table).map_err(|e| e.to_string())
+        Ok(self.vm.set_gsi_routing(&table)?)
     }
 
-    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String> {
+    fn irqfd(&mut self, fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), IrqError> {
         if self.skip_irqfd {
             return Ok(());
         }
@@ -658,10 +706,10 @@ impl KvmIrq for KvmRouting<'_> {
             Some(r) => self.vm.register_irqfd_with_resample(fd, r, gsi),
             None => self.vm.register_irqfd(fd, gsi),
         }
-        .map_err(|e| e.to_string())
+        .map_err(IrqError::from)
     }
 
-    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), String> {
+    fn irqfd_remove(&mut self, fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
         if self.skip_irqfd {
             return Ok(());
         }
@@ -669,7 +717,7 @@ impl KvmIrq for KvmRouting<'_> {
             inj.remove(gsi);
             return Ok(());
         }
-        self.vm.unregister_irqfd(fd, gsi).map_err(|e| e.to_string())
+        Ok(self.vm.unregister_irqfd(fd, gsi)?)
     }
 }
 
@@ -685,29 +733,32 @@ impl DeviceIrqs for EmulatedIrqs {
         u32::from(index == INDEX_MSI)
     }
 
-    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String> {
+    fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), IrqError> {
         if index != INDEX_MSI {
-            return Err(format!("the emulated device has no {}", kind_name(index)));
+            return Err(IrqError::Emulated(format!(
+                "the emulated device has no {}",
+                kind_name(index)
+            )));
         }
         self.msi = match fds.first() {
-            Some(fd) => Some(fd.try_clone().map_err(|e| e.to_string())?),
+            Some(fd) => Some(fd.try_clone()?),
             None => None,
         };
         Ok(())
     }
 
-    fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), String> {
-        Err("the emulated device has no INTx".into())
+    fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), IrqError> {
+        Err(IrqError::Emulated("the emulated device has no INTx".into()))
     }
 
-    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), IrqError> {
         match (&self.msi, index, vector) {
-            (Some(fd), INDEX_MSI, 0) => fd.write(1).map_err(|e| e.to_string()),
-            (None, INDEX_MSI, _) => Err("MSI is not enabled".into()),
-            _ => Err(format!(
+            (Some(fd), INDEX_MSI, 0) => Ok(fd.write(1)?),
+            (None, INDEX_MSI, _) => Err(IrqError::Emulated("MSI is not enabled".into())),
+            _ => Err(IrqError::Emulated(format!(
                 "the emulated device has no {} vector {vector}",
                 kind_name(index)
-            )),
+            ))),
         }
     }
 
@@ -730,7 +781,7 @@ mod tests {
 
     struct FakeKvm(Rc<RefCell<Log>>);
     impl KvmIrq for FakeKvm {
-        fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), String> {
+        fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), IrqError> {
             let r: Vec<String> = msi
                 .iter()
                 .map(|r| format!("{}={:#x}/{:#x}", r.gsi, r.address, r.data))
@@ -741,12 +792,12 @@ mod tests {
                 .push(format!("routes [{}]", r.join(" ")));
             Ok(())
         }
-        fn irqfd(&mut self, _fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), String> {
+        fn irqfd(&mut self, _fd: &EventFd, gsi: u32, resample: Option<&EventFd>) -> Result<(), IrqError> {
             let r = if resample.is_some() { " resample" } else { "" };
             self.0.borrow_mut().calls.push(format!("irqfd {gsi}{r}"));
             Ok(())
         }
-        fn irqfd_remove(&mut self, _fd: &EventFd, gsi: u32) -> Result<(), String> {
+        fn irqfd_remove(&mut self, _fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
             self.0.borrow_mut().calls.push(format!("irqfd-remove {gsi}"));
             Ok(())
         }
@@ -757,19 +808,19 @@ mod tests {
         fn count(&self, index: u32) -> u32 {
             self.1[index as usize]
         }
-        fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), String> {
+        fn set(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), IrqError> {
             let mut l = self.0.borrow_mut();
             l.calls.push(format!("set {} {}", kind_name(index), fds.len()));
             if l.fail_set == Some(index) {
-                return Err("Invalid argument (os error 22)".into());
+                return Err(std::io::Error::from_raw_os_error(22).into());
             }
             Ok(())
         }
-        fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), String> {
+        fn set_unmask(&mut self, _fd: &EventFd) -> Result<(), IrqError> {
             self.0.borrow_mut().calls.push("unmask".into());
             Ok(())
         }
-        fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+        fn trigger(&mut self, index: u32, vector: u32) -> Result<(), IrqError> {
             self.0
                 .borrow_mut()
                 .calls
@@ -929,7 +980,11 @@ mod tests {
             (e.count(INDEX_INTX), e.count(INDEX_MSI), e.count(INDEX_MSIX)),
             (0, 1, 0)
         );
-        assert!(e.trigger(INDEX_MSI, 0).unwrap_err().contains("not enabled"));
+        assert!(e
+            .trigger(INDEX_MSI, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not enabled"));
         let fd = EventFd::new(EFD_NONBLOCK).unwrap();
         e.set(INDEX_MSI, &[&fd]).unwrap();
         e.trigger(INDEX_MSI, 0).unwrap();

@@ -36,6 +36,23 @@ pub struct KernelFaults {
 }
 
 /// A position in the kernel log, taken before the run.
+/// Why the kernel log cannot be followed (the report says so; the run goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum KmsgError {
+    #[error("cannot open {}", .path.display())]
+    Open {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot seek to the end of {}", .path.display())]
+    Seek {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 #[derive(Debug)]
 pub struct Cursor {
     file: File,
@@ -44,15 +61,20 @@ pub struct Cursor {
 
 impl Cursor {
     /// Open `path` (the live host's `/dev/kmsg`) at its end; `Err`: why not.
-    pub fn open(path: &Path) -> Result<Cursor, String> {
+    pub fn open(path: &Path) -> Result<Cursor, KmsgError> {
         let source = path.display().to_string();
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
-            .map_err(|e| format!("cannot open {source}: {e}"))?;
-        file.seek(SeekFrom::End(0))
-            .map_err(|e| format!("cannot seek to the end of {source}: {e}"))?;
+            .map_err(|e| KmsgError::Open {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
+        file.seek(SeekFrom::End(0)).map_err(|e| KmsgError::Seek {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
         Ok(Cursor { file, source })
     }
 
@@ -162,6 +184,7 @@ mod tests {
         std::fs::remove_file(&dir).unwrap();
         assert!(Cursor::open(Path::new("/nonexistent/kmsg"))
             .unwrap_err()
+            .to_string()
             .contains("cannot open"));
     }
 }

@@ -50,42 +50,44 @@ pub fn mmio64_window(phys_bits: u32) -> Option<(u64, u64)> {
     (bits > 32).then(|| (MMIO64_BASE, (1u64 << bits) - 1))
 }
 
+/// Text that is not a memory size [`parse_memory_size`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid memory size {text:?}: {reason}")]
+pub struct MemorySizeError {
+    pub text: String,
+    pub reason: String,
+}
+
 /// Parse a memory size: bytes, or a number with K/M/G (binary multiples, optional `iB`/`B`).
 /// It must be a multiple of 4 KiB between 1 MiB and 3 GiB (RAM ends where the MMIO hole for
 /// BARs starts).
-pub fn parse_memory_size(s: &str) -> Result<u64, String> {
+pub fn parse_memory_size(s: &str) -> Result<u64, MemorySizeError> {
+    let bad = |reason: &str| MemorySizeError {
+        text: s.to_string(),
+        reason: reason.to_string(),
+    };
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
     if num.is_empty() {
-        return Err(format!(
-            "invalid memory size {s:?}: expected a number like 64M, 1G or 1048576"
-        ));
+        return Err(bad("expected a number like 64M, 1G or 1048576"));
     }
     let shift = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
         "M" | "MB" | "MIB" => 20,
         "G" | "GB" | "GIB" => 30,
-        _ => {
-            return Err(format!(
-                "invalid memory size {s:?}: unknown unit {unit:?} (use K, M or G)"
-            ))
-        }
+        _ => return Err(bad(&format!("unknown unit {unit:?} (use K, M or G)"))),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid memory size {s:?}: number too large"))?;
-    let bytes = n
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("invalid memory size {s:?}: too large"))?;
+    let n: u64 = num.parse().map_err(|_| bad("number too large"))?;
+    let bytes = n.checked_mul(1 << shift).ok_or_else(|| bad("too large"))?;
     if !(MIN_MEMORY..=MAX_MEMORY).contains(&bytes) {
-        return Err(format!(
-            "invalid memory size {s:?}: must be between 1M and 3G (guest RAM ends at the 0xC0000000 MMIO hole)"
+        return Err(bad(
+            "must be between 1M and 3G (guest RAM ends at the 0xC0000000 MMIO hole)",
         ));
     }
     if bytes % 4096 != 0 {
-        return Err(format!("invalid memory size {s:?}: must be a multiple of 4K"));
+        return Err(bad("must be a multiple of 4K"));
     }
     Ok(bytes)
 }
@@ -260,7 +262,7 @@ mod tests {
         ] {
             assert!(parse_memory_size(bad).is_err(), "{bad}");
         }
-        assert!(parse_memory_size("4G").unwrap_err().contains("3G"));
+        assert!(parse_memory_size("4G").unwrap_err().to_string().contains("3G"));
     }
 
     #[test]

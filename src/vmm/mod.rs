@@ -80,8 +80,13 @@ pub enum VmmError {
     MemorySize(String),
     #[error(transparent)]
     Vfio(#[from] VfioDevError),
-    #[error("cannot map BAR{bar} at guest address {gpa:#x} as a KVM memory slot: {reason}")]
-    Slot { bar: u8, gpa: u64, reason: String },
+    #[error("cannot map BAR{bar} at guest address {gpa:#x} as a KVM memory slot")]
+    Slot {
+        bar: u8,
+        gpa: u64,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
     #[error("the guest did not finish within {secs} s (timeout; raise it with --timeout); vCPU registers:\n{regs}")]
     Timeout { secs: f64, regs: String },
     #[error("the guest triple-faulted (KVM_EXIT_SHUTDOWN); vCPU registers:\n{regs}")]
@@ -289,7 +294,7 @@ pub struct BootReport {
 struct KvmSlots<'a>(&'a VmFd);
 
 impl SlotOps for KvmSlots<'_> {
-    fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), String> {
+    fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), kvm_ioctls::Error> {
         let region = kvm_userspace_memory_region {
             slot,
             guest_phys_addr: gpa,
@@ -300,7 +305,7 @@ impl SlotOps for KvmSlots<'_> {
         // SAFETY: `host_addr..host_addr+size` is a BAR mapping (VFIO mmap or emulated RAM)
         // owned by the presented device, which boot() keeps alive until Machine::teardown has
         // removed every slot; size 0 removes the slot.
-        unsafe { self.0.set_user_memory_region(region) }.map_err(|e| e.to_string())
+        unsafe { self.0.set_user_memory_region(region) }
     }
 }
 
@@ -585,7 +590,7 @@ pub fn boot(
         Ok(c) => c.faults(),
         Err(error) => kmsg::KernelFaults {
             source: host.display(&host.path("dev/kmsg")),
-            error: Some(error),
+            error: Some(crate::model::ErrorChain(&error).to_string()),
             ..kmsg::KernelFaults::default()
         },
     });

@@ -684,7 +684,7 @@ mod tests {
     #[derive(Default)]
     struct Slots(Vec<(u32, u64, u64)>);
     impl SlotOps for std::rc::Rc<std::cell::RefCell<Slots>> {
-        fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, _h: u64) -> Result<(), String> {
+        fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, _h: u64) -> Result<(), kvm_ioctls::Error> {
             self.borrow_mut().0.push((slot, gpa, size));
             Ok(())
         }
@@ -857,7 +857,10 @@ mod tests {
 
     struct RouteLog(std::rc::Rc<std::cell::RefCell<Vec<String>>>);
     impl super::super::irq::KvmIrq for RouteLog {
-        fn set_routes(&mut self, msi: &[super::super::irq::MsiRoute]) -> Result<(), String> {
+        fn set_routes(
+            &mut self,
+            msi: &[super::super::irq::MsiRoute],
+        ) -> Result<(), super::super::irq::IrqError> {
             let r: Vec<String> = msi
                 .iter()
                 .map(|r| format!("{}={:#x}/{:#x}", r.gsi, r.address, r.data))
@@ -870,11 +873,15 @@ mod tests {
             _fd: &vmm_sys_util::eventfd::EventFd,
             gsi: u32,
             _r: Option<&vmm_sys_util::eventfd::EventFd>,
-        ) -> Result<(), String> {
+        ) -> Result<(), super::super::irq::IrqError> {
             self.0.borrow_mut().push(format!("irqfd {gsi}"));
             Ok(())
         }
-        fn irqfd_remove(&mut self, _fd: &vmm_sys_util::eventfd::EventFd, gsi: u32) -> Result<(), String> {
+        fn irqfd_remove(
+            &mut self,
+            _fd: &vmm_sys_util::eventfd::EventFd,
+            gsi: u32,
+        ) -> Result<(), super::super::irq::IrqError> {
             self.0.borrow_mut().push(format!("irqfd-remove {gsi}"));
             Ok(())
         }

@@ -90,9 +90,9 @@ pub enum VfioDevError {
     Mmap { what: String, bar: u8, reason: String },
     #[error(transparent)]
     Backend(#[from] BackendError),
-    #[error("cannot open {node} for {what}: {source}; `gpupass check` shows whether iommufd is usable here, or use --backend legacy")]
+    #[error("cannot open {} for {what}; `gpupass check` shows whether iommufd is usable here, or use --backend legacy", .node.display())]
     OpenNode {
-        node: String,
+        node: std::path::PathBuf,
         what: String,
         #[source]
         source: std::io::Error,
@@ -230,9 +230,9 @@ pub fn resolve(
         },
         VfioTarget::Mdev(_) if policy != Policy::Iommufd => (Backend::Legacy, None),
         VfioTarget::Mdev(_) => {
-            backend::iommufd_ready(inv).map_err(|reason| BackendError::IommufdUnavailable {
+            backend::iommufd_ready(inv).map_err(|e| BackendError::IommufdUnavailable {
                 what: name.clone(),
-                reason,
+                reason: e.to_string(),
             })?;
             let cdev = sysfs_cdev(&sysfs).ok_or_else(|| BackendError::IommufdUnavailable {
                 what: name.clone(),
@@ -331,7 +331,7 @@ pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, Vfi
                     .write(true)
                     .open(&node)
                     .map_err(|source| VfioDevError::OpenNode {
-                        node: host.display(&node),
+                        node: host.display(&node).into(),
                         what: r.name.clone(),
                         source,
                     })
@@ -529,9 +529,11 @@ fn read_config(c: &VfioConfig, offset: u16) -> u32 {
 pub struct VfioIrqs(Arc<VfioDevice>);
 
 /// vfio-ioctls' error with the errno the failed ioctl left (its error types drop it).
-fn irq_err(e: vfio_ioctls::VfioError) -> String {
-    let os = std::io::Error::last_os_error();
-    format!("{e} ({os})")
+fn irq_err(e: vfio_ioctls::VfioError) -> crate::vmm::irq::IrqError {
+    crate::vmm::irq::IrqError::Vfio {
+        vfio: e,
+        errno: std::io::Error::last_os_error(),
+    }
 }
 
 impl crate::vmm::irq::DeviceIrqs for VfioIrqs {
@@ -539,7 +541,11 @@ impl crate::vmm::irq::DeviceIrqs for VfioIrqs {
         self.0.get_irq_info(index).map_or(0, |i| i.count)
     }
 
-    fn set(&mut self, index: u32, fds: &[&vmm_sys_util::eventfd::EventFd]) -> Result<(), String> {
+    fn set(
+        &mut self,
+        index: u32,
+        fds: &[&vmm_sys_util::eventfd::EventFd],
+    ) -> Result<(), crate::vmm::irq::IrqError> {
         if fds.is_empty() {
             self.0.disable_irq(index).map_err(irq_err)
         } else {
@@ -547,13 +553,13 @@ impl crate::vmm::irq::DeviceIrqs for VfioIrqs {
         }
     }
 
-    fn set_unmask(&mut self, fd: &vmm_sys_util::eventfd::EventFd) -> Result<(), String> {
+    fn set_unmask(&mut self, fd: &vmm_sys_util::eventfd::EventFd) -> Result<(), crate::vmm::irq::IrqError> {
         self.0
             .set_irq_resample_fd(crate::vmm::irq::INDEX_INTX, vec![fd])
             .map_err(irq_err)
     }
 
-    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), String> {
+    fn trigger(&mut self, index: u32, vector: u32) -> Result<(), crate::vmm::irq::IrqError> {
         self.0.trigger_irq(index, vector).map_err(irq_err)
     }
 

@@ -309,10 +309,10 @@ pub fn allocate(
             .collect(),
         None => Vec::new(),
     };
-    if let Err(reason) = backend::check_one_backend(devices.iter().map(|d| d.container_path.as_str())) {
+    if let Err(e) = backend::check_one_backend(devices.iter().map(|d| d.container_path.as_str())) {
         return Err(AllocError::NotReady {
             id: ids.join(","),
-            reason,
+            reason: e.to_string(),
         });
     }
     Ok(proto::ContainerAllocateResponse {

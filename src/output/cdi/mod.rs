@@ -376,9 +376,9 @@ fn pci_env(devs: &[&PciDevice]) -> Vec<String> {
 pub fn check_backends(devices: &[Device]) -> Result<(), CdiError> {
     for d in devices {
         backend::check_one_backend(d.container_edits.device_nodes.iter().map(|n| n.path.as_str())).map_err(
-            |reason| CdiError::MixedBackends {
+            |e| CdiError::MixedBackends {
                 device: d.name.clone(),
-                reason,
+                reason: e.to_string(),
             },
         )?;
     }
@@ -423,10 +423,10 @@ pub fn render(inv: &Inventory, files: &DriverFiles, opts: &Options) -> Result<Re
     let mut devices = Vec::new();
     let mut warnings = Vec::new();
     if opts.backend == Policy::Iommufd {
-        if let Err(reason) = backend::iommufd_ready(inv) {
+        if let Err(e) = backend::iommufd_ready(inv) {
             return Err(BackendError::IommufdUnavailable {
                 what: "this host".into(),
-                reason,
+                reason: e.to_string(),
             }
             .into());
         }
