@@ -13,26 +13,6 @@ fn test_guest(name: &str) -> PathBuf {
     PathBuf::from(env!("OUT_DIR")).join(format!("test-{name}.bin"))
 }
 
-/// Whether to run the KVM tests; panics with the reason when KVM is unusable.
-fn kvm_available() -> bool {
-    if std::env::var_os("GPUPASS_SKIP_KVM_TESTS").is_some() {
-        eprintln!("SKIPPED: GPUPASS_SKIP_KVM_TESTS is set; this test needs /dev/kvm");
-        return false;
-    }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        panic!(
-            "this test boots a VM and needs /dev/kvm, which cannot be opened here ({e}); \
-             run on a machine with KVM (kvm_intel, kvm_amd or kvm_pvm), or set \
-             GPUPASS_SKIP_KVM_TESTS=1 to skip it visibly"
-        );
-    }
-    true
-}
-
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\nstderr:\n{}", stdout(out), stderr(out)))

@@ -271,14 +271,20 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
     );
 
     // Unknown and malformed IDs are gRPC errors.
-    for (bad, code) in [
-        ("0000:99:00.0", tonic::Code::NotFound),
-        ("0000:4b:00.0", tonic::Code::NotFound), // an A6000: another resource
-        ("0000:b1:00.0", tonic::Code::NotFound), // on the nvidia driver
-        ("not-an-id", tonic::Code::InvalidArgument),
+    // (docs/errors.md E-DP-05, E-DP-06: the code and the message.)
+    let (unknown, malformed) = (
+        "is not a device of resource",
+        "is not a PCI address (expected 0000:01:00.0)",
+    );
+    for (bad, code, message) in [
+        ("0000:99:00.0", tonic::Code::NotFound, unknown),
+        ("0000:4b:00.0", tonic::Code::NotFound, unknown), // an A6000: another resource
+        ("0000:b1:00.0", tonic::Code::NotFound, unknown), // on the nvidia driver
+        ("not-an-id", tonic::Code::InvalidArgument, malformed),
     ] {
         let e = c.allocate(alloc_req(&[bad])).await.unwrap_err();
         assert_eq!(e.code(), code, "{bad}: {e}");
+        assert!(e.message().contains(message), "{bad}: {e}");
     }
 
     // Preferred allocation keeps one NUMA node.
@@ -355,6 +361,11 @@ async fn plugin_registers_lists_allocates_and_follows_health_and_kubelet_restart
     );
     let e = c.allocate(alloc_req(&["0000:ca:00.0"])).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    // docs/errors.md E-DP-07.
+    assert!(
+        e.message().contains("device 0000:ca:00.0 cannot be allocated: "),
+        "{e}"
+    );
     // Rebind: Healthy again.
     let rel = "../../../../bus/pci/drivers/vfio-pci";
     std::os::unix::fs::symlink(
@@ -470,6 +481,7 @@ async fn plugin_serves_mdev_types() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().contains("is not a device of resource"), "{e}");
     kubelet.stop();
 }
 

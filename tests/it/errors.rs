@@ -6,7 +6,9 @@
 //! `every_row_has_a_test` parses docs/errors.md and fails when the table and this file disagree;
 //! rows that need a real kernel or KVM are listed in [`ELSEWHERE`] with where they are covered.
 
-use crate::util::{copy_tree, drivers, host, manifest_dir, run_bounded, run_bounded_stdin};
+use crate::util::{
+    copy_tree, drivers, host, kvm_available, manifest_dir, need_tool, run_bounded, run_bounded_stdin,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,6 +36,13 @@ struct Case {
     keep: Keep,
     /// Standard input (`{root}` is the scratch copy); empty: /dev/null.
     stdin: &'static str,
+    /// A command the binary runs under (`{root}` is the scratch copy): a shell that sets a limit,
+    /// a mount namespace. The binary and its arguments follow it (`exec "$@"`).
+    wrap: &'static [&'static str],
+    /// What the row needs beyond the fixture: `kvm` (this machine's /dev/kvm, as tests/it/boot.rs;
+    /// GPUPASS_SKIP_KVM_TESTS skips visibly), or a tool run as root (`need_tool`: SKIPPED
+    /// locally without it, a failure under CI=true).
+    needs: &'static [&'static str],
 }
 
 impl Case {
@@ -47,6 +56,8 @@ impl Case {
         setup: none,
         keep: Keep::Tree,
         stdin: "",
+        wrap: &[],
+        needs: &[],
     };
 }
 
@@ -55,7 +66,7 @@ fn none(_: &Path) -> Guard {
 }
 
 fn gp(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    gp_in(root, args, env, None)
+    gp_in(root, args, env, None, &[])
 }
 
 fn gp_in(
@@ -63,8 +74,17 @@ fn gp_in(
     args: &[&str],
     env: &[(&str, &str)],
     stdin: Option<&Path>,
+    wrap: &[String],
 ) -> (Option<i32>, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    let bin = env!("CARGO_BIN_EXE_gpupass");
+    let mut c = match wrap.split_first() {
+        None => Command::new(bin),
+        Some((w, rest)) => {
+            let mut c = Command::new(w);
+            c.args(rest).arg(bin);
+            c
+        }
+    };
     c.arg("--root").arg(root).args(args);
     c.env_remove("GPUPASS_ROOT").env("GPUPASS_FAKE_KERNEL", "1");
     for (k, v) in env {
@@ -121,7 +141,46 @@ fn tree(dir: &Path, keep: Keep) -> BTreeMap<String, String> {
     out
 }
 
+/// A row of docs/errors.md: the message column, the exit status column, the test column.
+struct DocRow {
+    message: String,
+    exit: String,
+    test: String,
+}
+
+/// docs/errors.md's rows by id.
+fn doc_rows() -> BTreeMap<String, DocRow> {
+    let doc = std::fs::read_to_string(manifest_dir().join("docs/errors.md")).unwrap();
+    doc.lines()
+        .filter(|l| l.starts_with("| E-"))
+        .map(|l| {
+            let cols: Vec<&str> = l.split(" | ").collect();
+            let id = cols[0].trim_start_matches("| ").to_string();
+            let row = DocRow {
+                message: cols[2].to_string(),
+                exit: cols[cols.len() - 3].trim().to_string(),
+                test: cols.last().unwrap().trim_end_matches(" |").trim().to_string(),
+            };
+            (id, row)
+        })
+        .collect()
+}
+
 fn check(id: &str, c: Case) {
+    for need in c.needs {
+        let have = match *need {
+            "kvm" => kvm_available(),
+            tool => need_tool(tool),
+        };
+        if !have {
+            return;
+        }
+    }
+    // The exit status the binary gives must be the one docs/errors.md states for the row.
+    let documented = doc_rows()
+        .remove(id)
+        .unwrap_or_else(|| panic!("{id}: no such row in docs/errors.md"))
+        .exit;
     let t = tempfile::tempdir().unwrap();
     let scratch = t.path().join("host");
     copy_tree(&host(c.host), &scratch);
@@ -155,8 +214,14 @@ fn check(id: &str, c: Case) {
         std::fs::write(&p, subst(c.stdin)).unwrap();
         p
     });
-    let (code, out, err) = gp_in(&root, &args, &env, stdin.as_deref());
+    let wrap: Vec<String> = c.wrap.iter().map(|a| subst(a)).collect();
+    let (code, out, err) = gp_in(&root, &args, &env, stdin.as_deref(), &wrap);
     assert_ne!(code, Some(101), "{id}: gpupass panicked:\n{err}");
+    assert_eq!(
+        code.map(|c| c.to_string()),
+        Some(documented.clone()),
+        "{id}: {args:?} exited {code:?}, docs/errors.md's exit column says {documented}\nstdout:\n{out}\nstderr:\n{err}"
+    );
     assert_eq!(
         code,
         Some(c.code),
@@ -329,6 +394,36 @@ fn iommu_39_bits(r: &Path) -> Guard {
     .unwrap();
     None
 }
+
+/// E-BIND-19: the fake kernel's probe hands 17:00.0 to vfio-pci (as vfio-pci.ids= would).
+fn vfio_ids_claim_17(r: &Path) -> Guard {
+    std::fs::write(
+        r.join("sys/bus/pci/devices/0000:17:00.0/.fake_native_driver"),
+        "vfio-pci",
+    )
+    .unwrap();
+    None
+}
+
+/// Where [`VFIO_FIXTURE_NS`] keeps the real /dev while the fixture's covers it.
+fn live_dev_dir(r: &Path) -> Guard {
+    std::fs::create_dir(r.join("livedev")).unwrap();
+    None
+}
+
+/// The mount namespace of E-BOOT-13 (`$0`: the scratch copy; then the binary and its
+/// arguments): the scratch copy's sys over /sys, a tmpfs /dev with the fixture's nodes (regular
+/// files) and the real /dev/kvm and /dev/null bound in. `unshare --propagation private`: none of
+/// it reaches the host's mounts, and it all ends with the process.
+const VFIO_FIXTURE_NS: &str = r#"set -e; R=$0
+mount --bind /dev "$R/livedev"
+mount --bind "$R/sys" /sys
+mount -t tmpfs tmpfs /dev
+cp -a "$R/dev/." /dev/
+touch /dev/kvm /dev/null
+mount --bind "$R/livedev/kvm" /dev/kvm
+mount --bind "$R/livedev/null" /dev/null
+exec "$@""#;
 
 fn gpu_only_on_vfio(r: &Path) -> Guard {
     must(r, &["bind", "--only", "01:00.0"], &[]);
@@ -522,51 +617,29 @@ fn container_v1_two_rules(r: &Path) -> Guard {
 /// The OCI state of container pid 4242 asking for IOMMU group 40 (`{root}`: the scratch copy).
 const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":4242,"bundle":"{root}/bundle","annotations":{"gpupass.dev/devices":"40"}}"#;
 
-/// Rows covered outside this file (real kernel, KVM, libvirt), as docs/errors.md says.
-const ELSEWHERE: &[(&str, &str)] = &[
-    ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path"),
-    ("E-BIND-19", "lab: lab/scenarios/vfioids.sh step e-bind-19 (a boot with vfio_pci.ids=1af4:1044 for the scenario's own 00:10.0); the fake kernel has no ids table"),
-    ("E-OUT-14", "integration: tests/it/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)"),
-    ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)"),
-    ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/it/boot.rs when /dev/kvm is usable"),
-    ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)"),
-    ("E-BOOT-13", "lab: lab/scenarios/boot.sh (vfio-pci and mdev steps)"),
-    ("E-BOOT-14", "lab: lab/scenarios/boot.sh (nested KVM)"),
-    ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/it/lab.rs runs the cdiwatch scenario"),
-    ("E-HOOK-20", "integration: tests/it/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)"),
-    ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/it/oci_hook.rs covers the working path under runc"),
-    ("E-DP-05", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)"),
-    ("E-DP-06", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)"),
-    ("E-LAUNCH-03", "lab: lab/scenarios/nested.sh (launch-exec-error step)"),
-    ("E-DP-07", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)"),
+/// Rows covered outside this file (real kernel, libvirt, runc, gRPC), as docs/errors.md says:
+/// (id, the row's test column, a fragment of the row's message). The fragment must be in the
+/// row's message in docs/errors.md and in what covers it: the test functions the note names, the
+/// condition of the lab step it names (which also checks the row's exit status), the file's
+/// `#[cfg(test)]` part for a unit test; "" for an `uncovered:` row.
+const ELSEWHERE: &[(&str, &str, &str)] = &[
+    ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path", ""),
+    ("E-OUT-14", "integration: tests/it/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)", "gpupass: libvirt: "),
+    ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)", "usermod -aG kvm"),
+    ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/it/boot.rs when /dev/kvm is usable", "did not finish within"),
+    ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)", "triple-faulted (KVM_EXIT_SHUTDOWN)"),
+    ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/it/lab.rs runs the cdiwatch scenario", ""),
+    ("E-HOOK-20", "integration: tests/it/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)", "is a symlink or not a directory"),
+    ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/it/oci_hook.rs covers the working path under runc", ""),
+    ("E-DP-05", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC InvalidArgument)", "is not a PCI address (expected 0000:01:00.0)"),
+    ("E-DP-06", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` and `plugin_serves_mdev_types` (gRPC NotFound)", "is not a device of resource"),
+    ("E-LAUNCH-03", "lab: lab/scenarios/nested.sh (launch-exec-error step)", "cannot run "),
+    ("E-DP-07", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)", "cannot be allocated: "),
 ];
 
-#[test]
-fn every_row_has_a_test() {
-    let doc = std::fs::read_to_string(manifest_dir().join("docs/errors.md")).unwrap();
-    let mut here = Vec::new();
-    let mut elsewhere = Vec::new();
-    for line in doc.lines().filter(|l| l.starts_with("| E-")) {
-        let cols: Vec<&str> = line.split(" | ").collect();
-        let id = cols[0].trim_start_matches("| ").to_string();
-        let test = cols.last().unwrap().trim_end_matches(" |").trim();
-        assert!(
-            matches!(cols[cols.len() - 3].trim(), "1" | "2"),
-            "{id}: exit status column {:?}",
-            cols[cols.len() - 3]
-        );
-        if test == "errors.rs" {
-            here.push(id);
-        } else {
-            elsewhere.push(id);
-        }
-    }
-    assert!(
-        here.len() + elsewhere.len() >= 40,
-        "docs/errors.md has too few rows"
-    );
-    let src = include_str!("errors.rs");
-    let mut tests: Vec<String> = src
+/// The ids of this file's `row!()` tests, in file order.
+fn row_ids() -> Vec<String> {
+    include_str!("errors.rs")
         .split("\nrow!(")
         .skip(1)
         .map(|l| {
@@ -577,52 +650,53 @@ fn every_row_has_a_test() {
                 .to_uppercase()
                 .replace('_', "-")
         })
-        .collect();
-    let mut doc_ids = here.clone();
-    doc_ids.sort();
+        .collect()
+}
+
+#[test]
+fn every_row_has_a_test() {
+    let rows = doc_rows();
+    assert!(rows.len() >= 40, "docs/errors.md has too few rows");
+    let mut here = Vec::new();
+    let mut elsewhere = Vec::new();
+    for (id, row) in &rows {
+        assert!(
+            matches!(row.exit.as_str(), "1" | "2"),
+            "{id}: exit status column {:?}",
+            row.exit
+        );
+        if row.test == "errors.rs" {
+            here.push(id.clone());
+        } else {
+            elsewhere.push(id.clone());
+        }
+    }
+    let mut tests = row_ids();
     tests.sort();
     assert_eq!(
-        doc_ids, tests,
+        here, tests,
         "docs/errors.md rows marked errors.rs vs row!() tests"
     );
-    let mut other: Vec<String> = ELSEWHERE.iter().map(|(i, _)| i.to_string()).collect();
+    let mut other: Vec<String> = ELSEWHERE.iter().map(|(i, _, _)| i.to_string()).collect();
     other.sort();
-    elsewhere.sort();
     assert_eq!(elsewhere, other, "docs/errors.md lab/unit rows vs ELSEWHERE");
-    for (id, note) in ELSEWHERE {
-        assert!(
-            doc.contains(note),
-            "{id}: note {note:?} differs from docs/errors.md"
+    for (id, note, _) in ELSEWHERE {
+        assert_eq!(
+            &rows[*id].test, note,
+            "{id}: ELSEWHERE's note differs from docs/errors.md"
         );
     }
 }
 
 /// Each row's exit status in docs/errors.md is the one its `row!()` case asserts (`code:`, 1
-/// when the case leaves it to `Case::DEFAULT`).
+/// when the case leaves it to `Case::DEFAULT`). `check` also compares the status the binary
+/// really gave with the row's; this catches a case whose code and row drift together.
 #[test]
 fn every_row_states_the_exit_status_its_test_asserts() {
-    let doc = std::fs::read_to_string(manifest_dir().join("docs/errors.md")).unwrap();
-    let documented: std::collections::BTreeMap<String, String> = doc
-        .lines()
-        .filter(|l| l.starts_with("| E-"))
-        .map(|l| {
-            let cols: Vec<&str> = l.split(" | ").collect();
-            (
-                cols[0].trim_start_matches("| ").to_string(),
-                cols[cols.len() - 3].trim().to_string(),
-            )
-        })
-        .collect();
+    let rows = doc_rows();
     let src = include_str!("errors.rs");
     let mut compared = 0;
-    for block in src.split("\nrow!(").skip(1) {
-        let id = block
-            .trim_start()
-            .split(',')
-            .next()
-            .unwrap()
-            .to_uppercase()
-            .replace('_', "-");
+    for (block, id) in src.split("\nrow!(").skip(1).zip(row_ids()) {
         let case = block.split("\n);").next().unwrap();
         let code = case
             .lines()
@@ -630,7 +704,7 @@ fn every_row_states_the_exit_status_its_test_asserts() {
             .map(|c| c.trim_end_matches(',').to_string())
             .unwrap_or_else(|| "1".to_string());
         assert_eq!(
-            documented.get(&id),
+            rows.get(&id).map(|r| &r.exit),
             Some(&code),
             "{id}: docs/errors.md's exit status vs its test's code"
         );
@@ -639,16 +713,40 @@ fn every_row_states_the_exit_status_its_test_asserts() {
     assert!(compared > 100, "compared only {compared} rows");
 }
 
-/// Every "covered elsewhere" note names things that exist: each file it names, each test
-/// function it names in backticks in that file, and each lab step it names in that scenario's
-/// declared steps.
+/// The body of `fn name(` in a Rust source: from its line to the first `}` at that indent.
+fn fn_body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let start = text.find(&format!("fn {name}("))?;
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let indent = &text[line_start..start];
+    let indent = &indent[..indent.len() - indent.trim_start().len()];
+    let end = text[start..]
+        .find(&format!("\n{indent}}}\n"))
+        .map_or(text.len(), |e| start + e);
+    Some(&text[start..end])
+}
+
+/// Every "covered elsewhere" note names things that exist and hold the row: each file it names
+/// exists; each test function it names in backticks after a `tests/it/X.rs` is a function of
+/// that file whose body holds the row's message fragment; each lab step it names is declared by
+/// that scenario (`# lab-steps`) and decided by a condition that checks the row's exit status
+/// (`$rc = N`) and its message fragment; a `src/` unit file holds a `#[test]` and the fragment in
+/// its `#[cfg(test)]` part; any other named file holds the fragment.
 #[test]
 fn elsewhere_notes_name_tests_that_exist() {
     let root = manifest_dir();
-    for (id, note) in ELSEWHERE {
-        if note.starts_with("uncovered:") && !note.contains(".rs") && !note.contains(".sh") {
-            continue;
-        }
+    let rows = doc_rows();
+    for (id, note, fragment) in ELSEWHERE {
+        let row = &rows[*id];
+        assert_eq!(
+            note.starts_with("uncovered:"),
+            fragment.is_empty(),
+            "{id}: a covered row needs a fragment"
+        );
+        assert!(
+            row.message.contains(fragment),
+            "{id}: {fragment:?} is not in the row's message {}",
+            row.message
+        );
         let words: Vec<&str> = note
             .split(|c: char| c.is_whitespace() || c == ';' || c == '(' || c == ')' || c == ',')
             .filter(|w| !w.is_empty())
@@ -663,21 +761,42 @@ fn elsewhere_notes_name_tests_that_exist() {
             "{id}: the note names no file: {note}"
         );
         for f in &files {
-            let path = if f.starts_with("lab/") || f.starts_with("tests/") || f.starts_with("src/") {
-                root.join(f)
-            } else {
-                root.join("tests").join(f)
-            };
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{id}: {f} does not exist"));
-            for name in note.split('`').skip(1).step_by(2) {
-                if f.ends_with(".rs") && note.contains(&format!("{f} `{name}`")) {
+            assert!(
+                f.starts_with("lab/scenarios/") || f.starts_with("tests/it/") || f.starts_with("src/"),
+                "{id}: {f}: name files from the repository root"
+            );
+            let text =
+                std::fs::read_to_string(root.join(f)).unwrap_or_else(|_| panic!("{id}: {f} does not exist"));
+            if fragment.is_empty() {
+                continue;
+            }
+            let fns: Vec<&str> = note
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|name| {
+                    f.ends_with(".rs")
+                        && (note.contains(&format!("{f} `{name}`"))
+                            || note.contains(&format!("and `{name}`")))
+                })
+                .collect();
+            if f.starts_with("tests/it/") && !fns.is_empty() {
+                for name in fns {
+                    let body =
+                        fn_body(&text, name).unwrap_or_else(|| panic!("{id}: {f} has no test fn {name}"));
                     assert!(
-                        text.contains(&format!("fn {name}(")),
-                        "{id}: {f} has no test fn {name}"
+                        body.contains(fragment),
+                        "{id}: {f} `{name}` does not check {fragment:?}"
                     );
                 }
-            }
-            if f.ends_with(".sh") {
+            } else if f.starts_with("src/") {
+                let tests = text.split_once("#[cfg(test)]").map(|(_, t)| t).unwrap_or("");
+                assert!(tests.contains("#[test]"), "{id}: {f} has no #[test]");
+                assert!(
+                    tests.contains(fragment),
+                    "{id}: {f}'s tests do not check {fragment:?}"
+                );
+            } else if f.ends_with(".sh") {
                 let steps: Vec<&str> = text
                     .lines()
                     .filter_map(|l| {
@@ -688,14 +807,39 @@ fn elsewhere_notes_name_tests_that_exist() {
                     .flat_map(|s| s.split_whitespace())
                     .collect();
                 // "step NAME" or "NAME step".
-                let named = words.windows(2).filter_map(|w| match (w[0], w[1]) {
-                    ("step", n) if !n.contains('/') => Some(n),
-                    (n, "step") if !n.contains('/') => Some(n),
-                    _ => None,
-                });
+                let named: Vec<&str> = words
+                    .windows(2)
+                    .filter_map(|w| match (w[0], w[1]) {
+                        ("step", n) if !n.contains('/') => Some(n),
+                        (n, "step") if !n.contains('/') => Some(n),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(!named.is_empty(), "{id}: the note names no step of {f}");
                 for n in named {
                     assert!(steps.contains(&n), "{id}: {f} declares no step {n}");
+                    let lines: Vec<&str> = text.lines().collect();
+                    let pass = lines
+                        .iter()
+                        .position(|l| l.trim_start().starts_with(&format!("lab_pass {n} ")))
+                        .unwrap_or_else(|| panic!("{id}: {f} never passes step {n} (lab_pass {n})"));
+                    let cond = lines[..pass]
+                        .iter()
+                        .rev()
+                        .find(|l| l.trim_start().starts_with("if ") || l.trim_start().starts_with("elif "))
+                        .unwrap_or_else(|| panic!("{id}: {f}: step {n} passes unconditionally"));
+                    assert!(
+                        cond.contains(&format!("$rc = {}", row.exit)),
+                        "{id}: {f}: step {n} does not check exit status {} ({cond})",
+                        row.exit
+                    );
+                    assert!(
+                        cond.contains(fragment),
+                        "{id}: {f}: step {n} does not check {fragment:?} ({cond})"
+                    );
                 }
+            } else {
+                assert!(text.contains(fragment), "{id}: {f} does not check {fragment:?}");
             }
         }
     }
@@ -1112,6 +1256,26 @@ row!(
         args: &["persist", "42:00.0"],
         code: 1,
         needles: &["refusing to persist", "no such PCI device", "fix:"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_bind_19,
+    Case {
+        // 17:00.0 is on vfio-pci without a journal entry. The fake kernel's record of the driver
+        // that claims it on a probe (`.fake_native_driver`) says vfio-pci, as vfio-pci.ids= on
+        // the kernel command line makes it: unbind clears the override, unbinds, reprobes, and
+        // vfio-pci claims it again (lab/scenarios/vfioids.sh does it on the real kernel).
+        host: "vfio-numa",
+        args: &["unbind", "0000:17:00.0"],
+        code: 1,
+        needles: &[
+            "0000:17:00.0 went back to vfio-pci on reprobe (vfio-pci.ids= on the kernel command line",
+            "rolled back, nothing changed"
+        ],
+        setup: vfio_ids_claim_17,
+        // The journal records the rollback; the driver is vfio-pci as before.
+        keep: Keep::Drivers,
         ..Case::DEFAULT
     }
 );
@@ -1701,6 +1865,92 @@ row!(
         ..Case::DEFAULT
     }
 );
+row!(
+    e_boot_13,
+    Case {
+        // The live root (`--root /`, what VFIO needs) in a mount namespace whose /sys is the
+        // fixture's, where 17:00.0 is on vfio-pci in a viable group, and whose /dev holds the
+        // fixture's VFIO nodes (regular files) beside the real /dev/kvm: every check passes,
+        // KVM makes the VM, and vfio-ioctls' real open of the container fails on a node that is
+        // not VFIO's (VFIO_GET_API_VERSION).
+        host: "vfio-numa",
+        root: "/",
+        args: &[
+            "boot",
+            "--device",
+            "0000:17:00.0",
+            "--backend",
+            "legacy",
+            "--timeout",
+            "5"
+        ],
+        code: 1,
+        needles: &["gpupass: opening 0000:17:00.0 through VFIO failed: vfio API version"],
+        setup: live_dev_dir,
+        wrap: &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            VFIO_FIXTURE_NS,
+            "{root}"
+        ],
+        needs: &["unshare", "mount", "kvm"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_boot_14,
+    Case {
+        // A real KVM ioctl that fails: with 4 file descriptors the process can open /dev/kvm
+        // but KVM_CREATE_VM cannot return the VM's (EMFILE). The emulated device needs no VFIO.
+        root: "/",
+        args: &["boot", "--emulated", "--timeout", "5"],
+        code: 1,
+        needles: &["gpupass: KVM create VM failed: Too many open files (os error 24)"],
+        wrap: &["sh", "-c", "ulimit -n 4 && exec \"$0\" \"$@\""],
+        needs: &["kvm"],
+        ..Case::DEFAULT
+    }
+);
+
+/// E-BOOT-13 through iommufd: the same namespace, `--backend iommufd`; /dev/iommu is the
+/// fixture's regular file, so iommufd's first ioctl (IOMMU_IOAS_ALLOC) fails.
+#[test]
+fn e_boot_13_iommufd() {
+    check(
+        "E-BOOT-13",
+        Case {
+            host: "vfio-numa",
+            root: "/",
+            args: &[
+                "boot",
+                "--device",
+                "0000:17:00.0",
+                "--backend",
+                "iommufd",
+                "--timeout",
+                "5",
+            ],
+            needles: &["gpupass: opening 0000:17:00.0 through VFIO failed: failed to new VfioIommufd"],
+            setup: live_dev_dir,
+            wrap: &[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                VFIO_FIXTURE_NS,
+                "{root}",
+            ],
+            needs: &["unshare", "mount", "kvm"],
+            ..Case::DEFAULT
+        },
+    )
+}
 row!(
     e_snap_01,
     Case {

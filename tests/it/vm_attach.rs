@@ -55,7 +55,11 @@ fn live_attach_passes_libvirts_error_through() {
         err.contains("this function is not supported by the connection driver: virDomainAttachDeviceFlags"),
         "{err}"
     );
-    assert!(err.contains("attaching 0000:01:00.0 to domain \"test\""), "{err}");
+    // docs/errors.md E-OUT-14: `gpupass: libvirt: <doing>: <libvirt message><hint>`.
+    assert!(
+        err.contains("gpupass: libvirt: attaching 0000:01:00.0 to domain \"test\""),
+        "{err}"
+    );
     assert!(err.contains("retry with --config"), "{err}");
     assert_eq!(
         err.matches("not supported").count(),

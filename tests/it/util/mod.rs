@@ -250,3 +250,23 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
             .then(|| PathBuf::from(pre.split_whitespace().nth(4).unwrap()))
     })
 }
+
+/// Whether to run the KVM tests; panics with the reason when KVM is unusable.
+pub fn kvm_available() -> bool {
+    if std::env::var_os("GPUPASS_SKIP_KVM_TESTS").is_some() {
+        eprintln!("SKIPPED: GPUPASS_SKIP_KVM_TESTS is set; this test needs /dev/kvm");
+        return false;
+    }
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        panic!(
+            "this test boots a VM and needs /dev/kvm, which cannot be opened here ({e}); \
+             run on a machine with KVM (kvm_intel, kvm_amd or kvm_pvm), or set \
+             GPUPASS_SKIP_KVM_TESTS=1 to skip it visibly"
+        );
+    }
+    true
+}
