@@ -89,7 +89,7 @@ fn cdi_generation() {
     }
     let host = HostRoot::new(root);
     let inv = gpupass::inventory::scan(&host).unwrap();
-    let files = gpupass::containers::native::discover(&host);
+    let files = gpupass::inventory::native::discover(&host);
     let opts = gpupass::output::cdi::Options::default();
     let mut render = Vec::new();
     let mut devices = 0;

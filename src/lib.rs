@@ -25,6 +25,9 @@
 // [lints]: `unsafe_code` denied, `clippy::undocumented_unsafe_blocks`; docs/ARCHITECTURE.md,
 // "Rules").
 
+// What gpupass says on stderr: the one sink.
+pub mod messages;
+
 // Read: where the host is, what it holds.
 pub mod host;
 pub mod inventory;

@@ -10,23 +10,16 @@ fn main() -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
     match gpupass::cli::run(cli, &mut out) {
-        Ok(code) => match out.flush() {
+        Ok(exit) => match out.flush() {
+            // The reader went away (`gpupass list | head`): stop quietly, as other Unix tools do.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-            _ => ExitCode::from(code.clamp(0, 255) as u8),
+            _ => ExitCode::from(exit.code()),
         },
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
         Err(e) => {
             let _ = out.flush();
-            eprintln!("gpupass: {e:#}");
-            ExitCode::from(1)
+            gpupass::messages::error(e.prefix(), &e);
+            ExitCode::from(e.status())
         }
     }
-}
-
-/// The reader went away (`gpupass list | head`): stop quietly, as other Unix tools do.
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

@@ -3,9 +3,11 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(entries) = gpupass::containers::native::ldcache::parse(data) {
+    if let Ok(entries) = gpupass::inventory::native::ldcache::parse(data) {
         // What parses writes back to something that parses to the same entries.
-        let again = gpupass::containers::native::ldcache::parse(&gpupass::containers::native::ldcache::write(&entries)).expect("round trip");
+        let again =
+            gpupass::inventory::native::ldcache::parse(&gpupass::inventory::native::ldcache::write(&entries))
+                .expect("round trip");
         assert_eq!(again.len(), entries.len());
     }
 });

@@ -13,12 +13,13 @@
 use super::facts::{self, HostFacts};
 use super::journal::{self, Journal, Record};
 use super::{
-    after_change, plan_bind, plan_unbind, Action, BindError, BindRequest, DriverState, Expect, FuncPlan,
-    Plan, Step, UnbindRequest,
+    plan_bind, plan_unbind, Action, BindError, BindRequest, DriverState, Expect, FuncPlan, Plan, Step,
+    UnbindRequest,
 };
 use crate::host::ops::HostOps;
 use crate::host::{link_name, read_attr, HostRoot};
 use crate::inventory;
+use crate::messages;
 use crate::model::{driver_allows_vfio, is_vfio_driver, Inventory, PciAddress};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -337,7 +338,6 @@ pub fn execute(ops: &dyn HostOps, plan: &Plan, journal: &mut Journal) -> Result<
         ));
         out.changed.push(f.address);
     }
-    after_change(&host, &out.changed);
     Ok(out)
 }
 
@@ -407,10 +407,10 @@ fn check_unfinished(open: &[journal::OpenTxn], plan: &Plan) -> Result<(), BindEr
                 total: t.writes,
             });
         }
-        eprintln!(
-            "warning: an unfinished gpupass {} (other devices); run `gpupass recover`",
+        messages::warn(format_args!(
+            "an unfinished gpupass {} (other devices); run `gpupass recover`",
             t.describe()
-        );
+        ));
     }
     Ok(())
 }
@@ -604,15 +604,26 @@ pub fn unbind(
     )
 }
 
+/// What `recover` did: its report lines, and the functions whose driver it changed (none on a
+/// dry run).
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub lines: Vec<String>,
+    pub changed: Vec<PciAddress>,
+}
+
 /// `gpupass recover`: restore (or with `cont`, complete) every unfinished transaction.
-pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Vec<String>, BindError> {
+pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered, BindError> {
     let host = ops.root().clone();
     let lock = journal::lock(&host, journal::lock_timeout())?;
     let replay = journal::read(&host)?;
     let mut lines = Vec::new();
     if replay.open.is_empty() {
         lines.push("nothing to recover: the journal has no unfinished plan".to_string());
-        return Ok(lines);
+        return Ok(Recovered {
+            lines,
+            changed: Vec::new(),
+        });
     }
     let mut j = if dry_run {
         None
@@ -685,8 +696,8 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Vec<Strin
             }
         }
     }
-    if !dry_run {
-        after_change(&host, &changed);
+    if dry_run {
+        changed.clear();
     }
-    Ok(lines)
+    Ok(Recovered { lines, changed })
 }

@@ -26,6 +26,7 @@
 
 use super::{Action, BindError, BoundState, DriverState, FuncPlan};
 use crate::host::HostRoot;
+use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
@@ -329,10 +330,10 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
             });
         }
         if !told {
-            eprintln!(
+            messages::line(format_args!(
                 "gpupass: waiting for another gpupass (pid {}) to finish changing devices",
                 holder(&path)
-            );
+            ));
             told = true;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -440,11 +441,11 @@ pub fn warn_unfinished(host: &HostRoot) {
         }
     }
     for t in &r.open {
-        eprintln!(
-            "warning: an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
+        messages::warn(format_args!(
+            "an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
             t.describe(),
             t.action
-        );
+        ));
     }
 }
 

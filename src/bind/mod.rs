@@ -28,7 +28,6 @@ pub mod facts;
 pub mod journal;
 pub mod persist;
 
-use crate::host::HostRoot;
 use crate::model::{driver_allows_vfio, is_vfio_driver, Inventory, PciAddress, PciDevice};
 use facts::{HostFacts, Use};
 use serde::{Deserialize, Serialize};
@@ -41,8 +40,6 @@ use std::path::PathBuf;
 pub enum BindError {
     #[error("{0}")]
     Refused(String),
-    #[error("{0} reads and changes the live host; it cannot run from --from-json")]
-    NeedsLiveHost(&'static str),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
     #[error("journal {}; check that the directory is writable (gpupass needs root to change drivers)", .path.display())]
@@ -845,21 +842,6 @@ pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: 
         .chain(body)
         .collect();
     plan
-}
-
-/// Called after every successful change of drivers (bind, unbind, recover).
-///
-/// Regenerates the CDI specs gpupass wrote (`cdi generate --write`), so containers see the
-/// devices' new VFIO nodes and stop seeing removed ones; a host without a gpupass spec pays one
-/// directory listing. The change itself has already succeeded when this runs, so a failed
-/// refresh is a warning, not an error.
-pub fn after_change(host: &HostRoot, changed: &[PciAddress]) {
-    if let Err(e) = crate::output::cdi::refresh(host) {
-        eprintln!(
-            "warning: {} changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`",
-            crate::cli::bind::addrs(changed)
-        );
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use super::apply;
 use super::facts::{self, HostFacts, Use};
 use super::*;
 use crate::host::ops::HostOps;
+use crate::host::HostRoot;
 use crate::inventory;
 use crate::testkit::hostgen::{DevSpec, HostBuilder};
 use crate::testkit::FakeHost;

@@ -1,16 +1,17 @@
-//! The command-line face of bind/unbind/recover/persist: clap arguments and output. `cli.rs`
-//! only dispatches here.
+//! `gpupass bind`: move functions and their IOMMU-group companions to a VFIO driver
+//! ([`crate::bind`] plans and applies; this module owns the arguments and the output). The
+//! other commands of the family are `unbind`, `recover` and `persist`, each its own module.
 
+use super::{write_json, Ctx, Exit, Result};
 use crate::bind::apply::{self, Applied};
-use crate::bind::persist::{apply_persist, plan_persist};
-use crate::bind::{facts, journal, BindError, BindRequest, UnbindRequest};
-use crate::host::ops::HostOps;
+use crate::bind::BindRequest;
 use crate::host::HostRoot;
+use crate::messages;
 use crate::model::PciAddress;
 use clap::Args;
 use std::io::Write;
 
-fn parse_driver(s: &str) -> Result<String, String> {
+pub(crate) fn parse_driver(s: &str) -> std::result::Result<String, String> {
     if crate::bind::valid_driver_name(s) {
         Ok(s.to_string())
     } else {
@@ -43,57 +44,14 @@ pub struct BindArgs {
     pub dry_run: bool,
 }
 
-#[derive(Debug, Args)]
-pub struct UnbindArgs {
-    /// PCI addresses: every function of each one's IOMMU group on a VFIO driver goes back
-    #[arg(required_unless_present_any = ["group", "all"])]
-    pub addresses: Vec<PciAddress>,
-    /// Every function of IOMMU group N on a VFIO driver
-    #[arg(long, value_name = "N")]
-    pub group: Option<u32>,
-    /// Every function gpupass bound (from its journal)
-    #[arg(long, conflicts_with_all = ["addresses", "group"])]
-    pub all: bool,
-    /// Only the named functions, not their group companions
-    #[arg(long)]
-    pub only: bool,
-    /// Print the exact ordered sysfs writes and checks; change nothing
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct RecoverArgs {
-    /// Finish the interrupted plan instead of restoring the state before it
-    #[arg(long = "continue")]
-    pub cont: bool,
-    /// Say what would be done; change nothing
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct PersistArgs {
-    /// PCI addresses (each one's group, as `bind` selects it)
-    #[arg(required = true, num_args = 1..)]
-    pub addresses: Vec<PciAddress>,
-    /// Remove the driverctl overrides instead
-    #[arg(long)]
-    pub remove: bool,
-    /// Only the named functions
-    #[arg(long)]
-    pub only: bool,
-    /// VFIO driver to persist (default: as `bind` would choose)
-    #[arg(long, value_name = "NAME", value_parser = parse_driver)]
-    pub driver: Option<String>,
-    /// Print what would be written; change nothing
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-fn print_applied(out: &mut dyn Write, a: &Applied, dry_run: bool, json: bool) -> Result<(), BindError> {
+pub(crate) fn print_applied(
+    out: &mut dyn Write,
+    a: &Applied,
+    dry_run: bool,
+    json: bool,
+) -> std::io::Result<()> {
     for w in &a.warnings {
-        eprintln!("warning: {w}");
+        messages::warn(w);
     }
     if json {
         let v = serde_json::json!({
@@ -102,9 +60,7 @@ fn print_applied(out: &mut dyn Write, a: &Applied, dry_run: bool, json: bool) ->
             "applied": a.outcome.is_some(),
             "result": a.outcome.as_ref().map(|o| &o.lines),
         });
-        serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::other)?;
-        writeln!(out)?;
-        return Ok(());
+        return write_json(out, &v);
     }
     if dry_run {
         out.write_all(a.plan.render().as_bytes())?;
@@ -117,7 +73,7 @@ fn print_applied(out: &mut dyn Write, a: &Applied, dry_run: bool, json: bool) ->
     // Warnings (--only viability, forced refusals) were said by `announce`, before the change.
     if a.outcome.is_none() {
         for w in &a.plan.warnings {
-            eprintln!("warning: {w}");
+            messages::warn(w);
         }
     }
     for n in &a.plan.notes {
@@ -132,28 +88,50 @@ fn print_applied(out: &mut dyn Write, a: &Applied, dry_run: bool, json: bool) ->
 }
 
 /// Said on stderr after the plan passed its refusals and before anything changes.
-fn announce(plan: &crate::bind::Plan) {
+pub(crate) fn announce(plan: &crate::bind::Plan) {
     for w in &plan.warnings {
-        eprintln!("warning: {w}");
+        messages::warn(w);
     }
 }
 
-/// `gpupass bind`.
-pub fn run_bind(
-    ops: &dyn HostOps,
-    args: BindArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, BindError> {
+/// After every successful change of drivers (bind, unbind, recover): regenerate the CDI specs
+/// gpupass wrote (`cdi generate --write`), so containers see the devices' new VFIO nodes and
+/// stop seeing removed ones; a host without a gpupass spec pays one directory listing. The
+/// change has already succeeded when this runs, so a failed refresh is a warning. (The
+/// commands call it, not `bind::apply`: changing drivers does not depend on the container
+/// outputs.)
+pub(crate) fn after_change(host: &HostRoot, changed: &[PciAddress]) {
+    if let Err(e) = crate::output::cdi::refresh(host) {
+        messages::warn(format_args!(
+            "{} changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`",
+            addrs(changed)
+        ));
+    }
+}
+
+pub fn run(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
+    bind(ctx, args, ctx.json, out)
+}
+
+/// `bind` as a step of another command (`startup`): plain output whatever `--json` says.
+pub fn run_plain(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
+    bind(ctx, args, false, out)
+}
+
+fn bind(ctx: &Ctx, args: BindArgs, json: bool, out: &mut dyn Write) -> Result<Exit> {
+    let ops = ctx.live("bind")?;
     let req = BindRequest {
         addresses: args.addresses,
         only: args.only,
         driver: args.driver,
     };
     let a = apply::bind(ops, &req, args.force, args.dry_run, &announce)?;
+    if let Some(o) = &a.outcome {
+        after_change(ops.root(), &o.changed);
+    }
     print_applied(out, &a, args.dry_run, json)?;
     if args.dry_run && !a.plan.blocking(args.force).is_empty() {
-        return Ok(1);
+        return Ok(Exit::FAILURE);
     }
     if let (false, Some(outcome)) = (args.dry_run, &a.outcome) {
         if !json {
@@ -175,103 +153,10 @@ pub fn run_bind(
             }
         }
     }
-    Ok(0)
-}
-
-/// `gpupass unbind`.
-pub fn run_unbind(
-    ops: &dyn HostOps,
-    args: UnbindArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, BindError> {
-    let req = UnbindRequest {
-        addresses: args.addresses,
-        group: args.group,
-        all: args.all,
-        only: args.only,
-    };
-    let a = apply::unbind(ops, &req, false, args.dry_run, &announce)?;
-    print_applied(out, &a, args.dry_run, json)?;
-    if args.dry_run && !a.plan.blocking(false).is_empty() {
-        return Ok(1);
-    }
-    Ok(0)
-}
-
-/// `gpupass recover`.
-pub fn run_recover(
-    ops: &dyn HostOps,
-    args: RecoverArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, BindError> {
-    let lines = apply::recover(ops, args.cont, args.dry_run)?;
-    if json {
-        serde_json::to_writer_pretty(&mut *out, &serde_json::json!({ "result": lines }))
-            .map_err(std::io::Error::other)?;
-        writeln!(out)?;
-    } else {
-        for l in lines {
-            writeln!(out, "{l}")?;
-        }
-        if args.dry_run {
-            writeln!(out, "dry run: nothing was changed")?;
-        }
-    }
-    Ok(0)
-}
-
-/// `gpupass persist`.
-pub fn run_persist(
-    host: &HostRoot,
-    args: PersistArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, BindError> {
-    let req = BindRequest {
-        addresses: args.addresses,
-        only: args.only,
-        driver: args.driver,
-    };
-    let inv = crate::inventory::scan(host)?;
-    let facts = facts::gather(host, &inv);
-    let replay = journal::read(host)?;
-    let p = plan_persist(&inv, &facts, &replay.bound, &req, args.remove);
-    if !p.refusals.is_empty() {
-        let mut s = format!(
-            "refusing to persist ({} problem{}):",
-            p.refusals.len(),
-            if p.refusals.len() == 1 { "" } else { "s" }
-        );
-        for r in &p.refusals {
-            s.push_str(&format!("\n  {}: {}\n    fix: {}", r.address, r.reason, r.fix));
-        }
-        return Err(BindError::Refused(s));
-    }
-    if !args.dry_run {
-        apply_persist(host, &p)?;
-    }
-    if json {
-        serde_json::to_writer_pretty(
-            &mut *out,
-            &serde_json::json!({ "persist": p, "dry_run": args.dry_run }),
-        )
-        .map_err(std::io::Error::other)?;
-        writeln!(out)?;
-    } else {
-        out.write_all(p.render(args.dry_run).as_bytes())?;
-    }
-    Ok(0)
+    Ok(Exit::SUCCESS)
 }
 
 /// Addresses in a message.
 pub fn addrs(a: &[PciAddress]) -> String {
     a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
-}
-
-/// Warn on stderr about an unfinished plan (every command but the changing ones, which check
-/// it themselves under the lock).
-pub fn warn_unfinished(host: &HostRoot) {
-    journal::warn_unfinished(host);
 }

@@ -5,44 +5,120 @@
 //! status is the firmware's (port 0x501). With `--check` stdout carries one verdict line per
 //! capability instead (or, with `--json`, the [`vmm::verdict::CheckReport`]).
 
-use crate::host::HostRoot;
-use crate::model::Inventory;
-use crate::vmm::{self, BootOptions, BootReport, VmmError};
+use super::{Ctx, Exit, Result};
+use crate::model::PciAddress;
+use crate::vmm::vfio::VfioTarget;
+use crate::vmm::{self, BootOptions, BootReport, Target};
 use std::io::Write;
+use std::path::PathBuf;
 
-/// Boot and print; returns the firmware's status, or with `check` the self-test's: 0 when no
-/// verdict is `fail`, 1 otherwise ([`vmm::verdict`]).
-pub fn run(
-    host: &HostRoot,
-    inv: Option<&Inventory>,
-    opts: &BootOptions,
-    json: bool,
-    check: bool,
-    out: &mut dyn Write,
-) -> Result<i32, VmmError> {
-    if check {
-        let report = vmm::verdict::CheckReport::new(vmm::boot(host, inv, opts, None)?);
-        if json {
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
+pub struct Args {
+    /// PCI function bound to vfio-pci (`gpupass bind` it first)
+    #[arg(long, value_name = "ADDRESS")]
+    pub device: Option<PciAddress>,
+    /// Mediated device UUID
+    #[arg(long, value_name = "UUID", value_parser = parse_uuid_arg)]
+    pub mdev: Option<String>,
+    /// A small display device emulated inside gpupass (no VFIO needed)
+    #[arg(long)]
+    pub emulated: bool,
+    /// Guest RAM (1M..3G, e.g. 64M)
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::vmm::memory::parse_memory_size)]
+    pub memory: u64,
+    /// Guest firmware flat binary (default: the built-in one, see docs/vmm.md)
+    #[arg(long, value_name = "FILE")]
+    pub firmware: Option<PathBuf>,
+    /// Seconds before the VM is stopped
+    #[arg(long, value_name = "S", default_value = "10", value_parser = parse_timeout)]
+    pub timeout: std::time::Duration,
+    /// After enumeration, the firmware reads a BAR this many times (exit counting)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub read_loop: u32,
+    /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
+    #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
+    pub read_bar: Option<u8>,
+    /// VFIO backend: the group + container (legacy), the device cdev + /dev/iommu
+    /// (iommufd), or iommufd where the kernel serves the device through it (auto; an mdev
+    /// stays legacy under auto)
+    #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
+    pub backend: crate::inventory::backend::Policy,
+    /// After the interrupt tests, time this many MSI round trips (raise, deliver, EOI)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub irq_loop: u32,
+    /// How MSI reaches the vCPU: the kernel's irqfd, or gpupass injecting each message from
+    /// userspace with KVM_SIGNAL_MSI (the comparison of the interrupt benchmark)
+    #[arg(long, value_enum, default_value_t = crate::vmm::irq::IrqPath::Irqfd)]
+    pub irq_path: crate::vmm::irq::IrqPath,
+    /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
+    /// isolation, msi-x, msi, intx, reset), each pass, fail or absent with the reason;
+    /// exit status 0 only when none fails (docs/vmm.md, "boot --check")
+    #[arg(long)]
+    pub check: bool,
+}
+
+fn parse_uuid_arg(s: &str) -> std::result::Result<String, String> {
+    crate::vmm::vfio::parse_uuid(s).map_err(|e| e.to_string())
+}
+
+fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!(
+            "invalid timeout {s:?}: expected seconds, more than 0 and at most 86400"
+        )),
+    }
+}
+
+/// Boot and print; the exit status is the firmware's, or with `--check` the self-test's: 0 when
+/// no verdict is `fail`, 1 otherwise ([`vmm::verdict`]).
+pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let target = match (args.device, args.mdev) {
+        (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
+        (None, Some(u)) => Target::Vfio(VfioTarget::Mdev(u)),
+        (None, None) => Target::Emulated,
+    };
+    let inv = match target {
+        Target::Emulated => None,
+        Target::Vfio(_) => Some(ctx.inventory()?),
+    };
+    let opts = BootOptions {
+        target,
+        memory: args.memory,
+        firmware: args.firmware,
+        timeout: args.timeout,
+        read_loop: args.read_loop,
+        read_bar: args.read_bar,
+        backend: args.backend,
+        irq_loop: args.irq_loop,
+        irq_path: args.irq_path,
+        interrupts: args.check || args.irq_loop > 0,
+    };
+    let (host, inv) = (&ctx.host, inv.as_ref());
+    if args.check {
+        let report = vmm::verdict::CheckReport::new(vmm::boot(host, inv, &opts, None)?);
+        if ctx.json {
             let _ = serde_json::to_writer_pretty(&mut *out, &report);
             let _ = writeln!(out);
         } else {
             let _ = write!(out, "{}", report.lines());
         }
-        return Ok(if report.ok { 0 } else { 1 });
+        return Ok(Exit::failure_if(!report.ok));
     }
-    let report = if json {
-        vmm::boot(host, inv, opts, None)?
+    let report = if ctx.json {
+        vmm::boot(host, inv, &opts, None)?
     } else {
-        vmm::boot(host, inv, opts, Some(out))?
+        vmm::boot(host, inv, &opts, Some(out))?
     };
-    if json {
+    if ctx.json {
         let _ = serde_json::to_writer_pretty(&mut *out, &report);
         let _ = writeln!(out);
     } else {
         let _ = out.flush();
-        eprint!("{}", summary(&report));
+        crate::messages::text(&summary(&report));
     }
-    Ok(i32::from(report.status))
+    Ok(Exit(report.status))
 }
 
 use crate::vmm::report::size;

@@ -1,15 +1,14 @@
 //! `gpupass mdev ...`: clap arguments and the dispatch of each subcommand.
 
-use crate::host::ops::HostOps;
+use super::{Ctx, Exit, Result};
 use crate::host::HostRoot;
 use crate::mdev::defs::{self, Definition, StartMode};
 use crate::mdev::types::{self, ParentKind};
 use crate::mdev::{list, ops, InstanceRef, MdevError, MdevUuid, OpenNodes};
-use crate::model::Inventory;
+use crate::messages;
 use clap::Subcommand;
 use serde_json::json;
 use std::io::Write;
-use std::path::Path;
 use std::str::FromStr;
 
 /// One `--attr NAME=VALUE`.
@@ -18,7 +17,7 @@ pub struct Attr(pub String, pub String);
 
 impl FromStr for Attr {
     type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
         let (k, v) = s
             .split_once('=')
             .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
@@ -111,7 +110,7 @@ pub enum MdevCommand {
     Stop { uuid: MdevUuid },
 }
 
-fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), MdevError> {
+fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> std::result::Result<(), MdevError> {
     serde_json::to_writer_pretty(&mut *out, v).map_err(std::io::Error::other)?;
     writeln!(out)?;
     Ok(())
@@ -120,12 +119,15 @@ fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), MdevError>
 fn read_defs(host: &HostRoot) -> Vec<Definition> {
     let (d, warnings) = defs::read_all(host);
     for w in warnings {
-        eprintln!("warning: {w}");
+        messages::warn(w);
     }
     d
 }
 
-fn resolve_type<'a>(parent: &'a types::Parent, ty: &str) -> Result<&'a types::TypeInfo, MdevError> {
+fn resolve_type<'a>(
+    parent: &'a types::Parent,
+    ty: &str,
+) -> std::result::Result<&'a types::TypeInfo, MdevError> {
     parent.find_type(ty).ok_or_else(|| {
         // NVIDIA vGPU catalogs shrink with capacity: an empty one means "used up".
         if parent.kind == ParentKind::NvidiaVgpu && parent.types.is_empty() {
@@ -145,25 +147,54 @@ fn resolve_type<'a>(parent: &'a types::Parent, ty: &str) -> Result<&'a types::Ty
     })
 }
 
-/// Run one `gpupass mdev` subcommand. `inventory` reads the host (or the saved JSON); the
-/// mutating subcommands refuse a saved inventory.
-pub fn run(
-    host_ops: &dyn HostOps,
-    from_json: Option<&Path>,
-    json: bool,
-    cmd: MdevCommand,
-    inventory: &dyn Fn() -> Result<Inventory, MdevError>,
-    out: &mut dyn Write,
-) -> Result<i32, MdevError> {
-    let host = host_ops.root();
-    let live = from_json.is_none();
-    let mutating = !matches!(cmd, MdevCommand::Types { .. } | MdevCommand::List { .. });
-    if mutating && !live {
-        return Err(MdevError::Usage(
-            "this `gpupass mdev` subcommand changes the host; it cannot run from --from-json".into(),
+impl MdevCommand {
+    /// The subcommand as the user typed it, for messages (`mdev create`).
+    fn name(&self) -> &'static str {
+        match self {
+            MdevCommand::Types { .. } => "mdev types",
+            MdevCommand::List { .. } => "mdev list",
+            MdevCommand::Create { .. } => "mdev create",
+            MdevCommand::Remove { .. } => "mdev remove",
+            MdevCommand::Define { .. } => "mdev define",
+            MdevCommand::Undefine { .. } => "mdev undefine",
+            MdevCommand::Start { .. } => "mdev start",
+            MdevCommand::Stop { .. } => "mdev stop",
+        }
+    }
+}
+
+/// After every change to the set of active instances (create, remove, start, stop), once per
+/// command: CDI specs list mdev instances and their VFIO nodes, so the specs gpupass wrote are
+/// regenerated (`output::cdi::refresh`, a no-op when no gpupass spec exists). The change itself
+/// succeeded, so a failed refresh is a warning.
+fn after_change(host: &HostRoot) {
+    if let Err(e) = crate::output::cdi::refresh(host) {
+        messages::warn(format_args!(
+            "mdev instances changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`"
         ));
     }
-    let inv = inventory()?;
+}
+
+/// Run one `gpupass mdev` subcommand. The read subcommands work from `--from-json` too; the
+/// others change the host and pass the live-host guard first.
+pub fn run(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
+    exec(ctx, cmd, ctx.json, out)
+}
+
+/// A subcommand as a step of another command (`startup`): plain output whatever `--json` says.
+pub fn run_plain(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
+    exec(ctx, cmd, false, out)
+}
+
+fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<Exit> {
+    let host = &ctx.host;
+    let live = ctx.from_json.is_none();
+    let mutating = !matches!(cmd, MdevCommand::Types { .. } | MdevCommand::List { .. });
+    let name = cmd.name();
+    if mutating {
+        ctx.live(name)?;
+    }
+    let inv = ctx.inventory()?;
     let parents = types::parents(&inv);
     match cmd {
         MdevCommand::Types { parent } => {
@@ -176,7 +207,7 @@ pub fn run(
             } else {
                 out.write_all(types::render(&shown).as_bytes())?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::List { defined } => {
             let defs = if live { read_defs(host) } else { Vec::new() };
@@ -205,7 +236,7 @@ pub fn run(
                     out.write_all(list::render_active(&rows, open.unreadable).as_bytes())?;
                 }
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::Create {
             parent,
@@ -217,19 +248,20 @@ pub fn run(
             if uuid.is_some() && count > 1 {
                 return Err(MdevError::Usage(
                     "--uuid names one instance; drop it to create --count N".into(),
-                ));
+                )
+                .into());
             }
             let p = types::resolve(&inv, &parents, &parent)?;
             if p.kind == ParentKind::NvidiaVgpu && (uuid.is_some() || !attrs.is_empty()) {
                 return Err(MdevError::Usage(format!(
                     "{} is an NVIDIA vendor-VFIO vGPU parent: its instances are SR-IOV VFs named by PCI address and take no --uuid or --attr",
                     p.name
-                )));
+                )).into());
             }
             let t = resolve_type(&p, &ty)?;
             let attrs: Vec<(String, String)> = attrs.into_iter().map(|a| (a.0, a.1)).collect();
-            let made = ops::create(host_ops, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
-            crate::mdev::after_change(host);
+            let made = ops::create(ctx.live(name)?, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
+            after_change(host);
             if json {
                 json_out(
                     out,
@@ -240,27 +272,27 @@ pub fn run(
                     writeln!(out, "{m}")?;
                 }
                 if p.kind == ParentKind::NvidiaVgpu {
-                    eprintln!(
-                        "note: NVIDIA vendor-VFIO vGPU: each line is an SR-IOV VF now carrying type {}; give the VF to a VM as a PCI device",
+                    messages::note(format_args!(
+                        "NVIDIA vendor-VFIO vGPU: each line is an SR-IOV VF now carrying type {}; give the VF to a VM as a PCI device",
                         t.t.id
-                    );
+                    ));
                 }
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::Remove { instance } => {
             let open = OpenNodes::scan(host);
             let (name, parent) = match &instance {
-                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(host_ops, &inv, &open, u)?),
-                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(host_ops, &inv, &open, a)?),
+                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(ctx.live(name)?, &inv, &open, u)?),
+                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(ctx.live(name)?, &inv, &open, a)?),
             };
-            crate::mdev::after_change(host);
+            after_change(host);
             if json {
                 json_out(out, &json!({ "removed": name, "parent": parent }))?;
             } else {
                 writeln!(out, "removed {name} from {parent}")?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::Define {
             parent,
@@ -281,7 +313,8 @@ pub fn run(
                     uuid: uuid.to_string(),
                     parent: d.parent.clone(),
                     path: host.display(&defs::path_of(host, &d.parent, &d.uuid)),
-                });
+                }
+                .into());
             }
             // With only --uuid: take parent and type from the running instance.
             let (parent, ty) = match (parent, ty) {
@@ -294,7 +327,7 @@ pub fn run(
                     })?;
                     (m.parent.clone(), m.type_id.clone().unwrap_or_default())
                 }
-                _ => return Err(MdevError::Usage("define needs both --parent and --type".into())),
+                _ => return Err(MdevError::Usage("define needs both --parent and --type".into()).into()),
             };
             let parent_name = match types::resolve(&inv, &parents, &parent) {
                 Ok(p) => {
@@ -302,7 +335,7 @@ pub fn run(
                         return Err(MdevError::Usage(format!(
                             "{} is an NVIDIA vendor-VFIO vGPU parent; mdevctl-format definitions describe mdev devices only (create the vGPU with `gpupass mdev create`)",
                             p.name
-                        )));
+                        )).into());
                     }
                     if !force {
                         resolve_type(&p, &ty)?;
@@ -325,12 +358,13 @@ pub fn run(
                         suggestion,
                         known,
                         hint: Some(" (add --force to define it for a parent that appears later)"),
-                    })
+                    }
+                    .into())
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             if parent_name.contains('/') || parent_name.starts_with('.') || parent_name == "scripts.d" {
-                return Err(MdevError::Usage(format!("{parent_name:?} is not a parent name")));
+                return Err(MdevError::Usage(format!("{parent_name:?} is not a parent name")).into());
             }
             let d = Definition {
                 uuid: uuid.to_string(),
@@ -339,24 +373,24 @@ pub fn run(
                 start: if auto { StartMode::Auto } else { StartMode::Manual },
                 attrs: attrs.into_iter().map(|a| (a.0, a.1)).collect(),
             };
-            defs::write(host_ops, &d)?;
+            defs::write(ctx.live(name)?, &d)?;
             if json {
                 json_out(out, &json!({ "defined": d }))?;
             } else {
                 writeln!(out, "{}", d.uuid)?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::Undefine { uuid, parent } => {
             let defs = read_defs(host);
             let d = defs::find(&defs, &uuid, parent.as_deref())?.clone();
-            defs::remove(host_ops, &d)?;
+            defs::remove(ctx.live(name)?, &d)?;
             if json {
                 json_out(out, &json!({ "undefined": d }))?;
             } else {
                 writeln!(out, "undefined {} (parent {})", d.uuid, d.parent)?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         MdevCommand::Start {
             uuid,
@@ -378,12 +412,14 @@ pub fn run(
                     return Err(MdevError::AlreadyActive {
                         uuid: d.uuid.clone(),
                         parent: m.parent.clone(),
-                    });
+                    }
+                    .into());
                 }
                 vec![d]
             };
             let mut started = Vec::new();
             let mut failed = Vec::new();
+            let host_ops = ctx.live(name)?;
             for d in &todo {
                 let r = (|| {
                     let p = types::resolve(&inv, &parents, &d.parent).map_err(|_| MdevError::ParentGone {
@@ -396,12 +432,12 @@ pub fn run(
                 })();
                 match r {
                     Ok(_) => started.push(d.clone()),
-                    Err(e) if !auto_all => return Err(e),
+                    Err(e) if !auto_all => return Err(e.into()),
                     Err(e) => failed.push((d.clone(), e.to_string())),
                 }
             }
             if !started.is_empty() {
-                crate::mdev::after_change(host);
+                after_change(host);
             }
             if json {
                 let f: Vec<_> = failed
@@ -423,18 +459,18 @@ pub fn run(
                     )?;
                 }
             }
-            Ok(if failed.is_empty() { 0 } else { 1 })
+            Ok(Exit::failure_if(!failed.is_empty()))
         }
         MdevCommand::Stop { uuid } => {
             let open = OpenNodes::scan(host);
-            let parent = ops::remove_mdev(host_ops, &inv, &open, &uuid)?;
-            crate::mdev::after_change(host);
+            let parent = ops::remove_mdev(ctx.live(name)?, &inv, &open, &uuid)?;
+            after_change(host);
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;
             } else {
                 writeln!(out, "stopped {uuid} (parent {parent})")?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
     }
 }

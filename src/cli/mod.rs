@@ -1,23 +1,45 @@
 //! The command line: clap definitions and the dispatch to each command.
 //!
-//! [`run`] dispatches each parsed command to its module's entry point, which returns an exit
-//! status (the entry points do not share one signature yet: issue #14); `main.rs` only parses,
-//! calls [`run`], prints the error chain once and exits. Exit statuses: 0 success,
-//! 1 a host error (or `check` found passthrough cannot work), 2 a usage error.
+//! [`run`] hands each parsed command to its module's `run(ctx, args, out) -> Result<Exit,
+//! Error>`: [`Ctx`] is built once from the global options (the host root, the host operations,
+//! `--from-json`, `--json`), [`Error`] knows its exit status ([`error`]), and everything said on
+//! stderr goes through [`crate::messages`]. `main.rs` only parses, calls [`run`], prints an
+//! error once and exits. Exit statuses: 0 success, 1 a host error (or `check` found
+//! passthrough cannot work), 2 a usage error.
 
+// One module per command (a family of subcommands shares one): each owns its arguments and has
+// `run(ctx, args, out) -> Result<Exit, Error>`.
 pub mod bind;
 #[cfg(feature = "vmm")]
 pub mod boot;
+pub mod cdi;
+pub mod check;
+pub mod completions;
+pub mod container;
+#[cfg(feature = "deviceplugin")]
+pub mod device_plugin;
+pub mod error;
+pub mod events;
+pub mod groups;
+pub mod list;
+pub mod man;
 pub mod mdev;
+pub mod oci_hook;
+pub mod persist;
+pub mod recover;
+pub mod show;
+pub mod snapshot;
 pub mod startup;
+pub mod unbind;
 pub mod vmout;
+
+pub use error::{Error, Exit, Result};
 
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::inventory;
-use crate::model::{Inventory, PciAddress};
-use crate::output::table;
-use anyhow::{Context, Result};
+use crate::messages;
+use crate::model::Inventory;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -99,12 +121,8 @@ pub fn parse() -> Cli {
 pub fn command_for(first: Option<&str>) -> clap::Command {
     use clap::{Args, CommandFactory};
     let sub = match first {
-        Some("bind") => {
-            crate::cli::bind::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT))
-        }
-        Some("unbind") => {
-            crate::cli::bind::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT))
-        }
+        Some("bind") => bind::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT)),
+        Some("unbind") => unbind::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT)),
         Some("oci-hook") => clap::Command::new("oci-hook").about(OCI_HOOK_ABOUT),
         _ => return Cli::command(),
     };
@@ -190,236 +208,84 @@ pub fn init_logging(verbose: u8, format: LogFormat, color: ColorChoice) {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List GPUs and display devices (or every PCI function with --all)
-    List {
-        /// Every PCI function, not only GPUs and display devices
-        #[arg(long)]
-        all: bool,
-    },
+    List(list::Args),
     /// Everything known about one PCI function and its IOMMU group
-    Show {
-        /// PCI address: 0000:01:00.0 or 01:00.0
-        address: PciAddress,
-    },
+    Show(show::Args),
     /// IOMMU groups, their members, and whether each is viable for VFIO now
-    Groups,
+    Groups(groups::Args),
     /// Host readiness for passthrough (IOMMU, interrupt remapping, modules, device nodes)
-    Check,
+    Check(check::Args),
     /// Watch kernel uevents for PCI and mdev changes (add, remove, bind, unbind) and print them
-    Events {
-        /// Stop after this many events
-        #[arg(long)]
-        count: Option<usize>,
-        /// Stop after this many seconds without exiting non-zero
-        #[arg(long, value_name = "SECONDS", value_parser = parse_events_timeout)]
-        timeout: Option<f64>,
-    },
+    Events(events::Args),
     /// Boot-time entry point (contrib/systemd/gpupass-startup.service): bind every function whose
     /// driverctl override names a VFIO driver, then start every `auto` mdev definition
-    Startup {
-        /// Print what would be done; change nothing
-        #[arg(long)]
-        dry_run: bool,
-    },
+    Startup(startup::Args),
     /// Print a shell completion script (bash, zsh, fish) generated from the command definitions
-    Completions { shell: Shell },
+    Completions(completions::Args),
     /// Print the man page (roff) generated from the command definitions
-    Man,
+    Man(man::Args),
     /// Copy the sysfs/procfs/devfs subset gpupass reads into OUT (replay with --root OUT)
-    Snapshot {
-        /// New or empty directory
-        out: PathBuf,
-    },
+    Snapshot(snapshot::Args),
     /// CDI (Container Device Interface) specs for podman, containerd, CRI-O, Docker
-    Cdi {
-        #[command(subcommand)]
-        cmd: CdiCommand,
-    },
+    Cdi(cdi::Args),
     /// What a container needs from the host's native NVIDIA driver
-    Container {
-        #[command(subcommand)]
-        cmd: ContainerCommand,
-    },
+    Container(container::Args),
     #[command(about = OCI_HOOK_ABOUT)]
-    OciHook,
+    OciHook(oci_hook::Args),
     /// Kubernetes device plugin (kubelet deviceplugin API v1beta1) for VFIO-bound devices
     /// and mdevs, one resource per device model / mdev type
     // Only with the `deviceplugin` build feature (on by default; docs/ARCHITECTURE.md, "Features").
     #[cfg(feature = "deviceplugin")]
-    DevicePlugin {
-        /// Directory of kubelet.sock and the plugin sockets [default: ROOT/var/lib/kubelet/device-plugins]
-        #[arg(long, value_name = "DIR")]
-        socket_dir: Option<PathBuf>,
-        /// How often to check device health and the kubelet socket, in milliseconds
-        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
-        poll_ms: u64,
-        /// Name CDI devices in Allocate replies: auto (when a gpupass spec exists in
-        /// /var/run/cdi or /etc/cdi), always, never
-        #[arg(long, value_enum, default_value_t = crate::containers::deviceplugin::CdiMode::Auto)]
-        cdi: crate::containers::deviceplugin::CdiMode,
-        /// CDI kind of those names
-        #[arg(long, default_value = crate::output::cdi::DEFAULT_KIND)]
-        cdi_kind: crate::output::cdi::Kind,
-        /// VFIO node set of each allocated function: legacy (/dev/vfio/N + /dev/vfio/vfio),
-        /// iommufd (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves
-        /// the function through it, else legacy). docs/iommufd.md
-        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
-        backend: crate::inventory::backend::Policy,
-    },
+    DevicePlugin(device_plugin::Args),
     #[command(about = BIND_ABOUT)]
-    Bind(crate::cli::bind::BindArgs),
+    Bind(bind::BindArgs),
     #[command(about = UNBIND_ABOUT)]
-    Unbind(crate::cli::bind::UnbindArgs),
+    Unbind(unbind::UnbindArgs),
     /// Restore (or --continue) a bind/unbind interrupted by a crash, from the journal
-    Recover(crate::cli::bind::RecoverArgs),
+    Recover(recover::RecoverArgs),
     /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
-    Persist(crate::cli::bind::PersistArgs),
+    Persist(persist::PersistArgs),
     /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
     /// definitions (docs/mdev.md)
     #[command(subcommand)]
-    Mdev(crate::cli::mdev::MdevCommand),
+    Mdev(mdev::MdevCommand),
     /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
     #[command(subcommand)]
-    Xml(crate::cli::vmout::XmlCommand),
+    Xml(vmout::XmlCommand),
     /// QEMU -device arguments (pcie-root-port + vfio-pci) for passthrough on q35
-    QemuArgs(crate::cli::vmout::QemuArgsArgs),
+    QemuArgs(vmout::QemuArgsArgs),
     /// As root: open /dev/iommu and the devices' VFIO cdevs, then exec a VMM (QEMU) with them
     /// inherited and its device arguments pointing at them (fd=), optionally as another user
-    Launch(crate::cli::vmout::launch::LaunchArgs),
+    Launch(vmout::launch::LaunchArgs),
     /// KubeVirt permittedHostDevices for the devices, with their Kubernetes resource names
-    Kubevirt(crate::cli::vmout::KubevirtArgs),
+    Kubevirt(vmout::KubevirtArgs),
     /// Attach devices to a libvirt domain (needs the `libvirt` build feature)
-    Attach(crate::cli::vmout::AttachArgs),
+    Attach(vmout::AttachArgs),
     /// Detach devices from a libvirt domain (needs the `libvirt` build feature)
-    Detach(crate::cli::vmout::DetachArgs),
+    Detach(vmout::DetachArgs),
     /// Boot gpupass's firmware in a minimal KVM VM with one device and report what it sees
     // Only with the `vmm` build feature (on by default; docs/ARCHITECTURE.md, "Features").
     #[cfg(feature = "vmm")]
-    #[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
-    Boot {
-        /// PCI function bound to vfio-pci (`gpupass bind` it first)
-        #[arg(long, value_name = "ADDRESS")]
-        device: Option<PciAddress>,
-        /// Mediated device UUID
-        #[arg(long, value_name = "UUID", value_parser = parse_uuid_arg)]
-        mdev: Option<String>,
-        /// A small display device emulated inside gpupass (no VFIO needed)
-        #[arg(long)]
-        emulated: bool,
-        /// Guest RAM (1M..3G, e.g. 64M)
-        #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::vmm::memory::parse_memory_size)]
-        memory: u64,
-        /// Guest firmware flat binary (default: the built-in one, see docs/vmm.md)
-        #[arg(long, value_name = "FILE")]
-        firmware: Option<PathBuf>,
-        /// Seconds before the VM is stopped
-        #[arg(long, value_name = "S", default_value = "10", value_parser = parse_timeout)]
-        timeout: std::time::Duration,
-        /// After enumeration, the firmware reads a BAR this many times (exit counting)
-        #[arg(long, value_name = "N", default_value_t = 0)]
-        read_loop: u32,
-        /// BAR the read loop reads (default: BAR2 of a Bochs display, else the first memory BAR)
-        #[arg(long, value_name = "BAR", value_parser = clap::value_parser!(u8).range(0..=5))]
-        read_bar: Option<u8>,
-        /// VFIO backend: the group + container (legacy), the device cdev + /dev/iommu
-        /// (iommufd), or iommufd where the kernel serves the device through it (auto; an mdev
-        /// stays legacy under auto)
-        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
-        backend: crate::inventory::backend::Policy,
-        /// After the interrupt tests, time this many MSI round trips (raise, deliver, EOI)
-        #[arg(long, value_name = "N", default_value_t = 0)]
-        irq_loop: u32,
-        /// How MSI reaches the vCPU: the kernel's irqfd, or gpupass injecting each message from
-        /// userspace with KVM_SIGNAL_MSI (the comparison of the interrupt benchmark)
-        #[arg(long, value_enum, default_value_t = crate::vmm::irq::IrqPath::Irqfd)]
-        irq_path: crate::vmm::irq::IrqPath,
-        /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
-        /// isolation, msi-x, msi, intx, reset), each pass, fail or absent with the reason;
-        /// exit status 0 only when none fails (docs/vmm.md, "boot --check")
-        #[arg(long)]
-        check: bool,
-    },
+    Boot(boot::Args),
 }
 
-#[derive(Debug, Subcommand)]
-pub enum CdiCommand {
-    /// Write a CDI spec: one device per VFIO group and per VFIO-bound function, one per
-    /// active mdev, one per GPU on the native NVIDIA driver
-    Generate {
-        /// Write the spec to FILE (atomically) instead of standard output
-        #[arg(long, value_name = "FILE", conflicts_with = "write")]
-        output: Option<PathBuf>,
-        /// Write it to ROOT/var/run/cdi (atomically) and keep it fresh on bind/unbind/mdev changes
-        #[arg(long)]
-        write: bool,
-        /// With --write: keep running and rewrite the spec on every kernel uevent for a PCI
-        /// function, VFIO node or mdev (changes made by other tools too: driverctl, virsh)
-        #[arg(long, requires = "write")]
-        watch: bool,
-        /// Pin cdiVersion (default: the lowest version the spec's fields need)
-        #[arg(long, value_name = "V")]
-        cdi_version: Option<crate::output::cdi::CdiVersion>,
-        /// CDI kind, vendor/class
-        #[arg(long, value_name = "K", default_value = crate::output::cdi::DEFAULT_KIND)]
-        kind: crate::output::cdi::Kind,
-        /// The host's /dev as the container runtime sees it (adds hostPath to device nodes)
-        #[arg(long, value_name = "DIR", default_value = "/dev")]
-        dev_root: String,
-        /// The host's / as the container runtime sees it, for the driver's files
-        #[arg(long, value_name = "DIR", default_value = "/")]
-        driver_root: String,
-        /// VFIO node set of each device: legacy (/dev/vfio/N + /dev/vfio/vfio), iommufd
-        /// (/dev/vfio/devices/vfioN + /dev/iommu), auto (iommufd where the kernel serves the
-        /// device through it, else legacy; devices both serve also get legacy-NAME and
-        /// iommufd-NAME). docs/iommufd.md
-        #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
-        backend: crate::inventory::backend::Policy,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ContainerCommand {
-    /// Device nodes, binaries, libraries and IPC sockets of the native NVIDIA driver, as
-    /// found on the host (what `nvidia-container-cli list` prints)
-    List {
-        /// Only this GPU's device node (PCI address)
-        #[arg(long, value_name = "ADDRESS")]
-        device: Option<PciAddress>,
-    },
-}
-
-#[cfg(feature = "vmm")]
-fn parse_uuid_arg(s: &str) -> Result<String, String> {
-    crate::vmm::vfio::parse_uuid(s).map_err(|e| e.to_string())
-}
-
-#[cfg(feature = "vmm")]
-fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(std::time::Duration::from_secs_f64(v)),
-        _ => Err(format!(
-            "invalid timeout {s:?}: expected seconds, more than 0 and at most 86400"
-        )),
+impl Command {
+    /// `bind`, `unbind` and `recover` read the journal themselves, under its lock.
+    fn changes_drivers(&self) -> bool {
+        matches!(self, Command::Bind(_) | Command::Unbind(_) | Command::Recover(_))
     }
 }
 
-/// `events --timeout`: finite seconds (an infinite or huge value would panic in `Duration`).
-fn parse_events_timeout(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=31_536_000.0).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "invalid timeout {s:?}: expected seconds, from 0 to 31536000 (a year)"
-        )),
-    }
-}
-
-/// Shared state of one invocation.
+/// Shared state of one invocation, built once from the global options and handed to every
+/// command.
 pub struct Ctx {
     /// Colour on stdout (from --color and whether stdout is a terminal).
     pub color: bool,
     pub host: HostRoot,
     /// Every change to the host goes through these, built once here for the whole invocation
     /// (the real kernel; in a `testkit` build, what the test kit's environment asks for).
-    pub ops: Box<dyn HostOps>,
+    /// Commands get them through [`Ctx::live`], the one live-host guard.
+    ops: Box<dyn HostOps>,
     pub from_json: Option<PathBuf>,
     pub json: bool,
 }
@@ -436,387 +302,74 @@ impl Ctx {
         }
     }
 
-    /// The inventory: from the saved JSON if given, else read from the host.
+    /// The inventory: from the saved JSON if given, else read from the host. Its warnings
+    /// (garbled attributes) are said once, here.
     pub fn inventory(&self) -> Result<Inventory> {
         let inv = match &self.from_json {
             Some(p) => inventory::load_json(p)?,
             None => inventory::scan(&self.host)?,
         };
         for w in &inv.warnings {
-            eprintln!("warning: {w}");
+            messages::warn(w);
         }
         Ok(inv)
     }
-}
 
-/// VM-output errors: usage errors print and exit 2, the rest go up as host errors (exit 1).
-fn vm_exit(r: Result<i32, crate::cli::vmout::VmOutError>) -> Result<i32> {
-    match r {
-        Err(e) if e.is_usage() => {
-            eprintln!("gpupass: {e}");
-            Ok(2)
+    /// The one live-host guard: a command that reads the live host beyond the inventory, or
+    /// changes it, calls this first and gets the host operations; under `--from-json` it is a
+    /// usage error naming the command (`command` as the user typed it: `bind`, `mdev create`).
+    pub fn live(&self, command: &str) -> Result<&dyn HostOps> {
+        if self.from_json.is_some() {
+            return Err(Error::usage(anyhow::anyhow!(
+                "`gpupass {command}` works on the live host; it cannot run from --from-json (drop it)"
+            )));
         }
-        r => Ok(r?),
+        Ok(self.ops.as_ref())
     }
 }
 
-/// `show --json`: the device and its group, fields in schema order.
-#[derive(serde::Serialize)]
-struct ShowJson<'a> {
-    device: &'a crate::model::PciDevice,
-    group: Option<&'a crate::model::IommuGroup>,
-}
-
-/// `groups --json`.
-#[derive(serde::Serialize)]
-struct GroupsJson<'a> {
-    groups: &'a [crate::model::IommuGroup],
-}
-
-fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> Result<()> {
+/// Pretty JSON and a newline: every `--json` output.
+pub fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> std::io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)?;
-    Ok(())
+    writeln!(out)
 }
 
-/// Run a parsed command line; returns the exit status.
-pub fn run(cli: Cli, out: &mut dyn Write) -> Result<i32> {
+/// Run a parsed command line: the one shape, `run(ctx, args, out) -> Result<Exit, Error>`,
+/// for every command.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Exit> {
     let ctx = Ctx::from_cli(&cli);
-    let changes = matches!(
-        cli.command,
-        Command::Bind(_) | Command::Unbind(_) | Command::Recover(_)
-    );
-    // These read (and most change) the live host; a saved inventory cannot stand in for it.
-    let live = match cli.command {
-        Command::Bind(_) => Some("bind"),
-        Command::Unbind(_) => Some("unbind"),
-        Command::Recover(_) => Some("recover"),
-        Command::Persist(_) => Some("persist"),
-        Command::Check => Some("check"),
-        Command::Startup { .. } => Some("startup"),
-        Command::OciHook => Some("oci-hook"),
-        #[cfg(feature = "deviceplugin")]
-        Command::DevicePlugin { .. } => Some("device-plugin"),
-        Command::Launch(_) => Some("launch"),
-        _ => None,
-    };
-    if let (Some(name), Some(_)) = (live, &ctx.from_json) {
-        eprintln!(
-            "gpupass: `gpupass {name}` works on the live host; it cannot run from --from-json (drop it)"
-        );
-        return Ok(2);
-    }
-    if !changes && ctx.from_json.is_none() {
+    if !cli.command.changes_drivers() && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
-        crate::cli::bind::warn_unfinished(&ctx.host);
+        crate::bind::journal::warn_unfinished(&ctx.host);
     }
     match cli.command {
-        Command::List { all } => {
-            let inv = ctx.inventory()?;
-            let devices: Vec<_> = inv.devices.iter().filter(|d| all || d.is_gpu()).collect();
-            if ctx.json {
-                let mut sub = inv.clone();
-                sub.devices = devices.into_iter().cloned().collect();
-                write_json(out, &sub)?;
-            } else {
-                out.write_all(table::list(&inv, &devices).as_bytes())?;
-            }
-            Ok(0)
-        }
-        Command::Show { address } => {
-            let inv = ctx.inventory()?;
-            let d = inv
-                .device(&address)
-                .ok_or(inventory::InventoryError::NoSuchDevice { addr: address })?;
-            if ctx.json {
-                let group = d.iommu_group.and_then(|n| inv.group(n));
-                write_json(out, &ShowJson { device: d, group })?;
-            } else {
-                out.write_all(table::show(&inv, d).as_bytes())?;
-            }
-            Ok(0)
-        }
-        Command::Groups => {
-            let inv = ctx.inventory()?;
-            if ctx.json {
-                write_json(out, &GroupsJson { groups: &inv.groups })?;
-            } else {
-                out.write_all(table::groups(&inv).as_bytes())?;
-            }
-            Ok(0)
-        }
-        Command::Check => {
-            let inv = ctx.inventory()?;
-            let r = crate::inventory::readiness::assess(&ctx.host, &inv);
-            if ctx.json {
-                write_json(out, &r)?;
-            } else {
-                out.write_all(table::check(&r, ctx.color).as_bytes())?;
-            }
-            Ok(if r.ready { 0 } else { 1 })
-        }
-        Command::Mdev(cmd) => {
-            let load = || -> Result<Inventory, crate::mdev::MdevError> {
-                let inv = match &ctx.from_json {
-                    Some(p) => inventory::load_json(p)?,
-                    None => inventory::scan(&ctx.host)?,
-                };
-                for w in &inv.warnings {
-                    eprintln!("warning: {w}");
-                }
-                Ok(inv)
-            };
-            let (from_json, json) = (ctx.from_json.as_deref(), ctx.json);
-            match crate::cli::mdev::run(ctx.ops.as_ref(), from_json, json, cmd, &load, out) {
-                Ok(code) => Ok(code),
-                Err(e) if e.is_usage() => {
-                    eprintln!("gpupass: {e}");
-                    Ok(2)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        #[cfg(feature = "vmm")]
-        Command::Boot {
-            device,
-            mdev,
-            emulated: _,
-            memory,
-            firmware,
-            timeout,
-            read_loop,
-            read_bar,
-            backend,
-            check,
-            irq_loop,
-            irq_path,
-        } => {
-            use crate::vmm::vfio::VfioTarget;
-            use crate::vmm::{BootOptions, Target};
-            let target = match (device, mdev) {
-                (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
-                (None, Some(u)) => Target::Vfio(VfioTarget::Mdev(u)),
-                (None, None) => Target::Emulated,
-            };
-            let inv = match target {
-                Target::Emulated => None,
-                Target::Vfio(_) => Some(ctx.inventory()?),
-            };
-            let opts = BootOptions {
-                target,
-                memory,
-                firmware,
-                timeout,
-                read_loop,
-                read_bar,
-                backend,
-                irq_loop,
-                irq_path,
-                interrupts: check || irq_loop > 0,
-            };
-            match crate::cli::boot::run(&ctx.host, inv.as_ref(), &opts, ctx.json, check, out) {
-                Ok(status) => Ok(status),
-                Err(e) if e.is_usage() => {
-                    eprintln!("gpupass: {e}");
-                    Ok(2)
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        Command::Events { count, timeout } => {
-            let sock = crate::host::uevents::UeventSocket::open()
-                .context("cannot subscribe to kernel uevents (NETLINK_KOBJECT_UEVENT)")?;
-            let deadline =
-                timeout.map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.max(0.0)));
-            let mut seen = 0usize;
-            while count.is_none_or(|c| seen < c) {
-                let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-                let Some(ev) = sock.next(left)? else { break };
-                if ctx.json {
-                    serde_json::to_writer(&mut *out, &ev)?;
-                    writeln!(out)?;
-                } else {
-                    writeln!(out, "{}", ev.line())?;
-                }
-                out.flush()?;
-                seen += 1;
-            }
-            Ok(0)
-        }
-        Command::Startup { dry_run } => crate::cli::startup::run(ctx.ops.as_ref(), dry_run, out),
-        Command::Completions { shell } => {
-            use clap::CommandFactory;
-            let mut cmd = Cli::command();
-            let sh = match shell {
-                Shell::Bash => clap_complete::Shell::Bash,
-                Shell::Zsh => clap_complete::Shell::Zsh,
-                Shell::Fish => clap_complete::Shell::Fish,
-            };
-            clap_complete::generate(sh, &mut cmd, "gpupass", out);
-            Ok(0)
-        }
-        Command::Man => {
-            use clap::CommandFactory;
-            clap_mangen::Man::new(Cli::command()).render(out)?;
-            Ok(0)
-        }
-        Command::Snapshot { out: dir } => {
-            let rep = crate::inventory::snapshot::snapshot(&ctx.host, &dir)
-                .with_context(|| format!("snapshot of {} failed", ctx.host.root().display()))?;
-            writeln!(
-                out,
-                "wrote {} files for {} PCI functions to {} (replay with: gpupass --root {} list --all)",
-                rep.files,
-                rep.devices,
-                dir.display(),
-                dir.display()
-            )?;
-            Ok(0)
-        }
-        Command::Cdi {
-            cmd:
-                CdiCommand::Generate {
-                    output,
-                    write,
-                    watch,
-                    cdi_version,
-                    kind,
-                    dev_root,
-                    driver_root,
-                    backend,
-                },
-        } => {
-            let inv = ctx.inventory()?;
-            let files = crate::containers::native::discover(&ctx.host);
-            let opts = crate::output::cdi::Options {
-                kind,
-                version: cdi_version,
-                dev_root,
-                driver_root,
-                backend,
-            };
-            let usage = |e: &crate::output::cdi::CdiError| {
-                matches!(e, crate::output::cdi::CdiError::VersionTooLow { .. })
-            };
-            if write {
-                let path = match crate::output::cdi::write_to_host(&ctx.host, &inv, &files, &opts) {
-                    Ok((path, warnings)) => {
-                        for w in warnings {
-                            eprintln!("warning: {w}");
-                        }
-                        writeln!(out, "wrote {}", path.display())?;
-                        path
-                    }
-                    Err(crate::output::cdi::CdiError::Empty) if watch => {
-                        let path = crate::output::cdi::record_emptied(&ctx.host, &opts)?;
-                        writeln!(
-                            out,
-                            "nothing to describe yet; {} appears when a device is bound to VFIO",
-                            path.display()
-                        )?;
-                        path
-                    }
-                    Err(e) if usage(&e) => {
-                        eprintln!("gpupass: {e}");
-                        return Ok(2);
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                if watch {
-                    out.flush()?;
-                    let sock = crate::host::uevents::UeventSocket::open()
-                        .context("cannot subscribe to kernel uevents for --watch")?;
-                    while let Some(ev) = sock.next(None)? {
-                        match crate::output::cdi::refresh(&ctx.host) {
-                            Ok(()) => writeln!(out, "refreshed {} after {}", path.display(), ev.line())?,
-                            Err(e) => eprintln!("warning: refresh after {} failed: {e}", ev.line()),
-                        }
-                        out.flush()?;
-                    }
-                }
-                Ok(0)
-            } else {
-                let r = match crate::output::cdi::render(&inv, &files, &opts) {
-                    Ok(r) => r,
-                    Err(e) if usage(&e) => {
-                        eprintln!("gpupass: {e}");
-                        return Ok(2);
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                for w in &r.warnings {
-                    eprintln!("warning: {w}");
-                }
-                let text = crate::output::cdi::to_json(&r.spec);
-                match output {
-                    Some(p) => crate::output::cdi::write_atomic(&p, text.as_bytes())
-                        .with_context(|| format!("cannot write {}", p.display()))?,
-                    None => out.write_all(text.as_bytes())?,
-                }
-                Ok(0)
-            }
-        }
-        Command::Container {
-            cmd: ContainerCommand::List { device },
-        } => {
-            let inv = ctx.inventory()?;
-            let files = crate::containers::native::discover(&ctx.host);
-            for w in &files.warnings {
-                eprintln!("warning: {w}");
-            }
-            if ctx.json {
-                write_json(
-                    out,
-                    &crate::containers::native::list_json(&inv, &files, device.as_ref())?,
-                )?;
-            } else {
-                out.write_all(
-                    crate::containers::native::list_text(&inv, &files, device.as_ref())?.as_bytes(),
-                )?;
-            }
-            Ok(0)
-        }
-        Command::OciHook => crate::containers::oci_hook::run_cli(ctx.ops.as_ref()),
+        Command::List(a) => list::run(&ctx, a, out),
+        Command::Show(a) => show::run(&ctx, a, out),
+        Command::Groups(a) => groups::run(&ctx, a, out),
+        Command::Check(a) => check::run(&ctx, a, out),
+        Command::Events(a) => events::run(&ctx, a, out),
+        Command::Startup(a) => startup::run(&ctx, a, out),
+        Command::Completions(a) => completions::run(&ctx, a, out),
+        Command::Man(a) => man::run(&ctx, a, out),
+        Command::Snapshot(a) => snapshot::run(&ctx, a, out),
+        Command::Cdi(a) => cdi::run(&ctx, a, out),
+        Command::Container(a) => container::run(&ctx, a, out),
+        Command::OciHook(a) => oci_hook::run(&ctx, a, out),
         #[cfg(feature = "deviceplugin")]
-        Command::DevicePlugin {
-            socket_dir,
-            poll_ms,
-            cdi,
-            cdi_kind,
-            backend,
-        } => {
-            let dir = socket_dir.unwrap_or_else(|| ctx.host.kubelet_device_plugins());
-            let cfg = crate::containers::deviceplugin::Config {
-                host: ctx.host.clone(),
-                socket_dir: dir,
-                poll: std::time::Duration::from_millis(poll_ms),
-                cdi,
-                cdi_kind,
-                backend,
-            };
-            crate::containers::deviceplugin::server::run(cfg)?;
-            Ok(0)
-        }
-        Command::Bind(a) => Ok(crate::cli::bind::run_bind(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Unbind(a) => Ok(crate::cli::bind::run_unbind(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Recover(a) => Ok(crate::cli::bind::run_recover(ctx.ops.as_ref(), a, ctx.json, out)?),
-        Command::Persist(a) => Ok(crate::cli::bind::run_persist(&ctx.host, a, ctx.json, out)?),
-        Command::Xml(c) => vm_exit(crate::cli::vmout::run_xml(&ctx.inventory()?, &c, ctx.json, out)),
-        Command::Launch(a) => vm_exit(crate::cli::vmout::launch::run(
-            &ctx.host,
-            &ctx.inventory()?,
-            &a,
-            &mut std::io::stderr(),
-        )),
-        Command::QemuArgs(a) => vm_exit(crate::cli::vmout::run_qemu(&ctx.inventory()?, &a, ctx.json, out)),
-        Command::Kubevirt(a) => vm_exit(crate::cli::vmout::run_kubevirt(
-            &ctx.inventory()?,
-            &a,
-            ctx.json,
-            out,
-        )),
-        Command::Attach(a) => vm_exit(crate::cli::vmout::run_attach(&ctx.inventory()?, &a, out)),
-        Command::Detach(a) => vm_exit(crate::cli::vmout::run_detach(&ctx.inventory()?, &a, out)),
+        Command::DevicePlugin(a) => device_plugin::run(&ctx, a, out),
+        Command::Bind(a) => bind::run(&ctx, a, out),
+        Command::Unbind(a) => unbind::run(&ctx, a, out),
+        Command::Recover(a) => recover::run(&ctx, a, out),
+        Command::Persist(a) => persist::run(&ctx, a, out),
+        Command::Mdev(a) => mdev::run(&ctx, a, out),
+        Command::Xml(a) => vmout::run_xml(&ctx, a, out),
+        Command::QemuArgs(a) => vmout::run_qemu(&ctx, a, out),
+        Command::Launch(a) => vmout::launch::run(&ctx, a, out),
+        Command::Kubevirt(a) => vmout::run_kubevirt(&ctx, a, out),
+        Command::Attach(a) => vmout::run_attach(&ctx, a, out),
+        Command::Detach(a) => vmout::run_detach(&ctx, a, out),
+        #[cfg(feature = "vmm")]
+        Command::Boot(a) => boot::run(&ctx, a, out),
     }
 }
 

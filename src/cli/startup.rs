@@ -11,9 +11,10 @@
 //!
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
 
-use crate::cli::bind::{run_bind, BindArgs};
-use crate::host::ops::HostOps;
+use super::bind::BindArgs;
+use super::{Ctx, Exit, Result};
 use crate::host::{dir_names, read_attr, HostRoot};
+use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
 use std::io::Write;
 
@@ -85,15 +86,23 @@ pub fn pending_binds(host: &HostRoot) -> Pending {
     out
 }
 
-pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<i32> {
-    let host = ops.root();
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print what would be done; change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+    let dry_run = args.dry_run;
+    let host = ctx.live("startup")?.root();
     let mut failed = false;
     let Pending {
         binds: pending,
         warnings,
     } = pending_binds(host);
     for w in warnings {
-        eprintln!("warning: {w}");
+        messages::warn(w);
     }
     if pending.is_empty() {
         writeln!(out, "persistent binds: nothing to do")?;
@@ -120,8 +129,9 @@ pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Res
             force: false,
             dry_run,
         };
-        if let Err(e) = run_bind(ops, args, false, out) {
-            eprintln!("gpupass startup: {e}");
+        // `--json` is not startup's: its steps print their plain output.
+        if let Err(e) = super::bind::run_plain(ctx, args, out) {
+            messages::error("gpupass startup", &e);
             failed = true;
         }
     }
@@ -135,22 +145,19 @@ pub fn run(ops: &dyn HostOps, dry_run: bool, out: &mut dyn Write) -> anyhow::Res
             writeln!(out, "  would start {} ({} on {})", d.uuid, d.mdev_type, d.parent)?;
         }
     } else {
-        let load = || -> Result<crate::model::Inventory, crate::mdev::MdevError> {
-            Ok(crate::inventory::scan(host)?)
-        };
-        let cmd = crate::cli::mdev::MdevCommand::Start {
+        let cmd = super::mdev::MdevCommand::Start {
             uuid: None,
             parent: None,
             auto_all: true,
         };
-        match crate::cli::mdev::run(ops, None, false, cmd, &load, out) {
-            Ok(0) => {}
+        match super::mdev::run_plain(ctx, cmd, out) {
+            Ok(Exit::SUCCESS) => {}
             Ok(_) => failed = true,
             Err(e) => {
-                eprintln!("gpupass startup: {e}");
+                messages::error("gpupass startup", &e);
                 failed = true;
             }
         }
     }
-    Ok(if failed { 1 } else { 0 })
+    Ok(Exit::failure_if(failed))
 }

@@ -140,10 +140,10 @@ fn warn_test_env() {
             .filter(|k| RESERVED.iter().any(|p| k.starts_with(p)))
             .collect();
         if !set.is_empty() {
-            eprintln!(
+            crate::messages::line(format_args!(
                 "gpupass: warning: ignoring {}: this build has no test kit (cargo feature testkit)",
                 set.join(", ")
-            );
+            ));
         }
     });
 }

@@ -16,6 +16,7 @@
 //! never aborts because one attribute is bad.
 
 pub mod backend;
+pub mod native;
 pub mod readiness;
 pub mod snapshot;
 

@@ -253,18 +253,6 @@ impl FromStr for InstanceRef {
     }
 }
 
-/// Hook run after every change to the set of active instances (create, remove, start, stop).
-///
-/// Container device specs (CDI) list mdev instances and their VFIO nodes, so the specs gpupass
-/// wrote are regenerated when an mdev comes or goes (`crate::output::cdi::refresh`: a no-op when no
-/// gpupass spec exists). Every mdev mutation path calls it exactly once per command; a failed
-/// refresh is a warning, since the change itself succeeded.
-pub fn after_change(host: &HostRoot) {
-    if let Err(e) = crate::output::cdi::refresh(host) {
-        eprintln!("warning: mdev instances changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`");
-    }
-}
-
 /// Levenshtein distance, for "did you mean".
 pub fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();

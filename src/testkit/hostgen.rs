@@ -553,7 +553,7 @@ impl HostBuilder {
     /// `ld_cache`, an `etc/ld.so.cache` listing the sonames (plus a 32-bit copy of libcuda and
     /// libc, which the reader must skip or ignore).
     pub fn nvidia_driver_files(&self, version: &str, libdir: &str, ld_cache: bool) -> io::Result<()> {
-        use crate::containers::native::ldcache::{Entry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
+        use crate::inventory::native::ldcache::{Entry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
         let libs = [
             "libnvidia-ml",
             "libcuda",
@@ -601,7 +601,7 @@ impl HostBuilder {
         if ld_cache {
             let p = self.root.join("etc/ld.so.cache");
             fs::create_dir_all(self.root.join("etc"))?;
-            fs::write(p, crate::containers::native::ldcache::write(&entries))?;
+            fs::write(p, crate::inventory::native::ldcache::write(&entries))?;
         }
         Ok(())
     }

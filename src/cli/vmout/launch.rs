@@ -18,6 +18,7 @@
 //!   (`VFIO_DEVICE_BIND_IOMMUFD`) is done by the VMM on the inherited descriptor.
 
 use super::{select, VmOutError};
+use crate::cli::{Ctx, Error, Exit};
 use crate::host::HostRoot;
 use crate::inventory::backend::{self, Policy};
 use crate::model::Inventory;
@@ -148,7 +149,13 @@ fn inherit(fd: &OwnedFd) -> Result<(), LaunchError> {
 }
 
 /// Plan and open; on success this does not return (the process becomes the VMM).
-pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write) -> Result<i32, VmOutError> {
+/// `gpupass launch`: on success it does not return (the VMM replaces this process).
+pub fn run(ctx: &Ctx, a: LaunchArgs, _out: &mut dyn Write) -> Result<Exit, Error> {
+    ctx.live("launch")?;
+    Ok(launch(&ctx.host, &ctx.inventory()?, &a)?)
+}
+
+fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOutError> {
     // What was asked (PCI functions only), the kernel (E-BACKEND-01 names what is missing),
     // the live host, then every function of the selection must be servable through its cdev.
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
@@ -234,11 +241,10 @@ pub fn run(host: &HostRoot, inv: &Inventory, a: &LaunchArgs, err: &mut dyn Write
             .chain(own.iter().map(|s| s.to_string_lossy().into_owned()))
             .chain(extra.iter().cloned())
             .collect();
-        let _ = writeln!(
-            err,
+        crate::messages::line(format_args!(
             "gpupass launch: {}",
             qemu::text(&shown).trim_end().replace('\n', " ")
-        );
+        ));
     }
     // exec returns only on failure; the descriptors close with `held` and `iommu`.
     let e = cmd.exec();

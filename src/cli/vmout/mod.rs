@@ -11,6 +11,8 @@ pub mod domxml;
 #[allow(unsafe_code)] // IOMMU_OPTION ioctl on /dev/iommu
 pub mod launch;
 
+use super::{Ctx, Error, Exit};
+use crate::messages;
 use crate::model::{Inventory, PciAddress};
 use crate::output::selection::{self, Consumer, DeviceArg, SelectError, SelectOptions, Selection};
 use crate::output::{kubevirt, libvirt, qemu};
@@ -225,25 +227,25 @@ fn xml_iommufd(
             }
             .into());
         }
-        eprintln!(
-            "note: --backend auto: the target libvirt {target} ({source}) has no iommufd hostdevs (12.1+); using the legacy group and container (name the VM's libvirt with --libvirt-version)"
-        );
+        messages::note(format_args!(
+            "--backend auto: the target libvirt {target} ({source}) has no iommufd hostdevs (12.1+); using the legacy group and container (name the VM's libvirt with --libvirt-version)"
+        ));
         return Ok(libvirt::IommufdXml::default());
     }
     if sel.mdevs().next().is_some() {
-        eprintln!(
-            "note: mdevs stay on the legacy group and container; only the PCI functions use iommufd{}",
+        messages::note(format_args!(
+            "mdevs stay on the legacy group and container; only the PCI functions use iommufd{}",
             if domain {
                 " (so no domain-wide <iommufd/>)"
             } else {
                 ""
             }
-        );
+        ));
         x.domain_wide = false;
     } else if domain && !x.domain_wide {
-        eprintln!(
-            "note: libvirt {target} ({source}): iommufd per hostdev only; the domain-wide <iommufd enabled='yes'/> needs 12.2"
-        );
+        messages::note(format_args!(
+            "libvirt {target} ({source}): iommufd per hostdev only; the domain-wide <iommufd enabled='yes'/> needs 12.2"
+        ));
     }
     if !domain {
         x.domain_wide = false;
@@ -515,7 +517,7 @@ fn parse_slot(s: &str) -> Result<u8, String> {
 
 fn print_notes(notes: &[String]) {
     for n in notes {
-        eprintln!("note: {n}");
+        messages::note(n);
     }
 }
 
@@ -606,31 +608,31 @@ fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
     use crate::output::layout::join_nodes;
     match plan {
         GuestNuma::Free => {}
-        GuestNuma::Pinned { node, .. } if qemu && memory_bound => eprintln!(
-            "note: the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
-        ),
+        GuestNuma::Pinned { node, .. } if qemu && memory_bound => messages::note(format_args!(
+            "the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
+        )),
         GuestNuma::Pinned { node, cpus } => {
             if qemu {
-                eprintln!(
-                    "note: the devices are on host NUMA node {node}: run QEMU under `numactl --cpunodebind={node} --membind={node}`{} (--memory binds guest RAM to the node with a memory backend; --numa off to leave placement alone)",
+                messages::note(format_args!(
+                    "the devices are on host NUMA node {node}: run QEMU under `numactl --cpunodebind={node} --membind={node}`{} (--memory binds guest RAM to the node with a memory backend; --numa off to leave placement alone)",
                     match cpus {
                         Some(c) => format!(" (its CPUs: {c})"),
                         None => String::new(),
                     }
-                );
+                ));
             } else {
-                eprintln!(
-                    "note: the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
+                messages::note(format_args!(
+                    "the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
                     cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
-                );
+                ));
             }
         }
         GuestNuma::Expanders(x) => {
             let list = join_nodes(&x.nodes);
             if x.cells.is_empty() {
-                eprintln!(
-                    "note: the devices span host NUMA nodes {list}: one pxb-pcie expander bus per node with the devices behind root ports on their node's bus; pass --memory and --vcpus to also give the guest one NUMA node per host node (numa_node= on each expander, memory bound to its host node)"
-                );
+                messages::note(format_args!(
+                    "the devices span host NUMA nodes {list}: one pxb-pcie expander bus per node with the devices behind root ports on their node's bus; pass --memory and --vcpus to also give the guest one NUMA node per host node (numa_node= on each expander, memory bound to its host node)"
+                ));
             } else {
                 let cells: Vec<String> = x
                     .cells
@@ -645,10 +647,10 @@ fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
                         )
                     })
                     .collect();
-                eprintln!(
-                    "note: the devices span host NUMA nodes {list}: the guest gets one NUMA node per host node ({}), each with a pxb-pcie expander bus whose root ports hold that node's devices, so the guest driver sees each device local to its vCPUs and memory (KubeVirt VEP 115; --numa off for one flat node)",
+                messages::note(format_args!(
+                    "the devices span host NUMA nodes {list}: the guest gets one NUMA node per host node ({}), each with a pxb-pcie expander bus whose root ports hold that node's devices, so the guest driver sees each device local to its vCPUs and memory (KubeVirt VEP 115; --numa off for one flat node)",
                     cells.join("; ")
-                );
+                ));
             }
         }
     }
@@ -657,26 +659,26 @@ fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
 /// Say which GPUs share a P2P clique.
 fn cliques_note(cliques: &[(crate::model::PciAddress, u8)], qemu: bool) {
     if !cliques.is_empty() {
-        eprintln!(
-            "note: GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch){}",
+        messages::note(format_args!(
+            "GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch){}",
             cliques.len(),
             if qemu { "" } else { "; libvirt has no element for it: <qemu:override> sets the property on each hostdev's QEMU device (libvirt 8.2+)" }
-        );
+        ));
     }
 }
 
 /// Say what backs guest RAM.
 fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
     if pages.kib().is_some() {
-        eprintln!(
-            "note: guest RAM on {} hugepages{}",
+        messages::note(format_args!(
+            "guest RAM on {} hugepages{}",
             pages.label(),
             if checked {
                 ", enough free on the nodes it is bound to"
             } else {
                 "; the inventory has no hugepage pools (sys/devices/system/node), so whether enough are free was not checked"
             }
-        );
+        ));
     }
 }
 
@@ -684,8 +686,8 @@ fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
 fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
     use crate::output::layout::size_suffix;
     if let Some(h) = h {
-        eprintln!(
-            "note: 64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it)",
+        messages::note(format_args!(
+            "64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it)",
             size_suffix(h.window),
             h.count,
             if h.bars >= 1 << 30 {
@@ -693,7 +695,7 @@ fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
             } else {
                 format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
             }
-        );
+        ));
     }
 }
 
@@ -705,24 +707,19 @@ fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError
 
 fn multifunction_note(sel: &Selection) {
     for g in sel.slots().filter(|g| g.is_multifunction()) {
-        eprintln!(
-            "note: without --guest-address libvirt places {} in separate guest slots; pass --guest-address BB:00.0 (a free pcie-root-port bus of your domain) to keep them one multifunction device",
+        messages::note(format_args!(
+            "without --guest-address libvirt places {} in separate guest slots; pass --guest-address BB:00.0 (a free pcie-root-port bus of your domain) to keep them one multifunction device",
             g.functions
                 .iter()
                 .map(|f| f.device.address.to_string())
                 .collect::<Vec<_>>()
                 .join(" and ")
-        );
+        ));
     }
 }
 
 /// `gpupass xml hostdev|domain`.
-pub fn run_xml(
-    inv: &Inventory,
-    cmd: &XmlCommand,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, VmOutError> {
+fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Result<Exit, VmOutError> {
     match cmd {
         XmlCommand::Hostdev(a) => {
             // A kernel without iommufd fails `--backend iommufd` before anything else is said.
@@ -746,7 +743,7 @@ pub fn run_xml(
                     out.write_all(d.xml.as_bytes())?;
                 }
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
         XmlCommand::Domain(a) => {
             crate::inventory::backend::resolve_vm(a.vfio.backend, inv, &[], None)?;
@@ -773,8 +770,8 @@ pub fn run_xml(
                 a.viommu,
                 sel.functions().count() + sel.mdevs().count(),
             );
-            eprintln!(
-                "note: VFIO pins all guest RAM: this VM locks up to {} MiB ({}){}",
+            messages::note(format_args!(
+                "VFIO pins all guest RAM: this VM locks up to {} MiB ({}){}",
                 pinned >> 20,
                 if a.viommu {
                     "RAM per VFIO device behind the vIOMMU + 1 GiB"
@@ -786,7 +783,7 @@ pub fn run_xml(
                 } else {
                     ""
                 }
-            );
+            ));
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
                 memory_kib: a.memory,
@@ -816,18 +813,13 @@ pub fn run_xml(
             } else {
                 out.write_all(xml.as_bytes())?;
             }
-            Ok(0)
+            Ok(Exit::SUCCESS)
         }
     }
 }
 
 /// `gpupass qemu-args`.
-pub fn run_qemu(
-    inv: &Inventory,
-    a: &QemuArgsArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, VmOutError> {
+fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> Result<Exit, VmOutError> {
     // A kernel without iommufd fails `--backend iommufd` before anything else is said.
     crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
@@ -865,13 +857,15 @@ pub fn run_qemu(
     hugepages_note(a.hugepages, checked);
     cliques_note(&opts.cliques, true);
     if !sel.targets.is_empty() {
-        eprintln!("note: VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root");
+        messages::note(format_args!("VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root"));
     }
     if opts.hole64.is_some() {
-        eprintln!("note: the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)");
+        messages::note(format_args!("the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)"));
     }
     if opts.iommufd && sel.mdevs().next().is_some() {
-        eprintln!("note: mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd");
+        messages::note(format_args!(
+            "mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd"
+        ));
     }
     let hd = libvirt::HostdevOptions {
         display: a.display,
@@ -879,28 +873,27 @@ pub fn run_qemu(
     };
     print_notes(&libvirt::check_display(&sel, &hd)?);
     let args = qemu::args(&sel, &opts)?;
-    eprintln!("note: these arguments assume -machine q35 (they put root ports on pcie.0)");
+    messages::note(format_args!(
+        "these arguments assume -machine q35 (they put root ports on pcie.0)"
+    ));
     if sel
         .mdevs()
         .any(|m| m.parent.as_ref().is_some_and(|p| p.vendor_id == "10de"))
     {
-        eprintln!("note: NVIDIA vGPU needs the VM's UUID on the QEMU command line: add -uuid <uuid>");
+        messages::note(format_args!(
+            "NVIDIA vGPU needs the VM's UUID on the QEMU command line: add -uuid <uuid>"
+        ));
     }
     if json {
         json_out(out, &serde_json::json!({ "args": args }))?;
     } else {
         out.write_all(qemu::text(&args).as_bytes())?;
     }
-    Ok(0)
+    Ok(Exit::SUCCESS)
 }
 
 /// `gpupass kubevirt`.
-pub fn run_kubevirt(
-    inv: &Inventory,
-    a: &KubevirtArgs,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<i32, VmOutError> {
+fn kubevirt(inv: &Inventory, a: &KubevirtArgs, json: bool, out: &mut dyn Write) -> Result<Exit, VmOutError> {
     use crate::inventory::backend::Policy;
     if a.backend == Policy::Iommufd && !a.external_provider {
         return Err(VmOutError::Usage(
@@ -920,7 +913,9 @@ pub fn run_kubevirt(
         && crate::inventory::backend::resolve_vm(policy, inv, &addrs, None)?
             == crate::model::Backend::Iommufd;
     if iommufd && sel.mdevs().next().is_some() {
-        eprintln!("note: mdevs stay on the legacy group and container; only the PCI functions use iommufd");
+        messages::note(format_args!(
+            "mdevs stay on the legacy group and container; only the PCI functions use iommufd"
+        ));
     }
     let p = kubevirt::permitted(&sel);
     if json {
@@ -928,11 +923,11 @@ pub fn run_kubevirt(
     } else {
         out.write_all(kubevirt::yaml(&p, a.external_provider, iommufd).as_bytes())?;
     }
-    Ok(0)
+    Ok(Exit::SUCCESS)
 }
 
 /// `gpupass attach`.
-pub fn run_attach(inv: &Inventory, a: &AttachArgs, out: &mut dyn Write) -> Result<i32, VmOutError> {
+fn attach_cmd(inv: &Inventory, a: &AttachArgs, out: &mut dyn Write) -> Result<Exit, VmOutError> {
     let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
     let opts = a.dev.hostdev_options();
     print_notes(&libvirt::check_display(&sel, &opts)?);
@@ -940,11 +935,11 @@ pub fn run_attach(inv: &Inventory, a: &AttachArgs, out: &mut dyn Write) -> Resul
     let scope = attach::Scope::from_flags(a.live, a.config);
     let msg = attach::attach(&a.connect, &a.domain, &devs, scope)?;
     writeln!(out, "{msg}")?;
-    Ok(0)
+    Ok(Exit::SUCCESS)
 }
 
 /// `gpupass detach`.
-pub fn run_detach(inv: &Inventory, a: &DetachArgs, out: &mut dyn Write) -> Result<i32, VmOutError> {
+fn detach_cmd(inv: &Inventory, a: &DetachArgs, out: &mut dyn Write) -> Result<Exit, VmOutError> {
     // Detaching needs no driver check (the functions are the guest's now), and the notes
     // about group viability do not apply.
     let sel = selection::select(
@@ -959,7 +954,32 @@ pub fn run_detach(inv: &Inventory, a: &DetachArgs, out: &mut dyn Write) -> Resul
     let scope = attach::Scope::from_flags(a.live, a.config);
     let msg = attach::detach(&a.connect, &a.domain, &devs, scope)?;
     writeln!(out, "{msg}")?;
-    Ok(0)
+    Ok(Exit::SUCCESS)
+}
+
+/// `gpupass xml hostdev|domain`.
+pub fn run_xml(ctx: &Ctx, cmd: XmlCommand, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(xml(&ctx.inventory()?, &cmd, ctx.json, out)?)
+}
+
+/// `gpupass qemu-args`.
+pub fn run_qemu(ctx: &Ctx, a: QemuArgsArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(qemu(&ctx.inventory()?, &a, ctx.json, out)?)
+}
+
+/// `gpupass kubevirt`.
+pub fn run_kubevirt(ctx: &Ctx, a: KubevirtArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(kubevirt(&ctx.inventory()?, &a, ctx.json, out)?)
+}
+
+/// `gpupass attach`.
+pub fn run_attach(ctx: &Ctx, a: AttachArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(attach_cmd(&ctx.inventory()?, &a, out)?)
+}
+
+/// `gpupass detach`.
+pub fn run_detach(ctx: &Ctx, a: DetachArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(detach_cmd(&ctx.inventory()?, &a, out)?)
 }
 
 #[cfg(test)]

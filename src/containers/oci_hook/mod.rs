@@ -350,7 +350,8 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-fn bounded_stdin() -> Result<Vec<u8>, HookError> {
+/// The OCI state on stdin, at most 1 MiB (a runtime writes a few hundred bytes).
+pub fn bounded_stdin() -> Result<Vec<u8>, HookError> {
     let mut buf = Vec::new();
     std::io::stdin()
         .take(1 << 20)
@@ -635,23 +636,6 @@ fn rules_text(nodes: &[Node]) -> String {
         .map(|n| format!("c {}:{} rwm ({})", n.major, n.minor, n.path))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// `gpupass oci-hook`: the state on stdin; messages on stderr; the exit status.
-pub fn run_cli(ops: &dyn HostOps) -> anyhow::Result<i32> {
-    let r = bounded_stdin().and_then(|s| run(ops, &s));
-    match r {
-        Ok(rep) => {
-            for n in rep.notes {
-                eprintln!("gpupass oci-hook: note: {n}");
-            }
-            Ok(0)
-        }
-        Err(e) => {
-            eprintln!("gpupass oci-hook: {}", crate::model::ErrorChain(&e));
-            Ok(e.exit_code())
-        }
-    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@
 //! or `hostPath` need 0.5.0, mount `type` 0.4.0, a `.` in the class or annotations 0.6.0.
 //! Podman 4.3 accepts at most 0.5.0, so gpupass uses no newer field.
 
-use crate::containers::native::DriverFiles;
+use crate::inventory::native::DriverFiles;
 use crate::host::HostRoot;
 use crate::inventory::backend::{self, BackendError, Policy};
 use crate::model::{Backend, Inventory, PciDevice};
@@ -69,6 +69,14 @@ newer; pin {needed} or drop --cdi-version"
     Backend(#[from] BackendError),
     #[error("internal error: CDI device {device} would carry {reason}; please report it")]
     MixedBackends { device: String, reason: String },
+}
+
+impl CdiError {
+    /// The command line asked for what cannot be (a pinned `--cdi-version` below what the
+    /// spec's fields need): exit status 2.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CdiError::VersionTooLow { .. })
+    }
 }
 
 /// A CDI spec version the reference loader knows.
@@ -760,7 +768,7 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
         return Ok(());
     }
     let inv = crate::inventory::scan(host)?;
-    let files = crate::containers::native::discover(host);
+    let files = crate::inventory::native::discover(host);
     for (name, opts) in todo {
         match write_to_host(host, &inv, &files, &opts) {
             Ok(_) => {}

@@ -1,0 +1,13 @@
+//! `gpupass man`: the man page (roff) generated from the command definitions.
+
+use super::{Cli, Ctx, Exit, Result};
+use std::io::Write;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_ctx: &Ctx, _args: Args, out: &mut dyn Write) -> Result<Exit> {
+    use clap::CommandFactory;
+    clap_mangen::Man::new(Cli::command()).render(out)?;
+    Ok(Exit::SUCCESS)
+}

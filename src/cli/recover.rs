@@ -1,0 +1,37 @@
+//! `gpupass recover`: restore (or `--continue`) a bind/unbind a crash interrupted, from the
+//! journal ([`crate::bind::apply::recover`]).
+
+use super::bind::after_change;
+use super::{write_json, Ctx, Exit, Result};
+use crate::bind::apply;
+use clap::Args;
+use std::io::Write;
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    /// Finish the interrupted plan instead of restoring the state before it
+    #[arg(long = "continue")]
+    pub cont: bool,
+    /// Say what would be done; change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
+    let ops = ctx.live("recover")?;
+    let r = apply::recover(ops, args.cont, args.dry_run)?;
+    if !args.dry_run && !r.changed.is_empty() {
+        after_change(ops.root(), &r.changed);
+    }
+    if ctx.json {
+        write_json(out, &serde_json::json!({ "result": r.lines }))?;
+    } else {
+        for l in r.lines {
+            writeln!(out, "{l}")?;
+        }
+        if args.dry_run {
+            writeln!(out, "dry run: nothing was changed")?;
+        }
+    }
+    Ok(Exit::SUCCESS)
+}
