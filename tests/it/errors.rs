@@ -405,6 +405,12 @@ fn vfio_ids_claim_17(r: &Path) -> Guard {
     None
 }
 
+/// E-BOOT-10's wrapper (`$0`: the scratch copy; then the binary and its arguments): the binary
+/// copied beside the scratch copy, into directories the user nobody can enter, and run as nobody.
+const AS_NOBODY: &str = r#"set -e; t=$(dirname "$0"); b=$1; shift
+mkdir "$t/bin"; cp "$b" "$t/bin/gpupass"; chmod 755 "$t" "$t/bin"
+exec setpriv --reuid=65534 --regid=65534 --clear-groups "$t/bin/gpupass" "$@""#;
+
 /// Where [`VFIO_FIXTURE_NS`] keeps the real /dev while the fixture's covers it.
 fn live_dev_dir(r: &Path) -> Guard {
     std::fs::create_dir(r.join("livedev")).unwrap();
@@ -625,7 +631,6 @@ const STATE_GROUP_40: &str = r#"{"ociVersion":"1.0.2","id":"c1","status":"creati
 const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("E-EVENTS-03", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets; the lab scenario `events` (lab/scenarios) exercises the working path", ""),
     ("E-OUT-14", "integration: tests/it/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)", "gpupass: libvirt: "),
-    ("E-BOOT-10", "unit: src/vmm/mod.rs (errno mapping of the /dev/kvm open)", "usermod -aG kvm"),
     ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/it/boot.rs when /dev/kvm is usable", "did not finish within"),
     ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)", "triple-faulted (KVM_EXIT_SHUTDOWN)"),
     ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/it/lab.rs runs the cdiwatch scenario", ""),
@@ -1862,6 +1867,23 @@ row!(
         code: 1,
         needles: &["IOMMU group 1 is not viable", "0000:01:00.1 (snd_hda_intel)"],
         setup: gpu_only_on_vfio,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_boot_10,
+    Case {
+        // The real open of this machine's /dev/kvm (root:kvm, 0660) by a user outside the kvm
+        // group: EACCES. The binary is copied where that user can run it (the test's temporary
+        // directory), then run as nobody (65534) without supplementary groups.
+        root: "/",
+        args: &["boot", "--emulated", "--timeout", "5"],
+        code: 1,
+        needles: &[
+            "gpupass: permission denied opening /dev/kvm: run as root, or add your user to the `kvm` group (`usermod -aG kvm $USER`"
+        ],
+        wrap: &["sh", "-c", AS_NOBODY, "{root}"],
+        needs: &["setpriv", "kvm"],
         ..Case::DEFAULT
     }
 );
