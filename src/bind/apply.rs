@@ -16,6 +16,7 @@ use super::{
     plan_bind, plan_unbind, Action, BindError, BindRequest, DriverState, Expect, FuncPlan, Plan, Step,
     UnbindRequest,
 };
+use crate::host::logical;
 use crate::host::ops::HostOps;
 use crate::host::{link_name, read_attr, HostRoot};
 use crate::inventory;
@@ -209,14 +210,13 @@ fn restore_one(w: &mut Writer<'_>, a: &PciAddress, target: &DriverState) -> Resu
     if cur == target.driver && cur_ov == want_ov {
         return Ok(format!("{a}: already on {}", name(&cur)));
     }
-    let dev = format!("/sys/bus/pci/devices/{a}");
     if cur_ov != want_ov {
         let v = want_ov.clone().unwrap_or_else(|| "\n".into());
-        w.write(&format!("{dev}/driver_override"), &v)?;
+        w.write(&logical::override_path(a), &v)?;
     }
     if cur != target.driver {
         if let Some(c) = &cur {
-            w.write(&format!("/sys/bus/pci/drivers/{c}/unbind"), &a.to_string())?;
+            w.write(&logical::unbind_path(c), &a.to_string())?;
         }
         if let Some(t) = &target.driver {
             if !host.pci_driver(t).is_dir() {
@@ -225,7 +225,7 @@ fn restore_one(w: &mut Writer<'_>, a: &PciAddress, target: &DriverState) -> Resu
                     .load_module(&m)
                     .map_err(|e| format!("cannot load module {m} for driver {t}: {e}"))?;
             }
-            w.write("/sys/bus/pci/drivers_probe", &a.to_string())?;
+            w.write(logical::DRIVERS_PROBE, &a.to_string())?;
             let (ok, got) = wait_driver(&host, a, |d| d == Some(t.as_str()));
             if !ok {
                 return Err(format!(

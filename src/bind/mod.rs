@@ -417,23 +417,7 @@ fn push_move(
     });
 }
 
-fn sys_path(host_rel: &str) -> String {
-    format!("/{host_rel}")
-}
-
-fn override_path(a: &PciAddress) -> String {
-    sys_path(&format!("sys/bus/pci/devices/{a}/driver_override"))
-}
-
-fn driver_link_path(a: &PciAddress) -> String {
-    sys_path(&format!("sys/bus/pci/devices/{a}/driver"))
-}
-
-fn unbind_path(driver: &str) -> String {
-    sys_path(&format!("sys/bus/pci/drivers/{driver}/unbind"))
-}
-
-const PROBE_PATH: &str = "/sys/bus/pci/drivers_probe";
+use crate::host::logical::{driver_link_path, override_path, unbind_path, DRIVERS_PROBE as PROBE_PATH};
 
 /// The VFIO driver gpupass would pick for a device: `--driver`, else the best VFIO variant
 /// alias, else `vfio-pci`.

@@ -9,6 +9,26 @@
 //! make gpupass read forever) and return `None`/errors instead of panicking.
 
 pub mod ops;
+
+/// Host paths as the kernel names them, before the root: what a bind plan records, prints in
+/// `--dry-run` and journals (`HostRoot::path` maps one under the root when it is written).
+pub mod logical {
+    use crate::model::PciAddress;
+
+    pub const DRIVERS_PROBE: &str = "/sys/bus/pci/drivers_probe";
+
+    pub fn override_path(a: &PciAddress) -> String {
+        format!("/sys/bus/pci/devices/{a}/driver_override")
+    }
+
+    pub fn driver_link_path(a: &PciAddress) -> String {
+        format!("/sys/bus/pci/devices/{a}/driver")
+    }
+
+    pub fn unbind_path(driver: &str) -> String {
+        format!("/sys/bus/pci/drivers/{driver}/unbind")
+    }
+}
 pub mod uevents;
 
 use std::fs;
