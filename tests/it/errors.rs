@@ -1499,7 +1499,7 @@ row!(
             "2f3e4d5c-6b7a-4988-8776-655443322110"
         ],
         code: 2,
-        needles: &["changes the host; it cannot run from --from-json"],
+        needles: &["`gpupass mdev remove` works on the live host; it cannot run from --from-json (drop it)"],
         ..Case::DEFAULT
     }
 );
