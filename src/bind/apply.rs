@@ -21,7 +21,7 @@ use crate::host::ops::HostOps;
 use crate::host::{link_name, read_attr, HostRoot};
 use crate::inventory;
 use crate::messages;
-use crate::model::{driver_allows_vfio, is_vfio_driver, Inventory, PciAddress};
+use crate::model::{driver_allows_vfio, is_vfio_driver, ErrorChain, Inventory, PciAddress};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -92,8 +92,43 @@ pub fn group_blockers(host: &HostRoot, group: u32) -> Vec<String> {
     out
 }
 
-/// Run one check step; `Err(detail)` when the kernel does not show what the plan expects.
-fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> {
+/// Why a step of a plan, or a restore of one function, failed: [`BindError::Failed`]'s detail
+/// (its chain, `outer: cause`).
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    /// A check found the kernel not showing what the plan expects.
+    #[error("{0}")]
+    Check(String),
+    #[error("write {value:?} > {}", .path.display())]
+    Write {
+        path: std::path::PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The journal record announcing a write could not be written.
+    #[error(transparent)]
+    Journal(Box<BindError>),
+    #[error("modprobe {module}")]
+    Modprobe {
+        module: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot load module {module} for driver {driver}")]
+    LoadModule {
+        module: String,
+        driver: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Restoring several functions: each one that failed, joined with "; ".
+    #[error("{}", .0.iter().map(|e| ErrorChain(e).to_string()).collect::<Vec<_>>().join("; "))]
+    Several(Vec<StepError>),
+}
+
+/// Run one check step; `Err` when the kernel does not show what the plan expects.
+fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), StepError> {
     match step {
         Step::CheckDriver {
             address,
@@ -104,12 +139,12 @@ fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> 
             if ok {
                 Ok(())
             } else {
-                Err(format!(
+                Err(StepError::Check(format!(
                     "{address} is {} after drivers_probe, not {driver} (the probe reports success even \
                      when the driver refuses the device; the kernel log says why)",
                     got.map(|g| format!("bound to {g}"))
                         .unwrap_or_else(|| "driverless".into())
-                ))
+                )))
             }
         }
         Step::CheckDriver {
@@ -119,10 +154,10 @@ fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> 
         } => {
             let (_, got) = wait_driver(host, address, |d| d.is_some());
             match got {
-                Some(d) if is_vfio_driver(&d) => Err(format!(
+                Some(d) if is_vfio_driver(&d) => Err(StepError::Check(format!(
                     "{address} went back to {d} on reprobe (vfio-pci.ids= on the kernel command line, or a \
                      modprobe.d option, hands it to VFIO)"
-                )),
+                ))),
                 Some(d) => {
                     out.lines.push(format!("{address}: reprobed, claimed by {d}"));
                     Ok(())
@@ -139,9 +174,9 @@ fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> 
             let start = Instant::now();
             while !p.exists() {
                 if start.elapsed() >= VERIFY_WAIT {
-                    return Err(format!(
+                    return Err(StepError::Check(format!(
                         "{path} did not appear for IOMMU group {group} (is the VFIO group driver loaded?)"
-                    ));
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -153,10 +188,10 @@ fn check(host: &HostRoot, step: &Step, out: &mut Outcome) -> Result<(), String> 
                 out.verified_viable.push(*group);
                 Ok(())
             } else {
-                Err(format!(
+                Err(StepError::Check(format!(
                     "IOMMU group {group} is still not viable: {} on a host driver",
                     b.join(", ")
-                ))
+                )))
             }
         }
         _ => Ok(()),
@@ -173,7 +208,7 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    fn write(&mut self, path: &str, value: &str) -> Result<(), String> {
+    fn write(&mut self, path: &str, value: &str) -> Result<(), StepError> {
         if let Some(j) = self.journal.as_deref_mut() {
             let rec = if self.undo {
                 Record::Undo {
@@ -190,18 +225,20 @@ impl Writer<'_> {
                     value: value.to_string(),
                 }
             };
-            j.append(rec).map_err(|e| e.to_string())?;
+            j.append(rec).map_err(|e| StepError::Journal(Box::new(e)))?;
         }
         let p = self.ops.root().path(path);
-        self.ops
-            .write(&p, value)
-            .map_err(|e| format!("write {value:?} > {path}: {e}"))
+        self.ops.write(&p, value).map_err(|source| StepError::Write {
+            path: path.into(),
+            value: value.to_string(),
+            source,
+        })
     }
 }
 
 /// Bring one function to `target` (driver and override), making only the writes still needed.
 /// Returns a line describing what happened.
-fn restore_one(w: &mut Writer<'_>, a: &PciAddress, target: &DriverState) -> Result<String, String> {
+fn restore_one(w: &mut Writer<'_>, a: &PciAddress, target: &DriverState) -> Result<String, StepError> {
     let host = w.ops.root().clone();
     let cur = current_driver(&host, a);
     let cur_ov = current_override(&host, a);
@@ -221,18 +258,20 @@ fn restore_one(w: &mut Writer<'_>, a: &PciAddress, target: &DriverState) -> Resu
         if let Some(t) = &target.driver {
             if !host.pci_driver(t).is_dir() {
                 let m = target.module.clone().unwrap_or_else(|| t.replace('-', "_"));
-                w.ops
-                    .load_module(&m)
-                    .map_err(|e| format!("cannot load module {m} for driver {t}: {e}"))?;
+                w.ops.load_module(&m).map_err(|source| StepError::LoadModule {
+                    module: m.clone(),
+                    driver: t.clone(),
+                    source,
+                })?;
             }
             w.write(logical::DRIVERS_PROBE, &a.to_string())?;
             let (ok, got) = wait_driver(&host, a, |d| d == Some(t.as_str()));
             if !ok {
-                return Err(format!(
+                return Err(StepError::Check(format!(
                     "{a} is {} after reprobe, not {t}",
                     got.map(|g| format!("on {g}"))
                         .unwrap_or_else(|| "driverless".into())
-                ));
+                )));
             }
         }
     }
@@ -244,7 +283,7 @@ fn restore_all(
     w: &mut Writer<'_>,
     funcs: &[FuncPlan],
     pick: impl Fn(&FuncPlan) -> &DriverState,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, StepError> {
     let mut lines = Vec::new();
     let mut errors = Vec::new();
     for f in funcs {
@@ -256,7 +295,7 @@ fn restore_all(
     if errors.is_empty() {
         Ok(lines)
     } else {
-        Err(errors.join("; "))
+        Err(StepError::Several(errors))
     }
 }
 
@@ -276,7 +315,7 @@ pub fn execute(ops: &dyn HostOps, plan: &Plan, journal: &mut Journal) -> Result<
         writes: plan.write_count(),
     })?;
     let mut out = Outcome::default();
-    let mut failure: Option<(String, String)> = None;
+    let mut failure: Option<(String, StepError)> = None;
     {
         let mut w = Writer {
             ops,
@@ -288,9 +327,12 @@ pub fn execute(ops: &dyn HostOps, plan: &Plan, journal: &mut Journal) -> Result<
         for (i, step) in plan.steps.iter().enumerate() {
             let what = format!("step {} ({})", i + 1, step.render());
             let r = match step {
-                Step::LoadModule { module } => ops
-                    .load_module(module)
-                    .map_err(|e| format!("modprobe {module}: {e}")),
+                Step::LoadModule { module } => {
+                    ops.load_module(module).map_err(|source| StepError::Modprobe {
+                        module: module.clone(),
+                        source,
+                    })
+                }
                 Step::Write { path, value, .. } => w.write(path, value),
                 _ => check(&host, step, &mut out),
             };
@@ -300,7 +342,8 @@ pub fn execute(ops: &dyn HostOps, plan: &Plan, journal: &mut Journal) -> Result<
             }
         }
     }
-    if let Some((what, detail)) = failure {
+    if let Some((what, e)) = failure {
+        let detail = ErrorChain(&e).to_string();
         let mut w = Writer {
             ops,
             journal: Some(&mut *journal),
@@ -319,7 +362,10 @@ pub fn execute(ops: &dyn HostOps, plan: &Plan, journal: &mut Journal) -> Result<
                 format!("rolled back, nothing changed: {}", lines.join(", "))
             }
             Err(e) => {
-                format!("rollback failed too ({e}); the journal keeps the plan open: run `gpupass recover`")
+                format!(
+                    "rollback failed too ({}); the journal keeps the plan open: run `gpupass recover`",
+                    ErrorChain(&e)
+                )
             }
         };
         return Err(BindError::Failed {
@@ -676,7 +722,7 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered
             Err(e) => {
                 return Err(BindError::Failed {
                     what: format!("recover of txn {}", t.txn),
-                    detail: e,
+                    detail: ErrorChain(&e).to_string(),
                     rollback:
                         "the plan stays open in the journal; fix the cause and run `gpupass recover` again"
                             .into(),

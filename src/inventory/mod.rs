@@ -35,8 +35,8 @@ pub enum InventoryError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot read saved inventory {path}: {reason}")]
-    BadJson { path: String, reason: String },
+    #[error("cannot read saved inventory {}: {reason}", .path.display())]
+    BadJson { path: PathBuf, reason: String },
     #[error("no PCI device {addr} on this host; `gpupass list --all` shows the devices there are")]
     NoSuchDevice { addr: PciAddress },
 }
@@ -1490,16 +1490,16 @@ fn parse_phys_bits(cpuinfo: &str) -> Option<u8> {
 /// Load an inventory saved with `--json`.
 pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
     let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
     let mut inv: Inventory = serde_json::from_str(&text).map_err(|e| InventoryError::BadJson {
-        path: path.display().to_string(),
+        path: path.to_path_buf(),
         reason: format!("{e} (expected the output of `gpupass list --all --json`)"),
     })?;
     if inv.schema_version > SCHEMA_VERSION {
         return Err(InventoryError::BadJson {
-            path: path.display().to_string(),
+            path: path.to_path_buf(),
             reason: format!(
                 "schema_version {} is newer than this gpupass understands ({SCHEMA_VERSION})",
                 inv.schema_version

@@ -101,18 +101,18 @@ impl Definition {
     }
 
     /// Parse a definition file's content.
-    pub fn parse(uuid: &str, parent: &str, text: &str) -> Result<Definition, String> {
-        let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-        let o = v.as_object().ok_or("not a JSON object")?;
+    pub fn parse(uuid: &str, parent: &str, text: &str) -> Result<Definition, DefinitionError> {
+        let v: Value = serde_json::from_str(text).map_err(DefinitionError::Json)?;
+        let o = v.as_object().ok_or(DefinitionError::NotObject)?;
         let mdev_type = o
             .get("mdev_type")
             .and_then(Value::as_str)
-            .ok_or("no \"mdev_type\" string")?
+            .ok_or(DefinitionError::NoType)?
             .to_string();
         let start = match o.get("start").and_then(Value::as_str) {
             Some("auto") => StartMode::Auto,
             Some("manual") | None => StartMode::Manual,
-            Some(other) => return Err(format!("\"start\" is {other:?}, expected \"auto\" or \"manual\"")),
+            Some(other) => return Err(DefinitionError::BadStart(other.to_string())),
         };
         let mut attrs = Vec::new();
         match o.get("attrs") {
@@ -122,18 +122,18 @@ impl Definition {
                     let m = item
                         .as_object()
                         .filter(|m| m.len() == 1)
-                        .ok_or_else(|| format!("attrs[{i}] is not a single-key object"))?;
-                    let (k, v) = m.iter().next().ok_or("empty attribute")?;
+                        .ok_or(DefinitionError::AttrNotSingleKey(i))?;
+                    let (k, v) = m.iter().next().ok_or(DefinitionError::AttrNotSingleKey(i))?;
                     let v = match v {
                         Value::String(s) => s.clone(),
                         Value::Number(n) => n.to_string(),
                         Value::Bool(b) => b.to_string(),
-                        _ => return Err(format!("attrs[{i}] ({k}) is not a string")),
+                        _ => return Err(DefinitionError::AttrNotString(i, k.clone())),
                     };
                     attrs.push((k.clone(), v));
                 }
             }
-            Some(_) => return Err("\"attrs\" is not a list".into()),
+            Some(_) => return Err(DefinitionError::AttrsNotList),
         }
         Ok(Definition {
             uuid: uuid.to_string(),
@@ -143,6 +143,25 @@ impl Definition {
             attrs,
         })
     }
+}
+
+/// Why a definition file's content is not a definition (the file is ignored with a warning).
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("not JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("no \"mdev_type\" string")]
+    NoType,
+    #[error("\"start\" is {0:?}, expected \"auto\" or \"manual\"")]
+    BadStart(String),
+    #[error("attrs[{0}] is not a single-key object")]
+    AttrNotSingleKey(usize),
+    #[error("attrs[{0}] ({1}) is not a string")]
+    AttrNotString(usize, String),
+    #[error("\"attrs\" is not a list")]
+    AttrsNotList,
 }
 
 /// Path of a definition file.
@@ -190,7 +209,11 @@ pub fn read_all(host: &HostRoot) -> (Vec<Definition>, Vec<String>) {
             match read_bounded(&p, DEF_LIMIT) {
                 Ok(text) => match Definition::parse(&f.to_ascii_lowercase(), &parent, &text) {
                     Ok(d) => defs.push(d),
-                    Err(e) => warnings.push(format!("ignoring {}: {e}", host.display(&p))),
+                    Err(e) => warnings.push(format!(
+                        "ignoring {}: {}",
+                        host.display(&p),
+                        crate::model::ErrorChain(&e)
+                    )),
                 },
                 Err(e) => warnings.push(format!("cannot read {}: {e}", host.display(&p))),
             }
@@ -224,7 +247,7 @@ pub fn write(ops: &dyn HostOps, d: &Definition) -> Result<(), MdevError> {
     let p = path_of(ops.root(), &d.parent, &d.uuid);
     ops.write_file(&p, &d.to_mdevctl_json())
         .map_err(|source| MdevError::DefIo {
-            path: ops.root().display(&p),
+            path: ops.root().display(&p).into(),
             source,
         })
 }
@@ -233,7 +256,7 @@ pub fn write(ops: &dyn HostOps, d: &Definition) -> Result<(), MdevError> {
 pub fn remove(ops: &dyn HostOps, d: &Definition) -> Result<(), MdevError> {
     let p = path_of(ops.root(), &d.parent, &d.uuid);
     ops.remove_file(&p, true).map_err(|source| MdevError::DefIo {
-        path: ops.root().display(&p),
+        path: ops.root().display(&p).into(),
         source,
     })
 }
@@ -281,7 +304,7 @@ mod tests {
             ("{\"mdev_type\":\"x\",\"attrs\":{}}", "list"),
             ("{", "JSON"),
         ] {
-            let e = Definition::parse("u", "p", t).unwrap_err();
+            let e = crate::model::ErrorChain(&Definition::parse("u", "p", t).unwrap_err()).to_string();
             assert!(e.contains(why), "{t}: {e}");
         }
         let d = Definition::parse("u", "p", "{\"mdev_type\":\"x\",\"attrs\":[{\"n\":3}]}").unwrap();

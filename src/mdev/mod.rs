@@ -35,6 +35,7 @@ pub mod types;
 use crate::host::HostRoot;
 use crate::model::PciAddress;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 /// Everything that can go wrong in `gpupass mdev`. Each message names the object and the fix.
@@ -83,41 +84,41 @@ pub enum MdevError {
     NotDefined(String),
     #[error("mdev {uuid} is defined for several parents ({}); add --parent", .parents.join(", "))]
     Ambiguous { uuid: String, parents: Vec<String> },
-    #[error("{what} is in use: {node} is open by {}; stop the VM or process first", holders_msg(.holders))]
+    #[error("{what} is in use: {} is open by {}; stop the VM or process first", .node.display(), holders_msg(.holders))]
     InUse {
         what: String,
-        node: String,
+        node: PathBuf,
         holders: Vec<Holder>,
     },
     #[error("parent {parent} of mdev {uuid} is not present on this host (driver not loaded, or SR-IOV not enabled?); nothing was started")]
     ParentGone { parent: String, uuid: String },
-    #[error("cannot write {value:?} to {path}{}", hint_for(.source))]
+    #[error("cannot write {value:?} to {}{}", .path.display(), hint_for(.source))]
     Write {
-        path: String,
+        path: PathBuf,
         value: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("setting attribute {attr} of mdev {uuid} ({path}) failed; {}", if *.rollback_ok { "the instance was removed again" } else { "the instance could NOT be removed again: remove it by hand" })]
+    #[error("setting attribute {attr} of mdev {uuid} ({}) failed; {}", .path.display(), if *.rollback_ok { "the instance was removed again" } else { "the instance could NOT be removed again: remove it by hand" })]
     AttrFailed {
         uuid: String,
         attr: String,
-        path: String,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
         rollback_ok: bool,
     },
-    #[error("the kernel accepted {value} for {path} but {expect} did not appear; nothing else was changed")]
+    #[error("the kernel accepted {value} for {} but {expect} did not appear; nothing else was changed", .path.display())]
     NotCreated {
-        path: String,
+        path: PathBuf,
         value: String,
         expect: String,
     },
-    #[error("cannot read mdev definitions in {path}: {reason}")]
-    BadDefinition { path: String, reason: String },
-    #[error("cannot write {path}")]
+    #[error("cannot read mdev definitions in {}: {reason}", .path.display())]
+    BadDefinition { path: PathBuf, reason: String },
+    #[error("cannot write {}", .path.display())]
     DefIo {
-        path: String,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -238,18 +239,23 @@ pub enum InstanceRef {
     Vf(PciAddress),
 }
 
+/// Text that is neither an mdev UUID nor a VF's PCI address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is neither an mdev UUID (8-4-4-4-12 hex digits) nor the PCI address of an NVIDIA vGPU VF (0000:41:00.4)")]
+pub struct InstanceRefError {
+    pub text: String,
+}
+
 impl FromStr for InstanceRef {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = InstanceRefError;
+    fn from_str(s: &str) -> Result<Self, InstanceRefError> {
         if let Ok(u) = s.parse::<MdevUuid>() {
             return Ok(InstanceRef::Uuid(u));
         }
         if let Ok(a) = s.parse::<PciAddress>() {
             return Ok(InstanceRef::Vf(a));
         }
-        Err(format!(
-            "{s:?} is neither an mdev UUID (8-4-4-4-12 hex digits) nor the PCI address of an NVIDIA vGPU VF (0000:41:00.4)"
-        ))
+        Err(InstanceRefError { text: s.to_string() })
     }
 }
 

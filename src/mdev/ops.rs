@@ -15,7 +15,7 @@ use std::path::Path;
 
 fn write(ops: &dyn HostOps, path: &Path, value: &str) -> Result<(), MdevError> {
     ops.write(path, value).map_err(|source| MdevError::Write {
-        path: ops.root().display(path),
+        path: ops.root().display(path).into(),
         value: value.trim_end().to_string(),
         source,
     })
@@ -137,7 +137,7 @@ fn create_one(
     let dev = root.mdev_devices().join(uuid.as_str());
     if !dev.exists() {
         return Err(MdevError::NotCreated {
-            path: root.display(&create),
+            path: root.display(&create).into(),
             value: uuid.to_string(),
             expect: root.display(&dev),
         });
@@ -149,7 +149,7 @@ fn create_one(
             return Err(MdevError::AttrFailed {
                 uuid: uuid.to_string(),
                 attr: k.clone(),
-                path: root.display(&p),
+                path: root.display(&p).into(),
                 source,
                 rollback_ok,
             });
@@ -174,7 +174,7 @@ fn set_vgpu_type(ops: &dyn HostOps, vf: &PciAddress, id: &str) -> Result<(), Mde
     let now = read_attr(&f).unwrap_or_default();
     if now.trim() != id {
         return Err(MdevError::NotCreated {
-            path: ops.root().display(&f),
+            path: ops.root().display(&f).into(),
             value: id.to_string(),
             expect: format!("the type in {} (reads {:?})", ops.root().display(&f), now.trim()),
         });
@@ -203,7 +203,7 @@ fn check_unused(
         if !h.is_empty() {
             return Err(MdevError::InUse {
                 what: what.to_string(),
-                node: n,
+                node: n.into(),
                 holders: h,
             });
         }
@@ -226,7 +226,7 @@ pub fn remove_mdev(
     write(ops, &dev.join("remove"), "1")?;
     if dev.exists() {
         return Err(MdevError::NotCreated {
-            path: ops.root().display(&dev.join("remove")),
+            path: ops.root().display(&dev.join("remove")).into(),
             value: "1".into(),
             expect: format!("the removal of {}", ops.root().display(&dev)),
         });
@@ -257,7 +257,7 @@ pub fn remove_vgpu(
     let now = read_attr(&f).unwrap_or_default();
     if !matches!(now.trim(), "0" | "") {
         return Err(MdevError::NotCreated {
-            path: ops.root().display(&f),
+            path: ops.root().display(&f).into(),
             value: "0".into(),
             expect: format!("a cleared type (reads {:?})", now.trim()),
         });

@@ -35,17 +35,22 @@ pub enum Hole64 {
     Size(u64),
 }
 
+/// Text that is not a `--pci-hole64` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --pci-hole64 {text:?}: expected auto, off, or a power-of-two size like 64G or 2T")]
+pub struct Hole64Error {
+    pub text: String,
+}
+
 impl std::str::FromStr for Hole64 {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Hole64Error;
+    fn from_str(s: &str) -> Result<Self, Hole64Error> {
         match s {
             "auto" => return Ok(Hole64::Auto),
             "off" => return Ok(Hole64::Off),
             _ => {}
         }
-        let bad = || {
-            format!("invalid --pci-hole64 {s:?}: expected auto, off, or a power-of-two size like 64G or 2T")
-        };
+        let bad = || Hole64Error { text: s.to_string() };
         let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (num, unit) = s.split_at(digits);
         let shift = match unit {

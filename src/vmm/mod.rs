@@ -47,16 +47,16 @@ pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
     #[error(
-        "{path} is not a character device (is --root a snapshot or fixture tree? KVM needs the live host)"
+        "{} is not a character device (is --root a snapshot or fixture tree? KVM needs the live host)", .path.display()
     )]
-    KvmNotDevice { path: String },
-    #[error("{path} does not exist: KVM is not available here; load it (`modprobe kvm_intel` or `modprobe kvm_amd`), enable VT-x/AMD-V in the firmware setup, or use a VM with nested virtualization")]
-    KvmMissing { path: String },
-    #[error("permission denied opening {path}: run as root, or add your user to the `kvm` group (`usermod -aG kvm $USER`, then log in again)")]
-    KvmPermission { path: String },
-    #[error("cannot open {path}")]
+    KvmNotDevice { path: PathBuf },
+    #[error("{} does not exist: KVM is not available here; load it (`modprobe kvm_intel` or `modprobe kvm_amd`), enable VT-x/AMD-V in the firmware setup, or use a VM with nested virtualization", .path.display())]
+    KvmMissing { path: PathBuf },
+    #[error("permission denied opening {}: run as root, or add your user to the `kvm` group (`usermod -aG kvm $USER`, then log in again)", .path.display())]
+    KvmPermission { path: PathBuf },
+    #[error("cannot open {}", .path.display())]
     KvmOpen {
-        path: String,
+        path: PathBuf,
         #[source]
         source: kvm_ioctls::Error,
     },
@@ -70,9 +70,9 @@ pub enum VmmError {
     Memory(String),
     #[error("firmware is {size} bytes; it must be 1 to {max} bytes (it is loaded at 0x1000 and must end below 0x80000)")]
     FirmwareSize { size: u64, max: u64 },
-    #[error("cannot read firmware {path}")]
+    #[error("cannot read firmware {}", .path.display())]
     FirmwareRead {
-        path: String,
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -312,7 +312,7 @@ impl SlotOps for KvmSlots<'_> {
 /// Open `<root>/dev/kvm` with errors that say how to fix them.
 pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
     let path = host.dev_kvm();
-    let shown = host.display(&path);
+    let shown = PathBuf::from(host.display(&path));
     match std::fs::metadata(&path) {
         Err(_) => return Err(VmmError::KvmMissing { path: shown }),
         Ok(m) if !std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => {
@@ -326,7 +326,7 @@ pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
 }
 
 /// The error for a failed open of `/dev/kvm`, by errno.
-fn open_error(e: kvm_ioctls::Error, path: String) -> VmmError {
+fn open_error(e: kvm_ioctls::Error, path: PathBuf) -> VmmError {
     match e.errno() {
         libc::EACCES | libc::EPERM => VmmError::KvmPermission { path },
         libc::ENOENT | libc::ENXIO | libc::ENODEV => VmmError::KvmMissing { path },
@@ -350,13 +350,13 @@ pub fn boot(
     let firmware: std::borrow::Cow<[u8]> = match &opts.firmware {
         Some(p) => {
             let meta = std::fs::metadata(p).map_err(|source| VmmError::FirmwareRead {
-                path: p.display().to_string(),
+                path: p.clone(),
                 source,
             })?;
             memory::check_firmware(meta.len().min(usize::MAX as u64) as usize)?;
             std::fs::read(p)
                 .map_err(|source| VmmError::FirmwareRead {
-                    path: p.display().to_string(),
+                    path: p.clone(),
                     source,
                 })?
                 .into()
@@ -671,7 +671,7 @@ mod tests {
         assert!(e.to_string().contains("usermod -aG kvm"), "{e}");
         let e = open_error(kvm_ioctls::Error::new(libc::ENXIO), "/dev/kvm".into());
         assert!(e.to_string().contains("modprobe kvm_intel"), "{e}");
-        assert!(!VmmError::KvmPermission { path: String::new() }.is_usage());
+        assert!(!VmmError::KvmPermission { path: PathBuf::new() }.is_usage());
         assert!(VmmError::FirmwareSize { size: 0, max: 1 }.is_usage());
     }
 

@@ -67,12 +67,12 @@ pub enum VfioDevError {
     NotViable { group: u32, blockers: String },
     #[error("invalid mdev UUID {input:?}: expected 8-4-4-4-12 hex digits like 2f3e4d5c-6b7a-4988-8776-655443322110")]
     BadUuid { input: String },
-    #[error("no mediated device {uuid} ({path}); create it first (`gpupass mdev create` or mdevctl), `gpupass list --all --json` lists the active ones")]
-    NoSuchMdev { uuid: String, path: String },
-    #[error("{node} does not exist; load VFIO (`modprobe vfio-pci`) and bind the device (`gpupass bind`)")]
-    NoNode { node: String },
-    #[error("VFIO needs the live host: vfio-ioctls opens /dev/vfio itself, so `--root {root}` cannot be used with --device/--mdev (the checks above passed against that root)")]
-    NotLiveRoot { root: String },
+    #[error("no mediated device {uuid} ({}); create it first (`gpupass mdev create` or mdevctl), `gpupass list --all --json` lists the active ones", .path.display())]
+    NoSuchMdev { uuid: String, path: PathBuf },
+    #[error("{} does not exist; load VFIO (`modprobe vfio-pci`) and bind the device (`gpupass bind`)", .node.display())]
+    NoNode { node: PathBuf },
+    #[error("VFIO needs the live host: vfio-ioctls opens /dev/vfio itself, so `--root {}` cannot be used with --device/--mdev (the checks above passed against that root)", .root.display())]
+    NotLiveRoot { root: PathBuf },
     #[error("opening {what} through VFIO failed")]
     Open {
         what: String,
@@ -193,7 +193,7 @@ pub fn resolve(
             let path = host.mdev_devices().join(&uuid);
             if !path.exists() {
                 return Err(VfioDevError::NoSuchMdev {
-                    path: host.display(&path),
+                    path: host.display(&path).into(),
                     uuid,
                 });
             }
@@ -261,7 +261,7 @@ pub fn resolve(
     for node in nodes {
         if !node.exists() {
             return Err(VfioDevError::NoNode {
-                node: host.display(&node),
+                node: host.display(&node).into(),
             });
         }
     }
@@ -300,7 +300,7 @@ impl Drop for VfioSession {
 pub fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
     if host.root() != Path::new("/") {
         return Err(VfioDevError::NotLiveRoot {
-            root: host.root().display().to_string(),
+            root: host.root().to_path_buf(),
         });
     }
     Ok(())

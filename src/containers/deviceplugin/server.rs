@@ -309,7 +309,7 @@ fn start_server(
             .serve_with_incoming(incoming)
             .await;
         if let Err(e) = r {
-            warn!("server for {label} stopped: {e}");
+            warn!("server for {label} stopped: {}", crate::model::ErrorChain(&e));
         }
     });
     Ok((task, path))
@@ -425,7 +425,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
                     *shared.inv.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(inv);
                     None
                 }
-                Ok(Err(e)) => Some(format!("cannot read the host: {e}")),
+                Ok(Err(e)) => Some(format!("cannot read the host: {}", crate::model::ErrorChain(&e))),
                 Err(e) => Some(format!("scan failed: {e}")),
             };
             match err {

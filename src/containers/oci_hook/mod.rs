@@ -49,8 +49,8 @@ pub const BACKEND_ANNOTATION: &str = "gpupass.dev/backend";
 pub enum HookError {
     #[error("malformed OCI state on stdin: {reason}; the runtime passes {{\"ociVersion\", \"id\", \"pid\", \"bundle\", ...}}")]
     BadState { reason: String },
-    #[error("bundle {path}: {reason}")]
-    Bundle { path: String, reason: String },
+    #[error("bundle {}: {reason}", .path.display())]
+    Bundle { path: PathBuf, reason: String },
     #[error("annotation {ANNOTATION}={value:?}: {item:?} is neither a PCI address (0000:01:00.0) nor an IOMMU group number")]
     BadRequest { value: String, item: String },
     #[error("{what} is not on this host; `gpupass groups` lists the groups and devices")]
@@ -88,12 +88,12 @@ pub enum HookError {
         #[source]
         source: std::io::Error,
     },
-    #[error("refusing {path} under the rootfs: {reason}")]
-    Unsafe { path: String, reason: String },
-    #[error("cannot create {path} in the container: {reason}")]
-    Create { path: String, reason: String },
-    #[error("cannot allow the devices in cgroup {cgroup} (cgroup v2 device filter): {reason}; run the hook as root (CAP_SYS_ADMIN and CAP_BPF) on a kernel with CONFIG_CGROUP_BPF, or request the devices through CDI, which has the runtime put them in its own filter")]
-    Bpf { cgroup: String, reason: String },
+    #[error("refusing {} under the rootfs: {reason}", .path.display())]
+    Unsafe { path: PathBuf, reason: String },
+    #[error("cannot create {} in the container: {reason}", .path.display())]
+    Create { path: PathBuf, reason: String },
+    #[error("cannot allow the devices in cgroup {} (cgroup v2 device filter): {reason}; run the hook as root (CAP_SYS_ADMIN and CAP_BPF) on a kernel with CONFIG_CGROUP_BPF, or request the devices through CDI, which has the runtime put them in its own filter", .cgroup.display())]
+    Bpf { cgroup: PathBuf, reason: String },
     #[error("annotation {BACKEND_ANNOTATION}={value:?}: expected legacy, iommufd or auto")]
     BadBackend { value: String },
     #[error("--backend iommufd (annotation {BACKEND_ANNOTATION}): {what} cannot use iommufd: {reason}; {}; use legacy or auto", crate::inventory::backend::IOMMUFD_NEEDS)]
@@ -430,11 +430,11 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
     }
     let cfg_path = bundle.join("config.json");
     let cfg_text = crate::host::read_bounded(&cfg_path, 16 << 20).map_err(|e| HookError::Bundle {
-        path: st.bundle.clone(),
+        path: PathBuf::from(&st.bundle),
         reason: format!("cannot read config.json: {e}"),
     })?;
     let config: serde_json::Value = serde_json::from_str(&cfg_text).map_err(|e| HookError::Bundle {
-        path: st.bundle.clone(),
+        path: PathBuf::from(&st.bundle),
         reason: format!("config.json is not JSON: {e}"),
     })?;
     let value = st
@@ -458,7 +458,7 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
         reason: "no pid: run gpupass as a createRuntime (or prestart) hook".into(),
     })?;
     let root_path = config["root"]["path"].as_str().ok_or_else(|| HookError::Bundle {
-        path: st.bundle.clone(),
+        path: PathBuf::from(&st.bundle),
         reason: "config.json has no root.path".into(),
     })?;
     let rootfs = if Path::new(root_path).is_absolute() {
@@ -468,7 +468,7 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
     };
     if !rootfs.is_dir() {
         return Err(HookError::Bundle {
-            path: st.bundle.clone(),
+            path: PathBuf::from(&st.bundle),
             reason: format!("root.path {} is not a directory", rootfs.display()),
         });
     }
@@ -553,7 +553,7 @@ pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
             let dir = v2_dir(host, &rel);
             let shown = host.display(&dir);
             let bpf_err = |reason: String| HookError::Bpf {
-                cgroup: shown.clone(),
+                cgroup: shown.clone().into(),
                 reason,
             };
             if rel.split('/').any(|c| c == "..") {

@@ -11,7 +11,7 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Join the mount namespace behind `ns` (an open `/proc/<pid>/ns/mnt`).
 pub fn enter_mount_ns(ns: &std::fs::File) -> rustix::io::Result<()> {
@@ -27,7 +27,7 @@ const DIR_PATH: OFlags = OFlags::PATH
 /// time with O_NOFOLLOW: a symlink anywhere on the way is refused, so nothing escapes `root`.
 fn open_dir_in(root: &OwnedFd, rel: &str, shown: &str) -> Result<OwnedFd, HookError> {
     let unsafe_path = |reason: String| HookError::Unsafe {
-        path: shown.into(),
+        path: PathBuf::from(shown),
         reason,
     };
     let mut cur: Option<OwnedFd> = None;
@@ -58,7 +58,7 @@ fn open_dir_in(root: &OwnedFd, rel: &str, shown: &str) -> Result<OwnedFd, HookEr
 /// Create every node under `rootfs`; on any failure remove the ones made. Returns the paths.
 pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookError> {
     let root = open(rootfs, DIR_PATH, Mode::empty()).map_err(|e| HookError::Create {
-        path: rootfs.display().to_string(),
+        path: rootfs.to_path_buf(),
         reason: format!("cannot open the rootfs in the container's mount namespace: {e}"),
     })?;
     let mut made: Vec<(OwnedFd, String, String)> = Vec::new();
@@ -69,7 +69,7 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
             let parent = open_dir_in(&root, dir, &n.path)?;
             let (Ok(major), Ok(minor)) = (u32::try_from(n.major), u32::try_from(n.minor)) else {
                 return Err(HookError::Create {
-                    path: n.path.clone(),
+                    path: PathBuf::from(&n.path),
                     reason: format!("device number {}:{} is out of range", n.major, n.minor),
                 });
             };
@@ -85,7 +85,7 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
                         AtFlags::SYMLINK_NOFOLLOW,
                     )
                     .map_err(|e| HookError::Create {
-                        path: n.path.clone(),
+                        path: PathBuf::from(&n.path),
                         reason: format!("chown: {e}"),
                     })?;
                     made.push((parent, name.to_string(), n.path.clone()));
@@ -94,20 +94,20 @@ pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookEr
                     // Already there (the runtime or an earlier hook): fine if it is the same node.
                     let st =
                         statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| HookError::Create {
-                            path: n.path.clone(),
+                            path: PathBuf::from(&n.path),
                             reason: e.to_string(),
                         })?;
                     let is_chr = FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice;
                     if !is_chr || st.st_rdev != dev {
                         return Err(HookError::Unsafe {
-                            path: n.path.clone(),
+                            path: PathBuf::from(&n.path),
                             reason: "something else already exists there".into(),
                         });
                     }
                 }
                 Err(e) => {
                     return Err(HookError::Create {
-                        path: n.path.clone(),
+                        path: PathBuf::from(&n.path),
                         reason: e.to_string(),
                     })
                 }

@@ -59,10 +59,14 @@ newer; pin {needed} or drop --cdi-version"
         needed: CdiVersion,
         reason: &'static str,
     },
-    #[error("cannot write {path}: {error}; is the directory writable (root)?")]
-    Write { path: String, error: std::io::Error },
-    #[error("cannot read {path}: {reason}")]
-    Read { path: String, reason: String },
+    #[error("cannot write {}; is the directory writable (root)?", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {}: {reason}", .path.display())]
+    Read { path: PathBuf, reason: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
     #[error(transparent)]
@@ -104,9 +108,16 @@ impl fmt::Display for CdiVersion {
     }
 }
 
+/// Text that is not a CDI version gpupass knows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown CDI version {text:?}; known: {}", CdiVersion::KNOWN.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "))]
+pub struct CdiVersionError {
+    pub text: String,
+}
+
 impl FromStr for CdiVersion {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = CdiVersionError;
+    fn from_str(s: &str) -> Result<Self, CdiVersionError> {
         let t = s.trim().trim_start_matches('v');
         let parts: Vec<u32> = t.split('.').map(|p| p.parse().unwrap_or(u32::MAX)).collect();
         let v = match parts.as_slice() {
@@ -116,8 +127,7 @@ impl FromStr for CdiVersion {
         if CdiVersion::KNOWN.contains(&v) {
             Ok(v)
         } else {
-            let known: Vec<String> = CdiVersion::KNOWN.iter().map(|k| k.to_string()).collect();
-            Err(format!("unknown CDI version {s:?}; known: {}", known.join(", ")))
+            Err(CdiVersionError { text: s.to_string() })
         }
     }
 }
@@ -156,10 +166,20 @@ impl From<Kind> for String {
 }
 
 impl TryFrom<String> for Kind {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = KindError;
+    fn try_from(s: String) -> Result<Self, KindError> {
         s.parse()
     }
+}
+
+/// Text that is not a CDI kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid CDI kind {text:?}: expected vendor/class like {DEFAULT_KIND}, each part starting \
+with a letter, ending with a letter or digit, with only letters, digits, '_', '-' and '.'"
+)]
+pub struct KindError {
+    pub text: String,
 }
 
 fn valid_kind_part(p: &str) -> bool {
@@ -172,14 +192,9 @@ fn valid_kind_part(p: &str) -> bool {
 }
 
 impl FromStr for Kind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "invalid CDI kind {s:?}: expected vendor/class like {DEFAULT_KIND}, each part starting \
-with a letter, ending with a letter or digit, with only letters, digits, '_', '-' and '.'"
-            )
-        };
+    type Err = KindError;
+    fn from_str(s: &str) -> Result<Self, KindError> {
+        let bad = || KindError { text: s.to_string() };
         let (v, c) = s.split_once('/').ok_or_else(bad)?;
         if !valid_kind_part(v) || !valid_kind_part(c) {
             return Err(bad());
@@ -680,8 +695,8 @@ pub fn write_to_host(
     let name = spec_file_name(&opts.kind);
     let path = host.cdi_dynamic_dir().join(&name);
     write_atomic(&path, to_json(&r.spec).as_bytes()).map_err(|e| CdiError::Write {
-        path: host.display(&path),
-        error: e,
+        path: host.display(&path).into(),
+        source: e,
     })?;
     record(host, &name, opts, false)?;
     Ok((path, r.warnings))
@@ -696,8 +711,8 @@ fn record(host: &HostRoot, name: &str, opts: &Options, emptied: bool) -> Result<
     let of = options_file(host, name);
     let text = serde_json::to_string_pretty(&rec).expect("options serialize");
     write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
-        path: host.display(&of),
-        error: e,
+        path: host.display(&of).into(),
+        source: e,
     })
 }
 
@@ -719,7 +734,7 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
     let dir = host.cdi_dynamic_dir();
     let mut todo: Vec<(String, Options)> = Vec::new();
     let names = crate::host::dir_names(&dir).map_err(|e| CdiError::Read {
-        path: host.display(&dir),
+        path: host.display(&dir).into(),
         reason: e.to_string(),
     })?;
     for n in names
@@ -733,11 +748,11 @@ pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
                 // A spec without its record: keep its kind and version.
                 let p = dir.join(n);
                 let text = crate::host::read_bounded(&p, 64 << 20).map_err(|e| CdiError::Read {
-                    path: host.display(&p),
+                    path: host.display(&p).into(),
                     reason: e.to_string(),
                 })?;
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| CdiError::Read {
-                    path: host.display(&p),
+                    path: host.display(&p).into(),
                     reason: e.to_string(),
                 })?;
                 let kind = v["kind"]
