@@ -150,18 +150,28 @@ impl BarRegions for Registers {
 
 /// The emulated device, ready to present.
 pub fn device() -> Result<PresentedDevice, VmmError> {
-    let fb = MmapRegion::new(FRAMEBUFFER_SIZE as usize)
-        .map_err(|e| VmmError::Memory(format!("cannot allocate the emulated framebuffer: {e}")))?;
+    let fb = MmapRegion::new(FRAMEBUFFER_SIZE as usize).map_err(|e| VmmError::GuestMemory {
+        what: "cannot allocate the emulated framebuffer".into(),
+        source: e.into(),
+    })?;
     fb.get_slice(0, 4)
         .and_then(|s| s.write_obj(FRAMEBUFFER_MARKER, 0))
-        .map_err(|e| VmmError::Memory(format!("cannot initialise the emulated framebuffer: {e}")))?;
-    let high = MmapRegion::new(HIGH_SIZE as usize)
-        .map_err(|e| VmmError::Memory(format!("cannot allocate the emulated 64-bit BAR: {e}")))?;
+        .map_err(|e| VmmError::GuestMemory {
+            what: "cannot initialise the emulated framebuffer".into(),
+            source: e.into(),
+        })?;
+    let high = MmapRegion::new(HIGH_SIZE as usize).map_err(|e| VmmError::GuestMemory {
+        what: "cannot allocate the emulated 64-bit BAR".into(),
+        source: e.into(),
+    })?;
     high.get_slice(0, 4)
         .and_then(|s| s.write_obj(HIGH_FIRST, 0))
         .and_then(|_| high.get_slice(HIGH_SIZE as usize - 4, 4))
         .and_then(|s| s.write_obj(HIGH_LAST, 0))
-        .map_err(|e| VmmError::Memory(format!("cannot initialise the emulated 64-bit BAR: {e}")))?;
+        .map_err(|e| VmmError::GuestMemory {
+            what: "cannot initialise the emulated 64-bit BAR".into(),
+            source: e.into(),
+        })?;
     let (fb, high) = (Arc::new(fb), Arc::new(high));
     let areas = vec![
         HostArea {

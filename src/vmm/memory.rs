@@ -150,8 +150,10 @@ impl BootInfo {
 
 /// Guest RAM: `size` bytes at GPA 0.
 pub fn create(size: u64) -> Result<GuestMemoryMmap, VmmError> {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)])
-        .map_err(|e| VmmError::Memory(format!("cannot allocate {size} bytes of guest RAM: {e}")))
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).map_err(|e| VmmError::GuestMemory {
+        what: format!("cannot allocate {size} bytes of guest RAM"),
+        source: e.into(),
+    })
 }
 
 /// Check a firmware image fits its area.
@@ -193,11 +195,20 @@ pub fn page_tables() -> Vec<u8> {
 pub fn load(mem: &GuestMemoryMmap, firmware: &[u8], info: BootInfo) -> Result<(), VmmError> {
     check_firmware(firmware.len())?;
     mem.write_slice(&page_tables(), GuestAddress(p::FW_PT_BASE))
-        .map_err(|e| VmmError::Memory(format!("cannot write page tables: {e}")))?;
+        .map_err(|e| VmmError::GuestMemory {
+            what: "cannot write page tables".into(),
+            source: e.into(),
+        })?;
     mem.write_slice(firmware, GuestAddress(FIRMWARE_LOAD))
-        .map_err(|e| VmmError::Memory(format!("cannot load firmware: {e}")))?;
+        .map_err(|e| VmmError::GuestMemory {
+            what: "cannot load firmware".into(),
+            source: e.into(),
+        })?;
     mem.write_slice(&info.to_bytes(), GuestAddress(BOOT_INFO_ADDR))
-        .map_err(|e| VmmError::Memory(format!("cannot write boot info: {e}")))?;
+        .map_err(|e| VmmError::GuestMemory {
+            what: "cannot write boot info".into(),
+            source: e.into(),
+        })?;
     Ok(())
 }
 
@@ -215,7 +226,10 @@ pub fn regions(mem: &GuestMemoryMmap) -> Result<Vec<RamRegion>, VmmError> {
     for r in mem.iter() {
         let host = r
             .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|e| VmmError::Memory(format!("guest RAM region without a host mapping: {e}")))?;
+            .map_err(|e| VmmError::GuestMemory {
+                what: "guest RAM region without a host mapping".into(),
+                source: e.into(),
+            })?;
         v.push(RamRegion {
             gpa: r.start_addr().0,
             len: r.len(),

@@ -68,6 +68,13 @@ pub enum VmmError {
     },
     #[error("{0}")]
     Memory(String),
+    /// A guest-memory operation failed: what gpupass was doing, vm-memory's error as the source.
+    #[error("{what}")]
+    GuestMemory {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("firmware is {size} bytes; it must be 1 to {max} bytes (it is loaded at 0x1000 and must end below 0x80000)")]
     FirmwareSize { size: u64, max: u64 },
     #[error("cannot read firmware {}", .path.display())]
