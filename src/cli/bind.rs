@@ -103,8 +103,9 @@ pub(crate) fn announce(plan: &crate::bind::Plan) {
 pub(crate) fn after_change(host: &HostRoot, changed: &[PciAddress]) {
     if let Err(e) = crate::output::cdi::refresh(host) {
         messages::warn(format_args!(
-            "{} changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`",
-            addrs(changed)
+            "{} changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`",
+            addrs(changed),
+            crate::model::ErrorChain(&e)
         ));
     }
 }

@@ -110,7 +110,11 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
         while let Some(ev) = sock.next(None)? {
             match cdi::refresh(&ctx.host) {
                 Ok(()) => writeln!(out, "refreshed {} after {}", path.display(), ev.line())?,
-                Err(e) => messages::warn(format_args!("refresh after {} failed: {e}", ev.line())),
+                Err(e) => messages::warn(format_args!(
+                    "refresh after {} failed: {}",
+                    ev.line(),
+                    crate::model::ErrorChain(&e)
+                )),
             }
             out.flush()?;
         }

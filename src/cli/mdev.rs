@@ -170,7 +170,7 @@ impl MdevCommand {
 fn after_change(host: &HostRoot) {
     if let Err(e) = crate::output::cdi::refresh(host) {
         messages::warn(format_args!(
-            "mdev instances changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`"
+            "mdev instances changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`", crate::model::ErrorChain(&e)
         ));
     }
 }
@@ -433,7 +433,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 match r {
                     Ok(_) => started.push(d.clone()),
                     Err(e) if !auto_all => return Err(e.into()),
-                    Err(e) => failed.push((d.clone(), e.to_string())),
+                    Err(e) => failed.push((d.clone(), crate::model::ErrorChain(&e).to_string())),
                 }
             }
             if !started.is_empty() {

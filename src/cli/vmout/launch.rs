@@ -95,35 +95,36 @@ fn parse_memlock(s: &str) -> Result<u64, String> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("gpupass launch opens the live host's /dev/iommu and VFIO cdevs for the VMM; it cannot run against --root {root} (drop --root)")]
-    NotLive { root: String },
-    #[error("cannot open {node}: {source}; gpupass launch opens the VFIO nodes itself and must run as root")]
+    #[error("gpupass launch opens the live host's /dev/iommu and VFIO cdevs for the VMM; it cannot run against --root {} (drop --root)", root.display())]
+    NotLive { root: PathBuf },
+    #[error("cannot open {node}; gpupass launch opens the VFIO nodes itself and must run as root")]
     Open {
+        /// As the user knows it (`HostRoot::display`).
         node: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot switch {node} to per-process memlock accounting (IOMMU_OPTION_RLIMIT_MODE): {source}; it needs CAP_SYS_RESOURCE (run as root), or pass --keep-user-accounting")]
+    #[error("cannot switch {node} to per-process memlock accounting (IOMMU_OPTION_RLIMIT_MODE); it needs CAP_SYS_RESOURCE (run as root), or pass --keep-user-accounting")]
     RlimitMode {
         node: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot set RLIMIT_MEMLOCK to {value}: {source}")]
+    #[error("cannot set RLIMIT_MEMLOCK to {value}")]
     Memlock {
         value: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot keep descriptor {fd} open across exec: {source}")]
+    #[error("cannot keep descriptor {fd} open across exec")]
     Inherit {
         fd: i32,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot run {program}: {source}")]
+    #[error("cannot run {}", program.display())]
     Exec {
-        program: String,
+        program: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -168,7 +169,7 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     backend::resolve_vm(Policy::Iommufd, inv, &[], None)?;
     if host.root() != Path::new("/") {
         return Err(LaunchError::NotLive {
-            root: host.root().display().to_string(),
+            root: host.root().to_path_buf(),
         }
         .into());
     }
@@ -249,7 +250,7 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     // exec returns only on failure; the descriptors close with `held` and `iommu`.
     let e = cmd.exec();
     Err(LaunchError::Exec {
-        program: program.to_string_lossy().into_owned(),
+        program: PathBuf::from(&program),
         source: e,
     }
     .into())

@@ -31,7 +31,7 @@ pub enum VmOutError {
     Qemu(#[from] qemu::QemuError),
     #[error(transparent)]
     DomXml(#[from] domxml::DomXmlError),
-    #[error("writing the output failed: {0}")]
+    #[error("writing the output failed")]
     Io(#[from] io::Error),
     /// A combination of options that cannot work (exit status 2).
     #[error("{0}")]
