@@ -25,9 +25,9 @@
 //! or `hostPath` need 0.5.0, mount `type` 0.4.0, a `.` in the class or annotations 0.6.0.
 //! Podman 4.3 accepts at most 0.5.0, so gpupass uses no newer field.
 
-use crate::inventory::native::DriverFiles;
 use crate::host::HostRoot;
 use crate::inventory::backend::{self, BackendError, Policy};
+use crate::inventory::native::DriverFiles;
 use crate::model::{Backend, Inventory, PciDevice};
 use crate::output::naming;
 use serde::{Deserialize, Serialize};
