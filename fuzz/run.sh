@@ -23,8 +23,8 @@ summarize() {
   local t=$1 log=target/logs/$1.log
   local runs secs last
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1 | awk '{print $5}')
-  last=$(grep -E '^#[0-9]+' "$log" | grep ' cov: ' | tail -1)
+  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$log" | tail -1 | awk '{print $5}' || true)
+  last=$(grep -E '^#[0-9]+' "$log" | grep ' cov: ' | tail -1 || true)
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$runs" "$secs" \
     "$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")" \
     "$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")" \
