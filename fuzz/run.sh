@@ -12,10 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")"
 secs=${1:-30}
 par=${2:-1}
-targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.toml | grep -v '^gpupass-fuzz$')
+# FUZZ_TARGETS="a b": only those (default: every target in Cargo.toml); FUZZ_SUMMARY: the
+# summary file (default target/logs/summary.tsv), for two runs side by side.
+targets=${FUZZ_TARGETS:-$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.toml | grep -v '^gpupass-fuzz$')}
+summary=${FUZZ_SUMMARY:-target/logs/summary.tsv}
 cargo fuzz build -s none >/dev/null
 mkdir -p target/logs
-printf 'target\texecutions\tseconds\tcov\tft\tcorpus(entries/bytes)\tseed_files\n' > target/logs/summary.tsv
+printf 'target\texecutions\tseconds\tcov\tft\tcorpus(entries/bytes)\tseed_files\n' > "$summary"
 fail=0
 # target, executions, seconds, cov (edges), ft (features), corpus entries and bytes at the end,
 # seed files: libFuzzer's own final counters (-print_final_stats and its last status line).
@@ -29,7 +32,7 @@ summarize() {
     "$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")" \
     "$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")" \
     "$(sed -n 's/.* corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")" \
-    "$(find "corpus/$t" -type f | wc -l)" >> target/logs/summary.tsv
+    "$(find "corpus/$t" -type f | wc -l)" >> "$summary"
 }
 run_one() {
   local t=$1 work=target/corpus/$1
