@@ -27,7 +27,6 @@ pub mod reset;
 pub mod serial;
 pub mod vcpu;
 pub mod verdict;
-#[allow(unsafe_code)] // VFIO DMA maps and BAR mmaps (the whole of vmm allows it: KVM)
 pub mod vfio;
 
 use crate::host::HostRoot;
