@@ -349,7 +349,7 @@ fn hook_runs(label: &str, root: &Path, request: &str, shape: Shape, bins: &[(Str
     };
     for (k, (name, _)) in bins.iter().enumerate() {
         println!(
-            "oci-hook [{name}], {label}, {shape_name}: median {}, p99 {} per container start (200 runs, interleaved); filter changed: {}",
+            "oci-hook [{name}], {label}, {shape_name}: median {}, p99 {} per container start ({timed} runs, interleaved); filter changed: {}",
             ms(pct(&mut runs[k], 0.5)),
             ms(pct(&mut runs[k], 0.99)),
             if wrote[k] { "yes" } else { "no" }
