@@ -19,8 +19,6 @@ impl Exit {
     pub const SUCCESS: Exit = Exit(0);
     /// Ran, and the answer is no.
     pub const FAILURE: Exit = Exit(1);
-    /// A usage error reported without an [`Error`] (none today; the value of [`Error::usage`]).
-    pub const USAGE: Exit = Exit(2);
 
     pub fn failure_if(failed: bool) -> Exit {
         if failed {
@@ -83,10 +81,6 @@ impl Error {
 
     pub fn prefix(&self) -> &'static str {
         self.prefix
-    }
-
-    pub fn is_usage(&self) -> bool {
-        self.status == 2
     }
 
     /// The reader went away (`gpupass list | head`): stop quietly, as other Unix tools do.
