@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# The lab's QEMU: Debian's qemu-system-x86 10.0 from bookworm-backports (the
-# same build as the qemu-utils 10.0 these machines come with; iommufd needs
-# QEMU 8.2+), with the libraries the system lacks, unpacked into the lab
-# cache.  Nothing is installed and the system's apt configuration is never
-# touched, so no preinstalled package is ever removed.
+# The lab's QEMU: Debian's qemu-system-x86 10.0 from bookworm-backports
+# (iommufd needs QEMU 8.2+; bookworm's own is 7.2), with the libraries the
+# system lacks, unpacked into the lab cache.  Nothing is installed and the
+# system's apt configuration is never touched, so no preinstalled package is
+# ever removed, and whatever QEMU the host has (none, Debian's 7.2,
+# backports' 10.0) the tree is the same build throughout:
+#  - the QEMU packages are always fetched, even when the system has them;
+#  - every loadable module of the build is in the tree (the module packages
+#    are fetched without their libraries): QEMU looks for a module in
+#    QEMU_MODULE_DIR first and only then in its compiled-in directory,
+#    /usr/lib/x86_64-linux-gnu/qemu, where another build's module makes it
+#    abort ("Only modules from the same build can be loaded", then
+#    `Assertion QTAILQ_EMPTY(&dso_init_list)` in module_load_dso, as libvirt's
+#    qom-list-types probe does); a module whose library is missing fails to
+#    open, cleanly, in our directory and the search stops there;
+#  - the tree is checked with that probe when fetched and before each use.
 #
 #   lab/tools/qemu.sh prepare CACHE_ROOT     print the path of the qemu-system-x86_64 wrapper
 #   lab/tools/qemu.sh carry CACHE_ROOT ROOT  copy QEMU, its libraries and firmware into
@@ -14,6 +25,25 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 action=$1 CACHE_ROOT=$2
 SUITE=bookworm-backports
+# Bumped when the tree's contents change, so older cache entries are refetched.
+LAYOUT=2
+# Packages of the QEMU build itself (PKG=VER with the build's version): the
+# first are resolved with their dependencies, the module packages are fetched
+# alone (their GUI/OpenGL/SPICE libraries are not needed by the lab).
+BUILD_PACKAGES=(qemu-system-x86 qemu-system-common qemu-system-data)
+MODULE_PACKAGES=(qemu-system-modules-opengl qemu-system-modules-spice qemu-system-gui qemu-block-extra)
+FIRMWARE_PACKAGES=(seabios ipxe-qemu)
+
+# The probe libvirt runs first: every QOM type, which loads every module.
+# Exit 0 and a type list, or the QEMU's own words.
+probe() { # WRAPPER
+  local out
+  out=$(printf '%s\n' '{"execute":"qmp_capabilities"}' '{"execute":"qom-list-types"}' '{"execute":"quit"}' |
+    timeout 60 "$1" -M none -nodefaults -display none -qmp stdio 2>&1) &&
+    [[ $out == *'"name": "vfio-pci"'* ]] && return 0
+  printf '%s\n' "$out" | grep -v '^{"return"' | tail -20 >&2
+  return 1
+}
 log() { printf 'lab: qemu: %s\n' "$*" >&2; }
 die() { printf 'lab: error: qemu: %s\n' "$*" >&2; exit 2; }
 
@@ -21,13 +51,19 @@ prepare() {
   if [[ -n ${GPUPASS_LAB_QEMU:-} ]]; then echo "$GPUPASS_LAB_QEMU"; return; fi
   local state=$CACHE_ROOT/apt ver entry
   # A complete entry is used without asking apt (offline re-runs).
-  entry=$(ls -d "$CACHE_ROOT"/qemu-*/.complete 2>/dev/null | sort -V | tail -1 || true)
+  entry=$(ls -d "$CACHE_ROOT"/qemu-*-l$LAYOUT/.complete 2>/dev/null | sort -V | tail -1 || true)
   if [[ -n $entry && -z ${GPUPASS_LAB_QEMU_REFRESH:-} ]]; then
-    echo "$(dirname "$entry")/bin/qemu-system-x86_64"; return
+    # The libraries taken from the system may have gone since (a package
+    # removed): the probe says so, and the entry is fetched again.
+    if probe "$(dirname "$entry")/bin/qemu-system-x86_64" 2>/dev/null; then
+      echo "$(dirname "$entry")/bin/qemu-system-x86_64"; return
+    fi
+    log "the cached QEMU in $(dirname "$entry") no longer runs here; fetching it again"
+    rm -f "$entry"
   fi
   ver=$("$HERE/aptfetch.sh" "$state" $SUITE version qemu-system-x86)
   [[ -n $ver ]] || die "no qemu-system-x86 in $SUITE"
-  entry=$CACHE_ROOT/qemu-${ver//[:~+]/_}
+  entry=$CACHE_ROOT/qemu-${ver//[:~+]/_}-l$LAYOUT
   mkdir -p "$CACHE_ROOT"
   exec 7>"$entry.lock"
   flock 7
@@ -35,7 +71,11 @@ prepare() {
     local t0; t0=$(date +%s)
     log "fetching qemu-system-x86 $ver and the libraries this system lacks from $SUITE"
     rm -rf "$entry"; mkdir -p "$entry/debs" "$entry/root" "$entry/bin"
-    "$HERE/aptfetch.sh" "$state" $SUITE closure "$entry/debs" "qemu-system-x86=$ver" >"$entry/packages"
+    local p named=() extra=()
+    for p in "${BUILD_PACKAGES[@]}"; do named+=("$p=$ver"); done
+    for p in "${MODULE_PACKAGES[@]}"; do extra+=("$p=$ver"); done
+    "$HERE/aptfetch.sh" "$state" $SUITE closure "$entry/debs" "${named[@]}" "${FIRMWARE_PACKAGES[@]}" \
+      -- "${extra[@]}" >"$entry/packages" || die "could not fetch QEMU $ver from $SUITE (aptfetch's message is above)"
     local d
     for d in "$entry"/debs/*.deb; do dpkg -x "$d" "$entry/root"; done
     rm -rf "$entry/debs" "$entry/root/usr/share/doc" "$entry/root/usr/share/man"
@@ -51,6 +91,8 @@ QEMU_MODULE_DIR=$r/usr/lib/x86_64-linux-gnu/qemu \
 WRAP
     chmod +x "$entry/bin/qemu-system-x86_64"
     "$entry/bin/qemu-system-x86_64" --version >&2 || die "the unpacked QEMU does not run"
+    probe "$entry/bin/qemu-system-x86_64" ||
+      die "the unpacked QEMU fails libvirt's qom-list-types probe (its output is above)"
     echo "$ver fetched in $(($(date +%s) - t0)) s" >"$entry/.complete"
     log "qemu $ver ready in $(($(date +%s) - t0)) s ($(du -sh "$entry" | cut -f1))"
   fi

@@ -20,6 +20,7 @@ mod fixtures_current;
 mod hostile;
 mod inventory;
 mod lab;
+mod labqemu;
 mod labtool;
 mod mdev;
 mod oci_hook;

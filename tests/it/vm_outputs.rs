@@ -2088,11 +2088,25 @@ fn libvirt_qemu_driver_turns_the_domains_into_qemu_command_lines() {
             .arg(&f)
             .output()
             .unwrap();
-        assert!(
-            o.status.success(),
-            "libvirt's QEMU driver refused {name}:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        if !o.status.success() {
+            // libvirt often says only "An error occurred, but the cause is unknown" when its
+            // probe of the emulator failed: run that probe (qom-list-types) and show QEMU's words.
+            let probe = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "printf '%s\\n' '{{\"execute\":\"qmp_capabilities\"}}' '{{\"execute\":\"qom-list-types\"}}' \
+                     '{{\"execute\":\"quit\"}}' | timeout 60 {}/qemu/bin/qemu-system-x86_64 -M none \
+                     -nodefaults -display none -qmp stdio 2>&1 | grep -v '^{{\"return' | tail -20",
+                    h.display()
+                ))
+                .output()
+                .unwrap();
+            panic!(
+                "libvirt's QEMU driver refused {name}:\n{}\nthe emulator's qom-list-types probe said:\n{}",
+                String::from_utf8_lossy(&o.stderr),
+                String::from_utf8_lossy(&probe.stdout)
+            );
+        }
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
     // Two L40S on two nodes plus an A6000 with its audio function: expanders and cells.
