@@ -5,8 +5,8 @@
 set -euo pipefail
 need=()
 # QEMU is not installed: the lab (and tests/it/vm_outputs.rs) unpack Debian's qemu-system-x86 10.0
-# from bookworm-backports into the lab cache (lab/tools/qemu.sh), which matches the qemu-utils
-# 10.0 these machines come with; bookworm's 7.2 could only be installed by removing it.
+# from bookworm-backports into the lab cache (lab/tools/qemu.sh), whatever QEMU the host has
+# (none, Debian's 7.2, backports' 10.0: docs/testing.md); nothing here installs or removes QEMU.
 # The lab's 6.12 kernel is built from linux-source-6.12 (lab/kernel/build.sh) with these:
 for p in flex bison bc; do command -v $p >/dev/null || need+=($p); done
 [ -f /usr/include/libelf.h ] || need+=(libelf-dev)
