@@ -121,7 +121,7 @@ fn the_lab_qemu_never_loads_another_builds_modules() {
         .arg(Path::new(&cache).join("apt"))
         .args(["bookworm", "download"])
         .arg(&debs)
-        .args(&pk)
+        .args(pk)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
