@@ -1,6 +1,7 @@
 //! `gpupass mdev ...`: clap arguments and the dispatch of each subcommand.
 
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::host::HostRoot;
 use crate::mdev::defs::{self, Definition, StartMode};
 use crate::mdev::types::{self, ParentKind};

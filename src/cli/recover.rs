@@ -2,7 +2,8 @@
 //! journal ([`crate::bind::apply::recover`]).
 
 use super::bind::after_change;
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::bind::apply;
 use clap::Args;
 use std::io::Write;

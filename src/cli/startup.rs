@@ -12,7 +12,8 @@
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
 
 use super::bind::BindArgs;
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::host::{dir_names, read_attr, HostRoot};
 use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
