@@ -150,6 +150,7 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
             uuid: None,
             parent: None,
             auto_all: true,
+            dry_run: false,
         };
         match super::mdev::run_plain(ctx, cmd, out) {
             Ok(Exit::SUCCESS) => {}

@@ -32,12 +32,17 @@ fn fake_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// Every path under `root` with its content or link target: equal digests = nothing changed.
+/// `run/` (the journal and the lock, which a change that rolled back leaves behind with its
+/// `rolled_back` record) is not the host's state and is left out.
 fn digest(root: &Path) -> BTreeMap<String, String> {
     fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         for e in std::fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
             let p = e.path();
             let rel = p.strip_prefix(base).unwrap().display().to_string();
+            if rel == "run" {
+                continue;
+            }
             let ft = e.file_type().unwrap();
             if ft.is_symlink() {
                 out.insert(rel, format!("-> {}", std::fs::read_link(&p).unwrap().display()));
