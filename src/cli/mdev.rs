@@ -471,6 +471,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             let mut started = Vec::new();
             let mut failed = Vec::new();
             let host_ops = ctx.live(name)?;
+            let mut plans = Vec::new();
             for d in &todo {
                 let r = (|| {
                     let p = types::resolve(&inv, &parents, &d.parent).map_err(|_| MdevError::ParentGone {
@@ -481,7 +482,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                     let u: MdevUuid = d.uuid.parse().map_err(MdevError::Usage)?;
                     let (plan, _) = ops::plan_create(host, name, &inv, &p, t, &[u], 1, &d.attrs)?;
                     if dry_run {
-                        out.write_all(plan.render().as_bytes())?;
+                        plans.push(plan);
                         return Ok(());
                     }
                     crate::mdev::plan::execute(host_ops, &plan)
@@ -493,7 +494,22 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 }
             }
             if dry_run {
-                writeln!(out, "dry run: nothing was changed")?;
+                // One plan per definition: each is applied (and fails) on its own.
+                if json {
+                    let writes: usize = plans.iter().map(|p| p.write_count()).sum();
+                    json_out(
+                        out,
+                        &json!({ "plan": plans.first(), "plans": plans, "writes": writes, "dry_run": true }),
+                    )?;
+                } else {
+                    for p in &plans {
+                        out.write_all(p.render().as_bytes())?;
+                    }
+                    for (d, e) in &failed {
+                        writeln!(out, "FAILED {} ({} on {}): {e}", d.uuid, d.mdev_type, d.parent)?;
+                    }
+                    writeln!(out, "dry run: nothing was changed")?;
+                }
                 return Ok(Exit::failure_if(!failed.is_empty()));
             }
             if !started.is_empty() {
