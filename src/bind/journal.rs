@@ -74,6 +74,20 @@ pub enum Record {
         /// `before` (restored) or `after` (completed with --continue).
         to: String,
     },
+    /// The plan of a change of another kind than bind/unbind (`domain`: `mdev`), journaled
+    /// under the same lock and the same records (`step`, `undo`, `commit`, `rolled_back`,
+    /// `recovered`): `what` describes it for people, `changes` is the domain's own record of
+    /// each object's state before and after (what `recover` restores or completes), `writes`
+    /// the number of `step`s the plan makes.
+    Change {
+        txn: String,
+        time: u64,
+        pid: u32,
+        domain: String,
+        what: String,
+        changes: serde_json::Value,
+        writes: usize,
+    },
     /// Compacted journal: the functions bound by gpupass and their previous state.
     State {
         bound: Vec<(PciAddress, DriverState)>,
@@ -120,11 +134,44 @@ impl OpenTxn {
     }
 }
 
+/// A [`Record::Change`] that began and never ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenChange {
+    pub txn: String,
+    pub pid: u32,
+    pub domain: String,
+    pub what: String,
+    pub changes: serde_json::Value,
+    pub writes: usize,
+    /// Last write announced (0: none); it may or may not have happened.
+    pub at: usize,
+    pub at_path: Option<String>,
+}
+
+impl OpenChange {
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (txn {}, pid {}) stopped at write {} of {}{}",
+            self.what,
+            self.txn,
+            self.pid,
+            self.at,
+            self.writes,
+            self.at_path
+                .as_ref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        )
+    }
+}
+
 /// What the journal says.
 #[derive(Debug, Clone, Default)]
 pub struct Replay {
     pub bound: BoundState,
     pub open: Vec<OpenTxn>,
+    /// Unfinished changes of the other domains (mdev).
+    pub open_changes: Vec<OpenChange>,
     /// Lines that could not be parsed (a torn last line after a crash mid-append).
     pub bad_lines: usize,
     /// Lines that were parsed.
@@ -165,6 +212,7 @@ pub fn read(host: &HostRoot) -> Result<Replay, BindError> {
 pub fn replay(text: &str) -> Replay {
     let mut r = Replay::default();
     let mut open: Vec<OpenTxn> = Vec::new();
+    let mut changes: Vec<OpenChange> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {
             continue;
@@ -198,21 +246,47 @@ pub fn replay(text: &str) -> Replay {
                 at: 0,
                 at_path: None,
             }),
+            Record::Change {
+                txn,
+                pid,
+                domain,
+                what,
+                changes: c,
+                writes,
+                ..
+            } => changes.push(OpenChange {
+                txn,
+                pid,
+                domain,
+                what,
+                changes: c,
+                writes,
+                at: 0,
+                at_path: None,
+            }),
             Record::Step { txn, n, path, .. } => {
                 if let Some(t) = open.iter_mut().find(|t| t.txn == txn) {
+                    t.at = n;
+                    t.at_path = Some(path);
+                } else if let Some(t) = changes.iter_mut().find(|t| t.txn == txn) {
                     t.at = n;
                     t.at_path = Some(path);
                 }
             }
             Record::Undo { .. } => {}
             Record::Commit { txn } => {
+                changes.retain(|t| t.txn != txn);
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
                     let t = open.remove(i);
                     settle(&mut r.bound, &t.functions, t.action);
                 }
             }
-            Record::RolledBack { txn, .. } => open.retain(|t| t.txn != txn),
+            Record::RolledBack { txn, .. } => {
+                open.retain(|t| t.txn != txn);
+                changes.retain(|t| t.txn != txn);
+            }
             Record::Recovered { txn, to } => {
+                changes.retain(|t| t.txn != txn);
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
                     let t = open.remove(i);
                     if to == "after" {
@@ -224,6 +298,7 @@ pub fn replay(text: &str) -> Replay {
         }
     }
     r.open = open;
+    r.open_changes = changes;
     r
 }
 
@@ -364,7 +439,10 @@ impl Journal {
         let dir = host.run_gpupass();
         fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
-        if replay.open.is_empty() && (replay.records > 1 || replay.bad_lines > 0) {
+        if replay.open.is_empty()
+            && replay.open_changes.is_empty()
+            && (replay.records > 1 || replay.bad_lines > 0)
+        {
             compact(&path, &replay.bound).map_err(jerr(&path, host))?;
         }
         let file = OpenOptions::new()
@@ -431,7 +509,7 @@ pub fn warn_unfinished(host: &HostRoot) {
         return;
     }
     let Ok(r) = read(host) else { return };
-    if r.open.is_empty() {
+    if r.open.is_empty() && r.open_changes.is_empty() {
         return;
     }
     // Held by a running gpupass: its plan is in progress, not abandoned.
@@ -445,6 +523,12 @@ pub fn warn_unfinished(host: &HostRoot) {
             "an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
             t.describe(),
             t.action
+        ));
+    }
+    for t in &r.open_changes {
+        messages::warn(format_args!(
+            "an unfinished gpupass {}. Run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it)",
+            t.describe()
         ));
     }
 }

@@ -2,7 +2,8 @@
 //! ([`crate::bind`] plans and applies; this module owns the arguments and the output). The
 //! other commands of the family are `unbind`, `recover` and `persist`, each its own module.
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::bind::apply::{self, Applied};
 use crate::bind::BindRequest;
 use crate::host::HostRoot;

@@ -5,7 +5,8 @@
 //! status is the firmware's (port 0x501). With `--check` stdout carries one verdict line per
 //! capability instead (or, with `--json`, the [`vmm::verdict::CheckReport`]).
 
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::model::PciAddress;
 use crate::vmm::vfio::VfioTarget;
 use crate::vmm::{self, BootOptions, BootReport, Target};

@@ -1,7 +1,8 @@
 //! `gpupass cdi generate`: CDI specs for podman, containerd, CRI-O and Docker
 //! ([`crate::output::cdi`] renders them; this module writes, watches and reports).
 
-use super::{Ctx, Error, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Error, Exit, Result};
 use crate::messages;
 use crate::output::cdi;
 use anyhow::Context;

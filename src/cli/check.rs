@@ -1,7 +1,8 @@
 //! `gpupass check`: host readiness for passthrough ([`crate::inventory::readiness`]). Exit
 //! status 1 when passthrough cannot work.
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::output::table;
 use std::io::Write;
 

@@ -1,6 +1,8 @@
 //! `gpupass completions SHELL`: a completion script generated from the command definitions.
 
-use super::{Cli, Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
+use super::Cli;
 use std::io::Write;
 
 /// Shells `gpupass completions` writes scripts for.

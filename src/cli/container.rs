@@ -1,7 +1,8 @@
 //! `gpupass container list`: what a container needs from the host's native NVIDIA driver
 //! ([`crate::inventory::native`]).
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::messages;
 use crate::model::PciAddress;
 use clap::Subcommand;

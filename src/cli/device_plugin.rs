@@ -1,6 +1,7 @@
 //! `gpupass device-plugin`: the kubelet device plugin ([`crate::containers::deviceplugin`]).
 
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use std::io::Write;
 use std::path::PathBuf;
 

@@ -1,6 +1,7 @@
 //! `gpupass events`: kernel uevents for PCI functions and mdevs, one per line (or JSON).
 
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use anyhow::Context;
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! `gpupass groups`: IOMMU groups, their members, and whether each is viable now.
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::model::IommuGroup;
 use crate::output::table;
 use std::io::Write;

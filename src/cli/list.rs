@@ -1,6 +1,7 @@
 //! `gpupass list`: GPUs and display devices, or every PCI function with `--all`.
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::output::table;
 use std::io::Write;
 

@@ -1,6 +1,8 @@
 //! `gpupass man`: the man page (roff) generated from the command definitions.
 
-use super::{Cli, Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
+use super::Cli;
 use std::io::Write;
 
 #[derive(Debug, clap::Args)]

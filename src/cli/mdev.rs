@@ -1,6 +1,7 @@
 //! `gpupass mdev ...`: clap arguments and the dispatch of each subcommand.
 
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::host::HostRoot;
 use crate::mdev::defs::{self, Definition, StartMode};
 use crate::mdev::types::{self, ParentKind};
@@ -61,10 +62,18 @@ pub enum MdevCommand {
         /// Attribute to write after creating, in order (repeatable)
         #[arg(long = "attr", value_name = "NAME=VALUE")]
         attrs: Vec<Attr>,
+        /// Print the exact ordered writes and checks; change nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Remove an active instance (UUID, or the PCI address of an NVIDIA vGPU VF); refuses while
     /// a process holds it open
-    Remove { instance: InstanceRef },
+    Remove {
+        instance: InstanceRef,
+        /// Print the exact ordered writes and checks; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Define a persistent instance in mdevctl's format (etc/mdevctl.d/PARENT/UUID); with
     /// only --uuid, copies an active instance's parent and type
     Define {
@@ -105,14 +114,40 @@ pub enum MdevCommand {
         /// running (for a boot unit)
         #[arg(long)]
         auto_all: bool,
+        /// Print the exact ordered writes and checks; change nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Stop (remove) an active instance; its definition stays
-    Stop { uuid: MdevUuid },
+    Stop {
+        uuid: MdevUuid,
+        /// Print the exact ordered writes and checks; change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> std::result::Result<(), MdevError> {
     serde_json::to_writer_pretty(&mut *out, v).map_err(std::io::Error::other)?;
     writeln!(out)?;
+    Ok(())
+}
+
+/// `--dry-run`: the plan (JSON with `--json`), and that nothing changed.
+fn print_plan(
+    out: &mut dyn Write,
+    json: bool,
+    plan: &crate::mdev::plan::MdevPlan,
+) -> std::result::Result<(), MdevError> {
+    if json {
+        json_out(
+            out,
+            &json!({ "plan": plan, "writes": plan.write_count(), "dry_run": true }),
+        )?;
+    } else {
+        out.write_all(plan.render().as_bytes())?;
+        writeln!(out, "dry run: nothing was changed")?;
+    }
     Ok(())
 }
 
@@ -167,7 +202,7 @@ impl MdevCommand {
 /// command: CDI specs list mdev instances and their VFIO nodes, so the specs gpupass wrote are
 /// regenerated (`output::cdi::refresh`, a no-op when no gpupass spec exists). The change itself
 /// succeeded, so a failed refresh is a warning.
-fn after_change(host: &HostRoot) {
+pub fn after_change(host: &HostRoot) {
     if let Err(e) = crate::output::cdi::refresh(host) {
         messages::warn(format_args!(
             "mdev instances changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`", crate::model::ErrorChain(&e)
@@ -244,6 +279,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             uuid,
             count,
             attrs,
+            dry_run,
         } => {
             if uuid.is_some() && count > 1 {
                 return Err(MdevError::Usage(
@@ -260,7 +296,12 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             }
             let t = resolve_type(&p, &ty)?;
             let attrs: Vec<(String, String)> = attrs.into_iter().map(|a| (a.0, a.1)).collect();
-            let made = ops::create(ctx.live(name)?, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
+            let (plan, made) = ops::plan_create(host, name, &inv, &p, t, uuid.as_slice(), count, &attrs)?;
+            if dry_run {
+                print_plan(out, json, &plan)?;
+                return Ok(Exit::SUCCESS);
+            }
+            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
             after_change(host);
             if json {
                 json_out(
@@ -280,11 +321,20 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             }
             Ok(Exit::SUCCESS)
         }
-        MdevCommand::Remove { instance } => {
+        MdevCommand::Remove { instance, dry_run } => {
             let open = OpenNodes::scan(host);
-            let (name, parent) = match &instance {
-                InstanceRef::Uuid(u) => (u.to_string(), ops::remove_mdev(ctx.live(name)?, &inv, &open, u)?),
-                InstanceRef::Vf(a) => (a.to_string(), ops::remove_vgpu(ctx.live(name)?, &inv, &open, a)?),
+            let (plan, parent) = match &instance {
+                InstanceRef::Uuid(u) => ops::plan_remove_mdev(host, &inv, &open, u, name)?,
+                InstanceRef::Vf(a) => ops::plan_remove_vgpu(host, &inv, &open, a)?,
+            };
+            if dry_run {
+                print_plan(out, json, &plan)?;
+                return Ok(Exit::SUCCESS);
+            }
+            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            let name = match &instance {
+                InstanceRef::Uuid(u) => u.to_string(),
+                InstanceRef::Vf(a) => a.to_string(),
             };
             after_change(host);
             if json {
@@ -396,6 +446,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             uuid,
             parent,
             auto_all,
+            dry_run,
         } => {
             let defs = read_defs(host);
             let todo: Vec<Definition> = if auto_all {
@@ -420,6 +471,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             let mut started = Vec::new();
             let mut failed = Vec::new();
             let host_ops = ctx.live(name)?;
+            let mut plans = Vec::new();
             for d in &todo {
                 let r = (|| {
                     let p = types::resolve(&inv, &parents, &d.parent).map_err(|_| MdevError::ParentGone {
@@ -428,13 +480,37 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                     })?;
                     let t = resolve_type(&p, &d.mdev_type)?;
                     let u: MdevUuid = d.uuid.parse().map_err(MdevError::Usage)?;
-                    ops::create(host_ops, &inv, &p, t, &[u], 1, &d.attrs)
+                    let (plan, _) = ops::plan_create(host, name, &inv, &p, t, &[u], 1, &d.attrs)?;
+                    if dry_run {
+                        plans.push(plan);
+                        return Ok(());
+                    }
+                    crate::mdev::plan::execute(host_ops, &plan)
                 })();
                 match r {
                     Ok(_) => started.push(d.clone()),
                     Err(e) if !auto_all => return Err(e.into()),
                     Err(e) => failed.push((d.clone(), crate::model::ErrorChain(&e).to_string())),
                 }
+            }
+            if dry_run {
+                // One plan per definition: each is applied (and fails) on its own.
+                if json {
+                    let writes: usize = plans.iter().map(|p| p.write_count()).sum();
+                    json_out(
+                        out,
+                        &json!({ "plan": plans.first(), "plans": plans, "writes": writes, "dry_run": true }),
+                    )?;
+                } else {
+                    for p in &plans {
+                        out.write_all(p.render().as_bytes())?;
+                    }
+                    for (d, e) in &failed {
+                        writeln!(out, "FAILED {} ({} on {}): {e}", d.uuid, d.mdev_type, d.parent)?;
+                    }
+                    writeln!(out, "dry run: nothing was changed")?;
+                }
+                return Ok(Exit::failure_if(!failed.is_empty()));
             }
             if !started.is_empty() {
                 after_change(host);
@@ -461,9 +537,14 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             }
             Ok(Exit::failure_if(!failed.is_empty()))
         }
-        MdevCommand::Stop { uuid } => {
+        MdevCommand::Stop { uuid, dry_run } => {
             let open = OpenNodes::scan(host);
-            let parent = ops::remove_mdev(ctx.live(name)?, &inv, &open, &uuid)?;
+            let (plan, parent) = ops::plan_remove_mdev(host, &inv, &open, &uuid, name)?;
+            if dry_run {
+                print_plan(out, json, &plan)?;
+                return Ok(Exit::SUCCESS);
+            }
+            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
             after_change(host);
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;

@@ -16,6 +16,7 @@ pub mod cdi;
 pub mod check;
 pub mod completions;
 pub mod container;
+pub mod ctx;
 #[cfg(feature = "deviceplugin")]
 pub mod device_plugin;
 pub mod error;
@@ -33,13 +34,10 @@ pub mod startup;
 pub mod unbind;
 pub mod vmout;
 
+pub use ctx::{write_json, Ctx};
 pub use error::{Error, Exit, Result};
 
-use crate::host::ops::HostOps;
 use crate::host::HostRoot;
-use crate::inventory;
-use crate::messages;
-use crate::model::Inventory;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -276,68 +274,15 @@ impl Command {
     }
 }
 
-/// Shared state of one invocation, built once from the global options and handed to every
-/// command.
-pub struct Ctx {
-    /// Colour on stdout (from --color and whether stdout is a terminal).
-    pub color: bool,
-    pub host: HostRoot,
-    /// Every change to the host goes through these, built once here for the whole invocation
-    /// (the real kernel; in a `testkit` build, what the test kit's environment asks for).
-    /// Commands get them through [`Ctx::live`], the one live-host guard.
-    ops: Box<dyn HostOps>,
-    pub from_json: Option<PathBuf>,
-    pub json: bool,
-}
-
-impl Ctx {
-    pub fn from_cli(cli: &Cli) -> Self {
-        let host = HostRoot::new(cli.globals.root.clone().unwrap_or_else(|| PathBuf::from("/")));
-        Ctx {
-            color: cli.globals.color.enabled_for_stdout(),
-            ops: crate::host::ops::for_process(host.clone()),
-            host,
-            from_json: cli.globals.from_json.clone(),
-            json: cli.globals.json,
-        }
-    }
-
-    /// The inventory: from the saved JSON if given, else read from the host. Its warnings
-    /// (garbled attributes) are said once, here.
-    pub fn inventory(&self) -> Result<Inventory> {
-        let inv = match &self.from_json {
-            Some(p) => inventory::load_json(p)?,
-            None => inventory::scan(&self.host)?,
-        };
-        for w in &inv.warnings {
-            messages::warn(w);
-        }
-        Ok(inv)
-    }
-
-    /// The one live-host guard: a command that reads the live host beyond the inventory, or
-    /// changes it, calls this first and gets the host operations; under `--from-json` it is a
-    /// usage error naming the command (`command` as the user typed it: `bind`, `mdev create`).
-    pub fn live(&self, command: &str) -> Result<&dyn HostOps> {
-        if self.from_json.is_some() {
-            return Err(Error::usage(anyhow::anyhow!(
-                "`gpupass {command}` works on the live host; it cannot run from --from-json (drop it)"
-            )));
-        }
-        Ok(self.ops.as_ref())
-    }
-}
-
-/// Pretty JSON and a newline: every `--json` output.
-pub fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> std::io::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)
-}
-
 /// Run a parsed command line: the one shape, `run(ctx, args, out) -> Result<Exit, Error>`,
 /// for every command.
 pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Exit> {
-    let ctx = Ctx::from_cli(&cli);
+    let ctx = Ctx::new(
+        HostRoot::new(cli.globals.root.clone().unwrap_or_else(|| PathBuf::from("/"))),
+        cli.globals.color.enabled_for_stdout(),
+        cli.globals.from_json.clone(),
+        cli.globals.json,
+    );
     if !cli.command.changes_drivers() && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
         crate::bind::journal::warn_unfinished(&ctx.host);

@@ -2,7 +2,8 @@
 //! on stdin; every line on stderr starts `gpupass oci-hook:`, since a runtime's log shows the
 //! hook's words among others; the exit status is the hook's (2 for malformed input, else 1).
 
-use super::{Ctx, Error, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Error, Exit, Result};
 use crate::containers::oci_hook;
 use crate::messages;
 use std::io::Write;

@@ -2,7 +2,8 @@
 //! [`crate::bind::persist`]).
 
 use super::bind::parse_driver;
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::bind::persist::{apply_persist, plan_persist};
 use crate::bind::{facts, journal, BindError, BindRequest};
 use crate::model::PciAddress;

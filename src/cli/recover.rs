@@ -1,8 +1,9 @@
-//! `gpupass recover`: restore (or `--continue`) a bind/unbind a crash interrupted, from the
-//! journal ([`crate::bind::apply::recover`]).
+//! `gpupass recover`: restore (or `--continue`) a bind/unbind or an mdev change a crash
+//! interrupted, from the journal ([`crate::bind::apply::recover`], [`crate::mdev::plan::recover`]).
 
 use super::bind::after_change;
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::bind::apply;
 use clap::Args;
 use std::io::Write;
@@ -19,10 +20,16 @@ pub struct RecoverArgs {
 
 pub fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("recover")?;
-    let r = apply::recover(ops, args.cont, args.dry_run)?;
+    let mut r = apply::recover(ops, args.cont, args.dry_run)?;
     if !args.dry_run && !r.changed.is_empty() {
         after_change(ops.root(), &r.changed);
     }
+    // The unfinished mdev plans (the same journal and lock).
+    let m = crate::mdev::plan::recover(ops, args.cont, args.dry_run)?;
+    if m.changed && !args.dry_run {
+        super::mdev::after_change(ops.root());
+    }
+    r.lines.extend(m.lines);
     if ctx.json {
         write_json(out, &serde_json::json!({ "result": r.lines }))?;
     } else {

@@ -1,6 +1,7 @@
 //! `gpupass show ADDRESS`: one PCI function and its IOMMU group.
 
-use super::{write_json, Ctx, Exit, Result};
+use super::ctx::{write_json, Ctx};
+use super::error::{Exit, Result};
 use crate::inventory::InventoryError;
 use crate::model::{IommuGroup, PciAddress, PciDevice};
 use crate::output::table;

@@ -1,6 +1,7 @@
 //! `gpupass snapshot OUT`: copy the host subset gpupass reads ([`crate::inventory::snapshot`]).
 
-use super::{Ctx, Error, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Error, Exit, Result};
 use std::io::Write;
 use std::path::PathBuf;
 

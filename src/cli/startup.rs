@@ -12,7 +12,8 @@
 //! Each step runs even if the other fails; the exit status is 1 if anything failed.
 
 use super::bind::BindArgs;
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::host::{dir_names, read_attr, HostRoot};
 use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
@@ -149,6 +150,7 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
             uuid: None,
             parent: None,
             auto_all: true,
+            dry_run: false,
         };
         match super::mdev::run_plain(ctx, cmd, out) {
             Ok(Exit::SUCCESS) => {}

@@ -1,7 +1,8 @@
 //! `gpupass unbind`: give functions on VFIO back to the drivers they had before.
 
 use super::bind::{after_change, announce, print_applied};
-use super::{Ctx, Exit, Result};
+use super::ctx::Ctx;
+use super::error::{Exit, Result};
 use crate::bind::apply;
 use crate::bind::UnbindRequest;
 use crate::model::PciAddress;

@@ -1,10 +1,11 @@
 //! Changing the host: the one small trait every write goes through.
 //!
-//! [`RealHost`] writes sysfs files and runs `modprobe`. The command dispatch builds the host
-//! operations once per process ([`for_process`], called by `cli::Ctx`) and passes them to
-//! every command that changes the host.
+//! [`RealHost`] writes sysfs files and runs `modprobe`. The command context chooses the host
+//! operations once per process (`cli::ctx::host_ops_for_process`: the real host, or in a
+//! `testkit` build the test kit's) and passes them to every command that changes the host;
+//! this module does not know the test kit.
 //!
-//! The test machinery lives in `crate::testkit`, compiled only with the `testkit` cargo
+//! The test machinery (the test kit) is compiled only with the `testkit` cargo
 //! feature (on for `cargo test` and the QEMU lab's guest binary, never for `cargo build
 //! --release`): the fake kernel over a fixture tree, and the write failpoints for crash tests.
 //! A build without it changes nothing but the real host and ignores the test kit's
@@ -110,42 +111,6 @@ impl HostOps for RealHost {
     fn writes(&self) -> Vec<(PathBuf, String)> {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// The host operations of this process, built once at the edge (`cli::Ctx`) and passed to
-/// every command that changes the host. With the `testkit` feature the test kit picks them
-/// from the environment (fake kernel, failpoints); without it they are always the real host.
-pub fn for_process(root: HostRoot) -> Box<dyn HostOps> {
-    #[cfg(feature = "testkit")]
-    {
-        crate::testkit::host_ops(root)
-    }
-    #[cfg(not(feature = "testkit"))]
-    {
-        warn_test_env();
-        Box::new(RealHost::new(root))
-    }
-}
-
-/// A build without the test kit acts on none of its variables; it says so once, when one is
-/// set, so that a crash test pointed at this binary cannot pass by doing nothing. The
-/// variables are found by their reserved prefixes: this build does not carry their names.
-#[cfg(not(feature = "testkit"))]
-fn warn_test_env() {
-    const RESERVED: [&str; 3] = ["GPUPASS_FAKE_", "GPUPASS_FAIL_", "GPUPASS_CRASH_"];
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let set: Vec<String> = std::env::vars_os()
-            .filter_map(|(k, _)| k.into_string().ok())
-            .filter(|k| RESERVED.iter().any(|p| k.starts_with(p)))
-            .collect();
-        if !set.is_empty() {
-            crate::messages::line(format_args!(
-                "gpupass: warning: ignoring {}: this build has no test kit (cargo feature testkit)",
-                set.join(", ")
-            ));
-        }
-    });
 }
 
 /// Address of a device path's last component, when it is one.

@@ -30,6 +30,7 @@
 pub mod defs;
 pub mod list;
 pub mod ops;
+pub mod plan;
 pub mod types;
 
 use crate::host::HostRoot;
@@ -124,6 +125,13 @@ pub enum MdevError {
     },
     #[error("{0}")]
     Usage(String),
+    /// The lock or the journal (shared with bind).
+    #[error(transparent)]
+    Journal(Box<crate::bind::BindError>),
+    #[error("an unfinished gpupass {0} touches the same instance; run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it) first")]
+    Unfinished(String),
+    #[error("recover of txn {txn} failed: {detail}; the plan stays open in the journal; fix the cause and run `gpupass recover` again")]
+    RecoverFailed { txn: String, detail: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
     #[error("cannot write output")]

@@ -1,31 +1,24 @@
-//! Changing the host: create and remove instances through [`HostOps`], check first, verify
-//! after, and undo what was done when a later step fails.
+//! Changing the host: create and remove instances as plans ([`super::plan`]) applied through
+//! [`HostOps`] under the lock and the journal, checked first, verified after, rolled back when
+//! a later step fails and recoverable after a crash.
 //!
 //! Every check that can be made before the first write is made before it (parent, type,
 //! UUID collision, available instances, open VFIO nodes), so a refused command changes
 //! nothing. After the first write, failures roll back: attributes that cannot be set remove
 //! the instance again; `--count N` removes the instances it made when instance k fails.
 
+use super::plan::{self, Change, MdevPlan};
 use super::types::{Parent, ParentKind, TypeInfo};
 use super::{MdevError, MdevUuid, OpenNodes};
 use crate::host::ops::HostOps;
-use crate::host::read_attr;
+use crate::host::HostRoot;
 use crate::model::{Inventory, PciAddress};
-use std::path::Path;
-
-fn write(ops: &dyn HostOps, path: &Path, value: &str) -> Result<(), MdevError> {
-    ops.write(path, value).map_err(|source| MdevError::Write {
-        path: ops.root().display(path).into(),
-        value: value.trim_end().to_string(),
-        source,
-    })
-}
 
 /// The created instances: UUIDs, or VF addresses for NVIDIA vGPU.
 pub type Created = Vec<String>;
 
 /// Make `count` instances of `ty` on `parent` (UUIDs given or generated for mdev; free VFs
-/// for NVIDIA vGPU), then set `attrs` in order on each mdev.
+/// for NVIDIA vGPU), then set `attrs` in order on each mdev: plan, then apply.
 pub fn create(
     ops: &dyn HostOps,
     inv: &Inventory,
@@ -35,6 +28,24 @@ pub fn create(
     count: u32,
     attrs: &[(String, String)],
 ) -> Result<Created, MdevError> {
+    let (p, made) = plan_create(ops.root(), "mdev create", inv, parent, ty, uuids, count, attrs)?;
+    plan::execute(ops, &p)?;
+    Ok(made)
+}
+
+/// The plan of [`create`] and the instances it makes; every refusal comes from here, before
+/// anything is written.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_create(
+    host: &HostRoot,
+    action: &str,
+    inv: &Inventory,
+    parent: &Parent,
+    ty: &TypeInfo,
+    uuids: &[MdevUuid],
+    count: u32,
+    attrs: &[(String, String)],
+) -> Result<(MdevPlan, Created), MdevError> {
     match parent.kind {
         ParentKind::Mdev => {
             let wanted: Vec<MdevUuid> = if uuids.is_empty() {
@@ -60,19 +71,19 @@ pub fn create(
                     wanted: wanted.len() as u32,
                 });
             }
-            let mut done: Created = Vec::new();
-            for u in &wanted {
-                match create_one(ops, parent, &ty.t.id, u, attrs) {
-                    Ok(()) => done.push(u.to_string()),
-                    Err(e) => {
-                        for d in done.iter().rev() {
-                            let _ = ops.write(&ops.root().mdev_devices().join(d).join("remove"), "1");
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            Ok(done)
+            let changes = wanted
+                .iter()
+                .map(|u| Change::Create {
+                    uuid: u.to_string(),
+                    parent: parent.name.clone(),
+                    mdev_type: ty.t.id.clone(),
+                    attrs: attrs.to_vec(),
+                })
+                .collect();
+            Ok((
+                plan::plan(action, changes),
+                wanted.iter().map(|u| u.to_string()).collect(),
+            ))
         }
         ParentKind::NvidiaVgpu => {
             if !uuids.is_empty() {
@@ -94,103 +105,38 @@ pub fn create(
                     wanted: count,
                 });
             }
-            let mut done: Vec<PciAddress> = Vec::new();
-            for vf in ty.vfs.iter().take(count as usize) {
-                match set_vgpu_type(ops, vf, &ty.t.id) {
-                    Ok(()) => done.push(*vf),
-                    Err(e) => {
-                        for d in done.iter().rev() {
-                            let _ = ops.write(&vgpu_type_file(ops, d), "0");
-                        }
-                        return Err(e);
-                    }
+            let vfs: Vec<PciAddress> = ty.vfs.iter().take(count as usize).copied().collect();
+            for vf in &vfs {
+                if !host.pci_device(vf).exists() {
+                    return Err(MdevError::ParentGone {
+                        parent: vf.to_string(),
+                        uuid: vf.to_string(),
+                    });
                 }
             }
-            Ok(done.iter().map(|a| a.to_string()).collect())
+            let changes = vfs
+                .iter()
+                .map(|vf| Change::VgpuSet {
+                    vf: *vf,
+                    mdev_type: ty.t.id.clone(),
+                })
+                .collect();
+            Ok((
+                plan::plan(action, changes),
+                vfs.iter().map(|a| a.to_string()).collect(),
+            ))
         }
     }
-}
-
-fn create_one(
-    ops: &dyn HostOps,
-    parent: &Parent,
-    ty: &str,
-    uuid: &MdevUuid,
-    attrs: &[(String, String)],
-) -> Result<(), MdevError> {
-    let root = ops.root();
-    let create = root
-        .mdev_bus_class()
-        .join(&parent.name)
-        .join("mdev_supported_types")
-        .join(ty)
-        .join("create");
-    if let Err(e) = write(ops, &create, uuid.as_str()) {
-        if !root.mdev_bus_class().join(&parent.name).exists() {
-            return Err(MdevError::ParentGone {
-                parent: parent.name.clone(),
-                uuid: uuid.to_string(),
-            });
-        }
-        return Err(e);
-    }
-    let dev = root.mdev_devices().join(uuid.as_str());
-    if !dev.exists() {
-        return Err(MdevError::NotCreated {
-            path: root.display(&create).into(),
-            value: uuid.to_string(),
-            expect: root.display(&dev),
-        });
-    }
-    for (k, v) in attrs {
-        let p = dev.join(k);
-        if let Err(source) = ops.write(&p, v) {
-            let rollback_ok = ops.write(&dev.join("remove"), "1").is_ok();
-            return Err(MdevError::AttrFailed {
-                uuid: uuid.to_string(),
-                attr: k.clone(),
-                path: root.display(&p).into(),
-                source,
-                rollback_ok,
-            });
-        }
-    }
-    Ok(())
-}
-
-fn vgpu_type_file(ops: &dyn HostOps, vf: &PciAddress) -> std::path::PathBuf {
-    ops.root().pci_device(vf).join("nvidia").join("current_vgpu_type")
-}
-
-fn set_vgpu_type(ops: &dyn HostOps, vf: &PciAddress, id: &str) -> Result<(), MdevError> {
-    let f = vgpu_type_file(ops, vf);
-    if !ops.root().pci_device(vf).exists() {
-        return Err(MdevError::ParentGone {
-            parent: vf.to_string(),
-            uuid: vf.to_string(),
-        });
-    }
-    write(ops, &f, id)?;
-    let now = read_attr(&f).unwrap_or_default();
-    if now.trim() != id {
-        return Err(MdevError::NotCreated {
-            path: ops.root().display(&f).into(),
-            value: id.to_string(),
-            expect: format!("the type in {} (reads {:?})", ops.root().display(&f), now.trim()),
-        });
-    }
-    Ok(())
 }
 
 /// Refuse when a process holds the instance's VFIO node open.
 fn check_unused(
-    ops: &dyn HostOps,
+    root: &HostRoot,
     open: &OpenNodes,
     what: &str,
     group: Option<u32>,
     cdev: Option<&str>,
 ) -> Result<(), MdevError> {
-    let root = ops.root();
     let mut nodes = Vec::new();
     if let Some(g) = group {
         nodes.push(root.display(&root.dev_vfio().join(g.to_string())));
@@ -212,55 +158,74 @@ fn check_unused(
 }
 
 /// Remove an active mdev (`1` to `sys/bus/mdev/devices/<uuid>/remove`), unless it is open.
+/// Returns its parent.
 pub fn remove_mdev(
     ops: &dyn HostOps,
     inv: &Inventory,
     open: &OpenNodes,
     uuid: &MdevUuid,
+    action: &str,
 ) -> Result<String, MdevError> {
+    let (p, parent) = plan_remove_mdev(ops.root(), inv, open, uuid, action)?;
+    plan::execute(ops, &p)?;
+    Ok(parent)
+}
+
+/// The plan of [`remove_mdev`] and the instance's parent.
+pub fn plan_remove_mdev(
+    host: &HostRoot,
+    inv: &Inventory,
+    open: &OpenNodes,
+    uuid: &MdevUuid,
+    action: &str,
+) -> Result<(MdevPlan, String), MdevError> {
     let m = inv
         .mdev(uuid.as_str())
         .ok_or_else(|| MdevError::NotActive(uuid.to_string()))?;
-    check_unused(ops, open, &format!("mdev {uuid}"), m.iommu_group, None)?;
-    let dev = ops.root().mdev_devices().join(&m.uuid);
-    write(ops, &dev.join("remove"), "1")?;
-    if dev.exists() {
-        return Err(MdevError::NotCreated {
-            path: ops.root().display(&dev.join("remove")).into(),
-            value: "1".into(),
-            expect: format!("the removal of {}", ops.root().display(&dev)),
-        });
-    }
-    Ok(m.parent.clone())
+    check_unused(host, open, &format!("mdev {uuid}"), m.iommu_group, None)?;
+    let c = Change::Remove {
+        uuid: m.uuid.clone(),
+        parent: m.parent.clone(),
+        mdev_type: m.type_id.clone().unwrap_or_default(),
+    };
+    Ok((plan::plan(action, vec![c]), m.parent.clone()))
 }
 
-/// Clear an NVIDIA vGPU VF (`0` to `nvidia/current_vgpu_type`), unless it is open.
+/// Clear an NVIDIA vGPU VF (`0` to `nvidia/current_vgpu_type`), unless it is open. Returns
+/// the physical function (the parent).
 pub fn remove_vgpu(
     ops: &dyn HostOps,
     inv: &Inventory,
     open: &OpenNodes,
     vf: &PciAddress,
 ) -> Result<String, MdevError> {
+    let (p, parent) = plan_remove_vgpu(ops.root(), inv, open, vf)?;
+    plan::execute(ops, &p)?;
+    Ok(parent)
+}
+
+/// The plan of [`remove_vgpu`] and the parent.
+pub fn plan_remove_vgpu(
+    host: &HostRoot,
+    inv: &Inventory,
+    open: &OpenNodes,
+    vf: &PciAddress,
+) -> Result<(MdevPlan, String), MdevError> {
     let d = inv
         .device(vf)
         .filter(|d| d.current_vgpu_type.is_some())
         .ok_or_else(|| MdevError::NotActive(format!("{vf} (no NVIDIA vGPU type is set on it)")))?;
     check_unused(
-        ops,
+        host,
         open,
         &format!("vGPU VF {vf}"),
         d.iommu_group,
         d.vfio_cdev.as_deref(),
     )?;
-    let f = vgpu_type_file(ops, vf);
-    write(ops, &f, "0")?;
-    let now = read_attr(&f).unwrap_or_default();
-    if !matches!(now.trim(), "0" | "") {
-        return Err(MdevError::NotCreated {
-            path: ops.root().display(&f).into(),
-            value: "0".into(),
-            expect: format!("a cleared type (reads {:?})", now.trim()),
-        });
-    }
-    Ok(d.physfn.unwrap_or(d.address).to_string())
+    let was = d.current_vgpu_type.clone().unwrap_or_default();
+    let c = Change::VgpuClear { vf: *vf, was };
+    Ok((
+        plan::plan("mdev remove", vec![c]),
+        d.physfn.unwrap_or(d.address).to_string(),
+    ))
 }

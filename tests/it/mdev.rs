@@ -32,12 +32,17 @@ fn fake_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// Every path under `root` with its content or link target: equal digests = nothing changed.
+/// `run/` (the journal and the lock, which a change that rolled back leaves behind with its
+/// `rolled_back` record) is not the host's state and is left out.
 fn digest(root: &Path) -> BTreeMap<String, String> {
     fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         for e in std::fs::read_dir(dir).unwrap() {
             let e = e.unwrap();
             let p = e.path();
             let rel = p.strip_prefix(base).unwrap().display().to_string();
+            if rel == "run" {
+                continue;
+            }
             let ft = e.file_type().unwrap();
             if ft.is_symlink() {
                 out.insert(rel, format!("-> {}", std::fs::read_link(&p).unwrap().display()));
@@ -763,4 +768,193 @@ fn mdevctl_reads_what_gpupass_writes_and_the_reverse() {
     mdevctl(r, &["undefine", "-u", m]);
     let d = ok_json(&fake(r, &["mdev", "list", "--defined", "--json"]));
     assert!(d["defined"].as_array().unwrap().iter().all(|x| x["uuid"] != m));
+}
+
+/// The number of sysfs writes `args` (an mdev change) plans: from its `--dry-run --json`.
+fn plan_writes(root: &Path, args: &[&str]) -> usize {
+    let mut a = args.to_vec();
+    a.extend(["--dry-run", "--json"]);
+    let v = ok_json(&fake(root, &a));
+    assert_eq!(v["dry_run"], true);
+    let n = v["plan"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"] == "write")
+        .count();
+    assert_eq!(v["writes"].as_u64(), Some(n as u64));
+    n
+}
+
+/// A crash after each write of an mdev plan (the count from the plan), then `recover`: the
+/// host is back where it was; every later command says so until then; a change of the same
+/// instance refuses to build on it. `recover --continue` finishes the plan instead.
+fn crash_each_write_then_recover(base: &Path, args: &[&str], finished: impl Fn(&Path) -> bool) -> usize {
+    let writes = plan_writes(base, args);
+    assert!(writes > 0, "{args:?} plans no write");
+    let before = digest(base);
+    for n in 1..=writes {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        copy_tree(base, r);
+        let o = fake_env(r, args, &[("GPUPASS_CRASH_AFTER_WRITE", &n.to_string())]);
+        assert!(
+            o.status.code().is_none(),
+            "{args:?} crash {n}: should die by SIGABRT, got {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        assert!(digest(r) != before, "crash {n}: the write was made");
+        let l = fake(r, &["mdev", "list"]);
+        ok(&l);
+        assert!(
+            stderr(&l).contains(&format!("unfinished gpupass {}", args[..2].join(" ")))
+                && stderr(&l).contains(&format!("stopped at write {n} of {writes}"))
+                && stderr(&l).contains("gpupass recover"),
+            "crash {n}: {}",
+            stderr(&l)
+        );
+        // The same change again refuses (the instance is gone, or the unfinished plan touches
+        // it), naming the unfinished plan; a create of generated UUIDs plans new ones. In a
+        // copy, so the test goes on from the crash.
+        if !args.contains(&"--count") {
+            let t3 = tempfile::tempdir().unwrap();
+            copy_tree(r, t3.path());
+            let again = fake(t3.path(), args);
+            assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+            assert!(
+                stderr(&again).contains("an unfinished gpupass"),
+                "{}",
+                stderr(&again)
+            );
+        }
+        let t2 = tempfile::tempdir().unwrap();
+        copy_tree(r, t2.path());
+        // ...recover --dry-run changes nothing, recover restores the state before.
+        let d = digest(r);
+        let out = ok(&fake(r, &["recover", "--dry-run"]));
+        assert!(out.contains("restoring the unfinished"), "{out}");
+        assert!(digest(r) == d, "recover --dry-run changed the host");
+        let out = ok(&fake(r, &["recover"]));
+        assert!(out.contains("restoring the unfinished"), "{out}");
+        assert!(
+            digest(r) == before,
+            "{args:?} crash after write {n}: recover did not restore"
+        );
+        let l = fake(r, &["mdev", "list"]);
+        assert!(!stderr(&l).contains("unfinished"), "{}", stderr(&l));
+        assert!(ok(&fake(r, &["recover"])).contains("nothing to recover"));
+        // --continue finishes it instead.
+        let out = ok(&fake(t2.path(), &["recover", "--continue"]));
+        assert!(out.contains("completing the unfinished"), "{out}");
+        assert!(
+            finished(t2.path()),
+            "{args:?} crash {n}: recover --continue did not finish"
+        );
+        assert!(!stderr(&fake(t2.path(), &["mdev", "list"])).contains("unfinished"));
+    }
+    writes
+}
+
+fn instances(r: &Path) -> usize {
+    std::fs::read_dir(r.join("sys/bus/mdev/devices"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_crash_after_each_write_of_an_mdev_plan_is_recovered() {
+    // create --count 3 on a PCI parent: three writes, one per instance.
+    let t = scratch_host("mdev-t4");
+    let r = t.path();
+    let had = instances(r);
+    let args = ["mdev", "create", "-p", T4, "-t", "nvidia-222", "--count", "3"];
+    assert_eq!(
+        crash_each_write_then_recover(r, &args, |d| instances(d) == had + 3),
+        3
+    );
+    // remove and stop: one write each; recover creates the instance again.
+    let u = "0f0e0d0c-0b0a-4908-8706-050403020100";
+    ok(&fake(
+        r,
+        &["mdev", "create", "-p", T4, "-t", "nvidia-222", "-u", u],
+    ));
+    let gone = |d: &Path| !d.join("sys/bus/mdev/devices").join(u).exists();
+    assert_eq!(crash_each_write_then_recover(r, &["mdev", "remove", u], gone), 1);
+    assert_eq!(crash_each_write_then_recover(r, &["mdev", "stop", u], gone), 1);
+    // start of a definition: the create write.
+    let t = scratch_host("mdev-lab");
+    let r = t.path();
+    let u2 = "1f0e0d0c-0b0a-4908-8706-050403020101";
+    ok(&fake(
+        r,
+        &["mdev", "define", "-p", "mtty", "-t", "mtty-2", "-u", u2],
+    ));
+    let up = |d: &Path| d.join("sys/bus/mdev/devices").join(u2).exists();
+    assert_eq!(crash_each_write_then_recover(r, &["mdev", "start", u2], up), 1);
+    // NVIDIA vendor-VFIO vGPU: the type writes of two VFs, and the clear of one.
+    let t = scratch_host("sriov-vgpu");
+    let r = t.path();
+    let ty = |d: &Path, a: &str| read(d, &format!("sys/bus/pci/devices/{a}/nvidia/current_vgpu_type"));
+    let args = ["mdev", "create", "-p", "41:00.0", "-t", "1045", "--count", "2"];
+    let set = |d: &Path| ty(d, "0000:41:00.5").trim() == "1045" && ty(d, "0000:41:00.6").trim() == "1045";
+    assert_eq!(crash_each_write_then_recover(r, &args, set), 2);
+    ok(&fake(r, &args));
+    let cleared = |d: &Path| ty(d, "0000:41:00.5").trim() == "0";
+    assert_eq!(
+        crash_each_write_then_recover(r, &["mdev", "remove", "0000:41:00.5"], cleared),
+        1
+    );
+}
+
+#[test]
+fn mdev_dry_run_prints_the_steps_and_changes_nothing() {
+    let t = scratch_host("mdev-lab");
+    let r = t.path();
+    let before = digest(r);
+    let u = "2f0e0d0c-0b0a-4908-8706-050403020102";
+    let out = ok(&fake(
+        r,
+        &[
+            "mdev",
+            "create",
+            "-p",
+            "mtty",
+            "-t",
+            "mtty-2",
+            "-u",
+            u,
+            "--attr",
+            "b=2",
+            "--dry-run",
+        ],
+    ));
+    assert_eq!(
+        out,
+        format!(
+            "plan: mdev create of {u} (mtty-2 on mtty) (2 writes)\nsteps:\n   \
+             1. write \"{u}\" > /sys/class/mdev_bus/mtty/mdev_supported_types/mtty-2/create\n   \
+             2. check /sys/bus/mdev/devices/{u} exists\n   \
+             3. write \"2\" > /sys/bus/mdev/devices/{u}/b\n\
+             dry run: nothing was changed\n"
+        )
+    );
+    assert!(
+        digest(r) == before && !r.join("run").exists(),
+        "a dry run took the lock or wrote"
+    );
+    ok(&fake(
+        r,
+        &["mdev", "create", "-p", "mtty", "-t", "mtty-2", "-u", u],
+    ));
+    let out = ok(&fake(r, &["mdev", "remove", u, "--dry-run"]));
+    assert!(
+        out.contains(&format!("write \"1\" > /sys/bus/mdev/devices/{u}/remove")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("check /sys/bus/mdev/devices/{u} is gone")),
+        "{out}"
+    );
+    assert!(r.join("sys/bus/mdev/devices").join(u).exists());
 }
