@@ -40,6 +40,9 @@ command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -x /usr/sbin/libvirtd ] || need+=(libvirt-daemon)
 [ -f /usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so ] || need+=(libvirt-daemon-driver-qemu)
 [ -f /usr/share/qemu/firmware/60-edk2-x86_64.json ] || need+=(ovmf)
+# The cluster lab's runc is built with seccomp and linked statically (lab/cluster/build.sh,
+# docs/cluster.md): libseccomp.a and seccomp.h.
+[ -f /usr/include/seccomp.h ] || need+=(libseccomp-dev)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${need[@]}"

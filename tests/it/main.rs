@@ -11,6 +11,7 @@ mod util;
 
 mod bind;
 mod boot;
+mod cdi_validate;
 mod concurrency;
 mod containers;
 mod deviceplugin;
