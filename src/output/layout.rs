@@ -105,6 +105,162 @@ pub fn mmio64(sel: &Selection, mode: Hole64) -> Option<Mmio64> {
     Some(Mmio64 { bars, count, window })
 }
 
+/// The guest firmware that places the 64-bit BARs (`xml domain --firmware`; `qemu-args` and
+/// `launch` emit OVMF's fw_cfg aperture and are checked as OVMF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestFirmware {
+    Ovmf,
+    SeaBios,
+}
+
+impl GuestFirmware {
+    pub fn name(self) -> &'static str {
+        match self {
+            GuestFirmware::Ovmf => "OVMF",
+            GuestFirmware::SeaBios => "SeaBIOS",
+        }
+    }
+}
+
+/// OVMF never uses more physical address bits than this (PlatformInitLib's
+/// `PlatformAddressWidthFromCpuid` limits a CPU's width to 46 to avoid 5-level paging).
+pub const OVMF_MAX_PHYS_BITS: u32 = 46;
+
+const GIB: u64 = 1 << 30;
+
+fn align_up(v: u64, a: u64) -> u64 {
+    if a <= 1 {
+        return v;
+    }
+    v.div_ceil(a).saturating_mul(a)
+}
+
+/// The exclusive end of guest RAM in q35's address map: QEMU keeps all of a guest below
+/// 4 GiB when it has less than 2.75 GiB, else 2 GiB below 4 GiB and the rest from 4 GiB up;
+/// the 64-bit window starts at or above 4 GiB either way. `None` (RAM not known): 4 GiB.
+pub fn q35_ram_top(ram: Option<u64>) -> u64 {
+    match ram {
+        Some(r) if r >= 0xb000_0000 => (4 * GIB).saturating_add(r - 2 * GIB),
+        _ => 4 * GIB,
+    }
+}
+
+/// Where the firmware puts the 64-bit window: `[base, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub ram_top: u64,
+    pub base: u64,
+    pub end: u64,
+}
+
+impl Placement {
+    /// The physical address bits the window's end needs: the least `b` with `end <= 2^b`.
+    pub fn bits(&self) -> u32 {
+        bits_for(self.end)
+    }
+}
+
+/// The least `b` with `end <= 2^b`.
+pub fn bits_for(end: u64) -> u32 {
+    if end <= 1 {
+        0
+    } else {
+        64 - (end - 1).leading_zeros()
+    }
+}
+
+/// The window's place as the firmware computes it, over `ram` bytes of guest RAM.
+/// - OVMF (OvmfPkg/Library/PlatformInitLib/MemDetect.c, `PlatformGetFirstNonAddress`): the
+///   aperture starts at the top of RAM above 4 GiB, aligned to 1 GiB and then to the largest
+///   power of two not above its size (`window`, from `X-PciMmio64Mb`); it ends at base + size.
+///   OVMF's dynamic window (newer builds, a trusted CPU width) is taken only when that layout
+///   fits, so the classic end decides whether the BARs can be placed.
+/// - SeaBIOS (src/fw/pciinit.c, `pci_bios_map_devices`): it ignores the window size and packs
+///   the 64-bit BARs from the top of RAM, the base aligned to the largest one (at least 1 GiB),
+///   the end rounded up to 1 GiB; the guest also gets QEMU's own window (base the top of RAM
+///   aligned to 1 GiB, size `window`) in its ACPI tables, so the later end of the two counts.
+///   `slots` is each guest slot's 64-bit BARs: (sum, largest); each root port's window is the
+///   sum rounded up to the largest.
+pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u64)]) -> Placement {
+    let ram_top = q35_ram_top(ram);
+    match fw {
+        GuestFirmware::Ovmf => {
+            let size = align_up(window, GIB);
+            let pow = if size == 0 {
+                1
+            } else {
+                1u64 << (63 - size.leading_zeros())
+            };
+            let base = align_up(align_up(ram_top, GIB), pow);
+            Placement {
+                ram_top,
+                base,
+                end: base.saturating_add(size),
+            }
+        }
+        GuestFirmware::SeaBios => {
+            let largest = slots.iter().map(|s| s.1).max().unwrap_or(0).max(GIB);
+            let sum = slots
+                .iter()
+                .fold(0u64, |a, (s, m)| a.saturating_add(align_up(*s, (*m).max(1))));
+            let base = align_up(ram_top, largest);
+            let bars_end = align_up(base.saturating_add(sum), GIB);
+            let qemu_base = align_up(ram_top, GIB);
+            let qemu_end = qemu_base.saturating_add(window);
+            Placement {
+                ram_top,
+                base: base.min(qemu_base),
+                end: bars_end.max(qemu_end),
+            }
+        }
+    }
+}
+
+/// The 64-bit BARs of each guest slot of `sel`: (sum, largest).
+pub fn slot_bars(sel: &Selection) -> Vec<(u64, u64)> {
+    sel.slots()
+        .map(|g| {
+            g.functions
+                .iter()
+                .flat_map(|f| f.device.bars.iter())
+                .filter(|b| b.index <= 5 && b.kind == BarKind::Memory && b.is_64bit && b.size > 0)
+                .fold((0u64, 0u64), |(s, m), b| {
+                    (s.saturating_add(b.size), m.max(b.size))
+                })
+        })
+        .filter(|(s, _)| *s > 0)
+        .collect()
+}
+
+/// The most guest RAM with which the window still ends within `bits` (`None`: not even with
+/// none).
+pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)]) -> Option<u64> {
+    let fits = |r: u64| place(fw, Some(r), window, slots).end <= 1u64.checked_shl(bits).unwrap_or(u64::MAX);
+    if !fits(0) {
+        return None;
+    }
+    // The end never falls as RAM grows: the last whole GiB that fits.
+    let (mut lo, mut hi) = (0u64, 1u64 << 24);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid * GIB) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo * GIB)
+}
+
+/// The largest power-of-two window (1 GiB or more) that ends within `bits` over `ram`.
+pub fn max_window(fw: GuestFirmware, ram: Option<u64>, bits: u32, slots: &[(u64, u64)]) -> Option<u64> {
+    let limit = 1u64.checked_shl(bits).unwrap_or(u64::MAX);
+    (30..63u32)
+        .rev()
+        .map(|k| 1u64 << k)
+        .find(|w| place(fw, ram, *w, slots).end <= limit)
+}
+
 /// What VFIO pins: all guest RAM, once per IOMMU address space, plus 1 GiB for what QEMU maps
 /// besides (the rule libvirt applies, `qemuDomainGetMemLockLimitBytes`): one address space
 /// without a vIOMMU; with one, each VFIO device gets its own (`devices` of them).
@@ -503,6 +659,79 @@ mod tests {
         let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[]).unwrap_err();
         assert!(e.contains("not a whole number of 1G pages"), "{e}");
         assert!(check_hugepages(&inv, HugePages::Mib2, 8 << 20, &[(Some(0), 8 << 20)]).is_err());
+    }
+
+    /// The firmware's own rule, worked by hand: OVMF aligns the aperture to its size above the
+    /// top of RAM (4 GiB + RAM - 2 GiB for q35 guests of 2.75 GiB or more).
+    #[test]
+    fn ovmf_places_the_window_above_ram_aligned_to_its_size() {
+        const T: u64 = 1 << 40;
+        let g = |n: u64| n << 30;
+        let ovmf = |ram: Option<u64>, w: u64| place(GuestFirmware::Ovmf, ram, w, &[]);
+        // (RAM, window, base, end, bits)
+        let table: &[(Option<u64>, u64, u64, u64, u32)] = &[
+            (Some(g(64)), 2 * T, 2 * T, 4 * T, 42),
+            (Some(2 * T), 2 * T, 4 * T, 6 * T, 43),
+            (Some(g(2)), g(32), g(32), g(64), 36),
+            (None, g(32), g(32), g(64), 36),
+            (Some(g(30)), g(32), g(32), g(64), 36),
+            (Some(g(31)), g(32), g(64), g(96), 37),
+            (Some(g(16)), g(128), g(128), g(256), 38),
+            (Some(g(512)), 2 * T, 2 * T, 4 * T, 42),
+            (Some(g(2046)), 2 * T, 2 * T, 4 * T, 42),
+            (Some(g(2047)), 2 * T, 4 * T, 6 * T, 43),
+        ];
+        for &(ram, w, base, end, bits) in table {
+            let p = ovmf(ram, w);
+            assert_eq!((p.base, p.end, p.bits()), (base, end, bits), "{ram:?} {w:#x}");
+        }
+        assert_eq!(q35_ram_top(Some(g(2))), g(4));
+        assert_eq!(q35_ram_top(Some(0xb000_0000)), g(4) + 0xb000_0000 - g(2));
+        assert_eq!(bits_for(1 << 42), 42);
+        assert_eq!(bits_for((1 << 42) + 1), 43);
+    }
+
+    #[test]
+    fn seabios_packs_the_bars_above_ram_aligned_to_the_largest() {
+        let g = |n: u64| n << 30;
+        // One 16 GiB BAR (+ 16 MiB) over 8 GiB of RAM: top 10 GiB, base 16 GiB, the root port's
+        // window (the sum rounded up to the largest BAR) 32 GiB, so the BARs end at 48 GiB,
+        // after QEMU's 32 GiB window from 10 GiB (42 GiB).
+        let p = place(
+            GuestFirmware::SeaBios,
+            Some(g(8)),
+            g(32),
+            &[(g(16) + (16 << 20), g(16))],
+        );
+        assert_eq!((p.base, p.end), (g(10), g(48)));
+        // Four 128 GiB BARs over 1 TiB of RAM: top 1026 GiB, base 1152 GiB (128 GiB aligned),
+        // end 1664 GiB; QEMU's 64 GiB window ends earlier.
+        let p = place(
+            GuestFirmware::SeaBios,
+            Some(g(1024)),
+            g(64),
+            &[(g(128), g(128)); 4],
+        );
+        assert_eq!(p.end, g(1664));
+    }
+
+    #[test]
+    fn limits_invert_the_placement() {
+        let g = |n: u64| n << 30;
+        // 42 bits: a 2 TiB window fits over at most 2046 GiB of RAM.
+        assert_eq!(max_ram(GuestFirmware::Ovmf, 42, 2 << 40, &[]), Some(g(2046)));
+        assert_eq!(max_ram(GuestFirmware::Ovmf, 41, 2 << 40, &[]), None);
+        // 36 bits, small RAM: 32 GiB at 32 GiB is the largest.
+        assert_eq!(max_window(GuestFirmware::Ovmf, None, 36, &[]), Some(g(32)));
+        assert_eq!(
+            max_window(GuestFirmware::Ovmf, Some(g(64)), 40, &[]),
+            Some(g(512))
+        );
+        for (ram, bits) in [(g(64), 40), (g(1000), 42), (g(3), 36)] {
+            let w = max_window(GuestFirmware::Ovmf, Some(ram), bits, &[]).unwrap();
+            assert!(place(GuestFirmware::Ovmf, Some(ram), w, &[]).end <= 1 << bits);
+            assert!(place(GuestFirmware::Ovmf, Some(ram), w * 2, &[]).end > 1 << bits);
+        }
     }
 
     #[test]
