@@ -83,7 +83,6 @@ step() {
     exit 1
   fi
 }
-gobuild() { "$GO" build -p "$jobs" -trimpath "$@"; }
 
 step "module download (go mod download)" "$GO" mod download
 
@@ -100,11 +99,11 @@ step "kubernetes $k8s (kube-apiserver kube-controller-manager kube-scheduler kub
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
 
 # The package path ends in /v3, so go build would name the binary "server".
-step "etcd $etcd" env CGO_ENABLED=0 gobuild -ldflags='-s -w' -o "$bin/etcd" go.etcd.io/etcd/server/v3
+step "etcd $etcd" env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags='-s -w' -o "$bin/etcd" go.etcd.io/etcd/server/v3
 
 # no_btrfs: the btrfs snapshotter needs cgo and the btrfs headers; the lab uses overlayfs.
 step "containerd $containerd (containerd containerd-shim-runc-v2 ctr)" \
-  env CGO_ENABLED=0 gobuild -tags no_btrfs \
+  env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -tags no_btrfs \
   -ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd" -o "$bin/" \
   github.com/containerd/containerd/v2/cmd/containerd \
   github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
@@ -115,16 +114,16 @@ step "containerd $containerd (containerd containerd-shim-runc-v2 ctr)" \
 [ -f /usr/lib/x86_64-linux-gnu/libseccomp.a ] || [ -n "$(find /usr/lib* -name libseccomp.a 2>/dev/null | head -1)" ] ||
   die "runc needs libseccomp.a (Debian: apt-get install libseccomp-dev; tests/install-deps.sh installs it)"
 step "runc $runc (seccomp, static)" \
-  env CGO_ENABLED=1 gobuild -tags 'seccomp netgo osusergo urfave_cli_no_docs' \
+  env CGO_ENABLED=1 "$GO" build -p "$jobs" -trimpath -tags 'seccomp netgo osusergo urfave_cli_no_docs' \
   -ldflags="-s -w -X main.version=${runc#v} -extldflags -static" -o "$bin/runc" \
   github.com/opencontainers/runc
 
 step "cri-tools $critools (crictl)" \
-  env CGO_ENABLED=0 gobuild -ldflags="-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" \
+  env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" \
   -o "$bin/" sigs.k8s.io/cri-tools/cmd/crictl
 
 step "CNI plugins $cni (bridge host-local loopback portmap)" \
-  env CGO_ENABLED=0 gobuild -ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni" \
+  env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni" \
   -o "$bin/cni/" \
   github.com/containernetworking/plugins/plugins/main/bridge \
   github.com/containernetworking/plugins/plugins/ipam/host-local \
