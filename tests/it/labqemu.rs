@@ -18,18 +18,23 @@ use std::process::Command;
 use crate::util::manifest_dir;
 
 fn parse(sim: &str) -> (bool, Vec<String>) {
-    let f = manifest_dir().join("tests/fixtures/apt").join(sim);
+    let (ok, out, _) = parse_file(&manifest_dir().join("tests/fixtures/apt").join(sim));
+    (ok, out.lines().map(str::to_owned).collect())
+}
+
+/// aptfetch's parser over the file `f`: (success, stdout, stderr).
+fn parse_file(f: &Path) -> (bool, String, String) {
     let o = Command::new("bash")
         .arg(manifest_dir().join("lab/tools/aptfetch.sh"))
         .args(["-", "-", "parse-inst"])
-        .stdin(std::fs::File::open(&f).unwrap())
+        .stdin(std::fs::File::open(f).unwrap())
         .output()
         .unwrap();
-    let lines = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    (o.status.success(), lines)
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 const V10: &str = "1:10.0.2+ds-2+deb13u1~bpo12+1";
@@ -81,14 +86,12 @@ fn aptfetch_refuses_a_line_without_a_version() {
     let t = tempfile::tempdir().unwrap();
     let f = t.path().join("bad.sim");
     std::fs::write(&f, "Inst qemu-system-x86 [1:7.2]\n").unwrap();
-    let o = Command::new("bash")
-        .arg(manifest_dir().join("lab/tools/aptfetch.sh"))
-        .args(["-", "-", "parse-inst"])
-        .stdin(std::fs::File::open(&f).unwrap())
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read the version in: Inst qemu-system-x86"));
+    let (ok, _, err) = parse_file(&f);
+    assert!(!ok);
+    assert!(
+        err.contains("cannot read the version in: Inst qemu-system-x86"),
+        "{err}"
+    );
 }
 
 fn lab_cache() -> String {
