@@ -14,7 +14,8 @@
 #    `Assertion QTAILQ_EMPTY(&dso_init_list)` in module_load_dso, as libvirt's
 #    qom-list-types probe does); a module whose library is missing fails to
 #    open, cleanly, in our directory and the search stops there;
-#  - the tree is checked with that probe when fetched and before each use.
+#  - the tree is checked with that probe when fetched, and again before a use
+#    whenever dpkg's status changed since the last pass.
 #
 #   lab/tools/qemu.sh prepare CACHE_ROOT     print the path of the qemu-system-x86_64 wrapper
 #   lab/tools/qemu.sh carry CACHE_ROOT ROOT  copy QEMU, its libraries and firmware into
@@ -55,11 +56,16 @@ prepare() {
   if [[ -n $entry && -z ${GPUPASS_LAB_QEMU_REFRESH:-} ]]; then
     # The libraries taken from the system may have gone since (a package
     # removed): the probe says so, and the entry is fetched again.
-    if probe "$(dirname "$entry")/bin/qemu-system-x86_64" 2>/dev/null; then
-      echo "$(dirname "$entry")/bin/qemu-system-x86_64"; return
+    # The probe is run again only when dpkg's status changed since it last
+    # passed (tests ask for the wrapper many times a run).
+    local dir seen
+    dir=$(dirname "$entry") seen=$(stat -c %Y /var/lib/dpkg/status 2>/dev/null || echo none)
+    if [[ $(cat "$dir/.probed" 2>/dev/null) == "$seen" ]] ||
+      { probe "$dir/bin/qemu-system-x86_64" 2>/dev/null && echo "$seen" >"$dir/.probed"; }; then
+      echo "$dir/bin/qemu-system-x86_64"; return
     fi
-    log "the cached QEMU in $(dirname "$entry") no longer runs here; fetching it again"
-    rm -f "$entry"
+    log "the cached QEMU in $dir no longer runs here; fetching it again"
+    rm -f "$entry" "$dir/.probed"
   fi
   ver=$("$HERE/aptfetch.sh" "$state" $SUITE version qemu-system-x86)
   [[ -n $ver ]] || die "no qemu-system-x86 in $SUITE"

@@ -131,14 +131,7 @@ fn every_generated_spec_loads_in_the_reference_cdi_library() {
     }
     eprintln!("loaded by the CDI library: {loaded:?}; refused by gpupass (exit 1): {refused:?}");
     // Every fixture host with VFIO or native GPUs gives a spec under auto.
-    for h in [
-        "workstation",
-        "hgx-8gpu",
-        "sriov-vgpu",
-        "mdev-t4",
-        "nvidia-minors",
-        "vfio-numa",
-    ] {
+    for &h in crate::containers::HOSTS {
         assert!(
             loaded.contains(&format!("{h}/auto")),
             "{h}/auto did not load: {loaded:?}"

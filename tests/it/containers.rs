@@ -6,7 +6,7 @@ use crate::util::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const HOSTS: &[&str] = &[
+pub(crate) const HOSTS: &[&str] = &[
     "workstation",
     "hgx-8gpu",
     "sriov-vgpu",

@@ -121,7 +121,8 @@ fn the_lab_qemu_never_loads_another_builds_modules() {
     let pk = ["qemu-system-common", "qemu-system-gui", "qemu-block-extra"];
     let o = Command::new("bash")
         .arg(manifest_dir().join("lab/tools/aptfetch.sh"))
-        .arg(Path::new(&cache).join("apt"))
+        // A state of its own: the lab's (bookworm-backports) keeps its lists.
+        .arg(Path::new(&cache).join("apt-bookworm"))
         .args(["bookworm", "download"])
         .arg(&debs)
         .args(pk)
