@@ -174,3 +174,64 @@ fn the_lab_qemu_never_loads_another_builds_modules() {
     assert!(!err.contains("Only modules from the same build"), "{err}");
     assert!(!err.contains("Assertion"), "{err}");
 }
+
+/// aptfetch.sh against the real archive, in the lab cache's bookworm state: (success, stderr).
+fn aptfetch_bookworm(args: &[&str]) -> (bool, String) {
+    let cache = lab_cache();
+    let o = Command::new("bash")
+        .arg(manifest_dir().join("lab/tools/aptfetch.sh"))
+        .arg(Path::new(&cache).join("apt-bookworm"))
+        .arg("bookworm")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A download that really fails (a version no suite carries) names the package and version,
+/// and fails: it is never an empty "nothing to fetch".
+#[test]
+fn aptfetch_names_the_package_when_a_download_really_fails() {
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("debs");
+    let dest = dest.to_str().unwrap();
+    let (ok, err) = aptfetch_bookworm(&["download", dest, "qemu-system-x86=9:9.9.9-no-such-version"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("aptfetch: could not download qemu-system-x86=9:9.9.9-no-such-version"),
+        "{err}"
+    );
+    // A download that names a real package beside the bad one still names only the bad one.
+    let (ok, err) = aptfetch_bookworm(&[
+        "download",
+        dest,
+        "seabios",
+        "qemu-system-data=9:9.9.9-no-such-version",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("could not download qemu-system-data=9:9.9.9-no-such-version from"),
+        "{err}"
+    );
+    assert!(!err.contains("could not download seabios"), "{err}");
+}
+
+/// A package apt cannot resolve fails the plan (and so the closure) naming it.
+#[test]
+fn aptfetch_names_the_package_apt_cannot_resolve() {
+    let (ok, err) = aptfetch_bookworm(&["plan", "gpupass-no-such-package"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("aptfetch: apt cannot resolve gpupass-no-such-package from bookworm"),
+        "{err}"
+    );
+    assert!(err.contains("gpupass-no-such-package"), "{err}");
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("debs");
+    let (ok, err) = aptfetch_bookworm(&["closure", dest.to_str().unwrap(), "gpupass-no-such-package"]);
+    assert!(!ok, "{err}");
+    assert!(err.contains("cannot resolve gpupass-no-such-package"), "{err}");
+}
