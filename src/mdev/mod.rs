@@ -125,13 +125,11 @@ pub enum MdevError {
     },
     #[error("{0}")]
     Usage(String),
-    /// The lock or the journal (shared with bind).
+    /// The lock, the journal, or a failed step of a change (the one change engine).
     #[error(transparent)]
-    Journal(Box<crate::bind::BindError>),
+    Change(#[from] crate::change::ChangeError),
     #[error("an unfinished gpupass {0} touches the same instance; run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it) first")]
     Unfinished(String),
-    #[error("recover of txn {txn} failed: {detail}; the plan stays open in the journal; fix the cause and run `gpupass recover` again")]
-    RecoverFailed { txn: String, detail: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
     #[error("cannot write output")]

@@ -374,7 +374,7 @@ fn the_lock_serializes_binds_of_one_group() {
     let before = state(r);
     // Held by someone else: a short wait reports the holder and changes nothing.
     let host = gpupass::host::HostRoot::new(r);
-    let lock = gpupass::bind::journal::lock(&host, std::time::Duration::ZERO).unwrap();
+    let lock = gpupass::change::journal::lock(&host, std::time::Duration::ZERO).unwrap();
     let o = run_env(r, &["bind", "01:00.0"], &[("GPUPASS_LOCK_TIMEOUT", "0.3")]);
     let e = fail(&o);
     assert!(
