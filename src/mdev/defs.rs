@@ -244,14 +244,15 @@ pub fn find<'a>(
 
 /// The part of a plan that writes a definition: one file object (absent, or whatever is
 /// there, then the definition), applied by the change engine atomically, journaled, undone
-/// by `gpupass recover` after a crash.
+/// by `gpupass recover` after a crash (which also removes the parent's directory the write
+/// made, once empty, as `undefine` does).
 pub fn define_part(host: &HostRoot, d: &Definition) -> Part {
     let path = crate::change::logical(host, &path_of(host, &d.parent, &d.uuid));
     let mut p = Part::new(
         super::plan::DOMAIN,
         format!("mdev define of {} ({} on {})", d.uuid, d.mdev_type, d.parent),
     );
-    p.file(host, &path, Some(d.to_mdevctl_json()), false);
+    p.file(host, &path, Some(d.to_mdevctl_json()), true);
     p
 }
 
