@@ -275,6 +275,19 @@ fn read_recorded(host: &HostRoot, spec_name: &str) -> Option<cdi::Recorded> {
 /// [`refresh_plan`] made under the lock and applied by the change engine (a spec already
 /// right writes nothing; a host without a gpupass spec pays one directory listing).
 pub fn refresh(ops: &dyn HostOps) -> std::result::Result<(), Error> {
+    let host = ops.root();
+    // The common case, a host where gpupass never wrote a spec: two directory listings, no
+    // lock.
+    let spec = |n: &String| n.starts_with("gpupass") && n.ends_with(".json");
+    let written = crate::host::dir_names(&host.cdi_dynamic_dir())
+        .map(|n| n.iter().any(spec))
+        .unwrap_or(false)
+        || crate::host::dir_names(&host.gpupass_run_dir().join("cdi"))
+            .map(|n| n.iter().any(|n| n.ends_with(".options.json")))
+            .unwrap_or(false);
+    if !written {
+        return Ok(());
+    }
     let mut s = change::Session::lock(ops)?;
     let plan = refresh_plan(ops.root())?;
     s.apply(&plan).map_err(write_error)?;
