@@ -24,8 +24,11 @@
 //!
 //! Layout: [`types`] and [`list`] are the read side (pure functions of the
 //! [`Inventory`](crate::model::Inventory), the definitions and the open-file scan), [`ops`]
-//! changes the host through [`HostOps`](crate::host::ops::HostOps), [`defs`] reads and writes
-//! `etc/mdevctl.d/<parent>/<uuid>` exactly as mdevctl does, [`cli`] holds the clap arguments.
+//! makes the checks and the plans of create and remove, [`plan`] each instance's steps for the
+//! one change engine ([`crate::change`]), which changes the host through
+//! [`HostOps`](crate::host::ops::HostOps); [`defs`] reads `etc/mdevctl.d/<parent>/<uuid>`
+//! exactly as mdevctl does and makes the plans that write and remove it; the clap arguments
+//! are `cli::mdev`'s.
 
 pub mod defs;
 pub mod list;
