@@ -85,6 +85,7 @@ fn check_unfinished(open: &[OpenChange], plan: &Plan) -> Result<(), BindError> {
                 .iter()
                 .find(|g| touched.contains(g))
                 .or(touched.first())
+                .or(plan.groups.first())
                 .copied()
                 .unwrap_or(0);
             return Err(BindError::Unfinished {

@@ -17,10 +17,23 @@
 //!   writes still needed, so they are right whichever write a crash interrupted, and running
 //!   them twice is harmless.
 //!
-//! The domains build plans (`bind::plan_bind`, `mdev::ops::plan_create`,
-//! `bind::persist::plan_persist`, `output::cdi::plan_write`...) and map the engine's
-//! [`ChangeError`] into their own errors; the engine knows the kernel's objects, not the
-//! commands.
+//! The domains build plans (`bind::Plan::to_part`, `mdev::plan::part`,
+//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `cli::cdi::spec_part`)
+//! and map the engine's [`ChangeError`] into their own errors; the engine knows the kernel's
+//! objects, not the commands. A plan of several parts, as the DRA plugin's prepare of a claim
+//! will make it (`tests.rs` builds and crashes exactly this):
+//!
+//! ```text
+//! let mut session = Session::lock(ops)?;            // plan from a view no one else changes
+//! let bind = bind::plan_bind(&inv, &facts, &req);   // refusals checked by the caller
+//! let mut files = Part::new("dra", "claim 7f3a files");
+//! files.file(host, &spec_path, Some(spec_json), false)   // content before read now
+//!      .file(host, &meta_path, Some(meta_json), false);
+//! let mut plan = Plan::default().owned_by(claim_uid);
+//! plan.push(bind.to_part()).push(files);
+//! print!("{}", plan.render());                      // --dry-run: the exact steps
+//! session.apply(&plan)?;                            // one transaction, one `change` record
+//! ```
 
 pub mod engine;
 pub mod journal;
