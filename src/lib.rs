@@ -33,8 +33,10 @@ pub mod host;
 pub mod inventory;
 pub mod model;
 
-// Change: plan, then apply (through host::ops::HostOps only).
+// Change: plan, then apply (through host::ops::HostOps only): `change` is the one engine
+// (typed steps, lock, journal, rollback, recover); `bind` and `mdev` build plans for it.
 pub mod bind;
+pub mod change;
 pub mod mdev;
 
 // Render: pure over the inventory.

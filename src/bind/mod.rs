@@ -7,9 +7,10 @@
 //! - [`plan_bind`] / [`plan_unbind`] are pure functions of the [`Inventory`], those facts and
 //!   the request: they return a [`Plan`], an ordered list of sysfs writes and checks plus the
 //!   refusals. `--dry-run` prints exactly this plan;
-//! - [`apply`] executes a plan through [`HostOps`](crate::host::ops::HostOps) under a lock,
-//!   journals every write before making it ([`journal`]), verifies the result (the kernel's
-//!   `drivers_probe` reports success even when nothing bound) and rolls back on failure.
+//! - [`apply`] takes the one lock, plans under it, re-checks the groups and hands the plan
+//!   ([`Plan::to_change`]) to the one change engine ([`crate::change`]), which journals every
+//!   write before making it, verifies the result (the kernel's `drivers_probe` reports success
+//!   even when nothing bound) and rolls back on failure.
 //!
 //! Kernel facts encoded here:
 //! - Binding one function: write the driver name to `driver_override`, write the address to
@@ -25,15 +26,16 @@
 
 pub mod apply;
 pub mod facts;
-pub mod journal;
 pub mod persist;
+
+pub use crate::change::{Action, BoundState, DriverState, Expect, FuncPlan, Step};
+use crate::change::{Object, Part, Role};
 
 use crate::model::{driver_allows_vfio, is_vfio_driver, Inventory, PciAddress, PciDevice};
 use facts::{HostFacts, Use};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 /// Errors of bind, unbind, recover and persist.
 #[derive(Debug, thiserror::Error)]
@@ -42,18 +44,9 @@ pub enum BindError {
     Refused(String),
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
-    #[error("journal {}; check that the directory is writable (gpupass needs root to change drivers)", .path.display())]
-    Journal {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {}); try again when it is done", .path.display())]
-    Locked {
-        path: PathBuf,
-        holder: String,
-        waited_s: u64,
-    },
+    /// The lock, the journal, a failed step (rolled back) or recover (the change engine).
+    #[error(transparent)]
+    Change(#[from] crate::change::ChangeError),
     #[error("group {group} has an unfinished gpupass plan (txn {txn}, {action}, stopped at write {at} of {total}); run `gpupass recover` to restore it (or `gpupass recover --continue` to finish it) first")]
     Unfinished {
         group: u32,
@@ -62,119 +55,10 @@ pub enum BindError {
         at: usize,
         total: usize,
     },
-    #[error("{what} failed: {detail}; {rollback}")]
-    Failed {
-        what: String,
-        detail: String,
-        rollback: String,
-    },
-    #[error("cannot write {}", .path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("IOMMU group {group} changed after the plan was made ({change}); nothing was changed: rerun the command to plan with the group as it is now")]
     GroupChanged { group: u32, change: String },
     #[error("output")]
     Output(#[from] std::io::Error),
-}
-
-/// What a plan does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    Bind,
-    Unbind,
-}
-
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Action::Bind => "bind",
-            Action::Unbind => "unbind",
-        })
-    }
-}
-
-/// The driver side of one function's state: what `driver` and `driver_override` hold.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct DriverState {
-    /// Bound driver (`driver` link), `None` when driverless.
-    pub driver: Option<String>,
-    /// Module providing that driver (`drivers/<d>/module`), to reload it if needed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub module: Option<String>,
-    /// `driver_override`, `None` when unset.
-    pub driver_override: Option<String>,
-}
-
-/// One function a plan moves: its state before and the state the plan leads to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FuncPlan {
-    pub address: PciAddress,
-    pub group: Option<u32>,
-    pub before: DriverState,
-    pub after: DriverState,
-}
-
-/// What a check verifies.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "expect", rename_all = "snake_case")]
-pub enum Expect {
-    /// The `driver` link names exactly this driver.
-    Driver { driver: String },
-    /// Any driver but a VFIO one (an unbind without a journal entry: report who claimed it).
-    NotVfio,
-}
-
-/// One ordered step of a plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Step {
-    /// `modprobe MODULE` (skipped by the host when already loaded).
-    LoadModule { module: String },
-    /// Write `value` to the sysfs attribute `path` (shown as on the host, `/sys/...`).
-    Write {
-        address: PciAddress,
-        path: String,
-        value: String,
-    },
-    /// The function's `driver` link after the probe.
-    CheckDriver {
-        address: PciAddress,
-        path: String,
-        #[serde(flatten)]
-        expect: Expect,
-    },
-    /// The VFIO group node exists.
-    CheckNode { group: u32, path: String },
-    /// Every member of the group is driverless, on a VFIO driver / pci-stub, or a bridge.
-    CheckViable { group: u32 },
-}
-
-impl Step {
-    /// One line as `--dry-run` prints it.
-    pub fn render(&self) -> String {
-        match self {
-            Step::LoadModule { module } => format!("load module {module} (modprobe {module})"),
-            Step::Write { path, value, .. } => format!("write {value:?} > {path}"),
-            Step::CheckDriver {
-                path,
-                expect: Expect::Driver { driver },
-                ..
-            } => format!("check {path} -> {driver}"),
-            Step::CheckDriver {
-                path,
-                expect: Expect::NotVfio,
-                ..
-            } => format!("check {path} is not a VFIO driver (report which driver claimed it)"),
-            Step::CheckNode { path, .. } => format!("check {path} exists"),
-            Step::CheckViable { group } => {
-                format!("check group {group} is viable (members driverless, on VFIO/pci-stub, or bridges)")
-            }
-        }
-    }
 }
 
 /// Why gpupass will not do what was asked, and the way out.
@@ -272,10 +156,31 @@ impl Plan {
 
     /// Number of sysfs writes (the unit of the failpoints).
     pub fn write_count(&self) -> usize {
-        self.steps
+        self.steps.iter().filter(|s| s.is_write()).count()
+    }
+
+    /// `bind of IOMMU group 1, 2`: the journal's `what`, and the warnings' words.
+    pub fn describe(&self) -> String {
+        let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
+        format!("{} of IOMMU group {}", self.action, groups.join(", "))
+    }
+
+    /// The plan as the change engine applies it: one part (domain `bind` or `unbind`) whose
+    /// objects are the functions with their driver before and after, and the same steps.
+    pub fn to_part(&self) -> Part {
+        let mut p = Part::new(self.action.to_string(), self.describe());
+        p.objects = self
+            .functions
             .iter()
-            .filter(|s| matches!(s, Step::Write { .. }))
-            .count()
+            .map(|f| Object::function(self.action, f))
+            .collect();
+        p.steps = self.steps.clone();
+        p
+    }
+
+    /// [`Plan::to_part`] as a whole plan.
+    pub fn to_change(&self) -> crate::change::Plan {
+        crate::change::Plan::of(self.to_part())
     }
 
     /// Refusals that block the plan, given `--force`.
@@ -393,22 +298,23 @@ fn push_move(
     from: Option<&str>,
     expect: Expect,
 ) {
+    let role = || Role::Driver { address: *a };
     body.push(Step::Write {
-        address: *a,
         path: override_path(a),
         value: override_value,
+        role: role(),
     });
     if let Some(cur) = from {
         body.push(Step::Write {
-            address: *a,
             path: unbind_path(cur),
             value: a.to_string(),
+            role: role(),
         });
     }
     body.push(Step::Write {
-        address: *a,
         path: PROBE_PATH.into(),
         value: a.to_string(),
+        role: role(),
     });
     body.push(Step::CheckDriver {
         address: *a,
@@ -682,9 +588,6 @@ pub fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan 
         .collect();
     plan
 }
-
-/// The functions gpupass bound and the state each had before (from the journal).
-pub type BoundState = std::collections::BTreeMap<PciAddress, DriverState>;
 
 /// Plan `gpupass unbind`: give functions on a VFIO driver back to the driver they had before
 /// gpupass bound them (from `bound`), or reprobe them when gpupass did not bind them.

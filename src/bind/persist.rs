@@ -11,13 +11,13 @@
 //! modprobe.d, so vfio-pci is loaded before the native driver.
 
 use super::facts::HostFacts;
-use super::{select_functions, target_driver, Action, BindError, BindRequest, BoundState, Plan, Refusal};
+use super::{select_functions, target_driver, Action, BindRequest, BoundState, Plan, Refusal};
+use crate::change::{Part, Plan as Plan2};
 use crate::host::HostRoot;
 use crate::model::{is_vfio_driver, Inventory, PciAddress};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::fs;
 
 /// One driverctl file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -206,31 +206,28 @@ impl PersistPlan {
     }
 }
 
-/// Write (or remove) the driverctl files: each written to a temporary file, synced, renamed.
-pub fn apply_persist(host: &HostRoot, p: &PersistPlan) -> Result<(), BindError> {
-    let dir = host.driverctl_dir();
-    let werr = |path: &std::path::Path| {
-        let d = std::path::PathBuf::from(host.display(path));
-        move |source| BindError::Write {
-            path: d.clone(),
-            source,
+impl PersistPlan {
+    /// The files as a plan for the change engine: one part (domain `persist`) that writes
+    /// each driverctl file (`DRIVER\n`, as driverctl's `echo` leaves it) or removes it, each a
+    /// file object with its content before and after, so the write is journaled and `gpupass
+    /// recover` restores the files a crash left half-written. A file already as wanted adds
+    /// no step.
+    pub fn to_change(&self, host: &HostRoot) -> Plan2 {
+        let what = format!(
+            "persist{} of {}",
+            if self.remove { " --remove" } else { "" },
+            self.files
+                .iter()
+                .map(|f| f.address.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut part = Part::new("persist", what);
+        for f in &self.files {
+            let path = crate::change::logical(host, &override_file(host, &f.address));
+            let after = (!self.remove).then(|| format!("{}\n", f.driver));
+            part.file(host, &path, after, false);
         }
-    };
-    if p.remove {
-        for f in &p.files {
-            let path = override_file(host, &f.address);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(werr(&path)(e)),
-            }
-        }
-        return Ok(());
+        Plan2::of(part)
     }
-    fs::create_dir_all(&dir).map_err(werr(&dir))?;
-    for f in &p.files {
-        let path = override_file(host, &f.address);
-        crate::host::write_atomic(&path, format!("{}\n", f.driver).as_bytes()).map_err(werr(&path))?;
-    }
-    Ok(())
 }

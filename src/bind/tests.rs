@@ -329,7 +329,7 @@ fn rollback_at_every_write_restores_everything() {
         assert!(msg.contains("rolled back"), "write {k}: {msg}");
         assert_eq!(drivers(&h), orig, "after failing write {k}");
         assert!(!h.dev_vfio().join("4").exists(), "write {k}");
-        let r = journal::read(&h).unwrap();
+        let r = crate::change::journal::read(&h).unwrap();
         assert!(r.open.is_empty() && r.bound.is_empty(), "write {k}");
     }
     // Unbind rollback: a failed unbind leaves the group on VFIO.

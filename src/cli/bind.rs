@@ -6,7 +6,7 @@ use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
 use crate::bind::apply::{self, Applied};
 use crate::bind::BindRequest;
-use crate::host::HostRoot;
+use crate::host::ops::HostOps;
 use crate::messages;
 use crate::model::PciAddress;
 use clap::Args;
@@ -98,15 +98,16 @@ pub(crate) fn announce(plan: &crate::bind::Plan) {
 /// After every successful change of drivers (bind, unbind, recover): regenerate the CDI specs
 /// gpupass wrote (`cdi generate --write`), so containers see the devices' new VFIO nodes and
 /// stop seeing removed ones; a host without a gpupass spec pays one directory listing. The
-/// change has already succeeded when this runs, so a failed refresh is a warning. (The
-/// commands call it, not `bind::apply`: changing drivers does not depend on the container
-/// outputs.)
-pub(crate) fn after_change(host: &HostRoot, changed: &[PciAddress]) {
-    if let Err(e) = crate::output::cdi::refresh(host) {
+/// refresh is a plan of its own (file writes, journaled) applied by the change engine under
+/// the lock (`cli::cdi::refresh`). The change has already succeeded when this runs, so a
+/// failed refresh is a warning. (The commands call it, not `bind::apply`: changing drivers
+/// does not depend on the container outputs.)
+pub(crate) fn after_change(ops: &dyn HostOps, changed: &[PciAddress]) {
+    if let Err(e) = super::cdi::refresh(ops) {
         messages::warn(format_args!(
             "{} changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`",
             addrs(changed),
-            crate::model::ErrorChain(&e)
+            e
         ));
     }
 }
@@ -129,7 +130,7 @@ fn bind(ctx: &Ctx, args: BindArgs, json: bool, out: &mut dyn Write) -> Result<Ex
     };
     let a = apply::bind(ops, &req, args.force, args.dry_run, &announce)?;
     if let Some(o) = &a.outcome {
-        after_change(ops.root(), &o.changed);
+        after_change(ops, &o.changed);
     }
     print_applied(out, &a, args.dry_run, json)?;
     if args.dry_run && !a.plan.blocking(args.force).is_empty() {

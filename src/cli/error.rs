@@ -145,6 +145,7 @@ host_errors!(
     serde_json::Error,
     crate::inventory::InventoryError,
     crate::bind::BindError,
+    crate::change::ChangeError,
     crate::inventory::snapshot::SnapshotError,
     crate::inventory::native::ContainerError,
 );

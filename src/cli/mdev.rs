@@ -2,6 +2,7 @@
 
 use super::ctx::Ctx;
 use super::error::{Exit, Result};
+use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::mdev::defs::{self, Definition, StartMode};
 use crate::mdev::types::{self, ParentKind};
@@ -97,12 +98,18 @@ pub enum MdevCommand {
         /// Define even though the parent is not present now (or lacks the type)
         #[arg(long)]
         force: bool,
+        /// Print the exact file write; change nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Delete a persistent definition (an active instance keeps running)
     Undefine {
         uuid: MdevUuid,
         #[arg(long, short = 'p')]
         parent: Option<String>,
+        /// Print the exact file removal; change nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Start a defined instance (or every `auto` one whose parent is present, with --auto-all)
     Start {
@@ -140,10 +147,7 @@ fn print_plan(
     plan: &crate::mdev::plan::MdevPlan,
 ) -> std::result::Result<(), MdevError> {
     if json {
-        json_out(
-            out,
-            &json!({ "plan": plan, "writes": plan.write_count(), "dry_run": true }),
-        )?;
+        json_out(out, &plan.to_json())?;
     } else {
         out.write_all(plan.render().as_bytes())?;
         writeln!(out, "dry run: nothing was changed")?;
@@ -200,12 +204,13 @@ impl MdevCommand {
 
 /// After every change to the set of active instances (create, remove, start, stop), once per
 /// command: CDI specs list mdev instances and their VFIO nodes, so the specs gpupass wrote are
-/// regenerated (`output::cdi::refresh`, a no-op when no gpupass spec exists). The change itself
-/// succeeded, so a failed refresh is a warning.
-pub fn after_change(host: &HostRoot) {
-    if let Err(e) = crate::output::cdi::refresh(host) {
+/// regenerated (`cli::cdi::refresh`: a plan of file writes applied by the change engine, no
+/// step when no gpupass spec exists). The change itself succeeded, so a failed refresh is a
+/// warning.
+pub fn after_change(ops: &dyn HostOps) {
+    if let Err(e) = super::cdi::refresh(ops) {
         messages::warn(format_args!(
-            "mdev instances changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`", crate::model::ErrorChain(&e)
+            "mdev instances changed but the CDI spec could not be refreshed: {e}; run `gpupass cdi generate --write`"
         ));
     }
 }
@@ -302,7 +307,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
-            after_change(host);
+            after_change(ctx.live(name)?);
             if json {
                 json_out(
                     out,
@@ -332,11 +337,11 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            after_change(ctx.live(name)?);
             let name = match &instance {
                 InstanceRef::Uuid(u) => u.to_string(),
                 InstanceRef::Vf(a) => a.to_string(),
             };
-            after_change(host);
             if json {
                 json_out(out, &json!({ "removed": name, "parent": parent }))?;
             } else {
@@ -352,6 +357,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             manual: _,
             attrs,
             force,
+            dry_run,
         } => {
             let defs = read_defs(host);
             let uuid = match uuid {
@@ -423,7 +429,12 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 start: if auto { StartMode::Auto } else { StartMode::Manual },
                 attrs: attrs.into_iter().map(|a| (a.0, a.1)).collect(),
             };
-            defs::write(ctx.live(name)?, &d)?;
+            let plan = crate::mdev::plan::MdevPlan::of(defs::define_part(host, &d));
+            if dry_run {
+                print_plan(out, json, &plan)?;
+                return Ok(Exit::SUCCESS);
+            }
+            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
             if json {
                 json_out(out, &json!({ "defined": d }))?;
             } else {
@@ -431,10 +442,19 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             }
             Ok(Exit::SUCCESS)
         }
-        MdevCommand::Undefine { uuid, parent } => {
+        MdevCommand::Undefine {
+            uuid,
+            parent,
+            dry_run,
+        } => {
             let defs = read_defs(host);
             let d = defs::find(&defs, &uuid, parent.as_deref())?.clone();
-            defs::remove(ctx.live(name)?, &d)?;
+            let plan = crate::mdev::plan::MdevPlan::of(defs::undefine_part(host, &d));
+            if dry_run {
+                print_plan(out, json, &plan)?;
+                return Ok(Exit::SUCCESS);
+            }
+            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
             if json {
                 json_out(out, &json!({ "undefined": d }))?;
             } else {
@@ -513,7 +533,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::failure_if(!failed.is_empty()));
             }
             if !started.is_empty() {
-                after_change(host);
+                after_change(ctx.live(name)?);
             }
             if json {
                 let f: Vec<_> = failed
@@ -545,7 +565,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
-            after_change(host);
+            after_change(ctx.live(name)?);
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;
             } else {

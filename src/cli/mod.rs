@@ -285,7 +285,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Exit> {
     );
     if !cli.command.changes_drivers() && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
-        crate::bind::journal::warn_unfinished(&ctx.host);
+        crate::change::journal::warn_unfinished(&ctx.host);
     }
     match cli.command {
         Command::List(a) => list::run(&ctx, a, out),

@@ -4,8 +4,9 @@
 use super::bind::parse_driver;
 use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
-use crate::bind::persist::{apply_persist, plan_persist};
-use crate::bind::{facts, journal, BindError, BindRequest};
+use crate::bind::persist::plan_persist;
+use crate::bind::{facts, BindError, BindRequest};
+use crate::change::{journal, Session};
 use crate::model::PciAddress;
 use clap::Args;
 use std::io::Write;
@@ -29,18 +30,28 @@ pub struct PersistArgs {
     pub dry_run: bool,
 }
 
-/// `gpupass persist`.
+/// `gpupass persist`: plan under the lock, then apply the file writes through the change
+/// engine (journaled; `recover` restores them after a crash).
 pub fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
-    let host = ctx.live("persist")?.root();
+    let ops = ctx.live("persist")?;
+    let host = ops.root();
     let req = BindRequest {
         addresses: args.addresses,
         only: args.only,
         driver: args.driver,
     };
+    let mut session = if args.dry_run {
+        None
+    } else {
+        Some(Session::lock(ops).map_err(BindError::from)?)
+    };
     let inv = crate::inventory::scan(host)?;
     let facts = facts::gather(host, &inv);
-    let replay = journal::read(host)?;
-    let p = plan_persist(&inv, &facts, &replay.bound, &req, args.remove);
+    let bound = match &session {
+        Some(s) => s.replay().bound.clone(),
+        None => journal::read(host).map_err(BindError::from)?.bound,
+    };
+    let p = plan_persist(&inv, &facts, &bound, &req, args.remove);
     if !p.refusals.is_empty() {
         let mut s = format!(
             "refusing to persist ({} problem{}):",
@@ -52,13 +63,26 @@ pub fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
         }
         return Err(BindError::Refused(s).into());
     }
-    if !args.dry_run {
-        apply_persist(host, &p)?;
+    let change = p.to_change(host);
+    if let Some(s) = session.as_mut() {
+        s.apply(&change).map_err(BindError::from)?;
     }
     if ctx.json {
-        write_json(out, &serde_json::json!({ "persist": p, "dry_run": args.dry_run }))?;
+        write_json(
+            out,
+            &serde_json::json!({
+                "persist": p,
+                "dry_run": args.dry_run,
+                "plan": change,
+                "writes": change.write_count(),
+            }),
+        )?;
     } else {
         out.write_all(p.render(args.dry_run).as_bytes())?;
+        if args.dry_run {
+            out.write_all(change.render().as_bytes())?;
+            writeln!(out, "dry run: nothing was changed")?;
+        }
     }
     Ok(Exit::SUCCESS)
 }

@@ -1,10 +1,10 @@
-//! `gpupass recover`: restore (or `--continue`) a bind/unbind or an mdev change a crash
-//! interrupted, from the journal ([`crate::bind::apply::recover`], [`crate::mdev::plan::recover`]).
+//! `gpupass recover`: restore (or `--continue`) every change a crash interrupted (bind,
+//! unbind, mdev, persist, CDI specs...), from the one journal ([`crate::change::recover`]).
 
 use super::bind::after_change;
 use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
-use crate::bind::apply;
+use crate::change;
 use clap::Args;
 use std::io::Write;
 
@@ -20,16 +20,10 @@ pub struct RecoverArgs {
 
 pub fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("recover")?;
-    let mut r = apply::recover(ops, args.cont, args.dry_run)?;
-    if !args.dry_run && !r.changed.is_empty() {
-        after_change(ops.root(), &r.changed);
+    let r = change::recover(ops, args.cont, args.dry_run)?;
+    if r.changed {
+        after_change(ops, &r.functions);
     }
-    // The unfinished mdev plans (the same journal and lock).
-    let m = crate::mdev::plan::recover(ops, args.cont, args.dry_run)?;
-    if m.changed && !args.dry_run {
-        super::mdev::after_change(ops.root());
-    }
-    r.lines.extend(m.lines);
     if ctx.json {
         write_json(out, &serde_json::json!({ "result": r.lines }))?;
     } else {

@@ -38,7 +38,7 @@ pub fn run(ctx: &Ctx, args: UnbindArgs, out: &mut dyn Write) -> Result<Exit> {
     };
     let a = apply::unbind(ops, &req, false, args.dry_run, &announce)?;
     if let Some(o) = &a.outcome {
-        after_change(ops.root(), &o.changed);
+        after_change(ops, &o.changed);
     }
     print_applied(out, &a, args.dry_run, ctx.json)?;
     if args.dry_run && !a.plan.blocking(false).is_empty() {

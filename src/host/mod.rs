@@ -99,14 +99,18 @@ impl HostRoot {
         self.path("sys/bus/mdev/devices")
     }
     pub fn sys_module(&self, name: &str) -> PathBuf {
-        self.path("sys/module").join(name)
+        self.sys_modules().join(name)
     }
     pub fn dev_vfio(&self) -> PathBuf {
         self.path("dev/vfio")
     }
     /// `/dev/vfio/devices/<name>`: a VFIO device cdev (`vfio0`).
     pub fn vfio_cdev_node(&self, name: &str) -> PathBuf {
-        self.path("dev/vfio/devices").join(name)
+        self.dev_vfio_devices().join(name)
+    }
+    /// `/dev/vfio/devices`: the VFIO device cdevs.
+    pub fn dev_vfio_devices(&self) -> PathBuf {
+        self.path("dev/vfio/devices")
     }
     /// `/dev/iommu`: iommufd.
     pub fn dev_iommu(&self) -> PathBuf {
@@ -120,8 +124,45 @@ impl HostRoot {
     pub fn kernel_configs(&self, release: &str) -> [PathBuf; 2] {
         [
             self.path("boot").join(format!("config-{release}")),
-            self.path("proc/config.gz"),
+            self.proc_config_gz(),
         ]
+    }
+    /// `/proc/config.gz`: the running kernel's build config, compressed.
+    pub fn proc_config_gz(&self) -> PathBuf {
+        self.path("proc/config.gz")
+    }
+    /// `/sys/devices`: where every device directory really is (the bus and class links
+    /// point into it).
+    pub fn sys_devices(&self) -> PathBuf {
+        self.path("sys/devices")
+    }
+    /// `/sys/module`: a directory per loaded (or built-in) module.
+    pub fn sys_modules(&self) -> PathBuf {
+        self.path("sys/module")
+    }
+    /// `/sys/firmware/acpi/tables`: `DMAR` (Intel IOMMU), `IVRS` (AMD IOMMU).
+    pub fn acpi_tables(&self) -> PathBuf {
+        self.path("sys/firmware/acpi/tables")
+    }
+    /// `/proc/cmdline`: the kernel command line.
+    pub fn proc_cmdline(&self) -> PathBuf {
+        self.path("proc/cmdline")
+    }
+    /// `/proc/sys/kernel/osrelease`: the running kernel's release.
+    pub fn proc_osrelease(&self) -> PathBuf {
+        self.path("proc/sys/kernel/osrelease")
+    }
+    /// `/proc/interrupts`: interrupt counts per CPU (interrupt remapping shows there).
+    pub fn proc_interrupts(&self) -> PathBuf {
+        self.path("proc/interrupts")
+    }
+    /// `/proc/cpuinfo`: the CPU's address sizes.
+    pub fn proc_cpuinfo(&self) -> PathBuf {
+        self.path("proc/cpuinfo")
+    }
+    /// `/dev/dri`: DRM device nodes.
+    pub fn dev_dri(&self) -> PathBuf {
+        self.path("dev/dri")
     }
     /// `/dev/kvm`, which `gpupass boot` opens.
     pub fn dev_kvm(&self) -> PathBuf {

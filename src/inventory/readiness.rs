@@ -85,10 +85,10 @@ fn module_state(host: &HostRoot, release: Option<&str>, name: &str) -> ModState 
 /// Assess readiness from the host tree and its inventory.
 pub fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
     let mut items = Vec::new();
-    let cmdline = read_bounded(&host.path("proc/cmdline"), 64 * 1024).unwrap_or_default();
+    let cmdline = read_bounded(&host.proc_cmdline(), 64 * 1024).unwrap_or_default();
     let args: Vec<&str> = cmdline.split_whitespace().collect();
-    let intel = host.path("sys/firmware/acpi/tables/DMAR").exists();
-    let amd = host.path("sys/firmware/acpi/tables/IVRS").exists();
+    let intel = host.acpi_tables().join("DMAR").exists();
+    let amd = host.acpi_tables().join("IVRS").exists();
     let suggested = if amd {
         "amd_iommu=on iommu=pt"
     } else {
@@ -160,7 +160,7 @@ pub fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
     }
 
     // 3. Interrupt remapping.
-    let interrupts = read_bounded(&host.path("proc/interrupts"), 4 * 1024 * 1024).ok();
+    let interrupts = read_bounded(&host.proc_interrupts(), 4 * 1024 * 1024).ok();
     let unsafe_ok = read_bounded(
         &host
             .sys_module("vfio_iommu_type1")

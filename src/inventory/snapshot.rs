@@ -227,7 +227,10 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         out: out.to_path_buf(),
         files: 0,
     };
-    let bus_rel = PathBuf::from("sys/bus/pci/devices");
+    // Every path below is one `HostRoot` builds, taken relative to the root: the copy has the
+    // same layout under `out`.
+    let rel = |p: PathBuf| p.strip_prefix(src.root()).map(Path::to_path_buf).unwrap_or(p);
+    let bus_rel = rel(src.sys_bus_pci_devices());
     let bus = src.root().join(&bus_rel);
     let names = fs::read_dir(&bus)
         .map_err(|e| SnapshotError::NoPciBus {
@@ -238,13 +241,14 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect::<Vec<_>>();
     c.ensure_dir(&bus_rel)?;
-    c.ensure_dir(Path::new("sys/bus/pci/drivers"))?;
+    c.ensure_dir(&rel(src.sys_bus_pci_drivers()))?;
+    let sys_devices = rel(src.sys_devices());
     let mut devices = 0;
     for name in &names {
         let link = bus_rel.join(name);
         if let Some(t) = c.copy_link(&link)? {
             let dir = resolve(&bus_rel, &t);
-            if dir.starts_with("sys/devices") {
+            if dir.starts_with(&sys_devices) {
                 c.device(&dir)?;
                 devices += 1;
             }
@@ -252,29 +256,24 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     }
     // mdev parents that are not PCI functions (the kernel's sample drivers, some vendors'
     // virtual parents): copy their types and instances too.
-    let mdev_bus = Path::new("sys/class/mdev_bus");
+    let mdev_bus = &rel(src.mdev_bus_class());
     for name in dir_names(&src.root().join(mdev_bus)).unwrap_or_default() {
         let link = mdev_bus.join(&name);
         if let Some(t) = c.copy_link(&link)? {
             let dir = resolve(mdev_bus, &t);
-            if dir.starts_with("sys/devices") && !c.out.join(&dir).join("mdev_supported_types").exists() {
+            if dir.starts_with(&sys_devices) && !c.out.join(&dir).join("mdev_supported_types").exists() {
                 c.device(&dir)?;
             }
         }
     }
-    for rel in [
-        "sys/kernel/iommu_groups",
-        "sys/bus/mdev/devices",
-        "sys/class/mdev_bus",
-    ] {
-        let r = Path::new(rel);
-        if src.root().join(r).is_dir() {
-            c.ensure_dir(r)?;
-            c.copy_tree(r, 3)?;
+    for r in [src.iommu_groups(), src.mdev_devices(), src.mdev_bus_class()].map(rel) {
+        if src.root().join(&r).is_dir() {
+            c.ensure_dir(&r)?;
+            c.copy_tree(&r, 3)?;
         }
     }
     // NUMA nodes: CPUs and hugepage pools (guest placement, --hugepages).
-    let nodes = Path::new("sys/devices/system/node");
+    let nodes = &rel(src.sys_numa_nodes());
     for n in dir_names(&src.root().join(nodes)).unwrap_or_default() {
         if !n.starts_with("node") || n[4..].parse::<u32>().is_err() {
             continue;
@@ -288,7 +287,7 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         }
     }
     // IOMMU units: the links in sys/class/iommu and the registers that give the address width.
-    let units = Path::new("sys/class/iommu");
+    let units = &rel(src.sys_class("iommu"));
     for u in dir_names(&src.root().join(units)).unwrap_or_default() {
         let link = units.join(&u);
         if let Some(target) = c.copy_link(&link)? {
@@ -299,26 +298,26 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
         }
     }
     // Loaded modules: names only, plus the VFIO interrupt knob.
-    for m in dir_names(&src.root().join("sys/module")).unwrap_or_default() {
-        c.ensure_dir(&Path::new("sys/module").join(m))?;
+    for m in dir_names(&src.sys_modules()).unwrap_or_default() {
+        c.ensure_dir(&rel(src.sys_module(&m)))?;
     }
-    c.copy_file(Path::new(
-        "sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts",
-    ))?;
+    c.copy_file(&rel(src
+        .sys_module("vfio_iommu_type1")
+        .join("parameters/allow_unsafe_interrupts")))?;
     for t in ["DMAR", "IVRS"] {
-        c.copy_if_exists_empty(&Path::new("sys/firmware/acpi/tables").join(t))?;
+        c.copy_if_exists_empty(&rel(src.acpi_tables().join(t)))?;
     }
-    for f in ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/interrupts"] {
-        c.copy_file(Path::new(f))?;
+    for f in [src.proc_cmdline(), src.proc_osrelease(), src.proc_interrupts()] {
+        c.copy_file(&rel(f))?;
     }
-    let nv = Path::new("proc/driver/nvidia/gpus");
+    let nv = &rel(src.nvidia_gpus_proc());
     for g in dir_names(&src.root().join(nv)).unwrap_or_default() {
         c.copy_file(&nv.join(&g).join("information"))?;
     }
     // Device nodes: presence only.
-    for d in ["dev/vfio", "dev/vfio/devices", "dev/dri"] {
-        for n in dir_names(&src.root().join(d)).unwrap_or_default() {
-            let r = Path::new(d).join(&n);
+    for d in [src.dev_vfio(), src.dev_vfio_devices(), src.dev_dri()].map(rel) {
+        for n in dir_names(&src.root().join(&d)).unwrap_or_default() {
+            let r = d.join(&n);
             if !src.root().join(&r).is_dir() {
                 c.copy_if_exists_empty(&r)?;
             }
@@ -326,26 +325,27 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     }
     for n in dir_names(&src.dev()).unwrap_or_default() {
         if n == "kvm" || n == "iommu" || n.starts_with("nvidia") {
-            c.copy_if_exists_empty(&Path::new("dev").join(n))?;
+            c.copy_if_exists_empty(&rel(src.dev().join(n)))?;
         }
     }
-    for d in ["etc/driverctl.d", "etc/mdevctl.d"] {
-        if src.root().join(d).is_dir() {
-            c.copy_tree(Path::new(d), 2)?;
+    for d in [src.driverctl_dir(), src.mdevctl_dir()].map(rel) {
+        if src.root().join(&d).is_dir() {
+            c.copy_tree(&d, 2)?;
         }
     }
     // The kernel's module tables, cut to what gpupass looks up (VFIO variants, availability).
     // The kernel config: `/proc/config.gz` by presence (gpupass does not inflate it), and
     // `/boot/config-<release>` cut to the VFIO/iommufd options the backend facts read.
-    c.copy_if_exists_empty(Path::new("proc/config.gz"))?;
+    c.copy_if_exists_empty(&rel(src.proc_config_gz()))?;
     // The CPU's address sizes (the 64-bit window check), cut to that line.
-    if let Ok(text) = crate::host::read_bounded(&src.path("proc/cpuinfo"), 1 << 20) {
+    if let Ok(text) = crate::host::read_bounded(&src.proc_cpuinfo(), 1 << 20) {
         if let Some(l) = text.lines().find(|l| l.starts_with("address sizes")) {
-            c.write(Path::new("proc/cpuinfo"), format!("{l}\n").as_bytes())?;
+            c.write(&rel(src.proc_cpuinfo()), format!("{l}\n").as_bytes())?;
         }
     }
-    if let Ok(rel) = crate::host::read_attr(&src.path("proc/sys/kernel/osrelease")) {
-        let cfg = Path::new("boot").join(format!("config-{}", rel.trim()));
+    if let Ok(release) = crate::host::read_attr(&src.proc_osrelease()) {
+        let [boot_config, _] = src.kernel_configs(release.trim());
+        let cfg = rel(boot_config);
         if let Ok(text) = crate::host::read_bounded(&src.root().join(&cfg), 8 << 20) {
             let lines: String = text
                 .lines()
@@ -354,7 +354,7 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
                 .collect();
             c.write(&cfg, lines.as_bytes())?;
         }
-        let mdir = Path::new("lib/modules").join(rel.trim());
+        let mdir = rel(src.modules_dir(release.trim()));
         for (table, keep) in [
             ("modules.alias", &["vfio_pci:"][..]),
             ("modules.dep", &["vfio", "mdev", "kvm"][..]),

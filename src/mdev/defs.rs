@@ -22,7 +22,7 @@
 //! notifier scripts and is not a parent.
 
 use super::{MdevError, MdevUuid};
-use crate::host::ops::HostOps;
+use crate::change::Part;
 use crate::host::{dir_names, read_bounded, HostRoot};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -242,23 +242,29 @@ pub fn find<'a>(
     }
 }
 
-/// Write a definition (atomically, through the host's ops).
-pub fn write(ops: &dyn HostOps, d: &Definition) -> Result<(), MdevError> {
-    let p = path_of(ops.root(), &d.parent, &d.uuid);
-    ops.write_file(&p, &d.to_mdevctl_json())
-        .map_err(|source| MdevError::DefIo {
-            path: ops.root().display(&p).into(),
-            source,
-        })
+/// The part of a plan that writes a definition: one file object (absent, or whatever is
+/// there, then the definition), applied by the change engine atomically, journaled, undone
+/// by `gpupass recover` after a crash (which also removes the parent's directory the write
+/// made, once empty, as `undefine` does).
+pub fn define_part(host: &HostRoot, d: &Definition) -> Part {
+    let path = crate::change::logical(host, &path_of(host, &d.parent, &d.uuid));
+    let mut p = Part::new(
+        super::plan::DOMAIN,
+        format!("mdev define of {} ({} on {})", d.uuid, d.mdev_type, d.parent),
+    );
+    p.file(host, &path, Some(d.to_mdevctl_json()), true);
+    p
 }
 
-/// Remove a definition file (and its parent directory once empty).
-pub fn remove(ops: &dyn HostOps, d: &Definition) -> Result<(), MdevError> {
-    let p = path_of(ops.root(), &d.parent, &d.uuid);
-    ops.remove_file(&p, true).map_err(|source| MdevError::DefIo {
-        path: ops.root().display(&p).into(),
-        source,
-    })
+/// The part of a plan that removes a definition file (and its parent directory once empty).
+pub fn undefine_part(host: &HostRoot, d: &Definition) -> Part {
+    let path = crate::change::logical(host, &path_of(host, &d.parent, &d.uuid));
+    let mut p = Part::new(
+        super::plan::DOMAIN,
+        format!("mdev undefine of {} ({} on {})", d.uuid, d.mdev_type, d.parent),
+    );
+    p.file(host, &path, None, true);
+    p
 }
 
 #[cfg(test)]

@@ -24,8 +24,11 @@
 //!
 //! Layout: [`types`] and [`list`] are the read side (pure functions of the
 //! [`Inventory`](crate::model::Inventory), the definitions and the open-file scan), [`ops`]
-//! changes the host through [`HostOps`](crate::host::ops::HostOps), [`defs`] reads and writes
-//! `etc/mdevctl.d/<parent>/<uuid>` exactly as mdevctl does, [`cli`] holds the clap arguments.
+//! makes the checks and the plans of create and remove, [`plan`] each instance's steps for the
+//! one change engine ([`crate::change`]), which changes the host through
+//! [`HostOps`](crate::host::ops::HostOps); [`defs`] reads `etc/mdevctl.d/<parent>/<uuid>`
+//! exactly as mdevctl does and makes the plans that write and remove it; the clap arguments
+//! are `cli::mdev`'s.
 
 pub mod defs;
 pub mod list;
@@ -125,13 +128,11 @@ pub enum MdevError {
     },
     #[error("{0}")]
     Usage(String),
-    /// The lock or the journal (shared with bind).
+    /// The lock, the journal, or a failed step of a change (the one change engine).
     #[error(transparent)]
-    Journal(Box<crate::bind::BindError>),
+    Change(#[from] crate::change::ChangeError),
     #[error("an unfinished gpupass {0} touches the same instance; run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it) first")]
     Unfinished(String),
-    #[error("recover of txn {txn} failed: {detail}; the plan stays open in the journal; fix the cause and run `gpupass recover` again")]
-    RecoverFailed { txn: String, detail: String },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),
     #[error("cannot write output")]

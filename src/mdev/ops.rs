@@ -1,6 +1,7 @@
-//! Changing the host: create and remove instances as plans ([`super::plan`]) applied through
-//! [`HostOps`] under the lock and the journal, checked first, verified after, rolled back when
-//! a later step fails and recoverable after a crash.
+//! The checks and the plans of creating and removing instances: every refusal is decided
+//! here, then the plan ([`super::plan`]) is applied by the change engine
+//! ([`super::plan::execute`]) under the lock and the journal, verified, rolled back when a
+//! later step fails and recoverable after a crash.
 //!
 //! Every check that can be made before the first write is made before it (parent, type,
 //! UUID collision, available instances, open VFIO nodes), so a refused command changes
@@ -10,31 +11,15 @@
 use super::plan::{self, Change, MdevPlan};
 use super::types::{Parent, ParentKind, TypeInfo};
 use super::{MdevError, MdevUuid, OpenNodes};
-use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::{Inventory, PciAddress};
 
 /// The created instances: UUIDs, or VF addresses for NVIDIA vGPU.
 pub type Created = Vec<String>;
 
-/// Make `count` instances of `ty` on `parent` (UUIDs given or generated for mdev; free VFs
-/// for NVIDIA vGPU), then set `attrs` in order on each mdev: plan, then apply.
-pub fn create(
-    ops: &dyn HostOps,
-    inv: &Inventory,
-    parent: &Parent,
-    ty: &TypeInfo,
-    uuids: &[MdevUuid],
-    count: u32,
-    attrs: &[(String, String)],
-) -> Result<Created, MdevError> {
-    let (p, made) = plan_create(ops.root(), "mdev create", inv, parent, ty, uuids, count, attrs)?;
-    plan::execute(ops, &p)?;
-    Ok(made)
-}
-
-/// The plan of [`create`] and the instances it makes; every refusal comes from here, before
-/// anything is written.
+/// The plan of `mdev create` (and `start`): `count` instances of `ty` on `parent` (UUIDs
+/// given or generated for mdev; free VFs for NVIDIA vGPU), then `attrs` in order on each mdev;
+/// and the instances it makes. Every refusal comes from here, before anything is written.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_create(
     host: &HostRoot,
@@ -157,21 +142,8 @@ fn check_unused(
     Ok(())
 }
 
-/// Remove an active mdev (`1` to `sys/bus/mdev/devices/<uuid>/remove`), unless it is open.
-/// Returns its parent.
-pub fn remove_mdev(
-    ops: &dyn HostOps,
-    inv: &Inventory,
-    open: &OpenNodes,
-    uuid: &MdevUuid,
-    action: &str,
-) -> Result<String, MdevError> {
-    let (p, parent) = plan_remove_mdev(ops.root(), inv, open, uuid, action)?;
-    plan::execute(ops, &p)?;
-    Ok(parent)
-}
-
-/// The plan of [`remove_mdev`] and the instance's parent.
+/// The plan of removing an active mdev (`1` to `sys/bus/mdev/devices/<uuid>/remove`, `mdev
+/// remove` and `stop`), unless it is open, and the instance's parent.
 pub fn plan_remove_mdev(
     host: &HostRoot,
     inv: &Inventory,
@@ -191,20 +163,8 @@ pub fn plan_remove_mdev(
     Ok((plan::plan(action, vec![c]), m.parent.clone()))
 }
 
-/// Clear an NVIDIA vGPU VF (`0` to `nvidia/current_vgpu_type`), unless it is open. Returns
-/// the physical function (the parent).
-pub fn remove_vgpu(
-    ops: &dyn HostOps,
-    inv: &Inventory,
-    open: &OpenNodes,
-    vf: &PciAddress,
-) -> Result<String, MdevError> {
-    let (p, parent) = plan_remove_vgpu(ops.root(), inv, open, vf)?;
-    plan::execute(ops, &p)?;
-    Ok(parent)
-}
-
-/// The plan of [`remove_vgpu`] and the parent.
+/// The plan of clearing an NVIDIA vGPU VF (`0` to `nvidia/current_vgpu_type`), unless it is
+/// open, and the physical function (the parent).
 pub fn plan_remove_vgpu(
     host: &HostRoot,
     inv: &Inventory,

@@ -1,6 +1,7 @@
-//! Failpoints in front of any host: the N-th sysfs write fails, or the process aborts right
-//! after it. Only `write` counts (the unit a bind plan's write count is in); module loads and
-//! configuration files pass straight through.
+//! Failpoints in front of any host: the N-th write fails, or the process aborts right after
+//! it. The writes counted are a plan's writes, the unit of its write count (`--dry-run
+//! --json`'s `writes`) and of the journal's `step`s: sysfs writes (`write`) and file writes
+//! and removals (`write_file`, `remove_file`); module loads pass straight through.
 
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
@@ -41,6 +42,23 @@ impl<H: HostOps> Failpoints<H> {
         self
     }
 
+    /// One counted write: fail it when it is the N-th, abort right after it when it is the
+    /// M-th.
+    fn counted(&self, write: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_at == Some(n) {
+            return Err(io::Error::other(format!(
+                "injected failure at write {n} (GPUPASS_FAIL_WRITE)"
+            )));
+        }
+        write()?;
+        if self.crash_after == Some(n) {
+            eprintln!("gpupass: GPUPASS_CRASH_AFTER_WRITE={n}: aborting now");
+            std::process::abort();
+        }
+        Ok(())
+    }
+
     /// The host behind the failpoints.
     pub fn inner(&self) -> &H {
         &self.inner
@@ -53,18 +71,7 @@ impl<H: HostOps> HostOps for Failpoints<H> {
     }
 
     fn write(&self, path: &Path, value: &str) -> io::Result<()> {
-        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_at == Some(n) {
-            return Err(io::Error::other(format!(
-                "injected failure at write {n} (GPUPASS_FAIL_WRITE)"
-            )));
-        }
-        self.inner.write(path, value)?;
-        if self.crash_after == Some(n) {
-            eprintln!("gpupass: GPUPASS_CRASH_AFTER_WRITE={n}: aborting now");
-            std::process::abort();
-        }
-        Ok(())
+        self.counted(|| self.inner.write(path, value))
     }
 
     fn load_module(&self, name: &str) -> io::Result<()> {
@@ -80,10 +87,10 @@ impl<H: HostOps> HostOps for Failpoints<H> {
     }
 
     fn write_file(&self, path: &Path, contents: &str) -> io::Result<()> {
-        self.inner.write_file(path, contents)
+        self.counted(|| self.inner.write_file(path, contents))
     }
 
     fn remove_file(&self, path: &Path, prune_dir: bool) -> io::Result<()> {
-        self.inner.remove_file(path, prune_dir)
+        self.counted(|| self.inner.remove_file(path, prune_dir))
     }
 }

@@ -241,7 +241,7 @@ fn rollback_at_every_write_of_bind_and_unbind() {
         // record when the next one starts): this one, rolled back.
         let j = journal(r);
         assert_eq!(j.matches("\"op\":\"rolled_back\"").count(), 1, "write {n}: {j}");
-        assert_eq!(j.matches("\"op\":\"begin\"").count(), 1, "write {n}: {j}");
+        assert_eq!(j.matches("\"op\":\"change\"").count(), 1, "write {n}: {j}");
     }
     ok(&run(r, &["bind", "01:00.0"]));
     let bound = state(r);
@@ -374,7 +374,7 @@ fn the_lock_serializes_binds_of_one_group() {
     let before = state(r);
     // Held by someone else: a short wait reports the holder and changes nothing.
     let host = gpupass::host::HostRoot::new(r);
-    let lock = gpupass::bind::journal::lock(&host, std::time::Duration::ZERO).unwrap();
+    let lock = gpupass::change::journal::lock(&host, std::time::Duration::ZERO).unwrap();
     let o = run_env(r, &["bind", "01:00.0"], &[("GPUPASS_LOCK_TIMEOUT", "0.3")]);
     let e = fail(&o);
     assert!(
@@ -423,7 +423,8 @@ fn the_lock_serializes_binds_of_one_group() {
         assert_eq!(driver(r, AUDIO).as_deref(), Some("vfio-pci"));
         // Exactly one of them bound (the journal holds the latest transaction), and committed.
         let j = journal(r);
-        assert_eq!(j.matches("\"action\":\"bind\"").count(), 1, "round {round}: {j}");
+        assert_eq!(j.matches("\"op\":\"change\"").count(), 1, "round {round}: {j}");
+        assert_eq!(j.matches("\"domain\":\"bind\"").count(), 1, "round {round}: {j}");
         assert_eq!(j.matches("\"op\":\"commit\"").count(), 1, "round {round}: {j}");
         assert!(!j.contains("rolled_back"), "round {round}: {j}");
         ok(&run(r, &["unbind", "01:00.0"]));

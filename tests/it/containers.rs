@@ -343,7 +343,10 @@ fn cdi_write_and_refresh_after_unbind() {
     };
     let spec_path = t.path().join("var/run/cdi/gpupass.json");
     // Refresh without a spec written before: nothing happens.
-    gpupass::output::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
+    gpupass::cli::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
+        t.path(),
+    )))
+    .unwrap();
     assert!(!spec_path.exists());
     let o = run(&["cdi", "generate", "--write"]);
     assert!(ok(&o).contains("var/run/cdi/gpupass.json"));
@@ -359,7 +362,10 @@ fn cdi_write_and_refresh_after_unbind() {
     let dev = t.path().join("sys/bus/pci/devices/0000:31:00.0");
     std::fs::remove_file(dev.join("driver")).unwrap();
     std::fs::remove_file(t.path().join("dev/vfio/41")).unwrap();
-    gpupass::output::cdi::refresh(&gpupass::host::HostRoot::new(t.path())).unwrap();
+    gpupass::cli::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
+        t.path(),
+    )))
+    .unwrap();
     let after = std::fs::read_to_string(&spec_path).unwrap();
     assert!(
         !after.contains("\"0000:31:00.0\"") && !after.contains("group-41"),

@@ -294,6 +294,35 @@ fn crashed_bind(r: &Path) -> Guard {
     None
 }
 
+/// `persist 01:00.0` (two driverctl files) dies after its first file write: the plan stays
+/// open in the journal.
+fn crashed_persist(r: &Path) -> Guard {
+    let (code, _, _) = gp(r, &["persist", "01:00.0"], &[("GPUPASS_CRASH_AFTER_WRITE", "1")]);
+    assert_eq!(code, None, "the injected crash kills gpupass");
+    None
+}
+
+/// [`crashed_persist`], and the second file's path taken by a directory, so finishing the plan
+/// cannot write it.
+fn crashed_persist_blocked(r: &Path) -> Guard {
+    crashed_persist(r);
+    std::fs::create_dir_all(r.join("etc/driverctl.d/pci-0000:01:00.1/x")).unwrap();
+    None
+}
+
+/// `mdev create` of one mtty instance dies right after the create write.
+fn crashed_mdev_create(r: &Path) -> Guard {
+    let (code, _, _) = gp(
+        r,
+        &["mdev", "create", "-p", "mtty", "-t", "mtty-2", "-u", CRASHED_MDEV],
+        &[("GPUPASS_CRASH_AFTER_WRITE", "1")],
+    );
+    assert_eq!(code, None, "the injected crash kills gpupass");
+    None
+}
+
+const CRASHED_MDEV: &str = "2f0e0d0c-0b0a-4908-8706-0504030201bb";
+
 fn refuse_bind(r: &Path) -> Guard {
     std::fs::write(
         r.join("sys/bus/pci/devices/0000:01:00.0/.fake_refuse_bind"),
@@ -1182,6 +1211,52 @@ row!(
         code: 1,
         needles: &["has an unfinished gpupass plan", "gpupass recover"],
         setup: crashed_bind,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_change_01,
+    Case {
+        host: "workstation",
+        args: &["persist", "01:00.0"],
+        code: 1,
+        needles: &[
+            "an unfinished gpupass persist of 0000:01:00.0, 0000:01:00.1 (txn ",
+            "stopped at write 1 of 2",
+            "touches the same file /etc/driverctl.d/pci-0000:01:00.1; run `gpupass recover`",
+        ],
+        setup: crashed_persist,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_change_02,
+    Case {
+        host: "workstation",
+        args: &["recover", "--continue"],
+        code: 1,
+        needles: &[
+            "recover of txn ",
+            "write file /etc/driverctl.d/pci-0000:01:00.1",
+            "the plan stays open in the journal; fix the cause and run `gpupass recover` again",
+        ],
+        setup: crashed_persist_blocked,
+        keep: Keep::Host,
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_mdev_21,
+    Case {
+        host: "mdev-lab",
+        args: &["mdev", "remove", CRASHED_MDEV],
+        code: 1,
+        needles: &[
+            "an unfinished gpupass mdev create of 2f0e0d0c-0b0a-4908-8706-0504030201bb (mtty-2 on mtty)",
+            "stopped at write 1 of 1",
+            "touches the same instance; run `gpupass recover`",
+        ],
+        setup: crashed_mdev_create,
         ..Case::DEFAULT
     }
 );
@@ -2184,6 +2259,9 @@ row!(
         args: &["cdi", "generate", "--write"],
         needles: &["cannot write /var/run/cdi/gpupass.json; is the directory writable (root)?: "],
         setup: var_run_cdi_is_file,
+        // The spec is a file write of the change engine: the failed write leaves its
+        // `rolled_back` record in the journal, and the host as it was.
+        keep: Keep::Host,
         ..Case::DEFAULT
     }
 );

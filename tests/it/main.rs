@@ -12,6 +12,7 @@ mod util;
 mod bind;
 mod boot;
 mod cdi_validate;
+mod change;
 mod concurrency;
 mod containers;
 mod deviceplugin;

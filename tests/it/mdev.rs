@@ -776,11 +776,12 @@ fn plan_writes(root: &Path, args: &[&str]) -> usize {
     a.extend(["--dry-run", "--json"]);
     let v = ok_json(&fake(root, &a));
     assert_eq!(v["dry_run"], true);
-    let n = v["plan"]["steps"]
+    let n = v["plan"]["parts"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["kind"] == "write")
+        .flat_map(|p| p["steps"].as_array().unwrap())
+        .filter(|s| ["write", "write_file", "remove_file"].contains(&s["kind"].as_str().unwrap()))
         .count();
     assert_eq!(v["writes"].as_u64(), Some(n as u64));
     n

@@ -664,144 +664,33 @@ pub fn spec_file_name(kind: &Kind) -> String {
 }
 
 /// How a written spec was generated, kept in `var/run/gpupass/cdi/<file>.options.json` so that
-/// [`refresh`] regenerates it the same way.
+/// the refresh after a change (`cli::cdi::refresh`) regenerates it the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Recorded {
-    options: Options,
+pub struct Recorded {
+    pub options: Options,
     /// The spec was removed because nothing was left to describe; refresh recreates it.
     #[serde(default)]
-    emptied: bool,
+    pub emptied: bool,
 }
 
-fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
+impl Recorded {
+    /// The record file's content.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("options serialize")
+    }
+}
+
+/// Where the record of a spec's options lives.
+pub fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
     host.gpupass_run_dir()
         .join("cdi")
         .join(format!("{spec_name}.options.json"))
 }
 
-/// Write a spec or its options file atomically ([`crate::host::write_atomic`]; the temporary
-/// name does not end in `.json`, so CDI watchers ignore it).
+/// Write a file the user named (`--output`) atomically ([`crate::host::write_atomic`]; the
+/// temporary name does not end in `.json`, so CDI watchers ignore it). Specs in the runtime's
+/// directory are written by the change engine (`cli::cdi`).
 pub use crate::host::write_atomic;
-
-/// Render from the host and write the spec into `var/run/cdi` under the root; records the
-/// options for [`refresh`]. Returns the path written and the warnings.
-pub fn write_to_host(
-    host: &HostRoot,
-    inv: &Inventory,
-    files: &DriverFiles,
-    opts: &Options,
-) -> Result<(PathBuf, Vec<String>), CdiError> {
-    let r = render(inv, files, opts)?;
-    let name = spec_file_name(&opts.kind);
-    let path = host.cdi_dynamic_dir().join(&name);
-    write_atomic(&path, to_json(&r.spec).as_bytes()).map_err(|e| CdiError::Write {
-        path: host.display(&path).into(),
-        source: e,
-    })?;
-    record(host, &name, opts, false)?;
-    Ok((path, r.warnings))
-}
-
-/// Record the options a spec was written with (and whether it is empty now), for `refresh`.
-fn record(host: &HostRoot, name: &str, opts: &Options, emptied: bool) -> Result<(), CdiError> {
-    let rec = Recorded {
-        options: opts.clone(),
-        emptied,
-    };
-    let of = options_file(host, name);
-    let text = serde_json::to_string_pretty(&rec).expect("options serialize");
-    write_atomic(&of, text.as_bytes()).map_err(|e| CdiError::Write {
-        path: host.display(&of).into(),
-        source: e,
-    })
-}
-
-/// Remember `opts` for a spec that has nothing to describe yet (removing a stale spec file), so
-/// the next [`refresh`] writes it as soon as there is a device: `cdi generate --write --watch`
-/// on a host where nothing is bound to VFIO yet.
-pub fn record_emptied(host: &HostRoot, opts: &Options) -> Result<PathBuf, CdiError> {
-    let name = spec_file_name(&opts.kind);
-    let path = host.cdi_dynamic_dir().join(&name);
-    let _ = std::fs::remove_file(&path);
-    record(host, &name, opts, true)?;
-    Ok(path)
-}
-
-/// Regenerate every gpupass spec that exists in `var/run/cdi` (or that gpupass removed when
-/// nothing was left to describe). Cheap and a no-op when gpupass never wrote one, so bind,
-/// unbind and mdev changes call it unconditionally.
-pub fn refresh(host: &HostRoot) -> Result<(), CdiError> {
-    let dir = host.cdi_dynamic_dir();
-    let mut todo: Vec<(String, Options)> = Vec::new();
-    let names = crate::host::dir_names(&dir).map_err(|e| CdiError::Read {
-        path: host.display(&dir).into(),
-        reason: e.to_string(),
-    })?;
-    for n in names
-        .iter()
-        .filter(|n| n.starts_with("gpupass") && n.ends_with(".json"))
-    {
-        let rec = read_recorded(host, n);
-        let opts = match rec {
-            Some(r) => r.options,
-            None => {
-                // A spec without its record: keep its kind and version.
-                let p = dir.join(n);
-                let text = crate::host::read_bounded(&p, 64 << 20).map_err(|e| CdiError::Read {
-                    path: host.display(&p).into(),
-                    reason: e.to_string(),
-                })?;
-                let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| CdiError::Read {
-                    path: host.display(&p).into(),
-                    reason: e.to_string(),
-                })?;
-                let kind = v["kind"]
-                    .as_str()
-                    .and_then(|k| k.parse().ok())
-                    .unwrap_or_default();
-                Options {
-                    kind,
-                    ..Options::default()
-                }
-            }
-        };
-        todo.push((n.clone(), opts));
-    }
-    let odir = host.gpupass_run_dir().join("cdi");
-    for n in crate::host::dir_names(&odir).unwrap_or_default() {
-        let Some(spec_name) = n.strip_suffix(".options.json") else {
-            continue;
-        };
-        if todo.iter().any(|(t, _)| t == spec_name) {
-            continue;
-        }
-        if let Some(r) = read_recorded(host, spec_name).filter(|r| r.emptied) {
-            todo.push((spec_name.to_string(), r.options));
-        }
-    }
-    if todo.is_empty() {
-        return Ok(());
-    }
-    let inv = crate::inventory::scan(host)?;
-    let files = crate::inventory::native::discover(host);
-    for (name, opts) in todo {
-        match write_to_host(host, &inv, &files, &opts) {
-            Ok(_) => {}
-            Err(CdiError::Empty) => {
-                let _ = std::fs::remove_file(dir.join(&name));
-                record(host, &name, &opts, true)?;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-fn read_recorded(host: &HostRoot, spec_name: &str) -> Option<Recorded> {
-    let p = options_file(host, spec_name);
-    let t = crate::host::read_bounded(&p, 1 << 20).ok()?;
-    serde_json::from_str(&t).ok()
-}
 
 #[cfg(test)]
 mod tests {

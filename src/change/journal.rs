@@ -1,11 +1,12 @@
-//! The journal and the lock of the commands that change drivers.
+//! The one journal and the one lock of every change gpupass makes to a host.
 //!
 //! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` and
 //! `fdatasync`ed before the change it announces is made:
 //!
 //! ```text
-//! {"v":1,"op":"begin","txn":"4242-1732871234123","time":1732871234,"pid":4242,"action":"bind",
-//!  "groups":[1],"functions":[{"address":"0000:01:00.1","group":1,
+//! {"v":1,"op":"change","txn":"4242-1732871234123","time":1732871234,"pid":4242,"domain":"bind",
+//!  "what":"bind of IOMMU group 1","changes":[{"kind":"function","action":"bind",
+//!  "address":"0000:01:00.1","group":1,
 //!  "before":{"driver":"snd_hda_intel","module":"snd_hda_intel","driver_override":null},
 //!  "after":{"driver":"vfio-pci","module":"vfio_pci","driver_override":"vfio-pci"}}, ...],"writes":6}
 //! {"v":1,"op":"step","txn":"4242-...","n":1,"path":"/sys/bus/pci/devices/0000:01:00.1/driver_override","value":"vfio-pci"}
@@ -13,18 +14,22 @@
 //! {"v":1,"op":"commit","txn":"4242-..."}
 //! ```
 //!
-//! A transaction ends with `commit`, `rolled_back` (a failure undone) or `recovered`
-//! (`gpupass recover` restored `before`, or with `--continue` reached `after`). A `begin`
-//! without an end is an unfinished plan: the process died between two writes. Replaying the
-//! committed transactions gives the functions gpupass has bound and the driver each had
-//! before, which `unbind` restores. The journal lives under `/run` (tmpfs) on purpose: after a
-//! reboot the kernel's driver state is fresh and so is the journal.
+//! One `change` record opens every transaction, whatever it changes: `changes` holds the
+//! plan's [`Object`]s (functions, mdev instances, vGPU types, files) with their state before
+//! and after, `owner` the plan's owner when it has one (a DRA claim UID). A transaction ends
+//! with `commit`, `rolled_back` (a failure undone) or `recovered` (`gpupass recover` restored
+//! `before`, or with `--continue` reached `after`). A `change` without an end is an unfinished
+//! plan: the process died between two writes. Replaying the committed transactions gives the
+//! functions gpupass has bound and the driver each had before, which `unbind` restores. The
+//! journal lives under `/run` (tmpfs) on purpose: after a reboot the kernel's driver state is
+//! fresh and so is the journal. (A `begin` record is the bind-only header older gpupass
+//! versions wrote; it is still read.)
 //!
-//! `run/gpupass/lock` is `flock`ed exclusively by every command that changes drivers, from
+//! `run/gpupass/lock` is `flock`ed exclusively by every command that changes the host, from
 //! before it reads the host until its journal entry is closed, so two gpupass processes never
-//! plan from the same stale view or interleave writes on one group.
+//! plan from the same stale view or interleave writes.
 
-use super::{Action, BindError, BoundState, DriverState, FuncPlan};
+use super::{Action, BoundState, ChangeError, DriverState, FuncPlan, Object};
 use crate::host::HostRoot;
 use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
@@ -40,6 +45,7 @@ const VERSION: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Record {
+    /// The bind/unbind header of older versions (read, never written now).
     Begin {
         txn: String,
         time: u64,
@@ -74,17 +80,19 @@ pub enum Record {
         /// `before` (restored) or `after` (completed with --continue).
         to: String,
     },
-    /// The plan of a change of another kind than bind/unbind (`domain`: `mdev`), journaled
-    /// under the same lock and the same records (`step`, `undo`, `commit`, `rolled_back`,
-    /// `recovered`): `what` describes it for people, `changes` is the domain's own record of
-    /// each object's state before and after (what `recover` restores or completes), `writes`
-    /// the number of `step`s the plan makes.
+    /// The plan of a change: `domain` names who made it (`bind`, `mdev`, `persist`, `cdi`,
+    /// joined with `+` for a plan of several parts), `what` describes it for people,
+    /// `owner` is the plan's owner when it has one, `changes` the plan's [`Object`]s with
+    /// their state before and after (what `recover` restores or completes), `writes` the
+    /// number of `step`s the plan makes.
     Change {
         txn: String,
         time: u64,
         pid: u32,
         domain: String,
         what: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
         changes: serde_json::Value,
         writes: usize,
     },
@@ -101,46 +109,15 @@ struct Line {
     rec: Record,
 }
 
-/// A transaction that began and never ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OpenTxn {
-    pub txn: String,
-    pub pid: u32,
-    pub action: Action,
-    pub groups: Vec<u32>,
-    pub functions: Vec<FuncPlan>,
-    pub writes: usize,
-    /// Last write announced (0: none); it may or may not have happened.
-    pub at: usize,
-    pub at_path: Option<String>,
-}
-
-impl OpenTxn {
-    pub fn describe(&self) -> String {
-        let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
-        format!(
-            "{} of IOMMU group {} (txn {}, pid {}) stopped at write {} of {}{}",
-            self.action,
-            groups.join(", "),
-            self.txn,
-            self.pid,
-            self.at,
-            self.writes,
-            self.at_path
-                .as_ref()
-                .map(|p| format!(" ({p})"))
-                .unwrap_or_default()
-        )
-    }
-}
-
-/// A [`Record::Change`] that began and never ended.
+/// A plan that began and never ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenChange {
     pub txn: String,
     pub pid: u32,
     pub domain: String,
     pub what: String,
+    pub owner: Option<String>,
+    /// The plan's objects (`changes`), as the journal holds them.
     pub changes: serde_json::Value,
     pub writes: usize,
     /// Last write announced (0: none); it may or may not have happened.
@@ -151,8 +128,12 @@ pub struct OpenChange {
 impl OpenChange {
     pub fn describe(&self) -> String {
         format!(
-            "{} (txn {}, pid {}) stopped at write {} of {}{}",
+            "{}{} (txn {}, pid {}) stopped at write {} of {}{}",
             self.what,
+            self.owner
+                .as_ref()
+                .map(|o| format!(" for {o}"))
+                .unwrap_or_default(),
             self.txn,
             self.pid,
             self.at,
@@ -163,15 +144,28 @@ impl OpenChange {
                 .unwrap_or_default()
         )
     }
+
+    /// The plan's objects; `None` when the journal holds kinds this version does not know.
+    pub fn objects(&self) -> Option<Vec<Object>> {
+        serde_json::from_value(self.changes.clone()).ok()
+    }
+
+    /// The plan's objects' keys ([`Object::keys`]).
+    pub fn keys(&self) -> Vec<String> {
+        self.objects()
+            .unwrap_or_default()
+            .iter()
+            .flat_map(Object::keys)
+            .collect()
+    }
 }
 
 /// What the journal says.
 #[derive(Debug, Clone, Default)]
 pub struct Replay {
     pub bound: BoundState,
-    pub open: Vec<OpenTxn>,
-    /// Unfinished changes of the other domains (mdev).
-    pub open_changes: Vec<OpenChange>,
+    /// Unfinished plans, oldest first.
+    pub open: Vec<OpenChange>,
     /// Lines that could not be parsed (a torn last line after a crash mid-append).
     pub bad_lines: usize,
     /// Lines that were parsed.
@@ -187,16 +181,16 @@ pub fn lock_path(host: &HostRoot) -> PathBuf {
     host.run_gpupass().join("lock")
 }
 
-fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> BindError {
+fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> ChangeError {
     let p = PathBuf::from(host.display(path));
-    move |source| BindError::Journal {
+    move |source| ChangeError::Journal {
         path: p.clone(),
         source,
     }
 }
 
 /// Replay the journal (a missing journal is an empty one).
-pub fn read(host: &HostRoot) -> Result<Replay, BindError> {
+pub fn read(host: &HostRoot) -> Result<Replay, ChangeError> {
     let path = journal_path(host);
     let text = match crate::host::read_bounded(&path, 64 << 20) {
         Ok(t) => t,
@@ -211,8 +205,7 @@ pub fn read(host: &HostRoot) -> Result<Replay, BindError> {
 /// Replay journal text.
 pub fn replay(text: &str) -> Replay {
     let mut r = Replay::default();
-    let mut open: Vec<OpenTxn> = Vec::new();
-    let mut changes: Vec<OpenChange> = Vec::new();
+    let mut open: Vec<OpenChange> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {
             continue;
@@ -236,30 +229,37 @@ pub fn replay(text: &str) -> Replay {
                 functions,
                 writes,
                 ..
-            } => open.push(OpenTxn {
-                txn,
-                pid,
-                action,
-                groups,
-                functions,
-                writes,
-                at: 0,
-                at_path: None,
-            }),
+            } => {
+                let objects: Vec<Object> = functions.iter().map(|f| Object::function(action, f)).collect();
+                let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+                open.push(OpenChange {
+                    txn,
+                    pid,
+                    domain: action.to_string(),
+                    what: format!("{action} of IOMMU group {}", groups.join(", ")),
+                    owner: None,
+                    changes: serde_json::to_value(objects).unwrap_or_default(),
+                    writes,
+                    at: 0,
+                    at_path: None,
+                })
+            }
             Record::Change {
                 txn,
                 pid,
                 domain,
                 what,
-                changes: c,
+                owner,
+                changes,
                 writes,
                 ..
-            } => changes.push(OpenChange {
+            } => open.push(OpenChange {
                 txn,
                 pid,
                 domain,
                 what,
-                changes: c,
+                owner,
+                changes,
                 writes,
                 at: 0,
                 at_path: None,
@@ -268,29 +268,23 @@ pub fn replay(text: &str) -> Replay {
                 if let Some(t) = open.iter_mut().find(|t| t.txn == txn) {
                     t.at = n;
                     t.at_path = Some(path);
-                } else if let Some(t) = changes.iter_mut().find(|t| t.txn == txn) {
-                    t.at = n;
-                    t.at_path = Some(path);
                 }
             }
             Record::Undo { .. } => {}
             Record::Commit { txn } => {
-                changes.retain(|t| t.txn != txn);
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
                     let t = open.remove(i);
-                    settle(&mut r.bound, &t.functions, t.action);
+                    settle(&mut r.bound, &t);
                 }
             }
             Record::RolledBack { txn, .. } => {
                 open.retain(|t| t.txn != txn);
-                changes.retain(|t| t.txn != txn);
             }
             Record::Recovered { txn, to } => {
-                changes.retain(|t| t.txn != txn);
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
                     let t = open.remove(i);
                     if to == "after" {
-                        settle(&mut r.bound, &t.functions, t.action);
+                        settle(&mut r.bound, &t);
                     }
                 }
             }
@@ -298,28 +292,37 @@ pub fn replay(text: &str) -> Replay {
         }
     }
     r.open = open;
-    r.open_changes = changes;
     r
 }
 
-/// Apply a completed transaction to the "bound by gpupass" state.
-fn settle(bound: &mut BoundState, functions: &[FuncPlan], action: Action) {
-    for f in functions {
+/// Apply a completed transaction's function moves to the "bound by gpupass" state.
+fn settle(bound: &mut BoundState, t: &OpenChange) {
+    for o in t.objects().unwrap_or_default() {
+        let Object::Function {
+            action,
+            address,
+            before,
+            after,
+            ..
+        } = o
+        else {
+            continue;
+        };
         match action {
             Action::Bind => {
-                if f.after.driver.as_deref().is_some_and(is_vfio_driver) {
+                if after.driver.as_deref().is_some_and(is_vfio_driver) {
                     // Keep the oldest "before": a rebind between VFIO drivers must not make
                     // gpupass forget the native driver.
-                    let prev = bound.get(&f.address).cloned();
+                    let prev = bound.get(&address).cloned();
                     let keep = match prev {
-                        Some(p) if f.before.driver.as_deref().is_some_and(is_vfio_driver) => p,
-                        _ => f.before.clone(),
+                        Some(p) if before.driver.as_deref().is_some_and(is_vfio_driver) => p,
+                        _ => before.clone(),
                     };
-                    bound.insert(f.address, keep);
+                    bound.insert(address, keep);
                 }
             }
             Action::Unbind => {
-                bound.remove(&f.address);
+                bound.remove(&address);
             }
         }
     }
@@ -339,7 +342,7 @@ fn holder(path: &Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn open_lock_file(host: &HostRoot) -> Result<File, BindError> {
+fn open_lock_file(host: &HostRoot) -> Result<File, ChangeError> {
     let path = lock_path(host);
     let open = || {
         OpenOptions::new()
@@ -379,7 +382,7 @@ pub fn lock_timeout() -> Duration {
 }
 
 /// Take the lock, waiting up to `wait` for another gpupass to finish.
-pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
+pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, ChangeError> {
     // A wrong --root must not get a `run/gpupass` made under it (bad input changes nothing).
     let bus = host.sys_bus_pci_devices();
     if let Err(error) = std::fs::read_dir(&bus) {
@@ -398,7 +401,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, BindError> {
             break;
         }
         if start.elapsed() >= wait {
-            return Err(BindError::Locked {
+            return Err(ChangeError::Locked {
                 path: host.display(&path).into(),
                 holder: holder(&path),
                 waited_s: wait.as_secs(),
@@ -435,14 +438,11 @@ impl Journal {
     /// every gpupass command replays the journal (to notice a plan a crash left open), so its
     /// length is paid on each call; under the lock, on `/run`'s tmpfs, the rewrite is a few
     /// cheap calls. What was done stays in the logs (`-v`), not here.
-    pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, BindError> {
+    pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, ChangeError> {
         let dir = host.run_gpupass();
         fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
-        if replay.open.is_empty()
-            && replay.open_changes.is_empty()
-            && (replay.records > 1 || replay.bad_lines > 0)
-        {
+        if replay.open.is_empty() && (replay.records > 1 || replay.bad_lines > 0) {
             compact(&path, &replay.bound).map_err(jerr(&path, host))?;
         }
         let file = OpenOptions::new()
@@ -462,17 +462,18 @@ impl Journal {
     }
 
     /// Append one record durably: one write of the whole line, then fdatasync.
-    pub fn append(&mut self, rec: Record) -> Result<(), BindError> {
-        let mut line = serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| BindError::Journal {
-            path: self.display.clone(),
-            source: io::Error::other(e),
-        })?;
+    pub fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
+        let mut line =
+            serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| ChangeError::Journal {
+                path: self.display.clone(),
+                source: io::Error::other(e),
+            })?;
         line.push('\n');
         let r = self
             .file
             .write_all(line.as_bytes())
             .and_then(|_| self.file.sync_data());
-        r.map_err(|source| BindError::Journal {
+        r.map_err(|source| ChangeError::Journal {
             path: self.display.clone(),
             source,
         })
@@ -509,7 +510,7 @@ pub fn warn_unfinished(host: &HostRoot) {
         return;
     }
     let Ok(r) = read(host) else { return };
-    if r.open.is_empty() && r.open_changes.is_empty() {
+    if r.open.is_empty() {
         return;
     }
     // Held by a running gpupass: its plan is in progress, not abandoned.
@@ -519,13 +520,14 @@ pub fn warn_unfinished(host: &HostRoot) {
         }
     }
     for t in &r.open {
-        messages::warn(format_args!(
-            "an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
-            t.describe(),
-            t.action
-        ));
-    }
-    for t in &r.open_changes {
+        if t.domain == "bind" || t.domain == "unbind" {
+            messages::warn(format_args!(
+                "an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",
+                t.describe(),
+                t.domain
+            ));
+            continue;
+        }
         messages::warn(format_args!(
             "an unfinished gpupass {}. Run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it)",
             t.describe()
@@ -543,7 +545,6 @@ pub fn lock_holder(host: &HostRoot) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bind::FuncPlan;
 
     fn fp(addr: &str, before: Option<&str>, after: Option<&str>) -> FuncPlan {
         FuncPlan {
@@ -568,15 +569,7 @@ mod tests {
 
     #[test]
     fn replay_tracks_bound_and_open() {
-        let b = |txn: &str, action, f: Vec<FuncPlan>| Record::Begin {
-            txn: txn.into(),
-            time: 0,
-            pid: 1,
-            action,
-            groups: vec![1],
-            functions: f,
-            writes: 6,
-        };
+        let b = |txn: &str, action: Action, f: Vec<FuncPlan>| change(txn, action, f, 6);
         let text = [
             line(b(
                 "a",
@@ -626,6 +619,41 @@ mod tests {
             line(Record::Commit { txn: "d".into() })
         );
         assert!(replay(&text2).bound.is_empty());
+        // The bind-only header of older versions is still read: open, then settled.
+        let old = Record::Begin {
+            txn: "e".into(),
+            time: 0,
+            pid: 1,
+            action: Action::Bind,
+            groups: vec![4],
+            functions: vec![fp("04:00.0", Some("igc"), Some("vfio-pci"))],
+            writes: 3,
+        };
+        let r = replay(&line(old.clone()));
+        assert_eq!(r.open.len(), 1);
+        assert_eq!(r.open[0].what, "bind of IOMMU group 4");
+        assert_eq!(r.open[0].keys(), ["pci:0000:04:00.0", "group:1"]);
+        let r = replay(&format!(
+            "{}\n{}",
+            line(old),
+            line(Record::Commit { txn: "e".into() })
+        ));
+        assert!(r.open.is_empty());
+        assert_eq!(r.bound.len(), 1);
+    }
+
+    fn change(txn: &str, action: Action, f: Vec<FuncPlan>, writes: usize) -> Record {
+        let objects: Vec<Object> = f.iter().map(|x| Object::function(action, x)).collect();
+        Record::Change {
+            txn: txn.into(),
+            time: 0,
+            pid: 1,
+            domain: action.to_string(),
+            what: format!("{action} of IOMMU group 1"),
+            owner: None,
+            changes: serde_json::to_value(objects).unwrap(),
+            writes,
+        }
     }
 
     #[test]
@@ -635,7 +663,7 @@ mod tests {
         // The lock refuses a root without sysfs (a wrong --root gets nothing created under it).
         assert!(matches!(
             lock(&host, Duration::from_millis(0)),
-            Err(BindError::Inventory(_))
+            Err(ChangeError::Inventory(_))
         ));
         assert!(!host.run_gpupass().exists());
         std::fs::create_dir_all(host.sys_bus_pci_devices()).unwrap();
@@ -645,15 +673,12 @@ mod tests {
         let e = lock(&host, Duration::from_millis(30)).unwrap_err();
         assert!(e.to_string().contains("another gpupass"), "{e}");
         let mut j = Journal::open(&host, &l, &Replay::default()).unwrap();
-        j.append(Record::Begin {
-            txn: "t".into(),
-            time: 0,
-            pid: 1,
-            action: Action::Bind,
-            groups: vec![1],
-            functions: vec![fp("01:00.0", Some("nvidia"), Some("vfio-pci"))],
-            writes: 3,
-        })
+        j.append(change(
+            "t",
+            Action::Bind,
+            vec![fp("01:00.0", Some("nvidia"), Some("vfio-pci"))],
+            3,
+        ))
         .unwrap();
         j.append(Record::Commit { txn: "t".into() }).unwrap();
         let r = read(&host).unwrap();

@@ -1,0 +1,516 @@
+//! The one change engine: every change gpupass makes to a host is a [`Plan`] of typed
+//! [`Step`]s, applied by [`engine`] through [`HostOps`](crate::host::ops::HostOps) under the
+//! one lock, with every write announced in the one [`journal`] before it is made, verified,
+//! rolled back on failure, and finished or undone by `gpupass recover` after a crash.
+//!
+//! A plan is made of [`Part`]s, one per domain that contributes to it (a group bind, a CDI
+//! spec write, mdev instances, driverctl or mdevctl files), so a caller composes one plan from
+//! several parts and applies it as one transaction under one lock, tagged with an owner (the
+//! DRA plugin's claim UID) that the journal records. Each part has two halves, as a bind plan
+//! always had:
+//! - the ordered [`Step`]s, in the kernel's paths before the root (`write "vfio-pci" >
+//!   /sys/bus/pci/devices/.../driver_override`, `write file /etc/driverctl.d/pci-...`), which
+//!   `--dry-run` prints ([`Plan::render`]) and apply runs, one for one;
+//! - the [`Object`]s it changes with their state before and after (a PCI function's driver,
+//!   an mdev instance absent then present, a VF's vGPU type, a file's content). Rollback and
+//!   recovery are state-based on these: they read what the host shows now and make only the
+//!   writes still needed, so they are right whichever write a crash interrupted, and running
+//!   them twice is harmless.
+//!
+//! The domains build plans (`bind::Plan::to_part`, `mdev::plan::part`,
+//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `cli::cdi::spec_part`)
+//! and map the engine's [`ChangeError`] into their own errors; the engine knows the kernel's
+//! objects, not the commands. A plan of several parts, as the DRA plugin's prepare of a claim
+//! will make it (`tests.rs` builds and crashes exactly this):
+//!
+//! ```text
+//! let mut session = Session::lock(ops)?;            // plan from a view no one else changes
+//! let bind = bind::plan_bind(&inv, &facts, &req);   // refusals checked by the caller
+//! let mut files = Part::new("dra", "claim 7f3a files");
+//! files.file(host, &spec_path, Some(spec_json), false)   // content before read now
+//!      .file(host, &meta_path, Some(meta_json), false);
+//! let mut plan = Plan::default().owned_by(claim_uid);
+//! plan.push(bind.to_part()).push(files);
+//! print!("{}", plan.render());                      // --dry-run: the exact steps
+//! session.apply(&plan)?;                            // one transaction, one `change` record
+//! ```
+
+pub mod engine;
+pub mod journal;
+
+use crate::host::HostRoot;
+use crate::model::PciAddress;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+pub use engine::{apply, recover, Outcome, Recovered, Session};
+
+/// What a move of drivers does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Bind,
+    Unbind,
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Action::Bind => "bind",
+            Action::Unbind => "unbind",
+        })
+    }
+}
+
+/// The driver side of one function's state: what `driver` and `driver_override` hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DriverState {
+    /// Bound driver (`driver` link), `None` when driverless.
+    pub driver: Option<String>,
+    /// Module providing that driver (`drivers/<d>/module`), to reload it if needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// `driver_override`, `None` when unset.
+    pub driver_override: Option<String>,
+}
+
+/// One function a plan moves: its state before and the state the plan leads to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuncPlan {
+    pub address: PciAddress,
+    pub group: Option<u32>,
+    pub before: DriverState,
+    pub after: DriverState,
+}
+
+/// The functions gpupass bound and the state each had before (from the journal).
+pub type BoundState = std::collections::BTreeMap<PciAddress, DriverState>;
+
+/// What a driver check verifies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "expect", rename_all = "snake_case")]
+pub enum Expect {
+    /// The `driver` link names exactly this driver.
+    Driver { driver: String },
+    /// Any driver but a VFIO one (an unbind without a journal entry: report who claimed it).
+    NotVfio,
+}
+
+/// What a sysfs write is, for the error it gives when it fails.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Role {
+    /// A write that moves the PCI function `address` between drivers.
+    Driver { address: PciAddress },
+    /// The UUID to an mdev type's `create` on `parent`.
+    Create { parent: String },
+    /// An `--attr` of an mdev instance.
+    Attr { uuid: String, name: String },
+    /// `1` to an mdev instance's `remove`.
+    Remove,
+    /// A vGPU type id (or `0`) to a VF's `nvidia/current_vgpu_type`.
+    VgpuType,
+}
+
+/// One ordered step of a plan. The writes (`write`, `write_file`, `remove_file`) are what the
+/// journal announces as `step`s and what the test kit's failpoints count; the rest are checks
+/// (and module loads) between them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Step {
+    /// `modprobe MODULE` (skipped by the host when already loaded).
+    LoadModule { module: String },
+    /// Write `value` to the sysfs attribute `path` (as on the host, `/sys/...`).
+    Write {
+        path: String,
+        value: String,
+        #[serde(flatten)]
+        role: Role,
+    },
+    /// Create or replace the file `path` (as on the host, `/etc/...`) with `contents`,
+    /// atomically (a temporary file in the same directory, renamed over it).
+    WriteFile { path: String, contents: String },
+    /// Remove the file `path`; with `prune`, its directory too once empty.
+    RemoveFile {
+        path: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        prune: bool,
+    },
+    /// The function's `driver` link after the probe.
+    CheckDriver {
+        address: PciAddress,
+        path: String,
+        #[serde(flatten)]
+        expect: Expect,
+    },
+    /// The VFIO group node exists.
+    CheckNode { group: u32, path: String },
+    /// Every member of the group is driverless, on a VFIO driver / pci-stub, or a bridge.
+    CheckViable { group: u32 },
+    /// `path` exists (`present`) or is gone (an mdev instance appeared, or was removed).
+    CheckPresent { path: String, present: bool },
+    /// The attribute `path` reads `value` (`0` also matches an empty read).
+    CheckReads { path: String, value: String },
+}
+
+impl Step {
+    /// One line as `--dry-run` prints it.
+    pub fn render(&self) -> String {
+        match self {
+            Step::LoadModule { module } => format!("load module {module} (modprobe {module})"),
+            Step::Write { path, value, .. } => format!("write {value:?} > {path}"),
+            Step::WriteFile { path, contents } => {
+                format!("write file {path} ({} bytes, atomically)", contents.len())
+            }
+            Step::RemoveFile { path, prune: false } => format!("remove file {path}"),
+            Step::RemoveFile { path, prune: true } => {
+                format!("remove file {path} (and its directory once empty)")
+            }
+            Step::CheckDriver {
+                path,
+                expect: Expect::Driver { driver },
+                ..
+            } => format!("check {path} -> {driver}"),
+            Step::CheckDriver {
+                path,
+                expect: Expect::NotVfio,
+                ..
+            } => format!("check {path} is not a VFIO driver (report which driver claimed it)"),
+            Step::CheckNode { path, .. } => format!("check {path} exists"),
+            Step::CheckViable { group } => {
+                format!("check group {group} is viable (members driverless, on VFIO/pci-stub, or bridges)")
+            }
+            Step::CheckPresent { path, present: true } => format!("check {path} exists"),
+            Step::CheckPresent { path, present: false } => format!("check {path} is gone"),
+            Step::CheckReads { path, value } => format!("check {path} reads {value:?}"),
+        }
+    }
+
+    /// A write: journaled as a `step`, counted by the failpoints and by [`Plan::write_count`].
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Step::Write { .. } | Step::WriteFile { .. } | Step::RemoveFile { .. }
+        )
+    }
+
+    /// The path and the value a write's journal `step` records (a file's content is in the
+    /// plan's [`Object::File`]; the step says its size).
+    pub fn journal_value(&self) -> Option<(&str, String)> {
+        match self {
+            Step::Write { path, value, .. } => Some((path, value.clone())),
+            Step::WriteFile { path, contents } => Some((path, format!("({} bytes)", contents.len()))),
+            Step::RemoveFile { path, .. } => Some((path, "(remove)".into())),
+            _ => None,
+        }
+    }
+}
+
+/// One object a plan changes, with its state before and after: what rollback and `recover`
+/// restore (before) or complete (after, `recover --continue`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Object {
+    /// A PCI function moved between drivers by a bind or an unbind.
+    Function {
+        action: Action,
+        address: PciAddress,
+        group: Option<u32>,
+        before: DriverState,
+        after: DriverState,
+    },
+    /// Before: no mdev instance `uuid`. After: an instance of `mdev_type` on `parent` with
+    /// `attrs`.
+    Create {
+        uuid: String,
+        parent: String,
+        mdev_type: String,
+        attrs: Vec<(String, String)>,
+    },
+    /// Before: the instance exists (of `mdev_type` on `parent`). After: it does not.
+    Remove {
+        uuid: String,
+        parent: String,
+        mdev_type: String,
+    },
+    /// An NVIDIA vGPU VF: before type `0` (none), after `mdev_type`.
+    VgpuSet { vf: PciAddress, mdev_type: String },
+    /// An NVIDIA vGPU VF: before type `was`, after `0`.
+    VgpuClear { vf: PciAddress, was: String },
+    /// A file (`path` as on the host): its content before and after, `None` for absent.
+    /// `prune`: removing it also removes its directory once empty (mdevctl's parents).
+    File {
+        path: String,
+        before: Option<String>,
+        after: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        prune: bool,
+    },
+}
+
+impl Object {
+    /// The object as a function's plan, for a [`Object::Function`].
+    pub fn function(action: Action, f: &FuncPlan) -> Object {
+        Object::Function {
+            action,
+            address: f.address,
+            group: f.group,
+            before: f.before.clone(),
+            after: f.after.clone(),
+        }
+    }
+
+    /// What this object is, as keys two plans must not share with an unfinished one: a PCI
+    /// function and its IOMMU group, an mdev UUID, a VF, a file.
+    pub fn keys(&self) -> Vec<String> {
+        match self {
+            Object::Function { address, group, .. } => {
+                let mut k = vec![format!("pci:{address}")];
+                if let Some(g) = group {
+                    k.push(format!("group:{g}"));
+                }
+                k
+            }
+            Object::Create { uuid, .. } | Object::Remove { uuid, .. } => vec![format!("mdev:{uuid}")],
+            Object::VgpuSet { vf, .. } | Object::VgpuClear { vf, .. } => vec![format!("pci:{vf}")],
+            Object::File { path, .. } => vec![format!("file:{path}")],
+        }
+    }
+
+    /// One short label: `0000:01:00.0`, `2f3e... (mdpy-vga on mdpy)`, `/etc/driverctl.d/...`.
+    pub fn label(&self) -> String {
+        match self {
+            Object::Function { address, .. } => address.to_string(),
+            Object::Create {
+                uuid,
+                parent,
+                mdev_type,
+                ..
+            } => format!("{uuid} ({mdev_type} on {parent})"),
+            Object::Remove { uuid, parent, .. } => format!("{uuid} (on {parent})"),
+            Object::VgpuSet { vf, mdev_type } => format!("VF {vf} (type {mdev_type})"),
+            Object::VgpuClear { vf, was } => format!("VF {vf} (type {was})"),
+            Object::File { path, .. } => path.clone(),
+        }
+    }
+}
+
+/// The logical path of an mdev type's `create` on `parent`.
+pub fn mdev_create_path(parent: &str, ty: &str) -> String {
+    format!("/sys/class/mdev_bus/{parent}/mdev_supported_types/{ty}/create")
+}
+
+/// The logical path of an mdev instance.
+pub fn mdev_instance_path(uuid: &str) -> String {
+    format!("/sys/bus/mdev/devices/{uuid}")
+}
+
+/// The logical path of a VF's vGPU type.
+pub fn vgpu_type_path(vf: &PciAddress) -> String {
+    format!("/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type")
+}
+
+/// One domain's share of a plan: what it is for people, the objects it changes and the
+/// ordered steps that change them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// Who made it: `bind`, `unbind`, `mdev`, `persist`, `cdi`.
+    pub domain: String,
+    /// One line for the journal, the warnings and `recover`: `bind of IOMMU group 1`.
+    pub what: String,
+    pub objects: Vec<Object>,
+    pub steps: Vec<Step>,
+}
+
+impl Part {
+    /// A part with no objects or steps yet.
+    pub fn new(domain: impl Into<String>, what: impl Into<String>) -> Part {
+        Part {
+            domain: domain.into(),
+            what: what.into(),
+            objects: Vec::new(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// Add a file change: `path` (as on the host) gets `after` (`None`: removed). The content
+    /// now is read as the state before; a file already as wanted adds nothing (so a refresh
+    /// that changes nothing writes nothing). `prune`: a removal also removes the emptied
+    /// directory.
+    pub fn file(&mut self, host: &HostRoot, path: &str, after: Option<String>, prune: bool) -> &mut Part {
+        let before = read_file_now(host, path);
+        if before == after {
+            return self;
+        }
+        self.steps.push(match &after {
+            Some(c) => Step::WriteFile {
+                path: path.to_string(),
+                contents: c.clone(),
+            },
+            None => Step::RemoveFile {
+                path: path.to_string(),
+                prune,
+            },
+        });
+        self.objects.push(Object::File {
+            path: path.to_string(),
+            before,
+            after,
+            prune,
+        });
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty() && self.steps.is_empty()
+    }
+}
+
+/// A file's content now, byte for byte (`None`: absent, not a regular file, or unreadable),
+/// `path` as on the host. (Not `host::read_bounded`, which trims the trailing newline a
+/// driverctl file ends with.)
+pub fn read_file_now(host: &HostRoot, path: &str) -> Option<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(host.path(path)).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    f.take(64 << 20).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The path of `p` (built by [`HostRoot`]) as on the host: what steps and objects carry.
+pub fn logical(host: &HostRoot, p: &std::path::Path) -> String {
+    host.display(p)
+}
+
+/// A whole change: one or more parts, applied as one transaction under one lock, with an
+/// optional owner recorded in the journal (the DRA plugin's claim UID).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    pub parts: Vec<Part>,
+}
+
+impl Plan {
+    /// A plan of one part.
+    pub fn of(part: Part) -> Plan {
+        Plan {
+            owner: None,
+            parts: vec![part],
+        }
+    }
+
+    /// Tag the plan with its owner (recorded in the journal's `change` record).
+    pub fn owned_by(mut self, owner: impl Into<String>) -> Plan {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// Add a part (after the ones already there: parts run in order). Empty parts are
+    /// dropped.
+    pub fn push(&mut self, part: Part) -> &mut Plan {
+        if !part.is_empty() {
+            self.parts.push(part);
+        }
+        self
+    }
+
+    /// Every step, in order.
+    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+        self.parts.iter().flat_map(|p| p.steps.iter())
+    }
+
+    /// Every object, in order.
+    pub fn objects(&self) -> Vec<Object> {
+        self.parts
+            .iter()
+            .flat_map(|p| p.objects.iter().cloned())
+            .collect()
+    }
+
+    /// The plan's writes: the unit of the journal's `step`s and of the failpoints.
+    pub fn write_count(&self) -> usize {
+        self.steps().filter(|s| s.is_write()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.iter().all(Part::is_empty)
+    }
+
+    /// The journal's `domain`: the parts' domains, joined with `+` in order.
+    pub fn domain(&self) -> String {
+        let mut d: Vec<&str> = Vec::new();
+        for p in &self.parts {
+            if !d.contains(&p.domain.as_str()) {
+                d.push(&p.domain);
+            }
+        }
+        d.join("+")
+    }
+
+    /// One line for the journal: the parts' `what`s, and the owner.
+    pub fn describe(&self) -> String {
+        let w: Vec<&str> = self.parts.iter().map(|p| p.what.as_str()).collect();
+        match &self.owner {
+            Some(o) => format!("{} (for {o})", w.join(" + ")),
+            None => w.join(" + "),
+        }
+    }
+
+    /// The steps as `--dry-run` prints them: `plan: WHAT (N writes)`, then numbered steps.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "plan: {} ({} writes)\nsteps:\n",
+            self.describe(),
+            self.write_count()
+        );
+        for (i, st) in self.steps().enumerate() {
+            let _ = writeln!(s, "  {:>2}. {}", i + 1, st.render());
+        }
+        s
+    }
+
+    /// The plan as `--dry-run --json` prints it: the plan, its write count (the numbers the
+    /// failpoints take) and `dry_run`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "plan": self, "writes": self.write_count(), "dry_run": true })
+    }
+}
+
+/// Why a change could not be made, or failed. The messages are the ones bind and mdev have
+/// always given (docs/errors.md, E-BIND-10/11/12/16, E-CHANGE-*).
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error("journal {}; check that the directory is writable (gpupass needs root to change drivers)", .path.display())]
+    Journal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {}); try again when it is done", .path.display())]
+    Locked {
+        path: PathBuf,
+        holder: String,
+        waited_s: u64,
+    },
+    #[error(transparent)]
+    Inventory(#[from] crate::inventory::InventoryError),
+    /// An unfinished plan (a crash) touches an object of this one.
+    #[error("an unfinished gpupass {} touches the same {key}; run `gpupass recover` to undo it (or `gpupass recover --continue` to finish it) first", .open.describe())]
+    Unfinished {
+        open: Box<journal::OpenChange>,
+        key: String,
+    },
+    /// A step failed; the plan was rolled back (or the rollback failed too: `recover`).
+    #[error("{} {} failed: {}; {}", .0.domain, .0.what, crate::model::ErrorChain(&.0.cause), .0.rollback_text())]
+    Failed(Box<engine::Failure>),
+    #[error("recover of txn {txn} failed: {detail}; the plan stays open in the journal; fix the cause and run `gpupass recover` again")]
+    RecoverFailed { txn: String, detail: String },
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,81 @@
+//! Mediated devices: the active instances (`sys/bus/mdev/devices`) and the parents that are
+//! not PCI functions (the kernel's sample drivers' virtual parents).
+
+use super::*;
+
+pub(super) fn read_mdevs(host: &HostRoot, warnings: &mut Vec<String>) -> Vec<MdevInstance> {
+    let dir = host.mdev_devices();
+    let names = match dir_names(&dir) {
+        Ok(n) => n,
+        Err(e) => {
+            warnings.push(format!("cannot list {}: {e}", host.display(&dir)));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for uuid in names {
+        let p = dir.join(&uuid);
+        let parent = std::fs::read_link(&p)
+            .ok()
+            .and_then(|t| {
+                t.parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_default();
+        let type_id = link_name(&p.join("mdev_type")).ok().flatten();
+        let iommu_group = link_name(&p.join("iommu_group"))
+            .ok()
+            .flatten()
+            .and_then(|n| n.parse().ok());
+        let driver = link_name(&p.join("driver")).ok().flatten();
+        out.push(MdevInstance {
+            uuid,
+            parent,
+            type_id,
+            iommu_group,
+            driver,
+        });
+    }
+    out
+}
+
+/// mdev parents under `sys/class/mdev_bus` that are not PCI functions of `devices` (the
+/// kernel's sample drivers mbochs/mdpy/mtty live under `sys/devices/virtual/<drv>/<drv>`).
+pub(super) fn read_virtual_mdev_parents(
+    host: &HostRoot,
+    devices: &[PciDevice],
+    warnings: &mut Vec<String>,
+) -> Vec<MdevParent> {
+    let class = host.mdev_bus_class();
+    let names = match dir_names(&class) {
+        Ok(n) => n,
+        Err(e) => {
+            warnings.push(format!("cannot list {}: {e}", host.display(&class)));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for name in names {
+        if let Ok(a) = name.parse::<PciAddress>() {
+            if devices.iter().any(|d| d.address == a) {
+                continue;
+            }
+        }
+        let link = class.join(&name);
+        let sysfs_path = std::fs::canonicalize(&link).ok().and_then(|real| {
+            let root = std::fs::canonicalize(host.root()).ok()?;
+            real.strip_prefix(root).ok().map(|r| format!("/{}", r.display()))
+        });
+        let tables = HostTables::default();
+        let mut r = Reader::new(host, &tables, false);
+        let mdev_types = r.mdev_types(&link.join("mdev_supported_types"), &name);
+        warnings.extend(r.warnings);
+        out.push(MdevParent {
+            name,
+            sysfs_path,
+            mdev_types,
+        });
+    }
+    out
+}
