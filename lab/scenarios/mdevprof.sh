@@ -1,0 +1,29 @@
+# lab-about: profile: where gpupass mdev create/remove spend their time (-vv JSON log phase timestamps, strace counts and timed traces, mdevctl's counts beside them); not a test
+# lab-needs: gpupass
+# lab-files: /usr/bin/strace /usr/bin/mdevctl
+# lab-timeout: 300
+# lab-steps: end-clean
+# Prints, for docs/performance.md: the phase timestamps of three create+remove pairs (the JSON
+# log's timestamps are microseconds; the phases are the debug lines of cli/mdev.rs), one
+# `strace -c -f` per command of both tools, and one `strace -f -tt -T` of each gpupass command.
+U=dddddddd-1111-4222-8333-444444444444
+mkdir -p /etc/mdevctl.d/scripts.d/callouts /etc/mdevctl.d/scripts.d/notifiers /usr/lib/mdevctl/scripts.d/callouts /usr/lib/mdevctl/scripts.d/notifiers
+echo "=== LOAD $(cat /proc/loadavg)"
+i=0
+while [ $i -lt 3 ]; do
+  echo "=== PHASES create $i"
+  gpupass -vv --log-format json mdev create --parent mbochs --type mbochs-small --uuid $U 2>&1 >/dev/null | cut -c1-220
+  echo "=== PHASES remove $i"
+  gpupass -vv --log-format json mdev remove $U 2>&1 >/dev/null | cut -c1-220
+  i=$((i + 1))
+done
+echo "=== STRACE-C gpupass create"; strace -c -f -o /tmp/c.trace gpupass mdev create --parent mbochs --type mbochs-small --uuid $U > /dev/null; cat /tmp/c.trace
+echo "=== STRACE-C gpupass remove"; strace -c -f -o /tmp/c.trace gpupass mdev remove $U > /dev/null; cat /tmp/c.trace
+echo "=== STRACE-C mdevctl start"; strace -c -f -o /tmp/c.trace mdevctl start --uuid $U --parent mbochs --type mbochs-small > /dev/null; cat /tmp/c.trace
+echo "=== STRACE-C mdevctl stop"; strace -c -f -o /tmp/c.trace mdevctl stop --uuid $U > /dev/null; cat /tmp/c.trace
+strace -f -tt -T -o /tmp/create.trace gpupass mdev create --parent mbochs --type mbochs-small --uuid $U > /dev/null
+strace -f -tt -T -o /tmp/remove.trace gpupass mdev remove $U > /dev/null
+lab_file create.trace /tmp/create.trace
+lab_file remove.trace /tmp/remove.trace
+echo "=== END"
+lab_check end-clean test ! -e /sys/bus/mdev/devices/$U
