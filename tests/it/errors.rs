@@ -2705,8 +2705,9 @@ row!(
         args: &["qemu-args", "01:00.0"],
         code: 1,
         needles: &[
-            "a 64-bit PCI window of 128G (for 2 64-bit BAR(s), 32 GiB in all) needs a guest physical address width of at least 38 bits, but this host's CPU has 36",
-            "--pci-hole64 SIZE (at most 32G)",
+            "a 64-bit PCI window of 128G (for 2 64-bit BAR(s), 32.03 GiB in all) over QEMU's default guest RAM (no --memory) ends at 256G",
+            "OVMF places it above guest RAM, aligned to its own size, at 128G-256G, so it needs 38 physical address bits, but the guest gets this host CPU's 36",
+            "pass fewer devices, or a smaller window with --pci-hole64 SIZE (at most 32G over this RAM)",
             "nothing was written"
         ],
         setup: gpu_group_on_vfio_36_bits,
@@ -2765,8 +2766,10 @@ row!(
         args: &["xml", "domain", "--name", "h", "--memory", "8G", "--vcpus", "8", "--managed", "--device", "03:00.0"],
         code: 1,
         needles: &[
-            "a 64-bit PCI window of 512G (for 3 64-bit BAR(s), 128 GiB in all) reaches IOVAs of 40 bits, but this host's IOMMU translates 39",
-            "--pci-hole64 SIZE (at most 256G)",
+            "a 64-bit PCI window of 512G (for 3 64-bit BAR(s), 128.05 GiB in all) over 8 GiB of guest RAM ends at 1T",
+            "so it needs 40 physical address bits, but this host's IOMMU translates 39",
+            "so VFIO could not map the BARs for peer-to-peer DMA",
+            "--pci-hole64 SIZE (at most 256G over this RAM)",
             "nothing was written"
         ],
         setup: iommu_39_bits,

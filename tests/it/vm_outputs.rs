@@ -1367,7 +1367,11 @@ fn mmio64_window_is_sized_from_the_bars() {
     assert_eq!(code, Some(1), "{err}");
     assert!(out.is_empty(), "{out}");
     assert!(
-        err.contains("a 64-bit PCI window of 2T (for 12 64-bit BAR(s), 512 GiB in all) needs a guest physical address width of at least 42 bits, but this host's CPU has 40"),
+        err.contains("a 64-bit PCI window of 2T (for 12 64-bit BAR(s), 512.19 GiB in all) over QEMU's default guest RAM (no --memory) ends at 4T"),
+        "{err}"
+    );
+    assert!(
+        err.contains("so it needs 42 physical address bits, but the guest gets this host CPU's 40"),
         "{err}"
     );
     let x = run_root(
@@ -1414,6 +1418,74 @@ fn mmio64_window_is_sized_from_the_bars() {
     assert!(e40.contains("phys-bits too low (40)"), "{e40}");
     let e48 = run("qemu64,phys-bits=48");
     assert!(e48.contains(": vfio ") && !e48.contains("phys-bits"), "{e48}");
+}
+
+/// The address-width check places the window as the firmware does: OVMF aligns the aperture to
+/// its own size above the top of guest RAM, so the same four H100s (a 2 TiB window) fit a 42-bit
+/// CPU over 64 GiB of RAM (the window ends at 4 TiB) and not over 2 TiB (it ends at 6 TiB): exit
+/// 1 with RAM, window, end and widths, and the most RAM that fits. `qemu-args` and `xml domain`
+/// agree; SeaBIOS packs the BARs themselves and is checked by its own rule.
+#[test]
+fn the_address_width_check_follows_the_guest_ram() {
+    let hgx = vfio_host(
+        "hgx-8gpu",
+        &["0000:03:00.0", "0000:04:00.0", "0000:05:00.0", "0000:06:00.0"],
+    );
+    std::fs::write(
+        hgx.path().join("proc/cpuinfo"),
+        "processor\t: 0\naddress sizes\t: 42 bits physical, 48 bits virtual\n",
+    )
+    .unwrap();
+    let gpus = ["03:00.0", "04:00.0", "05:00.0", "06:00.0"];
+    let qemu = |mem: &str, extra: &[&str]| {
+        let mut a = vec!["qemu-args", "--memory", mem];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&gpus);
+        run_root(hgx.path(), &a)
+    };
+    let xml = |mem: &str, extra: &[&str]| {
+        let mut a = vec!["xml", "domain", "--name", "big", "--memory", mem, "--vcpus", "8"];
+        a.extend_from_slice(extra);
+        a.push("--device");
+        a.extend_from_slice(&gpus);
+        run_root(hgx.path(), &a)
+    };
+    // 64 GiB: the window sits at 2T-4T, within 42 bits.
+    for o in [qemu("64G", &[]), xml("64G", &[])] {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("OVMF places it at 2T-4T, within 42 address bits (the guest CPU's, the host's); it stays within them with up to 2046G of guest RAM"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // 2 TiB: above RAM (top 2050 GiB) aligned to 2 TiB the window is 4T-6T: 43 bits.
+    for o in [qemu("2T", &[]), xml("2T", &[])] {
+        let err = fails(
+            &o,
+            1,
+            &[
+                "a 64-bit PCI window of 2T (for 12 64-bit BAR(s), 512.19 GiB in all) over 2048 GiB of guest RAM ends at 6T",
+                "OVMF places it above guest RAM, aligned to its own size, at 4T-6T, so it needs 43 physical address bits",
+                "but the guest gets this host CPU's 42 (/proc/cpuinfo, address sizes; IOMMU: 48 bits)",
+                "pass less guest RAM (--memory 2046G or less), or fewer devices, or a smaller window with --pci-hole64 SIZE (at most 1T over this RAM)",
+                "nothing was written",
+            ],
+        );
+        assert!(!err.contains("note: 64-bit PCI window"), "{err}");
+    }
+    // The largest RAM the refusal names passes, one GiB more does not.
+    assert_eq!(qemu("2046G", &[]).status.code(), Some(0));
+    assert_eq!(qemu("2047G", &[]).status.code(), Some(1));
+    // The window it names fits over 2 TiB.
+    assert_eq!(qemu("2T", &["--pci-hole64", "1T"]).status.code(), Some(0));
+    // SeaBIOS: QEMU's 2 TiB window from the top of RAM (2050 GiB) ends past 4 TiB as well.
+    fails(
+        &xml("2T", &["--firmware", "bios"]),
+        1,
+        &["SeaBIOS places it above guest RAM, the BARs packed from the largest one's alignment, at 2050G-4098G, so it needs 43 physical address bits"],
+    );
+    assert_eq!(qemu("64G", &["--firmware", "bios"]).status.code(), Some(0));
 }
 
 /// `<memtune><hard_limit>` is what VFIO pins: RAM + 1 GiB, or RAM per VFIO device behind a

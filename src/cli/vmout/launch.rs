@@ -214,7 +214,15 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         cliques: crate::output::layout::p2p_cliques(&sel, inv),
         ..QemuOptions::default()
     };
-    super::check_window(inv, opts.hole64.as_ref())?;
+    // The window goes above the guest RAM the VMM's own `-m` gives (QEMU's default without).
+    super::check_window(
+        inv,
+        &sel,
+        opts.hole64.as_ref(),
+        crate::output::layout::GuestFirmware::Ovmf,
+        qemu_ram(&a.command),
+        None,
+    )?;
     let extra = qemu::args(&sel, &opts)?;
     if let Some(limit) = a.memlock {
         let v = if limit == u64::MAX { None } else { Some(limit) };
@@ -256,6 +264,39 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     .into())
 }
 
+/// The guest RAM in bytes that a QEMU command line's `-m` gives (`-m 8G`, `-m 8192`,
+/// `-m size=8G,slots=2,maxmem=16G`; a bare number is MiB, suffixes K/M/G/T); `None` without one
+/// (QEMU's default 128 MiB) or when it cannot be read. The last `-m` counts, as for QEMU.
+pub fn qemu_ram(command: &[OsString]) -> Option<u64> {
+    let mut ram = None;
+    let mut it = command.iter();
+    while let Some(arg) = it.next() {
+        if arg != "-m" && arg != "--m" {
+            continue;
+        }
+        let v = it.next().and_then(|v| v.to_str())?;
+        let size = v
+            .split(',')
+            .find_map(|kv| match kv.split_once('=') {
+                Some(("size", s)) => Some(s),
+                Some(_) => None,
+                None => Some(kv),
+            })
+            .unwrap_or("");
+        let digits = size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len());
+        let (num, unit) = size.split_at(digits);
+        let shift = match unit {
+            "" | "M" | "m" => 20,
+            "K" | "k" => 10,
+            "G" | "g" => 30,
+            "T" | "t" => 40,
+            _ => return None,
+        };
+        ram = num.parse::<u64>().ok().and_then(|n| n.checked_mul(1 << shift));
+    }
+    ram
+}
+
 vmm_sys_util::ioctl_io_nr!(IOMMU_OPTION, 0x3b, 0x87);
 
 /// `IOMMU_OPTION_RLIMIT_MODE` = `mode` on an open `/dev/iommu` (`gpupass launch`): 0 charges
@@ -281,4 +322,27 @@ pub fn iommufd_set_rlimit_mode(iommu: &File, mode: u64) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_ram_from_the_vmm_command() {
+        let argv = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            qemu_ram(&argv(&["qemu-system-x86_64", "-m", "8G"])),
+            Some(8 << 30)
+        );
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "4096"])), Some(4 << 30));
+        assert_eq!(
+            qemu_ram(&argv(&["qemu", "-m", "size=2T,slots=2,maxmem=4T"])),
+            Some(2 << 40)
+        );
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "1G", "-m", "3G"])), Some(3 << 30));
+        assert_eq!(qemu_ram(&argv(&["qemu", "-smp", "4"])), None);
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "lots"])), None);
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m"])), None);
+    }
 }

@@ -51,6 +51,9 @@ pub enum VmOutError {
     /// A VM layout that cannot work on this host (exit status 1), with the numbers.
     #[error("{0}")]
     Layout(String),
+    /// A 64-bit window past the guest CPU's or the IOMMU's address width (exit status 1).
+    #[error(transparent)]
+    Window(#[from] crate::output::layout::WindowRefusal),
     #[error(transparent)]
     Backend(#[from] crate::inventory::backend::BackendError),
     #[error(transparent)]
@@ -95,6 +98,16 @@ pub enum NumaArg {
 pub enum FirmwareArg {
     Efi,
     Bios,
+}
+
+impl FirmwareArg {
+    /// The firmware whose placement rule the address-width check applies.
+    pub fn guest(self) -> crate::output::layout::GuestFirmware {
+        match self {
+            FirmwareArg::Efi => crate::output::layout::GuestFirmware::Ovmf,
+            FirmwareArg::Bios => crate::output::layout::GuestFirmware::SeaBios,
+        }
+    }
 }
 
 /// Device options shared by the libvirt outputs.
@@ -357,6 +370,11 @@ pub struct QemuArgsArgs {
     /// of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// The guest firmware you boot (qemu-args does not choose it): efi (OVMF, the default) or
+    /// bios (SeaBIOS, QEMU's own default); the address-width check places the 64-bit window as
+    /// that firmware does
+    #[arg(long, value_enum, default_value = "efi")]
+    pub firmware: FirmwareArg,
     /// Guest memory (8G, 4096M): emits -m and the memory backends that bind it to the
     /// devices' NUMA node(s) or put it on hugepages (do not pass your own -m then)
     #[arg(long, value_parser = parse_memory_kib, value_name = "SIZE")]
@@ -532,41 +550,28 @@ fn select(
     Ok(sel)
 }
 
-/// Refuse a 64-bit window the guest cannot address on this host: a power-of-two window of
-/// 2^k bytes needs at least k+1 physical address bits (it lies above guest RAM and the 32-bit
-/// hole, so its end is past 2^k), and `host-phys-bits`/`maxphysaddr passthrough` give the
-/// guest the host CPU's width.
+/// Refuse a 64-bit window the guest cannot use on this host: the firmware `fw` places it
+/// above `ram` bytes of guest RAM (`None`: QEMU's default) as its own rule says
+/// ([`crate::output::layout::place`]), and its end must fit the guest CPU's physical address
+/// width (the host CPU's through `host-phys-bits`, or `--phys-bits`) and the IOMMU's.
 pub(crate) fn check_window(
     inv: &Inventory,
+    sel: &Selection,
     h: Option<&crate::output::layout::Mmio64>,
-) -> Result<(), VmOutError> {
-    use crate::output::layout::size_suffix;
+    fw: crate::output::layout::GuestFirmware,
+    ram: Option<u64>,
+    phys_bits: Option<u32>,
+) -> Result<Option<crate::output::layout::WindowFit>, VmOutError> {
+    use crate::output::layout::{fit_window, slot_bars, Widths};
     let Some(h) = h else {
-        return Ok(());
+        return Ok(None);
     };
-    let need = h.window.trailing_zeros() + 1;
-    if let Some(aw) = inv.iommu_addr_bits.filter(|aw| need > u32::from(*aw)) {
-        return Err(VmOutError::Layout(format!(
-            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) reaches IOVAs of {need} bits, but this host's IOMMU translates {aw} (sys/class/iommu: the narrowest unit's address width), so VFIO could not map the BARs for peer-to-peer DMA; pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
-            size_suffix(h.window),
-            h.count,
-            h.bars >> 30,
-            size_suffix(1u64 << (aw - 1)),
-        )));
-    }
-    let Some(bits) = inv.cpu_phys_bits else {
-        return Ok(());
+    let widths = Widths {
+        cpu: inv.cpu_phys_bits.map(u32::from),
+        iommu: inv.iommu_addr_bits.map(u32::from),
+        phys_bits,
     };
-    if need > u32::from(bits) {
-        return Err(VmOutError::Layout(format!(
-            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) needs a guest physical address width of at least {need} bits, but this host's CPU has {bits} (/proc/cpuinfo, address sizes): pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
-            size_suffix(h.window),
-            h.count,
-            h.bars >> 30,
-            size_suffix(1u64 << (bits - 1)),
-        )));
-    }
-    Ok(())
+    Ok(Some(fit_window(fw, ram, *h, &slot_bars(sel), widths)?))
 }
 
 use crate::output::layout::GuestNuma;
@@ -682,21 +687,45 @@ fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
     }
 }
 
-/// Say how the 64-bit window was sized.
-fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
-    use crate::output::layout::size_suffix;
-    if let Some(h) = h {
-        messages::note(format_args!(
-            "64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it)",
-            size_suffix(h.window),
-            h.count,
-            if h.bars >= 1 << 30 {
-                format!("{:.2} GiB", h.bars as f64 / (1u64 << 30) as f64)
-            } else {
-                format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
-            }
-        ));
-    }
+/// Say how the 64-bit window was sized and where the firmware puts it.
+fn hole64_note(fit: Option<&crate::output::layout::WindowFit>) {
+    use crate::output::layout::{size_suffix, WidthSource};
+    let Some(fit) = fit else {
+        return;
+    };
+    let h = &fit.mmio;
+    let widths = match fit.limit {
+        None => "the host's address widths are unknown, so it was not checked against them".to_string(),
+        Some((bits, source)) => {
+            let what = match source {
+                WidthSource::Cpu => "the guest CPU's, the host's",
+                WidthSource::PhysBits => "the guest CPU's, --phys-bits",
+                WidthSource::Iommu => "the IOMMU's",
+            };
+            let ram = match (fit.ram, fit.max_ram) {
+                (_, None) => String::new(),
+                (Some(_), Some(m)) => format!("; it stays within them with up to {} of guest RAM", size_suffix(m)),
+                (None, Some(m)) => format!(
+                    "; that is for QEMU's default RAM: with --memory the window moves up, and it stays within them with up to {}",
+                    size_suffix(m)
+                ),
+            };
+            format!("within {bits} address bits ({what}){ram}")
+        }
+    };
+    messages::note(format_args!(
+        "64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it); {} places it at {}-{}, {widths}",
+        size_suffix(h.window),
+        h.count,
+        if h.bars >= 1 << 30 {
+            format!("{:.2} GiB", h.bars as f64 / (1u64 << 30) as f64)
+        } else {
+            format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
+        },
+        fit.fw.name(),
+        size_suffix(fit.place.base),
+        size_suffix(fit.place.end),
+    ));
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
@@ -754,7 +783,14 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
             print_notes(&libvirt::check_display(&sel, &hostdev)?);
             // Every refusal (window, NUMA) comes before a note is printed or XML written.
             let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-            check_window(inv, hole64.as_ref())?;
+            let fit = check_window(
+                inv,
+                &sel,
+                hole64.as_ref(),
+                a.firmware.guest(),
+                Some(a.memory << 10),
+                None,
+            )?;
             let numa = numa_plan(
                 &sel,
                 inv,
@@ -803,7 +839,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 hugepages: a.hugepages,
                 cliques,
             };
-            hole64_note(spec.hole64.as_ref());
+            hole64_note(fit.as_ref());
             numa_note(&spec.numa, false, true);
             hugepages_note(a.hugepages, checked);
             cliques_note(&spec.cliques, false);
@@ -827,7 +863,14 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
     let backend = crate::inventory::backend::resolve_vm(a.backend, inv, &addrs, None)?;
     // Every refusal (window, NUMA, hugepages) comes before a note is printed.
     let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-    check_window(inv, hole64.as_ref())?;
+    let fit = check_window(
+        inv,
+        &sel,
+        hole64.as_ref(),
+        a.firmware.guest(),
+        a.memory.map(|m| m << 10),
+        None,
+    )?;
     let guest = match (a.vcpus, a.memory) {
         (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
         _ => None,
@@ -852,7 +895,7 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         hugepages: a.hugepages,
         numa,
     };
-    hole64_note(opts.hole64.as_ref());
+    hole64_note(fit.as_ref());
     numa_note(&opts.numa, true, a.memory.is_some());
     hugepages_note(a.hugepages, checked);
     cliques_note(&opts.cliques, true);
