@@ -306,6 +306,23 @@ impl Widths {
     }
 }
 
+/// The limit on the guest CPU's physical address bits that the outputs set
+/// (`host-phys-bits-limit=N`, `<maxphysaddr mode='passthrough' limit='N'/>`): `--phys-bits`,
+/// and the IOMMU's width when it is narrower than the host CPU's (or the CPU's is unknown), the
+/// smaller of the two. Without it OVMF, which sizes its own aperture from the CPU's width, may put
+/// BARs at addresses the IOMMU cannot map for peer-to-peer DMA. `None`: the host CPU's width as
+/// it is (`host-phys-bits=on` alone).
+pub fn phys_bits_limit(w: &Widths) -> Option<u32> {
+    let iommu = w.iommu.filter(|i| match w.cpu {
+        Some(c) => *i < c,
+        None => true,
+    });
+    match (w.phys_bits, iommu) {
+        (Some(p), Some(i)) => Some(p.min(i)),
+        (p, i) => p.or(i),
+    }
+}
+
 /// The window as the firmware places it over the guest's RAM, and what still fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowFit {

@@ -64,6 +64,9 @@ impl LibvirtVersion {
     pub const HOSTDEV_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 1 };
     /// The domain-wide `<iommufd enabled='yes'/>` (libvirt NEWS, 12.2.0).
     pub const DOMAIN_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 2 };
+    /// `limit` on `<maxphysaddr mode='passthrough'/>` (libvirt 9.3; 9.0's RNG has no such
+    /// attribute, 12.9's has).
+    pub const MAXPHYSADDR_LIMIT: LibvirtVersion = LibvirtVersion { major: 9, minor: 3 };
     /// The target when the installed libvirt cannot be read: Debian 12's.
     pub const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
 
@@ -436,6 +439,9 @@ pub struct DomainSpec {
     /// `<maxphysaddr mode='passthrough'/>`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg
     /// file (`<qemu:commandline>`: libvirt refuses `opt/ovmf/` names in `<sysinfo type='fwcfg'>`).
     pub hole64: Option<crate::output::layout::Mmio64>,
+    /// `<maxphysaddr mode='passthrough'[ limit='N']/>` in `<cpu>`: the guest gets the host CPU's
+    /// physical address bits, at most `N`; `None`: no element.
+    pub maxphysaddr: Option<MaxPhysAddr>,
     /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
     /// libvirt also takes it as the memlock limit.
     pub memtune_kib: Option<u64>,
@@ -446,6 +452,12 @@ pub struct DomainSpec {
     pub hugepages: HugePages,
     /// GPUDirect P2P cliques, set through `<qemu:override>` on the hostdevs' QEMU devices.
     pub cliques: Vec<(PciAddress, u8)>,
+}
+
+/// `<maxphysaddr mode='passthrough'/>`, with `limit` (libvirt 9.3+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MaxPhysAddr {
+    pub limit: Option<u32>,
 }
 
 /// libvirt's QEMU namespace (`<qemu:override>`, `<qemu:commandline>`).
@@ -594,11 +606,20 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
             .create_element("cpu")
             .with_attribute(("mode", "host-passthrough"))
             .with_attribute(("check", "none"));
-        if spec.hole64.is_some() || !cells.is_empty() {
+        if spec.maxphysaddr.is_some() || !cells.is_empty() {
             cpu.write_inner_content(|w| {
-                if spec.hole64.is_some() {
-                    // The window lies above RAM: the guest's address width must reach its end.
-                    empty(w, "maxphysaddr", &[("mode", "passthrough")])?;
+                if let Some(m) = &spec.maxphysaddr {
+                    // The window lies above RAM: the guest's address width must reach its end,
+                    // and stay within the IOMMU's.
+                    let limit = m.limit.map(|n| n.to_string());
+                    match &limit {
+                        Some(n) => empty(
+                            w,
+                            "maxphysaddr",
+                            &[("mode", "passthrough"), ("limit", n.as_str())],
+                        )?,
+                        None => empty(w, "maxphysaddr", &[("mode", "passthrough")])?,
+                    }
                 }
                 if !cells.is_empty() {
                     w.create_element("numa").write_inner_content(|w| {

@@ -21,6 +21,9 @@
 //! - In an option value a literal `,` is written `,,`.
 //! - `x-nv-gpudirect-clique=N` (0-15) on an NVIDIA vfio-pci device tells the guest driver which
 //!   GPUs may do GPUDirect P2P with each other (those of one clique).
+//! - `-cpu MODEL,host-phys-bits=on` gives the guest the host CPU's physical address bits (KVM;
+//!   QEMU 2.7+), `host-phys-bits-limit=N` at most N of them (QEMU 3.0+); the last `-cpu` of a
+//!   command line is the one QEMU takes, whole.
 //! - `-global q35-pcihost.pci-hole64-size=SIZE` sizes q35's 64-bit PCI window (default 32G);
 //!   `-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=MIB` gives OVMF the same aperture (SeaBIOS
 //!   ignores the file). See [`crate::output::layout`].
@@ -70,6 +73,27 @@ pub struct QemuOptions {
     /// NUMA placement: memory bound to the devices' node, or guest nodes and `pxb-pcie`
     /// expander buses mirroring the host nodes.
     pub numa: GuestNuma,
+    /// `-cpu MODEL,host-phys-bits=on[,host-phys-bits-limit=N]`; `None`: no `-cpu`.
+    pub cpu: Option<GuestCpu>,
+}
+
+/// The guest CPU `qemu-args` sets: the user's model and flags (`host` by default) with the host
+/// CPU's physical address bits, at most `limit` ([`crate::output::layout::phys_bits_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestCpu {
+    pub model: String,
+    pub limit: Option<u32>,
+}
+
+impl GuestCpu {
+    /// The `-cpu` value.
+    pub fn value(&self) -> String {
+        let mut v = format!("{},host-phys-bits=on", self.model);
+        if let Some(n) = self.limit {
+            v.push_str(&format!(",host-phys-bits-limit={n}"));
+        }
+        v
+    }
 }
 
 /// The first bus number of expander `i` (`pxb-pcie,bus_nr=`): 0x80, 0x90, ... so each gets 16
@@ -104,6 +128,7 @@ impl Default for QemuOptions {
             vcpus: None,
             hugepages: HugePages::Off,
             numa: GuestNuma::Free,
+            cpu: None,
         }
     }
 }
@@ -198,6 +223,10 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             pair("-machine", "memory-backend=gpupass-mem0".to_string());
         }
         _ => {}
+    }
+    if let Some(c) = &opts.cpu {
+        out.push("-cpu".to_string());
+        out.push(c.value());
     }
     if let Some(h) = &opts.hole64 {
         out.push("-global".to_string());

@@ -1720,6 +1720,26 @@ row!(
     }
 );
 row!(
+    e_out_21,
+    Case {
+        host: "workstation",
+        args: &["qemu-args", "01:00.0", "--cpu", "host kvm=off"],
+        code: 2,
+        needles: &["\"host kvm=off\" is not a -cpu value", "host,kvm=off, or none"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_22,
+    Case {
+        host: "workstation",
+        args: &["qemu-args", "01:00.0", "--phys-bits", "65"],
+        code: 2,
+        needles: &["invalid value '65' for '--phys-bits <N>'", "32..=64"],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_out_11,
     Case {
         host: "hgx-8gpu",

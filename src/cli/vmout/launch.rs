@@ -54,6 +54,11 @@ pub struct LaunchArgs {
     /// First pcie.0 slot for the root ports (as qemu-args)
     #[arg(long, value_parser = super::parse_slot, default_value = "0x10", value_name = "SLOT")]
     pub first_slot: u8,
+    /// The -cpu value appended, with host-phys-bits=on (and host-phys-bits-limit=N) added, as
+    /// for qemu-args: host (the default; none when the VMM's command has its own -cpu), your
+    /// model and flags, or none
+    #[arg(long, value_name = "MODEL[,FLAGS]|none", value_parser = super::parse_cpu)]
+    pub cpu: Option<String>,
     /// Print the command line to stderr before exec
     #[arg(long)]
     pub print: bool,
@@ -206,12 +211,26 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         fds.devices.push((f.device.address, fd.as_raw_fd()));
         held.push(fd);
     }
+    let hole64 = crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto);
+    let widths = super::widths(inv, None);
+    let limit = crate::output::layout::phys_bits_limit(&widths);
+    // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's own
+    // command has a `-cpu` (QEMU takes only the last one); then a note says what to add.
+    let cpu = (hole64.is_some() || limit.is_some()).then(|| qemu::GuestCpu {
+        model: match &a.cpu {
+            Some(m) => m.clone(),
+            None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
+            None => "host".to_string(),
+        },
+        limit,
+    });
     let opts = QemuOptions {
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
-        hole64: crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto),
+        hole64,
         cliques: crate::output::layout::p2p_cliques(&sel, inv),
+        cpu: cpu.clone().filter(|c| c.model != "none"),
         ..QemuOptions::default()
     };
     // The window goes above the guest RAM the VMM's own `-m` gives (QEMU's default without).
@@ -223,6 +242,9 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         qemu_ram(&a.command),
         None,
     )?;
+    if let Some(c) = &cpu {
+        super::cpu_note(c, &widths);
+    }
     let extra = qemu::args(&sel, &opts)?;
     if let Some(limit) = a.memlock {
         let v = if limit == u64::MAX { None } else { Some(limit) };

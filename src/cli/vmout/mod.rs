@@ -321,6 +321,11 @@ pub struct DomainArgs {
     /// next power of two of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// The guest CPU's physical address bits at most N (32-64; qemu-args
+    /// host-phys-bits-limit=N, libvirt <maxphysaddr limit='N'/>); the IOMMU's width limits them
+    /// by itself when it is narrower than the host CPU's
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(32..=64))]
+    pub phys_bits: Option<u32>,
     /// `<memtune><hard_limit>` = what VFIO pins (RAM + 1 GiB; with --viommu RAM per VFIO
     /// device + 1 GiB), also the domain's memory cgroup limit: on (default) or off (libvirt
     /// then raises the memlock limit by the same rule and sets no cgroup limit)
@@ -375,6 +380,16 @@ pub struct QemuArgsArgs {
     /// that firmware does
     #[arg(long, value_enum, default_value = "efi")]
     pub firmware: FirmwareArg,
+    /// The guest CPU's physical address bits at most N (32-64; qemu-args
+    /// host-phys-bits-limit=N, libvirt <maxphysaddr limit='N'/>); the IOMMU's width limits them
+    /// by itself when it is narrower than the host CPU's
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(32..=64))]
+    pub phys_bits: Option<u32>,
+    /// The -cpu value gpupass emits, with host-phys-bits=on (and host-phys-bits-limit=N) added:
+    /// host (the default), your own model and flags (e.g. 'host,kvm=off'; QEMU takes only the
+    /// last -cpu), or none (no -cpu: add those properties to yours)
+    #[arg(long, value_name = "MODEL[,FLAGS]|none", default_value = "host", value_parser = parse_cpu)]
+    pub cpu: String,
     /// Guest memory (8G, 4096M): emits -m and the memory backends that bind it to the
     /// devices' NUMA node(s) or put it on hugepages (do not pass your own -m then)
     #[arg(long, value_parser = parse_memory_kib, value_name = "SIZE")]
@@ -519,6 +534,16 @@ pub fn parse_memory_kib(s: &str) -> Result<u64, String> {
     Ok(kib)
 }
 
+pub(crate) fn parse_cpu(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.is_empty() || t.starts_with('-') || t.starts_with(',') || t.contains(char::is_whitespace) {
+        return Err(format!(
+            "{s:?} is not a -cpu value: give a model and its flags like host or host,kvm=off, or none"
+        ));
+    }
+    Ok(t.to_string())
+}
+
 fn parse_slot(s: &str) -> Result<u8, String> {
     let t = s.trim();
     let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
@@ -562,16 +587,97 @@ pub(crate) fn check_window(
     ram: Option<u64>,
     phys_bits: Option<u32>,
 ) -> Result<Option<crate::output::layout::WindowFit>, VmOutError> {
-    use crate::output::layout::{fit_window, slot_bars, Widths};
+    use crate::output::layout::{fit_window, slot_bars};
     let Some(h) = h else {
         return Ok(None);
     };
-    let widths = Widths {
+    Ok(Some(fit_window(
+        fw,
+        ram,
+        *h,
+        &slot_bars(sel),
+        widths(inv, phys_bits),
+    )?))
+}
+
+/// The address widths of this host (the inventory's) and `--phys-bits`.
+fn widths(inv: &Inventory, phys_bits: Option<u32>) -> crate::output::layout::Widths {
+    crate::output::layout::Widths {
         cpu: inv.cpu_phys_bits.map(u32::from),
         iommu: inv.iommu_addr_bits.map(u32::from),
         phys_bits,
+    }
+}
+
+/// Why the guest's address bits are limited, for the notes.
+fn limit_reason(w: &crate::output::layout::Widths, limit: u32) -> String {
+    match (w.phys_bits, w.iommu) {
+        (Some(p), _) if p == limit => "--phys-bits".to_string(),
+        (_, Some(i)) if i == limit => format!(
+            "this host's IOMMU translates {i} bits{}",
+            w.cpu.map(|c| format!(", its CPU has {c}")).unwrap_or_default()
+        ),
+        _ => "--phys-bits".to_string(),
+    }
+}
+
+/// Say what `-cpu` gives the guest, and how to keep it with a `-cpu` of your own.
+pub(crate) fn cpu_note(c: &qemu::GuestCpu, w: &crate::output::layout::Widths) {
+    let props = match c.limit {
+        Some(n) => format!("host-phys-bits=on,host-phys-bits-limit={n}"),
+        None => "host-phys-bits=on".to_string(),
     };
-    Ok(Some(fit_window(fw, ram, *h, &slot_bars(sel), widths)?))
+    let why = match c.limit {
+        Some(n) => format!(
+            "the host CPU's physical address bits, at most {n} ({})",
+            limit_reason(w, n)
+        ),
+        None => "the host CPU's physical address bits".to_string(),
+    };
+    if c.model == "none" {
+        messages::note(format_args!(
+            "--cpu none: add {props} to your -cpu, so the guest gets {why} and the firmware can place the 64-bit window above RAM"
+        ));
+    } else {
+        messages::note(format_args!(
+            "-cpu {}: the guest gets {why}, so the firmware can place the 64-bit window above RAM; QEMU takes only the last -cpu, so pass your own model and flags as --cpu MODEL,FLAGS (or --cpu none and add {props} to yours)",
+            c.value()
+        ));
+    }
+}
+
+/// `<maxphysaddr>` for `xml domain`: whenever a window is set or the guest's bits are limited;
+/// `limit` only where the target libvirt has it (9.3+), else a note.
+fn xml_maxphysaddr(
+    inv: &Inventory,
+    window: bool,
+    phys_bits: Option<u32>,
+    a: &XmlBackendArgs,
+) -> Option<libvirt::MaxPhysAddr> {
+    let w = widths(inv, phys_bits);
+    let limit = crate::output::layout::phys_bits_limit(&w);
+    if !window && limit.is_none() {
+        return None;
+    }
+    let Some(n) = limit else {
+        return Some(libvirt::MaxPhysAddr { limit: None });
+    };
+    let (target, source) = match a.libvirt_version {
+        Some(v) => (v, "from --libvirt-version".to_string()),
+        None => installed_libvirt(),
+    };
+    if target >= libvirt::LibvirtVersion::MAXPHYSADDR_LIMIT {
+        messages::note(format_args!(
+            "<maxphysaddr mode='passthrough' limit='{n}'/>: the guest gets the host CPU's physical address bits, at most {n} ({})",
+            limit_reason(&w, n)
+        ));
+        return Some(libvirt::MaxPhysAddr { limit: Some(n) });
+    }
+    messages::note(format_args!(
+        "the guest's physical address bits should be at most {n} ({}), but the target libvirt {target} ({source}) has no limit on <maxphysaddr> (9.3+): the guest gets all of the host CPU's, and OVMF may place BARs where the IOMMU cannot map them; name a libvirt 9.3 or newer with --libvirt-version",
+        limit_reason(&w, n)
+    ));
+    Some(libvirt::MaxPhysAddr { limit: None })
 }
 
 use crate::output::layout::GuestNuma;
@@ -789,7 +895,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 hole64.as_ref(),
                 a.firmware.guest(),
                 Some(a.memory << 10),
-                None,
+                a.phys_bits,
             )?;
             let numa = numa_plan(
                 &sel,
@@ -820,6 +926,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                     ""
                 }
             ));
+            let maxphysaddr = xml_maxphysaddr(inv, hole64.is_some(), a.phys_bits, &a.vfio);
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
                 memory_kib: a.memory,
@@ -834,6 +941,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 hostdev,
                 iommufd_domain: x.domain_wide,
                 hole64,
+                maxphysaddr,
                 memtune_kib: a.memtune.bool().then_some(pinned >> 10),
                 numa,
                 hugepages: a.hugepages,
@@ -869,8 +977,13 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         hole64.as_ref(),
         a.firmware.guest(),
         a.memory.map(|m| m << 10),
-        None,
+        a.phys_bits,
     )?;
+    let limit = crate::output::layout::phys_bits_limit(&widths(inv, a.phys_bits));
+    let cpu = (hole64.is_some() || limit.is_some()).then(|| qemu::GuestCpu {
+        model: a.cpu.clone(),
+        limit,
+    });
     let guest = match (a.vcpus, a.memory) {
         (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
         _ => None,
@@ -894,6 +1007,7 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         vcpus: a.vcpus,
         hugepages: a.hugepages,
         numa,
+        cpu: cpu.clone().filter(|c| c.model != "none"),
     };
     hole64_note(fit.as_ref());
     numa_note(&opts.numa, true, a.memory.is_some());
@@ -902,8 +1016,8 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
     if !sel.targets.is_empty() {
         messages::note(format_args!("VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root"));
     }
-    if opts.hole64.is_some() {
-        messages::note(format_args!("the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)"));
+    if let Some(c) = &cpu {
+        cpu_note(c, &widths(inv, a.phys_bits));
     }
     if opts.iommufd && sel.mdevs().next().is_some() {
         messages::note(format_args!(
