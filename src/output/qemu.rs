@@ -40,6 +40,73 @@ pub enum QemuError {
     NeedsMemory { what: &'static str },
     #[error("--first-slot {slot:#04x} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)")]
     BadFirstSlot { slot: u8 },
+    #[error("--backend iommufd: the QEMU {version} ({source_}) cannot open VFIO devices through iommufd: -object iommufd and vfio-pci's iommufd= need QEMU {needed}; name the QEMU the VM runs with --qemu BINARY or --qemu-version (8.2 or newer), or use --backend legacy or auto")]
+    IommufdTooOld {
+        version: QemuVersion,
+        /// Where the version came from (`from --qemu-version`, `/usr/bin/qemu-system-x86_64
+        /// --version`).
+        source_: String,
+        needed: QemuVersion,
+    },
+}
+
+/// A QEMU release, as `--qemu-version X.Y[.Z]` names it or `qemu-system-x86_64 --version`
+/// prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QemuVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl QemuVersion {
+    /// `-object iommufd` and `vfio-pci,iommufd=` (QEMU 8.2.0's changelog: "VFIO: iommufd
+    /// backend").
+    pub const IOMMUFD: QemuVersion = QemuVersion { major: 8, minor: 2 };
+
+    /// The version in `qemu-system-x86_64 --version`'s first line: `QEMU emulator version
+    /// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)`.
+    pub fn from_version_output(text: &str) -> Option<QemuVersion> {
+        let line = text.lines().next()?;
+        let rest = line.trim().strip_prefix("QEMU emulator version ")?;
+        rest.split_whitespace().next()?.parse().ok()
+    }
+}
+
+impl std::fmt::Display for QemuVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Text that is not a QEMU version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid QEMU version {text:?}: expected MAJOR.MINOR[.MICRO] like 8.2 or 10.0.2")]
+pub struct QemuVersionError {
+    pub text: String,
+}
+
+impl std::str::FromStr for QemuVersion {
+    type Err = QemuVersionError;
+    /// `8.2`, `10.0.2`, and a release candidate's `8.1.90` (8.2.0-rc0 counts as 8.1).
+    fn from_str(s: &str) -> Result<Self, QemuVersionError> {
+        let bad = || QemuVersionError { text: s.to_string() };
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        if !(2..=3).contains(&parts.len())
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || p.len() > 6 || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad());
+        }
+        let (major, minor): (u32, u32) = (
+            parts[0].parse().map_err(|_| bad())?,
+            parts[1].parse().map_err(|_| bad())?,
+        );
+        if major == 0 {
+            return Err(bad());
+        }
+        Ok(QemuVersion { major, minor })
+    }
 }
 
 /// Options for `gpupass qemu-args`.
@@ -403,5 +470,29 @@ mod tests {
             ..QemuOptions::default()
         };
         assert_eq!(args(&sel, &bad), Err(QemuError::BadFirstSlot { slot: 0x1f }));
+    }
+
+    #[test]
+    fn qemu_versions() {
+        let v = |t: &str| t.parse::<QemuVersion>();
+        assert_eq!(v("8.2"), Ok(QemuVersion { major: 8, minor: 2 }));
+        assert_eq!(v("10.0.2"), Ok(QemuVersion { major: 10, minor: 0 }));
+        for bad in ["", "8", "8.", "x.2", "8.2.1.1", "0.9", "8.2-rc1", " 8 . 2"] {
+            assert!(v(bad).is_err(), "{bad}");
+        }
+        assert!(QemuVersion { major: 8, minor: 1 } < QemuVersion::IOMMUFD);
+        assert!(QemuVersion { major: 10, minor: 0 } > QemuVersion::IOMMUFD);
+        assert_eq!(
+            QemuVersion::from_version_output(
+                "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)\nCopyright (c) 2003-2025 Fabrice Bellard and the QEMU Project developers\n"
+            ),
+            Some(QemuVersion { major: 10, minor: 0 })
+        );
+        assert_eq!(
+            QemuVersion::from_version_output("QEMU emulator version 7.2.15\n"),
+            Some(QemuVersion { major: 7, minor: 2 })
+        );
+        assert_eq!(QemuVersion::from_version_output("cloud-hypervisor v44.0\n"), None);
+        assert_eq!(QemuVersion::from_version_output(""), None);
     }
 }

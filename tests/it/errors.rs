@@ -2112,6 +2112,40 @@ row!(
     }
 );
 row!(
+    e_backend_05,
+    Case {
+        host: "vfio-numa",
+        args: &[
+            "qemu-args",
+            "4b:00.0",
+            "--backend",
+            "iommufd",
+            "--qemu-version",
+            "8.1"
+        ],
+        code: 1,
+        needles: &[
+            "--backend iommufd: the QEMU 8.1 (from --qemu-version) cannot open VFIO devices through iommufd",
+            "need QEMU 8.2",
+            "--qemu BINARY or --qemu-version (8.2 or newer), or use --backend legacy or auto"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_backend_06,
+    Case {
+        host: "vfio-numa",
+        args: &["qemu-args", "4b:00.0", "--qemu-version", "8"],
+        code: 2,
+        needles: &[
+            "invalid value '8' for '--qemu-version <X.Y>'",
+            "expected MAJOR.MINOR[.MICRO] like 8.2 or 10.0.2"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_backend_02,
     Case {
         host: "vfio-numa",

@@ -1063,6 +1063,8 @@ fn qemu_args_on_iommufd() {
                 "4b:00.0",
                 "--backend",
                 backend,
+                "--qemu-version",
+                "10.0",
                 "--pci-hole64",
                 "off",
                 "--json",
@@ -1111,6 +1113,122 @@ fn qemu_args_on_iommufd() {
             && !err.contains("Parameter '")
             && !err.contains("Bus '"),
         "QEMU rejected the iommufd arguments before opening a node:\n{err}"
+    );
+}
+
+/// `qemu-args --backend auto|iommufd` checks the QEMU before emitting iommufd (8.2+), as `xml`
+/// checks the libvirt: `--qemu-version X.Y`, else `--qemu BINARY --version` (the lab's real
+/// QEMU 10.0 here, and a fake that prints 8.1), else `qemu-system-x86_64` from PATH. `auto`
+/// falls back to the legacy group and container with a note when the QEMU is older or its
+/// version unknown; `iommufd` with an older QEMU is refused (E-BACKEND-04).
+#[test]
+fn qemu_args_check_the_qemu_version_before_iommufd() {
+    use std::os::unix::fs::PermissionsExt;
+    let empty_path = tempfile::tempdir().unwrap();
+    let fake = empty_path.path().join("qemu-8.1");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'QEMU emulator version 8.1.5 (Debian 1:8.1.5+ds-1)'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The lab's QEMU is a wrapper script that needs `dirname`; nothing else is on this PATH.
+    let dirname = Command::new("sh")
+        .args(["-c", "command -v dirname"])
+        .output()
+        .unwrap();
+    std::os::unix::fs::symlink(
+        String::from_utf8_lossy(&dirname.stdout).trim(),
+        empty_path.path().join("dirname"),
+    )
+    .unwrap();
+    let fixture = host("vfio-numa");
+    // PATH without a QEMU, so the default probe finds none, on any machine.
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "--root",
+            fixture.to_str().unwrap(),
+            "qemu-args",
+            "4b:00.0",
+            "--pci-hole64",
+            "off",
+        ];
+        a.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_gpupass"))
+            .args(&a)
+            .env_remove("GPUPASS_ROOT")
+            .env("PATH", empty_path.path())
+            .output()
+            .unwrap()
+    };
+    let iommufd = |o: &Output| ok(o).contains("iommufd=iommufd0");
+    // The lab's QEMU 10.0, probed for real.
+    let lab = lab_qemu().get_program().to_owned();
+    let lab = lab.to_str().unwrap();
+    for backend in ["auto", "iommufd"] {
+        let o = run(&["--backend", backend, "--qemu", lab]);
+        assert!(iommufd(&o), "{backend} with {lab}: {}", stderr(&o));
+    }
+    assert!(iommufd(&run(&["--qemu-version", "8.2"])));
+    assert!(iommufd(&run(&["--qemu-version", "10.0.2"])));
+    // Older: auto falls back with a note, iommufd is refused.
+    for o in [
+        run(&["--qemu-version", "8.1"]),
+        run(&["--qemu", fake.to_str().unwrap()]),
+    ] {
+        assert!(!iommufd(&o), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--backend auto: the QEMU 8.1 (")
+                && stderr(&o).contains(
+                    "has no iommufd backend for vfio-pci (8.2+); using the legacy group and container"
+                ),
+            "{}",
+            stderr(&o)
+        );
+    }
+    fails(
+        &run(&["--backend", "iommufd", "--qemu-version", "8.1"]),
+        1,
+        &[
+            "--backend iommufd: the QEMU 8.1 (from --qemu-version) cannot open VFIO devices through iommufd",
+            "need QEMU 8.2",
+            "or use --backend legacy or auto",
+        ],
+    );
+    fails(
+        &run(&["--backend", "iommufd", "--qemu", fake.to_str().unwrap()]),
+        1,
+        &[&format!("the QEMU 8.1 ({} --version)", fake.display())],
+    );
+    // Unknown (no QEMU on PATH): auto falls back, iommufd is taken as asked, each with a note.
+    let o = run(&[]);
+    assert!(!iommufd(&o));
+    assert!(
+        stderr(&o).contains(
+            "--backend auto: the QEMU's version is unknown (cannot run qemu-system-x86_64 --version"
+        ) && stderr(&o).contains("name the VM's QEMU with --qemu BINARY or --qemu-version X.Y"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--backend", "iommufd"]);
+    assert!(iommufd(&o));
+    assert!(
+        stderr(&o).contains("--backend iommufd: the QEMU's version is unknown"),
+        "{}",
+        stderr(&o)
+    );
+    // legacy never asks.
+    let o = run(&["--backend", "legacy", "--qemu", "/nonexistent/qemu"]);
+    assert!(!iommufd(&o) && !stderr(&o).contains("version"), "{}", stderr(&o));
+    fails(
+        &run(&["--qemu-version", "eight"]),
+        2,
+        &["invalid QEMU version \"eight\""],
+    );
+    fails(
+        &run(&["--qemu-version", "8.2", "--qemu", lab]),
+        2,
+        &["cannot be used with"],
     );
 }
 

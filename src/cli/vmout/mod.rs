@@ -212,6 +212,111 @@ pub fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
     )
 }
 
+/// Run `binary --version` (at most 10 s) and read the QEMU version from its first line.
+pub fn probe_qemu(binary: &std::path::Path) -> Result<qemu::QemuVersion, String> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {} --version: {e}", binary.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{} --version did not exit within 10 s", binary.display()));
+            }
+            Err(e) => return Err(format!("waiting for {} --version: {e}", binary.display())),
+        }
+    };
+    let mut text = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.by_ref().take(64 * 1024).read_to_string(&mut text);
+    }
+    if !status.success() {
+        return Err(format!("{} --version failed ({status})", binary.display()));
+    }
+    qemu::QemuVersion::from_version_output(&text).ok_or_else(|| {
+        format!(
+            "{} --version printed no \"QEMU emulator version X.Y\" line",
+            binary.display()
+        )
+    })
+}
+
+/// The QEMU version `qemu-args` targets and where it came from: `--qemu-version`, else
+/// `--qemu BINARY --version`, else `qemu-system-x86_64 --version` from PATH; `None` with the
+/// reason when none can be told.
+fn target_qemu(a: &QemuArgsArgs) -> (Option<qemu::QemuVersion>, String) {
+    if let Some(v) = a.qemu_version {
+        return (Some(v), "from --qemu-version".into());
+    }
+    let binary = a
+        .qemu
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64"));
+    match probe_qemu(&binary) {
+        Ok(v) => (Some(v), format!("{} --version", binary.display())),
+        Err(why) => (None, why),
+    }
+}
+
+/// Resolve `qemu-args --backend` for the PCI functions `addrs`: the kernel decides first
+/// (E-BACKEND-01), then the QEMU (8.2 for iommufd): under `auto` an older or unknown QEMU
+/// means legacy, with a note; `iommufd` with an older one is refused, with an unknown one
+/// taken as asked, with a note.
+fn qemu_backend(
+    inv: &Inventory,
+    a: &QemuArgsArgs,
+    addrs: &[PciAddress],
+) -> Result<crate::model::Backend, VmOutError> {
+    use crate::inventory::backend::Policy;
+    use crate::model::Backend;
+    let kernel = crate::inventory::backend::resolve_vm(a.backend, inv, addrs, None)?;
+    if kernel != Backend::Iommufd || addrs.is_empty() {
+        return Ok(kernel);
+    }
+    let needed = qemu::QemuVersion::IOMMUFD;
+    match target_qemu(a) {
+        (Some(v), _) if v >= needed => Ok(Backend::Iommufd),
+        (Some(version), source) => {
+            if a.backend == Policy::Iommufd {
+                return Err(qemu::QemuError::IommufdTooOld {
+                    version,
+                    source_: source,
+                    needed,
+                }
+                .into());
+            }
+            messages::note(format_args!(
+                "--backend auto: the QEMU {version} ({source}) has no iommufd backend for vfio-pci (8.2+); using the legacy group and container"
+            ));
+            Ok(Backend::Legacy)
+        }
+        (None, why) => {
+            if a.backend == Policy::Iommufd {
+                messages::note(format_args!(
+                    "--backend iommufd: the QEMU's version is unknown ({why}); -object iommufd needs QEMU 8.2 or newer"
+                ));
+                return Ok(Backend::Iommufd);
+            }
+            messages::note(format_args!(
+                "--backend auto: the QEMU's version is unknown ({why}); using the legacy group and container (name the VM's QEMU with --qemu BINARY or --qemu-version X.Y to use iommufd, 8.2+)"
+            ));
+            Ok(Backend::Legacy)
+        }
+    }
+}
+
 /// Resolve `xml --backend`: the kernel decides first (E-BACKEND-01), then the target
 /// libvirt (12.1 for `<driver iommufd='yes'/>`, 12.2 for the domain-wide element).
 fn xml_iommufd(
@@ -367,9 +472,16 @@ pub struct QemuArgsArgs {
     pub first_slot: u8,
     /// VFIO backend of the PCI functions: legacy (group + container), iommufd (-object
     /// iommufd and iommufd= on each vfio-pci; QEMU 8.2+, Linux 6.6+), auto (iommufd where
-    /// the kernel has it, else legacy). docs/iommufd.md
+    /// the kernel and the QEMU have it, else legacy). docs/iommufd.md
     #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
     pub backend: crate::inventory::backend::Policy,
+    /// The QEMU the arguments are for, X.Y (default: what --qemu BINARY, else
+    /// qemu-system-x86_64 on PATH, prints for --version)
+    #[arg(long, value_name = "X.Y", conflicts_with = "qemu")]
+    pub qemu_version: Option<qemu::QemuVersion>,
+    /// The QEMU binary the arguments are for: its --version decides whether iommufd is used
+    #[arg(long, value_name = "BINARY")]
+    pub qemu: Option<PathBuf>,
     /// The guest's 64-bit PCI window (-global q35-pcihost.pci-hole64-size= and OVMF's
     /// X-PciMmio64Mb): auto (sized from the devices' 64-bit BARs: twice the next power of two
     /// of their sum, at least 32G), off, or a size (64G, 2T)
@@ -968,7 +1080,7 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
     crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
-    let backend = crate::inventory::backend::resolve_vm(a.backend, inv, &addrs, None)?;
+    let backend = qemu_backend(inv, a, &addrs)?;
     // Every refusal (window, NUMA, hugepages) comes before a note is printed.
     let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
     let fit = check_window(
@@ -1162,6 +1274,35 @@ mod tests {
         ] {
             assert!(parse_memory_kib(bad).is_err(), "{bad}");
         }
+    }
+
+    /// `probe_qemu` runs the binary with `--version` and reads the first line; a fake QEMU is
+    /// a shell script printing what a release prints.
+    #[test]
+    fn qemu_version_probe() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let v81 = script(
+            "qemu-8.1",
+            r#"[ "$1" = --version ] || exit 3; echo 'QEMU emulator version 8.1.5 (Debian 1:8.1.5+ds-1)'; echo 'Copyright (c) 2003-2023 Fabrice Bellard and the QEMU Project developers'"#,
+        );
+        assert_eq!(probe_qemu(&v81), Ok(qemu::QemuVersion { major: 8, minor: 1 }));
+        let v10 = script("qemu-10", "echo 'QEMU emulator version 10.0.2'");
+        assert_eq!(probe_qemu(&v10), Ok(qemu::QemuVersion { major: 10, minor: 0 }));
+        let other = script("vmm", "echo 'cloud-hypervisor v44.0'");
+        assert!(probe_qemu(&other)
+            .unwrap_err()
+            .contains("printed no \"QEMU emulator version X.Y\" line"));
+        let failing = script("broken", "echo 'QEMU emulator version 9.2.0'; exit 1");
+        assert!(probe_qemu(&failing).unwrap_err().contains("--version failed"));
+        let missing = dir.path().join("absent");
+        assert!(probe_qemu(&missing).unwrap_err().starts_with("cannot run"));
     }
 
     #[test]
