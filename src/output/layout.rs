@@ -261,6 +261,41 @@ pub fn max_window(fw: GuestFirmware, ram: Option<u64>, bits: u32, slots: &[(u64,
         .find(|w| place(fw, ram, *w, slots).end <= limit)
 }
 
+/// A VM layout that cannot work on this host, with the numbers and the fix (exit status 1;
+/// docs/errors.md E-OUT-15..20). Decided before anything is printed or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// E-OUT-15, E-OUT-19.
+    #[error(transparent)]
+    Window(#[from] WindowRefusal),
+    /// E-OUT-16.
+    #[error("--numa strict: the devices are on host NUMA nodes {nodes}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written")]
+    NumaStrict { nodes: String },
+    /// E-OUT-20.
+    #[error("the devices span host NUMA nodes {nodes}, so the guest gets one NUMA node per host node, each with at least one vCPU: --vcpus {vcpus} is fewer than {needed}; pass --vcpus {needed} or more, or --numa off; nothing was written")]
+    TooFewVcpus { nodes: String, vcpus: u32, needed: u32 },
+    /// E-OUT-18.
+    #[error("--hugepages {pages}: guest memory of {mib} MiB is not a whole number of {pages} pages; pass a --memory that is a multiple of {page_mib} MiB; nothing was written")]
+    HugepagesNotWhole {
+        pages: &'static str,
+        mib: u64,
+        page_mib: u64,
+    },
+    /// E-OUT-17.
+    #[error("--hugepages {pages}: the guest needs {need} free {pages} pages on {place} ({mib} MiB), which has {free} free of {total} reserved; reserve more (echo N > {path}, or hugepagesz={pages} hugepages=N on the kernel command line), pass less --memory, or --hugepages off; nothing was written")]
+    HugepagesShort {
+        pages: &'static str,
+        need: u64,
+        /// `host node N` or `this host`.
+        place: String,
+        mib: u64,
+        free: u64,
+        total: u64,
+        /// The pool file to write (a real-host path for the user, not one gpupass opens).
+        path: String,
+    },
+}
+
 /// Where the width that decides comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WidthSource {
@@ -679,7 +714,7 @@ pub fn expanders(
     inv: &crate::model::Inventory,
     nodes: &[i32],
     guest: Option<(u32, u64, u64)>,
-) -> Result<Expanders, String> {
+) -> Result<Expanders, Refusal> {
     let target_node = sel
         .targets
         .iter()
@@ -689,10 +724,11 @@ pub fn expanders(
     if let Some((vcpus, memory_kib, page_kib)) = guest {
         let k = nodes.len() as u32;
         if vcpus < k {
-            return Err(format!(
-                "the devices span host NUMA nodes {}, so the guest gets one NUMA node per host node, each with at least one vCPU: --vcpus {vcpus} is fewer than {k}; pass --vcpus {k} or more, or --numa off; nothing was written",
-                join_nodes(nodes)
-            ));
+            return Err(Refusal::TooFewVcpus {
+                nodes: join_nodes(nodes),
+                vcpus,
+                needed: k,
+            });
         }
         let page = page_kib.max(1024);
         let share = memory_kib / u64::from(k) / page * page;
@@ -735,18 +771,16 @@ pub fn check_hugepages(
     pages: HugePages,
     memory_kib: u64,
     demand: &[(Option<i32>, u64)],
-) -> Result<bool, String> {
+) -> Result<bool, Refusal> {
     let Some(page) = pages.kib() else {
         return Ok(true);
     };
     if memory_kib % page != 0 {
-        return Err(format!(
-            "--hugepages {}: guest memory of {} MiB is not a whole number of {} pages; pass a --memory that is a multiple of {} MiB; nothing was written",
-            pages.label(),
-            memory_kib >> 10,
-            pages.label(),
-            page >> 10
-        ));
+        return Err(Refusal::HugepagesNotWhole {
+            pages: pages.label(),
+            mib: memory_kib >> 10,
+            page_mib: page >> 10,
+        });
     }
     if inv.numa_nodes.is_empty() {
         return Ok(false);
@@ -784,13 +818,15 @@ pub fn check_hugepages(
             }
         };
         if need > free {
-            return Err(format!(
-                "--hugepages {}: the guest needs {need} free {} pages on {place} ({} MiB), which has {free} free of {total} reserved; reserve more (echo N > {path}, or hugepagesz={} hugepages=N on the kernel command line), pass less --memory, or --hugepages off; nothing was written",
-                pages.label(),
-                pages.label(),
-                kib >> 10,
-                pages.label()
-            ));
+            return Err(Refusal::HugepagesShort {
+                pages: pages.label(),
+                need,
+                place,
+                mib: kib >> 10,
+                free,
+                total,
+                path,
+            });
         }
     }
     Ok(true)
@@ -858,7 +894,9 @@ mod tests {
             check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(0), 8 << 20)]),
             Ok(true)
         );
-        let e = check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(1), 8 << 20)]).unwrap_err();
+        let e = check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(1), 8 << 20)])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("needs 8 free 1G pages on host node 1") && e.contains("has 2 free of 16"),
             "{e}"
@@ -868,7 +906,9 @@ mod tests {
             Ok(true)
         );
         assert!(check_hugepages(&inv, HugePages::Gib1, 11 << 20, &[(None, 11 << 20)]).is_err());
-        let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[]).unwrap_err();
+        let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a whole number of 1G pages"), "{e}");
         assert!(check_hugepages(&inv, HugePages::Mib2, 8 << 20, &[(Some(0), 8 << 20)]).is_err());
     }

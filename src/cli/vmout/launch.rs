@@ -180,6 +180,34 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     }
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     backend::resolve_vm(Policy::Iommufd, inv, &addrs, None)?;
+    // The plan (window, address bits) before anything is opened: the window goes above the
+    // guest RAM the VMM's own `-m` gives (QEMU's default without), placed as OVMF does.
+    let plan = crate::output::plan::plan(
+        inv,
+        &sel,
+        &crate::output::plan::VmRequest {
+            renderer: crate::output::plan::Renderer::Qemu,
+            memory_kib: qemu_ram(&a.command).map(|b| b >> 10),
+            vcpus: None,
+            firmware: crate::output::layout::GuestFirmware::Ovmf,
+            hole64: crate::output::layout::Hole64::Auto,
+            phys_bits: None,
+            numa: crate::output::plan::NumaMode::Off,
+            hugepages: crate::output::layout::HugePages::Off,
+            viommu: false,
+            memtune: false,
+        },
+    )?;
+    // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's own
+    // command has a `-cpu` (QEMU takes only the last one); then a note says what to add.
+    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
+        model: match &a.cpu {
+            Some(m) => m.clone(),
+            None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
+            None => "host".to_string(),
+        },
+        limit: plan.phys_limit,
+    });
 
     let iommu_node = host.dev_iommu();
     let iommu = open_rw(host, &iommu_node)?;
@@ -211,39 +239,17 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         fds.devices.push((f.device.address, fd.as_raw_fd()));
         held.push(fd);
     }
-    let hole64 = crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto);
-    let widths = super::widths(inv, None);
-    let limit = crate::output::layout::phys_bits_limit(&widths);
-    // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's own
-    // command has a `-cpu` (QEMU takes only the last one); then a note says what to add.
-    let cpu = (hole64.is_some() || limit.is_some()).then(|| qemu::GuestCpu {
-        model: match &a.cpu {
-            Some(m) => m.clone(),
-            None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
-            None => "host".to_string(),
-        },
-        limit,
-    });
     let opts = QemuOptions {
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
-        hole64,
-        cliques: crate::output::layout::p2p_cliques(&sel, inv),
+        hole64: plan.mmio,
+        cliques: plan.cliques.clone(),
         cpu: cpu.clone().filter(|c| c.model != "none"),
         ..QemuOptions::default()
     };
-    // The window goes above the guest RAM the VMM's own `-m` gives (QEMU's default without).
-    super::check_window(
-        inv,
-        &sel,
-        opts.hole64.as_ref(),
-        crate::output::layout::GuestFirmware::Ovmf,
-        qemu_ram(&a.command),
-        None,
-    )?;
     if let Some(c) = &cpu {
-        super::cpu_note(c, &widths);
+        super::cpu_note(c, &plan.widths);
     }
     let extra = qemu::args(&sel, &opts)?;
     if let Some(limit) = a.memlock {

@@ -49,11 +49,8 @@ pub enum VmOutError {
     #[error("{0}")]
     Verify(String),
     /// A VM layout that cannot work on this host (exit status 1), with the numbers.
-    #[error("{0}")]
-    Layout(String),
-    /// A 64-bit window past the guest CPU's or the IOMMU's address width (exit status 1).
     #[error(transparent)]
-    Window(#[from] crate::output::layout::WindowRefusal),
+    Plan(#[from] crate::output::plan::Refusal),
     #[error(transparent)]
     Backend(#[from] crate::inventory::backend::BackendError),
     #[error(transparent)]
@@ -92,6 +89,17 @@ pub enum NumaArg {
     Auto,
     Strict,
     Off,
+}
+
+impl NumaArg {
+    fn mode(self) -> crate::output::plan::NumaMode {
+        use crate::output::plan::NumaMode;
+        match self {
+            NumaArg::Auto => NumaMode::Auto,
+            NumaArg::Strict => NumaMode::Strict,
+            NumaArg::Off => NumaMode::Off,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -670,7 +678,7 @@ fn parse_slot(s: &str) -> Result<u8, String> {
     }
 }
 
-fn print_notes(notes: &[String]) {
+fn print_notes<T: std::fmt::Display>(notes: &[T]) {
     for n in notes {
         messages::note(n);
     }
@@ -685,40 +693,6 @@ fn select(
     let sel = selection::select(inv, devices, SelectOptions { only, consumer })?;
     print_notes(&sel.notes);
     Ok(sel)
-}
-
-/// Refuse a 64-bit window the guest cannot use on this host: the firmware `fw` places it
-/// above `ram` bytes of guest RAM (`None`: QEMU's default) as its own rule says
-/// ([`crate::output::layout::place`]), and its end must fit the guest CPU's physical address
-/// width (the host CPU's through `host-phys-bits`, or `--phys-bits`) and the IOMMU's.
-pub(crate) fn check_window(
-    inv: &Inventory,
-    sel: &Selection,
-    h: Option<&crate::output::layout::Mmio64>,
-    fw: crate::output::layout::GuestFirmware,
-    ram: Option<u64>,
-    phys_bits: Option<u32>,
-) -> Result<Option<crate::output::layout::WindowFit>, VmOutError> {
-    use crate::output::layout::{fit_window, slot_bars};
-    let Some(h) = h else {
-        return Ok(None);
-    };
-    Ok(Some(fit_window(
-        fw,
-        ram,
-        *h,
-        &slot_bars(sel),
-        widths(inv, phys_bits),
-    )?))
-}
-
-/// The address widths of this host (the inventory's) and `--phys-bits`.
-fn widths(inv: &Inventory, phys_bits: Option<u32>) -> crate::output::layout::Widths {
-    crate::output::layout::Widths {
-        cpu: inv.cpu_phys_bits.map(u32::from),
-        iommu: inv.iommu_addr_bits.map(u32::from),
-        phys_bits,
-    }
 }
 
 /// Why the guest's address bits are limited, for the notes.
@@ -760,18 +734,12 @@ pub(crate) fn cpu_note(c: &qemu::GuestCpu, w: &crate::output::layout::Widths) {
 
 /// `<maxphysaddr>` for `xml domain`: whenever a window is set or the guest's bits are limited;
 /// `limit` only where the target libvirt has it (9.3+), else a note.
-fn xml_maxphysaddr(
-    inv: &Inventory,
-    window: bool,
-    phys_bits: Option<u32>,
-    a: &XmlBackendArgs,
-) -> Option<libvirt::MaxPhysAddr> {
-    let w = widths(inv, phys_bits);
-    let limit = crate::output::layout::phys_bits_limit(&w);
-    if !window && limit.is_none() {
+fn xml_maxphysaddr(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs) -> Option<libvirt::MaxPhysAddr> {
+    let w = plan.widths;
+    if !plan.sets_address_bits() {
         return None;
     }
-    let Some(n) = limit else {
+    let Some(n) = plan.phys_limit else {
         return Some(libvirt::MaxPhysAddr { limit: None });
     };
     let (target, source) = match a.libvirt_version {
@@ -790,160 +758,6 @@ fn xml_maxphysaddr(
         limit_reason(&w, n)
     ));
     Some(libvirt::MaxPhysAddr { limit: None })
-}
-
-use crate::output::layout::GuestNuma;
-
-/// `--numa`: the guest's placement, a note saying what was chosen and why, or (strict, devices
-/// on several nodes) an error. `guest`: (vCPUs, RAM KiB, page KiB) when known.
-pub(crate) fn numa_plan(
-    sel: &Selection,
-    inv: &Inventory,
-    mode: NumaArg,
-    guest: Option<(u32, u64, u64)>,
-) -> Result<GuestNuma, VmOutError> {
-    use crate::output::layout::{join_nodes, numa, NumaPlacement};
-    if mode == NumaArg::Off {
-        return Ok(GuestNuma::Free);
-    }
-    match numa(sel) {
-        NumaPlacement::One { node, cpus } => {
-            let cpus = cpus.or_else(|| crate::output::layout::node_cpus(sel, inv, node));
-            Ok(GuestNuma::Pinned { node, cpus })
-        }
-        NumaPlacement::Unknown => Ok(GuestNuma::Free),
-        NumaPlacement::Spans(nodes) => {
-            let list = join_nodes(&nodes);
-            if mode == NumaArg::Strict {
-                return Err(VmOutError::Layout(format!(
-                    "--numa strict: the devices are on host NUMA nodes {list}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written"
-                )));
-            }
-            let x = crate::output::layout::expanders(sel, inv, &nodes, guest).map_err(VmOutError::Layout)?;
-            Ok(GuestNuma::Expanders(x))
-        }
-    }
-}
-
-/// Say what the NUMA plan does (after every refusal). `qemu`: for `qemu-args`, which binds
-/// memory only through a backend (`memory_bound`: `--memory` was given) and cannot pin vCPUs.
-fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
-    use crate::output::layout::join_nodes;
-    match plan {
-        GuestNuma::Free => {}
-        GuestNuma::Pinned { node, .. } if qemu && memory_bound => messages::note(format_args!(
-            "the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
-        )),
-        GuestNuma::Pinned { node, cpus } => {
-            if qemu {
-                messages::note(format_args!(
-                    "the devices are on host NUMA node {node}: run QEMU under `numactl --cpunodebind={node} --membind={node}`{} (--memory binds guest RAM to the node with a memory backend; --numa off to leave placement alone)",
-                    match cpus {
-                        Some(c) => format!(" (its CPUs: {c})"),
-                        None => String::new(),
-                    }
-                ));
-            } else {
-                messages::note(format_args!(
-                    "the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
-                    cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
-                ));
-            }
-        }
-        GuestNuma::Expanders(x) => {
-            let list = join_nodes(&x.nodes);
-            if x.cells.is_empty() {
-                messages::note(format_args!(
-                    "the devices span host NUMA nodes {list}: one pxb-pcie expander bus per node with the devices behind root ports on their node's bus; pass --memory and --vcpus to also give the guest one NUMA node per host node (numa_node= on each expander, memory bound to its host node)"
-                ));
-            } else {
-                let cells: Vec<String> = x
-                    .cells
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        format!(
-                            "guest node {i} = host node {} (vCPUs {}, {} MiB)",
-                            c.host_node,
-                            c.vcpu_list(),
-                            c.memory_kib >> 10
-                        )
-                    })
-                    .collect();
-                messages::note(format_args!(
-                    "the devices span host NUMA nodes {list}: the guest gets one NUMA node per host node ({}), each with a pxb-pcie expander bus whose root ports hold that node's devices, so the guest driver sees each device local to its vCPUs and memory (KubeVirt VEP 115; --numa off for one flat node)",
-                    cells.join("; ")
-                ));
-            }
-        }
-    }
-}
-
-/// Say which GPUs share a P2P clique.
-fn cliques_note(cliques: &[(crate::model::PciAddress, u8)], qemu: bool) {
-    if !cliques.is_empty() {
-        messages::note(format_args!(
-            "GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch){}",
-            cliques.len(),
-            if qemu { "" } else { "; libvirt has no element for it: <qemu:override> sets the property on each hostdev's QEMU device (libvirt 8.2+)" }
-        ));
-    }
-}
-
-/// Say what backs guest RAM.
-fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
-    if pages.kib().is_some() {
-        messages::note(format_args!(
-            "guest RAM on {} hugepages{}",
-            pages.label(),
-            if checked {
-                ", enough free on the nodes it is bound to"
-            } else {
-                "; the inventory has no hugepage pools (sys/devices/system/node), so whether enough are free was not checked"
-            }
-        ));
-    }
-}
-
-/// Say how the 64-bit window was sized and where the firmware puts it.
-fn hole64_note(fit: Option<&crate::output::layout::WindowFit>) {
-    use crate::output::layout::{size_suffix, WidthSource};
-    let Some(fit) = fit else {
-        return;
-    };
-    let h = &fit.mmio;
-    let widths = match fit.limit {
-        None => "the host's address widths are unknown, so it was not checked against them".to_string(),
-        Some((bits, source)) => {
-            let what = match source {
-                WidthSource::Cpu => "the guest CPU's, the host's",
-                WidthSource::PhysBits => "the guest CPU's, --phys-bits",
-                WidthSource::Iommu => "the IOMMU's",
-            };
-            let ram = match (fit.ram, fit.max_ram) {
-                (_, None) => String::new(),
-                (Some(_), Some(m)) => format!("; it stays within them with up to {} of guest RAM", size_suffix(m)),
-                (None, Some(m)) => format!(
-                    "; that is for QEMU's default RAM: with --memory the window moves up, and it stays within them with up to {}",
-                    size_suffix(m)
-                ),
-            };
-            format!("within {bits} address bits ({what}){ram}")
-        }
-    };
-    messages::note(format_args!(
-        "64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it); {} places it at {}-{}, {widths}",
-        size_suffix(h.window),
-        h.count,
-        if h.bars >= 1 << 30 {
-            format!("{:.2} GiB", h.bars as f64 / (1u64 << 30) as f64)
-        } else {
-            format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
-        },
-        fit.fw.name(),
-        size_suffix(fit.place.base),
-        size_suffix(fit.place.end),
-    ));
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
@@ -999,46 +813,26 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
             let mut hostdev = a.dev.hostdev_options();
             hostdev.iommufd = x.per_hostdev;
             print_notes(&libvirt::check_display(&sel, &hostdev)?);
-            // Every refusal (window, NUMA) comes before a note is printed or XML written.
-            let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-            let fit = check_window(
+            // Every refusal (window, NUMA, hugepages) comes before a note is printed or XML
+            // written: the plan decides them all.
+            let plan = crate::output::plan::plan(
                 inv,
                 &sel,
-                hole64.as_ref(),
-                a.firmware.guest(),
-                Some(a.memory << 10),
-                a.phys_bits,
-            )?;
-            let numa = numa_plan(
-                &sel,
-                inv,
-                a.numa,
-                Some((a.vcpus, a.memory, a.hugepages.kib().unwrap_or(0))),
-            )?;
-            let checked =
-                crate::output::layout::check_hugepages(inv, a.hugepages, a.memory, &numa.demand(a.memory))
-                    .map_err(VmOutError::Layout)?;
-            let cliques = crate::output::layout::p2p_cliques(&sel, inv);
-            let pinned = crate::output::layout::memlock_bytes(
-                a.memory << 10,
-                a.viommu,
-                sel.functions().count() + sel.mdevs().count(),
-            );
-            messages::note(format_args!(
-                "VFIO pins all guest RAM: this VM locks up to {} MiB ({}){}",
-                pinned >> 20,
-                if a.viommu {
-                    "RAM per VFIO device behind the vIOMMU + 1 GiB"
-                } else {
-                    "RAM + 1 GiB"
+                &crate::output::plan::VmRequest {
+                    renderer: crate::output::plan::Renderer::Libvirt,
+                    memory_kib: Some(a.memory),
+                    vcpus: Some(a.vcpus),
+                    firmware: a.firmware.guest(),
+                    hole64: a.pci_hole64,
+                    phys_bits: a.phys_bits,
+                    numa: a.numa.mode(),
+                    hugepages: a.hugepages,
+                    viommu: a.viommu,
+                    memtune: a.memtune.bool(),
                 },
-                if a.memtune.bool() {
-                    "; <memtune><hard_limit> is set to it, which is also the domain's memory cgroup limit (--memtune off leaves both to libvirt)"
-                } else {
-                    ""
-                }
-            ));
-            let maxphysaddr = xml_maxphysaddr(inv, hole64.is_some(), a.phys_bits, &a.vfio);
+            )?;
+            print_notes(&plan.notes);
+            let maxphysaddr = xml_maxphysaddr(&plan, &a.vfio);
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
                 memory_kib: a.memory,
@@ -1052,17 +846,13 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 locked: a.locked,
                 hostdev,
                 iommufd_domain: x.domain_wide,
-                hole64,
+                hole64: plan.mmio,
                 maxphysaddr,
-                memtune_kib: a.memtune.bool().then_some(pinned >> 10),
-                numa,
+                memtune_kib: plan.memlock_bytes.filter(|_| a.memtune.bool()).map(|b| b >> 10),
+                numa: plan.numa.clone(),
                 hugepages: a.hugepages,
-                cliques,
+                cliques: plan.cliques.clone(),
             };
-            hole64_note(fit.as_ref());
-            numa_note(&spec.numa, false, true);
-            hugepages_note(a.hugepages, checked);
-            cliques_note(&spec.cliques, false);
             let xml = libvirt::domain(&sel, &spec)?;
             if json {
                 json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
@@ -1081,31 +871,28 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     let backend = qemu_backend(inv, a, &addrs)?;
-    // Every refusal (window, NUMA, hugepages) comes before a note is printed.
-    let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-    let fit = check_window(
+    // Every refusal (window, NUMA, hugepages) comes before a note is printed: the plan decides
+    // them all.
+    let plan = crate::output::plan::plan(
         inv,
         &sel,
-        hole64.as_ref(),
-        a.firmware.guest(),
-        a.memory.map(|m| m << 10),
-        a.phys_bits,
+        &crate::output::plan::VmRequest {
+            renderer: crate::output::plan::Renderer::Qemu,
+            memory_kib: a.memory,
+            vcpus: a.vcpus,
+            firmware: a.firmware.guest(),
+            hole64: a.pci_hole64,
+            phys_bits: a.phys_bits,
+            numa: a.numa.mode(),
+            hugepages: a.hugepages,
+            viommu: false,
+            memtune: false,
+        },
     )?;
-    let limit = crate::output::layout::phys_bits_limit(&widths(inv, a.phys_bits));
-    let cpu = (hole64.is_some() || limit.is_some()).then(|| qemu::GuestCpu {
+    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
         model: a.cpu.clone(),
-        limit,
+        limit: plan.phys_limit,
     });
-    let guest = match (a.vcpus, a.memory) {
-        (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
-        _ => None,
-    };
-    let numa = numa_plan(&sel, inv, a.numa, guest)?;
-    let checked = match a.memory {
-        Some(m) => crate::output::layout::check_hugepages(inv, a.hugepages, m, &numa.demand(m))
-            .map_err(VmOutError::Layout)?,
-        None => true,
-    };
     let opts = qemu::QemuOptions {
         rom_bar: a.rom_bar.map(OnOff::bool),
         rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
@@ -1113,23 +900,17 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
-        hole64,
-        cliques: crate::output::layout::p2p_cliques(&sel, inv),
+        hole64: plan.mmio,
+        cliques: plan.cliques.clone(),
         memory_kib: a.memory,
         vcpus: a.vcpus,
         hugepages: a.hugepages,
-        numa,
+        numa: plan.numa.clone(),
         cpu: cpu.clone().filter(|c| c.model != "none"),
     };
-    hole64_note(fit.as_ref());
-    numa_note(&opts.numa, true, a.memory.is_some());
-    hugepages_note(a.hugepages, checked);
-    cliques_note(&opts.cliques, true);
-    if !sel.targets.is_empty() {
-        messages::note(format_args!("VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root"));
-    }
+    print_notes(&plan.notes);
     if let Some(c) = &cpu {
-        cpu_note(c, &widths(inv, a.phys_bits));
+        cpu_note(c, &plan.widths);
     }
     if opts.iommufd && sel.mdevs().next().is_some() {
         messages::note(format_args!(
