@@ -97,6 +97,26 @@ pub struct VmPlan {
     pub notes: Vec<Note>,
 }
 
+impl Default for VmPlan {
+    /// Nothing planned: no window, no placement, no memory (a renderer's arguments for the
+    /// devices alone).
+    fn default() -> Self {
+        VmPlan {
+            mmio: None,
+            fit: None,
+            widths: Widths::default(),
+            phys_limit: None,
+            numa: GuestNuma::Free,
+            memory_kib: None,
+            vcpus: None,
+            hugepages: HugePages::Off,
+            cliques: Vec::new(),
+            memlock_bytes: None,
+            notes: Vec::new(),
+        }
+    }
+}
+
 impl VmPlan {
     /// The guest's address bits are to be set: a window lies above RAM, or they are limited.
     pub fn sets_address_bits(&self) -> bool {

@@ -29,6 +29,7 @@
 //!   ignores the file). See [`crate::output::layout`].
 
 use crate::output::layout::{GuestNuma, HugePages};
+use crate::output::plan::VmPlan;
 use crate::output::selection::{Selection, Target};
 
 /// Why arguments could not be built.
@@ -126,22 +127,12 @@ pub struct QemuOptions {
     pub iommufd: bool,
     /// With `iommufd`: file descriptors the QEMU process inherits (`gpupass launch`).
     pub fds: Option<PassedFds>,
-    /// The 64-bit MMIO window to set ([`crate::output::layout`]): `-global
-    /// q35-pcihost.pci-hole64-size=` for QEMU's firmware interface and the OVMF fw_cfg file.
-    pub hole64: Option<crate::output::layout::Mmio64>,
-    /// `x-nv-gpudirect-clique=N` per NVIDIA GPU ([`crate::output::layout::p2p_cliques`]).
-    pub cliques: Vec<(crate::model::PciAddress, u8)>,
-    /// Guest RAM in KiB (`-m`, and the memory backends); `None`: the caller sets `-m`.
-    pub memory_kib: Option<u64>,
-    /// `-smp N`; `None`: the caller sets it.
-    pub vcpus: Option<u32>,
-    /// Hugepages behind guest RAM (`memory-backend-memfd,hugetlb=on`); needs `memory_kib`.
-    pub hugepages: HugePages,
-    /// NUMA placement: memory bound to the devices' node, or guest nodes and `pxb-pcie`
-    /// expander buses mirroring the host nodes.
-    pub numa: GuestNuma,
-    /// `-cpu MODEL,host-phys-bits=on[,host-phys-bits-limit=N]`; `None`: no `-cpu`.
-    pub cpu: Option<GuestCpu>,
+    /// `-cpu MODEL,host-phys-bits=on[,host-phys-bits-limit=N]` when the plan sets the guest's
+    /// address bits; `None`: never a `-cpu` (the caller's own).
+    pub cpu: Option<String>,
+    /// `-m`, `-smp` and the memory backends from the plan's RAM and vCPUs; `false`: the caller
+    /// sets them (`gpupass launch`: the VMM's own `-m`).
+    pub guest_memory: bool,
 }
 
 /// The guest CPU `qemu-args` sets: the user's model and flags (`host` by default) with the host
@@ -189,13 +180,8 @@ impl Default for QemuOptions {
             first_slot: 0x10,
             iommufd: false,
             fds: None,
-            hole64: None,
-            cliques: Vec::new(),
-            memory_kib: None,
-            vcpus: None,
-            hugepages: HugePages::Off,
-            numa: GuestNuma::Free,
             cpu: None,
+            guest_memory: true,
         }
     }
 }
@@ -214,14 +200,43 @@ pub fn escape_value(v: &str) -> String {
     v.replace(',', ",,")
 }
 
-/// The argument vector: `["-device", "pcie-root-port,...", "-device", "vfio-pci,...", ...]`.
-pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuError> {
+/// What the arguments take from the plan.
+struct FromPlan<'a> {
+    hole64: Option<crate::output::layout::Mmio64>,
+    cliques: &'a [(crate::model::PciAddress, u8)],
+    memory_kib: Option<u64>,
+    vcpus: Option<u32>,
+    hugepages: HugePages,
+    numa: &'a GuestNuma,
+    cpu: Option<GuestCpu>,
+}
+
+/// The argument vector for `sel` under `plan` (the window, the guest's address bits, NUMA,
+/// memory, hugepages, cliques): `["-device", "pcie-root-port,...", "-device", "vfio-pci,...",
+/// ...]`.
+pub fn args(sel: &Selection, opts: &QemuOptions, plan: &VmPlan) -> Result<Vec<String>, QemuError> {
+    let lay = FromPlan {
+        hole64: plan.mmio,
+        cliques: &plan.cliques,
+        memory_kib: plan.memory_kib.filter(|_| opts.guest_memory),
+        vcpus: plan.vcpus.filter(|_| opts.guest_memory),
+        hugepages: plan.hugepages,
+        numa: &plan.numa,
+        cpu: opts
+            .cpu
+            .clone()
+            .filter(|_| plan.sets_address_bits())
+            .map(|model| GuestCpu {
+                model,
+                limit: plan.phys_limit,
+            }),
+    };
     if !(0x01..=0x1e).contains(&opts.first_slot) {
         return Err(QemuError::BadFirstSlot {
             slot: opts.first_slot,
         });
     }
-    let expanders = match &opts.numa {
+    let expanders = match &lay.numa {
         GuestNuma::Expanders(x) => Some(x),
         _ => None,
     };
@@ -240,7 +255,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             });
         }
     }
-    if opts.hugepages != HugePages::Off && opts.memory_kib.is_none() {
+    if lay.hugepages != HugePages::Off && lay.memory_kib.is_none() {
         return Err(QemuError::NeedsMemory { what: "--hugepages" });
     }
     let mut out = Vec::new();
@@ -248,16 +263,16 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         out.push(a.to_string());
         out.push(v);
     };
-    if let Some(kib) = opts.memory_kib {
+    if let Some(kib) = lay.memory_kib {
         pair("-m", format!("{}M", kib >> 10));
     }
-    if let Some(n) = opts.vcpus {
+    if let Some(n) = lay.vcpus {
         pair("-smp", n.to_string());
     }
     // Memory backends: one per guest node, or one for the whole guest when it is bound to a
     // node or on hugepages.
     let backend = |id: &str, kib: u64, node: Option<i32>| {
-        let mut b = match opts.hugepages.kib() {
+        let mut b = match lay.hugepages.kib() {
             Some(page) => format!(
                 "memory-backend-memfd,id={id},size={}M,hugetlb=on,hugetlbsize={},prealloc=on",
                 kib >> 10,
@@ -270,7 +285,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         }
         b
     };
-    match (&opts.numa, opts.memory_kib) {
+    match (&lay.numa, lay.memory_kib) {
         (GuestNuma::Expanders(x), _) if !x.cells.is_empty() => {
             for (i, c) in x.cells.iter().enumerate() {
                 let id = format!("gpupass-mem{i}");
@@ -285,17 +300,17 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             pair("-object", backend("gpupass-mem0", kib, Some(*node)));
             pair("-machine", "memory-backend=gpupass-mem0".to_string());
         }
-        (_, Some(kib)) if opts.hugepages != HugePages::Off => {
+        (_, Some(kib)) if lay.hugepages != HugePages::Off => {
             pair("-object", backend("gpupass-mem0", kib, None));
             pair("-machine", "memory-backend=gpupass-mem0".to_string());
         }
         _ => {}
     }
-    if let Some(c) = &opts.cpu {
+    if let Some(c) = &lay.cpu {
         out.push("-cpu".to_string());
         out.push(c.value());
     }
-    if let Some(h) = &opts.hole64 {
+    if let Some(h) = &lay.hole64 {
         out.push("-global".to_string());
         out.push(format!(
             "q35-pcihost.pci-hole64-size={}",
@@ -390,7 +405,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
                         Some(fd) => format!("fd={fd}"),
                         None => format!("host={}", f.device.address),
                     };
-                    let clique = opts
+                    let clique = lay
                         .cliques
                         .iter()
                         .find(|(a, _)| *a == f.device.address)
@@ -464,12 +479,16 @@ mod tests {
             targets: Vec::new(),
             notes: Vec::new(),
         };
-        assert!(args(&sel, &QemuOptions::default()).unwrap().is_empty());
+        let plan = VmPlan::default();
+        assert!(args(&sel, &QemuOptions::default(), &plan).unwrap().is_empty());
         let bad = QemuOptions {
             first_slot: 0x1f,
             ..QemuOptions::default()
         };
-        assert_eq!(args(&sel, &bad), Err(QemuError::BadFirstSlot { slot: 0x1f }));
+        assert_eq!(
+            args(&sel, &bad, &plan),
+            Err(QemuError::BadFirstSlot { slot: 0x1f })
+        );
     }
 
     #[test]

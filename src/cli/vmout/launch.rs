@@ -243,15 +243,15 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
-        hole64: plan.mmio,
-        cliques: plan.cliques.clone(),
-        cpu: cpu.clone().filter(|c| c.model != "none"),
+        cpu: cpu.as_ref().map(|c| c.model.clone()).filter(|m| m != "none"),
+        // The VMM's own `-m` sets the RAM the plan placed the window above.
+        guest_memory: false,
         ..QemuOptions::default()
     };
     if let Some(c) = &cpu {
         super::cpu_note(c, &plan.widths);
     }
-    let extra = qemu::args(&sel, &opts)?;
+    let extra = qemu::args(&sel, &opts, &plan)?;
     if let Some(limit) = a.memlock {
         let v = if limit == u64::MAX { None } else { Some(limit) };
         rustix::process::setrlimit(

@@ -732,15 +732,13 @@ pub(crate) fn cpu_note(c: &qemu::GuestCpu, w: &crate::output::layout::Widths) {
     }
 }
 
-/// `<maxphysaddr>` for `xml domain`: whenever a window is set or the guest's bits are limited;
-/// `limit` only where the target libvirt has it (9.3+), else a note.
-fn xml_maxphysaddr(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs) -> Option<libvirt::MaxPhysAddr> {
+/// Whether `xml domain` writes the plan's address-bit limit on `<maxphysaddr>`: only where the
+/// target libvirt has `limit` (9.3+; the installed libvirt unless `--libvirt-version`), else a
+/// note that the guest gets all of the CPU's bits. The target is asked only when a limit applies.
+fn xml_maxphysaddr_limit(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs) -> bool {
     let w = plan.widths;
-    if !plan.sets_address_bits() {
-        return None;
-    }
     let Some(n) = plan.phys_limit else {
-        return Some(libvirt::MaxPhysAddr { limit: None });
+        return false;
     };
     let (target, source) = match a.libvirt_version {
         Some(v) => (v, "from --libvirt-version".to_string()),
@@ -751,13 +749,13 @@ fn xml_maxphysaddr(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs) -> Op
             "<maxphysaddr mode='passthrough' limit='{n}'/>: the guest gets the host CPU's physical address bits, at most {n} ({})",
             limit_reason(&w, n)
         ));
-        return Some(libvirt::MaxPhysAddr { limit: Some(n) });
+        return true;
     }
     messages::note(format_args!(
         "the guest's physical address bits should be at most {n} ({}), but the target libvirt {target} ({source}) has no limit on <maxphysaddr> (9.3+): the guest gets all of the host CPU's, and OVMF may place BARs where the IOMMU cannot map them; name a libvirt 9.3 or newer with --libvirt-version",
         limit_reason(&w, n)
     ));
-    Some(libvirt::MaxPhysAddr { limit: None })
+    false
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
@@ -832,7 +830,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 },
             )?;
             print_notes(&plan.notes);
-            let maxphysaddr = xml_maxphysaddr(&plan, &a.vfio);
+            let maxphysaddr_limit = xml_maxphysaddr_limit(&plan, &a.vfio);
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
                 memory_kib: a.memory,
@@ -846,14 +844,10 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 locked: a.locked,
                 hostdev,
                 iommufd_domain: x.domain_wide,
-                hole64: plan.mmio,
-                maxphysaddr,
-                memtune_kib: plan.memlock_bytes.filter(|_| a.memtune.bool()).map(|b| b >> 10),
-                numa: plan.numa.clone(),
-                hugepages: a.hugepages,
-                cliques: plan.cliques.clone(),
+                maxphysaddr_limit,
+                memtune: a.memtune.bool(),
             };
-            let xml = libvirt::domain(&sel, &spec)?;
+            let xml = libvirt::domain(&sel, &spec, &plan)?;
             if json {
                 json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
             } else {
@@ -900,13 +894,8 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
-        hole64: plan.mmio,
-        cliques: plan.cliques.clone(),
-        memory_kib: a.memory,
-        vcpus: a.vcpus,
-        hugepages: a.hugepages,
-        numa: plan.numa.clone(),
-        cpu: cpu.clone().filter(|c| c.model != "none"),
+        cpu: Some(a.cpu.clone()).filter(|c| c != "none"),
+        guest_memory: true,
     };
     print_notes(&plan.notes);
     if let Some(c) = &cpu {
@@ -922,7 +911,7 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         ..Default::default()
     };
     print_notes(&libvirt::check_display(&sel, &hd)?);
-    let args = qemu::args(&sel, &opts)?;
+    let args = qemu::args(&sel, &opts, &plan)?;
     messages::note(format_args!(
         "these arguments assume -machine q35 (they put root ports on pcie.0)"
     ));
