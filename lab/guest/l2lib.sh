@@ -158,7 +158,10 @@ l2_prepare() {
   lab_expect bind-driver vfio-pci "$(lab_driver $D)"
   lab_run big-bind big-bind.txt gpupass bind $BIG
   lab_expect big-bind-driver vfio-pci "$(lab_driver $BIG)"
-  lab_run qemu-args qemu-args.txt gpupass qemu-args $D $BIG
+  # --cpu none: the L2 keeps its own CPU (TCG has no `host` model; under the lab's nested KVM
+  # `host` would be L1's emulated CPU), so the arguments carry no -cpu, as before; --qemu $Q:
+# --backend auto asks that QEMU's version (10.0) before it emits iommufd.
+  lab_run qemu-args qemu-args.txt gpupass qemu-args --cpu none --qemu $Q $D $BIG
   lab_expect sized-window "q35-pcihost.pci-hole64-size=32G name=opt/ovmf/X-PciMmio64Mb,string=32768" \
     "$(grep -o -e 'q35-pcihost.pci-hole64-size=[0-9A-Z]*' -e 'name=opt/ovmf/X-PciMmio64Mb,string=[0-9]*' qemu-args.txt | tr '\n' ' ' | sed 's/ $//')"
 }

@@ -45,7 +45,10 @@ above4g ovmf- ovmf.txt
 inwindow ovmf- ovmf.txt $((32 << 30))
 
 # ---- 2. OVMF, a window smaller than the BAR: the failure gpupass's sizing prevents
-lab_run small-qemu-args small-qemu-args.txt gpupass qemu-args $D $BIG --pci-hole64 8G
+# --cpu none: the L2 keeps its own CPU (TCG has no `host` model; under the lab's nested KVM
+# `host` would be L1's emulated CPU), so the arguments carry no -cpu, as before; --qemu $Q:
+# --backend auto asks that QEMU's version (10.0) before it emits iommufd.
+lab_run small-qemu-args small-qemu-args.txt gpupass qemu-args --cpu none --qemu $Q $D $BIG --pci-hole64 8G
 # shellcheck disable=SC2046
 boot_l2 small tcg 1200 -bios $OVMF -cpu qemu64,phys-bits=36 $(cat small-qemu-args.txt)
 booted small- small.txt

@@ -261,6 +261,253 @@ pub fn max_window(fw: GuestFirmware, ram: Option<u64>, bits: u32, slots: &[(u64,
         .find(|w| place(fw, ram, *w, slots).end <= limit)
 }
 
+/// A VM layout that cannot work on this host, with the numbers and the fix (exit status 1;
+/// docs/errors.md E-OUT-15..20). Decided before anything is printed or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// E-OUT-15, E-OUT-19.
+    #[error(transparent)]
+    Window(#[from] WindowRefusal),
+    /// E-OUT-16.
+    #[error("--numa strict: the devices are on host NUMA nodes {nodes}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written")]
+    NumaStrict { nodes: String },
+    /// E-OUT-20.
+    #[error("the devices span host NUMA nodes {nodes}, so the guest gets one NUMA node per host node, each with at least one vCPU: --vcpus {vcpus} is fewer than {needed}; pass --vcpus {needed} or more, or --numa off; nothing was written")]
+    TooFewVcpus { nodes: String, vcpus: u32, needed: u32 },
+    /// E-OUT-18.
+    #[error("--hugepages {pages}: guest memory of {mib} MiB is not a whole number of {pages} pages; pass a --memory that is a multiple of {page_mib} MiB; nothing was written")]
+    HugepagesNotWhole {
+        pages: &'static str,
+        mib: u64,
+        page_mib: u64,
+    },
+    /// E-OUT-17.
+    #[error("--hugepages {pages}: the guest needs {need} free {pages} pages on {place} ({mib} MiB), which has {free} free of {total} reserved; reserve more (echo N > {path}, or hugepagesz={pages} hugepages=N on the kernel command line), pass less --memory, or --hugepages off; nothing was written")]
+    HugepagesShort {
+        pages: &'static str,
+        need: u64,
+        /// `host node N` or `this host`.
+        place: String,
+        mib: u64,
+        free: u64,
+        total: u64,
+        /// The pool file to write (a real-host path for the user, not one gpupass opens).
+        path: String,
+    },
+}
+
+/// Where the width that decides comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WidthSource {
+    /// The host CPU's physical address bits, which the guest gets (`host-phys-bits=on`,
+    /// `<maxphysaddr mode='passthrough'/>`).
+    Cpu,
+    /// `--phys-bits N`: the guest's width, limited below the host CPU's.
+    PhysBits,
+    /// The narrowest IOMMU unit's input address width: QEMU maps every BAR into the IOMMU at
+    /// its guest address for peer-to-peer DMA.
+    Iommu,
+}
+
+/// The address widths the window's end must fit (`None`: not known, not checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Widths {
+    /// The host CPU's physical address bits (`/proc/cpuinfo`, "address sizes").
+    pub cpu: Option<u32>,
+    /// The host IOMMU's input address width (`sys/class/iommu`).
+    pub iommu: Option<u32>,
+    /// `--phys-bits N`.
+    pub phys_bits: Option<u32>,
+}
+
+impl Widths {
+    /// The guest CPU's width: the host CPU's, or less with `--phys-bits`.
+    pub fn guest(&self) -> Option<(u32, WidthSource)> {
+        match (self.cpu, self.phys_bits) {
+            (Some(c), Some(p)) if p < c => Some((p, WidthSource::PhysBits)),
+            (Some(c), _) => Some((c, WidthSource::Cpu)),
+            (None, Some(p)) => Some((p, WidthSource::PhysBits)),
+            (None, None) => None,
+        }
+    }
+
+    /// The narrowest width the window must fit (the IOMMU's on a tie).
+    pub fn narrowest(&self) -> Option<(u32, WidthSource)> {
+        match (self.iommu, self.guest()) {
+            (Some(i), Some(g)) if g.0 < i => Some(g),
+            (Some(i), _) => Some((i, WidthSource::Iommu)),
+            (None, g) => g,
+        }
+    }
+}
+
+/// The limit on the guest CPU's physical address bits that the outputs set
+/// (`host-phys-bits-limit=N`, `<maxphysaddr mode='passthrough' limit='N'/>`): `--phys-bits`,
+/// and the IOMMU's width when it is narrower than the host CPU's (or the CPU's is unknown), the
+/// smaller of the two. Without it OVMF, which sizes its own aperture from the CPU's width, may put
+/// BARs at addresses the IOMMU cannot map for peer-to-peer DMA. `None`: the host CPU's width as
+/// it is (`host-phys-bits=on` alone).
+pub fn phys_bits_limit(w: &Widths) -> Option<u32> {
+    let iommu = w.iommu.filter(|i| match w.cpu {
+        Some(c) => *i < c,
+        None => true,
+    });
+    match (w.phys_bits, iommu) {
+        (Some(p), Some(i)) => Some(p.min(i)),
+        (p, i) => p.or(i),
+    }
+}
+
+/// The window as the firmware places it over the guest's RAM, and what still fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowFit {
+    pub fw: GuestFirmware,
+    /// Guest RAM in bytes; `None`: QEMU's default (`qemu-args` without `--memory`).
+    pub ram: Option<u64>,
+    pub mmio: Mmio64,
+    pub place: Placement,
+    pub widths: Widths,
+    /// The narrowest width and its source (`None`: no width known, nothing checked).
+    pub limit: Option<(u32, WidthSource)>,
+    /// The most guest RAM with which this window still fits `limit`.
+    pub max_ram: Option<u64>,
+    /// The largest window that fits `limit` over this RAM.
+    pub max_window: Option<u64>,
+}
+
+/// A window whose end, as the firmware places it, lies past the guest CPU's or the IOMMU's
+/// address width (E-OUT-15, E-OUT-19): the firmware would leave BARs unassigned, or VFIO could
+/// not map them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowRefusal {
+    pub fit: Box<WindowFit>,
+    /// The width the end passes.
+    pub bits: u32,
+    pub source: WidthSource,
+}
+
+impl WindowRefusal {
+    /// The docs/errors.md row.
+    pub fn code(&self) -> &'static str {
+        match self.source {
+            WidthSource::Iommu => "E-OUT-19",
+            WidthSource::Cpu | WidthSource::PhysBits => "E-OUT-15",
+        }
+    }
+}
+
+/// `2 GiB`, `2.50 GiB`, `512 MiB`.
+fn amount(v: u64) -> String {
+    if v >= GIB && v % GIB == 0 {
+        format!("{} GiB", v >> 30)
+    } else if v >= GIB {
+        format!("{:.2} GiB", v as f64 / GIB as f64)
+    } else {
+        format!("{:.2} MiB", v as f64 / (1u64 << 20) as f64)
+    }
+}
+
+impl std::fmt::Display for WindowRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fit = &self.fit;
+        let m = &fit.mmio;
+        let ram = match fit.ram {
+            Some(r) => format!("{} of guest RAM", amount(r)),
+            None => "QEMU's default guest RAM (no --memory)".to_string(),
+        };
+        let how = match fit.fw {
+            GuestFirmware::Ovmf => "above guest RAM, aligned to its own size",
+            GuestFirmware::SeaBios => "above guest RAM, the BARs packed from the largest one's alignment",
+        };
+        write!(
+            f,
+            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} in all) over {ram} ends at {}: {} places it {how}, at {}-{}, so it needs {} physical address bits, but ",
+            size_suffix(m.window),
+            m.count,
+            amount(m.bars),
+            size_suffix(fit.place.end),
+            fit.fw.name(),
+            size_suffix(fit.place.base),
+            size_suffix(fit.place.end),
+            fit.place.bits(),
+        )?;
+        let other = |w: Option<u32>, what: &str| w.map(|b| format!("; {what}: {b} bits")).unwrap_or_default();
+        match self.source {
+            WidthSource::Cpu => write!(
+                f,
+                "the guest gets this host CPU's {} (/proc/cpuinfo, address sizes{})",
+                self.bits,
+                other(fit.widths.iommu, "IOMMU")
+            )?,
+            WidthSource::PhysBits => write!(
+                f,
+                "the guest gets {} (--phys-bits; this host's CPU has {})",
+                self.bits,
+                fit.widths.cpu.map_or("an unknown width".to_string(), |c| c.to_string())
+            )?,
+            WidthSource::Iommu => write!(
+                f,
+                "this host's IOMMU translates {} (sys/class/iommu: the narrowest unit's address width{}), so VFIO could not map the BARs for peer-to-peer DMA",
+                self.bits,
+                other(fit.widths.guest().map(|g| g.0), "guest CPU")
+            )?,
+        }
+        let mut fixes = Vec::new();
+        match (fit.ram, fit.max_ram) {
+            (Some(r), Some(mr)) if mr < r => {
+                fixes.push(format!("less guest RAM (--memory {} or less)", size_suffix(mr)))
+            }
+            _ => {}
+        }
+        fixes.push("fewer devices".to_string());
+        match fit.max_window {
+            Some(w) if w < m.window => fixes.push(format!(
+                "a smaller window with --pci-hole64 SIZE (at most {} over this RAM)",
+                size_suffix(w)
+            )),
+            _ => {}
+        }
+        if self.source == WidthSource::PhysBits {
+            fixes.push("a larger --phys-bits".to_string());
+        }
+        write!(f, "; pass {}; nothing was written", fixes.join(", or "))
+    }
+}
+
+impl std::error::Error for WindowRefusal {}
+
+/// Place `mmio` as `fw` does over `ram` bytes of guest RAM (`None`: QEMU's default) and check
+/// its end against the narrowest of `widths`. `slots`: the selection's 64-bit BARs per guest
+/// slot ([`slot_bars`], SeaBIOS packs them).
+pub fn fit_window(
+    fw: GuestFirmware,
+    ram: Option<u64>,
+    mmio: Mmio64,
+    slots: &[(u64, u64)],
+    widths: Widths,
+) -> Result<WindowFit, WindowRefusal> {
+    let place = place(fw, ram, mmio.window, slots);
+    let limit = widths.narrowest();
+    let fit = WindowFit {
+        fw,
+        ram,
+        mmio,
+        place,
+        widths,
+        limit,
+        max_ram: limit.and_then(|(b, _)| max_ram(fw, b, mmio.window, slots)),
+        max_window: limit.and_then(|(b, _)| max_window(fw, ram, b, slots)),
+    };
+    match limit {
+        Some((bits, source)) if place.bits() > bits => Err(WindowRefusal {
+            fit: Box::new(fit),
+            bits,
+            source,
+        }),
+        _ => Ok(fit),
+    }
+}
+
 /// What VFIO pins: all guest RAM, once per IOMMU address space, plus 1 GiB for what QEMU maps
 /// besides (the rule libvirt applies, `qemuDomainGetMemLockLimitBytes`): one address space
 /// without a vIOMMU; with one, each VFIO device gets its own (`devices` of them).
@@ -467,7 +714,7 @@ pub fn expanders(
     inv: &crate::model::Inventory,
     nodes: &[i32],
     guest: Option<(u32, u64, u64)>,
-) -> Result<Expanders, String> {
+) -> Result<Expanders, Refusal> {
     let target_node = sel
         .targets
         .iter()
@@ -477,10 +724,11 @@ pub fn expanders(
     if let Some((vcpus, memory_kib, page_kib)) = guest {
         let k = nodes.len() as u32;
         if vcpus < k {
-            return Err(format!(
-                "the devices span host NUMA nodes {}, so the guest gets one NUMA node per host node, each with at least one vCPU: --vcpus {vcpus} is fewer than {k}; pass --vcpus {k} or more, or --numa off; nothing was written",
-                join_nodes(nodes)
-            ));
+            return Err(Refusal::TooFewVcpus {
+                nodes: join_nodes(nodes),
+                vcpus,
+                needed: k,
+            });
         }
         let page = page_kib.max(1024);
         let share = memory_kib / u64::from(k) / page * page;
@@ -523,18 +771,16 @@ pub fn check_hugepages(
     pages: HugePages,
     memory_kib: u64,
     demand: &[(Option<i32>, u64)],
-) -> Result<bool, String> {
+) -> Result<bool, Refusal> {
     let Some(page) = pages.kib() else {
         return Ok(true);
     };
     if memory_kib % page != 0 {
-        return Err(format!(
-            "--hugepages {}: guest memory of {} MiB is not a whole number of {} pages; pass a --memory that is a multiple of {} MiB; nothing was written",
-            pages.label(),
-            memory_kib >> 10,
-            pages.label(),
-            page >> 10
-        ));
+        return Err(Refusal::HugepagesNotWhole {
+            pages: pages.label(),
+            mib: memory_kib >> 10,
+            page_mib: page >> 10,
+        });
     }
     if inv.numa_nodes.is_empty() {
         return Ok(false);
@@ -572,13 +818,15 @@ pub fn check_hugepages(
             }
         };
         if need > free {
-            return Err(format!(
-                "--hugepages {}: the guest needs {need} free {} pages on {place} ({} MiB), which has {free} free of {total} reserved; reserve more (echo N > {path}, or hugepagesz={} hugepages=N on the kernel command line), pass less --memory, or --hugepages off; nothing was written",
-                pages.label(),
-                pages.label(),
-                kib >> 10,
-                pages.label()
-            ));
+            return Err(Refusal::HugepagesShort {
+                pages: pages.label(),
+                need,
+                place,
+                mib: kib >> 10,
+                free,
+                total,
+                path,
+            });
         }
     }
     Ok(true)
@@ -646,7 +894,9 @@ mod tests {
             check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(0), 8 << 20)]),
             Ok(true)
         );
-        let e = check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(1), 8 << 20)]).unwrap_err();
+        let e = check_hugepages(&inv, HugePages::Gib1, 8 << 20, &[(Some(1), 8 << 20)])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("needs 8 free 1G pages on host node 1") && e.contains("has 2 free of 16"),
             "{e}"
@@ -656,7 +906,9 @@ mod tests {
             Ok(true)
         );
         assert!(check_hugepages(&inv, HugePages::Gib1, 11 << 20, &[(None, 11 << 20)]).is_err());
-        let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[]).unwrap_err();
+        let e = check_hugepages(&inv, HugePages::Gib1, (8 << 20) + 1024, &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a whole number of 1G pages"), "{e}");
         assert!(check_hugepages(&inv, HugePages::Mib2, 8 << 20, &[(Some(0), 8 << 20)]).is_err());
     }
@@ -732,6 +984,138 @@ mod tests {
             assert!(place(GuestFirmware::Ovmf, Some(ram), w, &[]).end <= 1 << bits);
             assert!(place(GuestFirmware::Ovmf, Some(ram), w * 2, &[]).end > 1 << bits);
         }
+    }
+
+    /// The check follows the firmware's rule (docs/cluster-and-dra.md, "The guest firmware
+    /// places the 64-bit window"): the same 2 TiB window fits 42 bits over 64 GiB of RAM (it
+    /// ends at 4 TiB) and needs 43 over 2 TiB (it ends at 6 TiB), which the old "2^k needs k+1
+    /// bits" rule passed.
+    #[test]
+    fn the_window_check_follows_the_firmware() {
+        const T: u64 = 1 << 40;
+        let g = |n: u64| n << 30;
+        // Four H100s: 4 x (128 GiB + 2 x 32 MiB... as bars64 sums them) -> a 2 TiB window.
+        let four = Mmio64 {
+            bars: 4 * (g(128) + (64 << 20)),
+            count: 12,
+            window: 2 * T,
+        };
+        let w = |cpu: u32, iommu: u32| Widths {
+            cpu: Some(cpu),
+            iommu: Some(iommu),
+            phys_bits: None,
+        };
+        use GuestFirmware::{Ovmf, SeaBios};
+        // (firmware, RAM, window, slots, CPU, IOMMU) -> end, bits, refusal code
+        type Row<'a> = (
+            GuestFirmware,
+            Option<u64>,
+            Mmio64,
+            &'a [(u64, u64)],
+            u32,
+            u32,
+            u64,
+            u32,
+            Option<&'a str>,
+        );
+        let h100: &[(u64, u64)] = &[(g(128), g(128)); 4];
+        let small = Mmio64 {
+            window: g(32),
+            ..four
+        };
+        let table: &[Row] = &[
+            (Ovmf, Some(g(64)), four, &[], 42, 48, 4 * T, 42, None),
+            (Ovmf, Some(2 * T), four, &[], 42, 48, 6 * T, 43, Some("E-OUT-15")),
+            (Ovmf, Some(2 * T), four, &[], 46, 42, 6 * T, 43, Some("E-OUT-19")),
+            (Ovmf, Some(2 * T), four, &[], 43, 48, 6 * T, 43, None),
+            (Ovmf, None, four, &[], 42, 42, 4 * T, 42, None),
+            (Ovmf, Some(g(2046)), four, &[], 42, 48, 4 * T, 42, None),
+            (
+                Ovmf,
+                Some(g(2047)),
+                four,
+                &[],
+                42,
+                48,
+                6 * T,
+                43,
+                Some("E-OUT-15"),
+            ),
+            // SeaBIOS packs the BARs whatever the window: a 32 GiB window fits 39 bits for
+            // OVMF, but the four 128 GiB BARs over 8 GiB end at 640 GiB (40 bits).
+            (Ovmf, Some(g(8)), small, h100, 39, 48, g(64), 36, None),
+            (
+                SeaBios,
+                Some(g(8)),
+                small,
+                h100,
+                39,
+                48,
+                g(640),
+                40,
+                Some("E-OUT-15"),
+            ),
+            (SeaBios, Some(g(8)), small, h100, 40, 48, g(640), 40, None),
+            // And its end follows QEMU's window over RAM as OVMF's does.
+            (
+                SeaBios,
+                Some(2 * T),
+                four,
+                h100,
+                42,
+                48,
+                4 * T + g(2),
+                43,
+                Some("E-OUT-15"),
+            ),
+        ];
+        for &(fw, ram, mmio, slots, cpu, iommu, end, bits, code) in table {
+            let r = fit_window(fw, ram, mmio, slots, w(cpu, iommu));
+            let (fit, got) = match &r {
+                Ok(f) => (*f, None),
+                Err(e) => (*e.fit, Some(e.code())),
+            };
+            assert_eq!(
+                (fit.place.end, fit.place.bits(), got),
+                (end, bits, code),
+                "{fw:?} {ram:?} {mmio:?} {cpu} {iommu}"
+            );
+        }
+        // The refusal names RAM, window, end and widths, and the RAM and window that fit.
+        let e = fit_window(Ovmf, Some(2 * T), four, &[], w(42, 48)).unwrap_err();
+        let m = e.to_string();
+        for want in [
+            "a 64-bit PCI window of 2T (for 12 64-bit BAR(s), 512.25 GiB in all) over 2048 GiB of guest RAM ends at 6T",
+            "OVMF places it above guest RAM, aligned to its own size, at 4T-6T, so it needs 43 physical address bits",
+            "the guest gets this host CPU's 42 (/proc/cpuinfo, address sizes; IOMMU: 48 bits)",
+            "less guest RAM (--memory 2046G or less), or fewer devices, or a smaller window with --pci-hole64 SIZE (at most 1T over this RAM)",
+            "; nothing was written",
+        ] {
+            assert!(m.contains(want), "{want}\n{m}");
+        }
+        let e = fit_window(Ovmf, Some(2 * T), four, &[], w(46, 42)).unwrap_err();
+        assert!(
+            e.to_string().contains("this host's IOMMU translates 42 (sys/class/iommu: the narrowest unit's address width; guest CPU: 46 bits), so VFIO could not map the BARs"),
+            "{e}"
+        );
+        // --phys-bits below the CPU's width is the guest's width.
+        let p = Widths {
+            phys_bits: Some(41),
+            ..w(46, 48)
+        };
+        let e = fit_window(Ovmf, Some(g(64)), four, &[], p).unwrap_err();
+        assert_eq!(
+            (e.source, e.bits, e.code()),
+            (WidthSource::PhysBits, 41, "E-OUT-15")
+        );
+        assert!(
+            e.to_string().contains("(--phys-bits; this host's CPU has 46)"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("a larger --phys-bits"), "{e}");
+        // Nothing known: nothing refused.
+        let f = fit_window(Ovmf, Some(4 * T), four, &[], Widths::default()).unwrap();
+        assert_eq!(f.limit, None);
     }
 
     #[test]

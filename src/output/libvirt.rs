@@ -23,6 +23,7 @@
 
 use crate::model::PciAddress;
 use crate::output::layout::{GuestNuma, HugePages};
+use crate::output::plan::VmPlan;
 use crate::output::selection::{SelectedMdev, Selection, SlotGroup, Target};
 use quick_xml::events::{BytesDecl, BytesText, Event};
 use quick_xml::Writer;
@@ -64,6 +65,9 @@ impl LibvirtVersion {
     pub const HOSTDEV_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 1 };
     /// The domain-wide `<iommufd enabled='yes'/>` (libvirt NEWS, 12.2.0).
     pub const DOMAIN_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 2 };
+    /// `limit` on `<maxphysaddr mode='passthrough'/>` (libvirt 9.3; 9.0's RNG has no such
+    /// attribute, 12.9's has).
+    pub const MAXPHYSADDR_LIMIT: LibvirtVersion = LibvirtVersion { major: 9, minor: 3 };
     /// The target when the installed libvirt cannot be read: Debian 12's.
     pub const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
 
@@ -432,20 +436,47 @@ pub struct DomainSpec {
     pub hostdev: HostdevOptions,
     /// The domain-wide `<iommufd enabled='yes'/>` (libvirt 12.2+; docs/iommufd.md).
     pub iommufd_domain: bool,
-    /// The 64-bit MMIO window ([`crate::output::layout`]): `<pcihole64>` on `pcie-root`,
-    /// `<maxphysaddr mode='passthrough'/>`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg
-    /// file (`<qemu:commandline>`: libvirt refuses `opt/ovmf/` names in `<sysinfo type='fwcfg'>`).
-    pub hole64: Option<crate::output::layout::Mmio64>,
-    /// `<memtune><hard_limit>` in KiB: what VFIO pins ([`crate::output::layout::memlock_bytes`]);
-    /// libvirt also takes it as the memlock limit.
-    pub memtune_kib: Option<u64>,
-    /// NUMA placement ([`GuestNuma`]): one node's CPUs (`<vcpu cpuset=>`) and memory
-    /// (`<numatune>`), or one guest cell and `pcie-expander-bus` per host node.
-    pub numa: GuestNuma,
-    /// `<memoryBacking><hugepages><page size=>`.
-    pub hugepages: HugePages,
-    /// GPUDirect P2P cliques, set through `<qemu:override>` on the hostdevs' QEMU devices.
-    pub cliques: Vec<(PciAddress, u8)>,
+    /// The target libvirt has `limit` on `<maxphysaddr>` (9.3+): the plan's address-bit limit is
+    /// written; else the plain element.
+    pub maxphysaddr_limit: bool,
+    /// `<memtune><hard_limit>` = what the plan says VFIO pins (libvirt also takes it as the
+    /// memlock limit).
+    pub memtune: bool,
+}
+
+/// What the domain takes from the plan ([`VmPlan`]): the 64-bit window (`<pcihole64>` on
+/// `pcie-root`, and for OVMF the `opt/ovmf/X-PciMmio64Mb` fw_cfg file in `<qemu:commandline>`:
+/// libvirt refuses `opt/ovmf/` names in `<sysinfo type='fwcfg'>`), `<maxphysaddr>`, `<memtune>`,
+/// the NUMA placement (one node's CPUs and memory, or one guest cell and `pcie-expander-bus` per
+/// host node), hugepages, and the P2P cliques (`<qemu:override>`).
+struct FromPlan<'a> {
+    hole64: Option<crate::output::layout::Mmio64>,
+    maxphysaddr: Option<MaxPhysAddr>,
+    memtune_kib: Option<u64>,
+    numa: &'a GuestNuma,
+    hugepages: HugePages,
+    cliques: &'a [(PciAddress, u8)],
+}
+
+impl<'a> FromPlan<'a> {
+    fn new(spec: &DomainSpec, plan: &'a VmPlan) -> Self {
+        FromPlan {
+            hole64: plan.mmio,
+            maxphysaddr: plan.sets_address_bits().then(|| MaxPhysAddr {
+                limit: plan.phys_limit.filter(|_| spec.maxphysaddr_limit),
+            }),
+            memtune_kib: plan.memlock_bytes.filter(|_| spec.memtune).map(|b| b >> 10),
+            numa: &plan.numa,
+            hugepages: plan.hugepages,
+            cliques: &plan.cliques,
+        }
+    }
+}
+
+/// `<maxphysaddr mode='passthrough'/>`, with `limit` (libvirt 9.3+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MaxPhysAddr {
+    pub limit: Option<u32>,
 }
 
 /// libvirt's QEMU namespace (`<qemu:override>`, `<qemu:commandline>`).
@@ -467,11 +498,12 @@ fn empty(w: &mut W, name: &str, attrs: &[(&str, &str)]) -> io::Result<()> {
 
 /// A q35/KVM domain with one `pcie-root-port` per guest slot (controller index 1, 2, ...)
 /// and each hostdev placed on its root port's bus, slot 0.
-pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError> {
+pub fn domain(sel: &Selection, spec: &DomainSpec, plan: &VmPlan) -> Result<String, LibvirtError> {
+    let lay = FromPlan::new(spec, plan);
     let mut w = new_writer();
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
     let uses_display = spec.hostdev.display && sel.mdevs().any(|m| m.display_capable());
-    let expanders = match &spec.numa {
+    let expanders = match &lay.numa {
         GuestNuma::Expanders(x) => Some(x),
         _ => None,
     };
@@ -482,11 +514,11 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
     let mut root = w.create_element("domain").with_attribute(("type", "kvm"));
     // OVMF's aperture goes on QEMU's command line: libvirt's QEMU driver refuses `opt/ovmf/`
     // names in `<sysinfo type='fwcfg'>` ("That firmware name is reserved", libvirt 9.0).
-    let fw_cfg = match (&spec.hole64, spec.firmware) {
+    let fw_cfg = match (&lay.hole64, spec.firmware) {
         (Some(h), Firmware::Efi) => Some(format!("name=opt/ovmf/X-PciMmio64Mb,string={}", h.window >> 20)),
         _ => None,
     };
-    if !spec.cliques.is_empty() || fw_cfg.is_some() {
+    if !lay.cliques.is_empty() || fw_cfg.is_some() {
         root = root.with_attribute(("xmlns:qemu", QEMU_NS));
     }
     let mut aliases: Vec<(String, u8)> = Vec::new();
@@ -499,9 +531,9 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
             &[("unit", "KiB")],
             &spec.memory_kib.to_string(),
         )?;
-        if spec.locked || spec.hugepages.kib().is_some() {
+        if spec.locked || lay.hugepages.kib().is_some() {
             w.create_element("memoryBacking").write_inner_content(|w| {
-                if let Some(kib) = spec.hugepages.kib() {
+                if let Some(kib) = lay.hugepages.kib() {
                     w.create_element("hugepages").write_inner_content(|w| {
                         empty(w, "page", &[("size", &kib.to_string()), ("unit", "KiB")])
                     })?;
@@ -512,12 +544,12 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                 Ok(())
             })?;
         }
-        if let Some(kib) = spec.memtune_kib {
+        if let Some(kib) = lay.memtune_kib {
             w.create_element("memtune").write_inner_content(|w| {
                 text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
             })?;
         }
-        match &spec.numa {
+        match &lay.numa {
             GuestNuma::Pinned { cpus: Some(cpus), .. } => text_element(
                 w,
                 "vcpu",
@@ -539,7 +571,7 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                 Ok(())
             })?;
         }
-        match &spec.numa {
+        match &lay.numa {
             GuestNuma::Pinned { node, .. } => {
                 w.create_element("numatune").write_inner_content(|w| {
                     empty(w, "memory", &[("mode", "strict"), ("nodeset", &node.to_string())])
@@ -594,11 +626,20 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
             .create_element("cpu")
             .with_attribute(("mode", "host-passthrough"))
             .with_attribute(("check", "none"));
-        if spec.hole64.is_some() || !cells.is_empty() {
+        if lay.maxphysaddr.is_some() || !cells.is_empty() {
             cpu.write_inner_content(|w| {
-                if spec.hole64.is_some() {
-                    // The window lies above RAM: the guest's address width must reach its end.
-                    empty(w, "maxphysaddr", &[("mode", "passthrough")])?;
+                if let Some(m) = &lay.maxphysaddr {
+                    // The window lies above RAM: the guest's address width must reach its end,
+                    // and stay within the IOMMU's.
+                    let limit = m.limit.map(|n| n.to_string());
+                    match &limit {
+                        Some(n) => empty(
+                            w,
+                            "maxphysaddr",
+                            &[("mode", "passthrough"), ("limit", n.as_str())],
+                        )?,
+                        None => empty(w, "maxphysaddr", &[("mode", "passthrough")])?,
+                    }
                 }
                 if !cells.is_empty() {
                     w.create_element("numa").write_inner_content(|w| {
@@ -632,7 +673,7 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                 .with_attribute(("type", "pci"))
                 .with_attribute(("index", "0"))
                 .with_attribute(("model", "pcie-root"));
-            match &spec.hole64 {
+            match &lay.hole64 {
                 Some(h) => {
                     root.write_inner_content(|w| {
                         text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
@@ -713,7 +754,7 @@ pub fn domain(sel: &Selection, spec: &DomainSpec) -> Result<String, LibvirtError
                     Target::Slot(g) => {
                         for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
                             n += 1;
-                            let clique = spec.cliques.iter().find(|(a, _)| *a == f.device.address);
+                            let clique = lay.cliques.iter().find(|(a, _)| *a == f.device.address);
                             let alias = clique.map(|(_, c)| {
                                 // User aliases start with "ua-"; QEMU's device id is the alias.
                                 let a = format!("ua-gpupass-hostdev{n}");

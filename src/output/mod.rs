@@ -4,6 +4,7 @@ pub mod kubevirt;
 pub mod layout;
 pub mod libvirt;
 pub mod naming;
+pub mod plan;
 pub mod qemu;
 pub mod selection;
 pub mod table;

@@ -21,11 +21,15 @@
 //! - In an option value a literal `,` is written `,,`.
 //! - `x-nv-gpudirect-clique=N` (0-15) on an NVIDIA vfio-pci device tells the guest driver which
 //!   GPUs may do GPUDirect P2P with each other (those of one clique).
+//! - `-cpu MODEL,host-phys-bits=on` gives the guest the host CPU's physical address bits (KVM;
+//!   QEMU 2.7+), `host-phys-bits-limit=N` at most N of them (QEMU 3.0+); the last `-cpu` of a
+//!   command line is the one QEMU takes, whole.
 //! - `-global q35-pcihost.pci-hole64-size=SIZE` sizes q35's 64-bit PCI window (default 32G);
 //!   `-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=MIB` gives OVMF the same aperture (SeaBIOS
 //!   ignores the file). See [`crate::output::layout`].
 
 use crate::output::layout::{GuestNuma, HugePages};
+use crate::output::plan::VmPlan;
 use crate::output::selection::{Selection, Target};
 
 /// Why arguments could not be built.
@@ -37,6 +41,73 @@ pub enum QemuError {
     NeedsMemory { what: &'static str },
     #[error("--first-slot {slot:#04x} is not a usable pcie.0 slot: use 0x01-0x1e (q35 keeps 0x00 for the host bridge and 0x1f for the LPC/SATA/SMBus functions)")]
     BadFirstSlot { slot: u8 },
+    #[error("--backend iommufd: the QEMU {version} ({source_}) cannot open VFIO devices through iommufd: -object iommufd and vfio-pci's iommufd= need QEMU {needed}; name the QEMU the VM runs with --qemu BINARY or --qemu-version (8.2 or newer), or use --backend legacy or auto")]
+    IommufdTooOld {
+        version: QemuVersion,
+        /// Where the version came from (`from --qemu-version`, `/usr/bin/qemu-system-x86_64
+        /// --version`).
+        source_: String,
+        needed: QemuVersion,
+    },
+}
+
+/// A QEMU release, as `--qemu-version X.Y[.Z]` names it or `qemu-system-x86_64 --version`
+/// prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QemuVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl QemuVersion {
+    /// `-object iommufd` and `vfio-pci,iommufd=` (QEMU 8.2.0's changelog: "VFIO: iommufd
+    /// backend").
+    pub const IOMMUFD: QemuVersion = QemuVersion { major: 8, minor: 2 };
+
+    /// The version in `qemu-system-x86_64 --version`'s first line: `QEMU emulator version
+    /// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)`.
+    pub fn from_version_output(text: &str) -> Option<QemuVersion> {
+        let line = text.lines().next()?;
+        let rest = line.trim().strip_prefix("QEMU emulator version ")?;
+        rest.split_whitespace().next()?.parse().ok()
+    }
+}
+
+impl std::fmt::Display for QemuVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Text that is not a QEMU version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid QEMU version {text:?}: expected MAJOR.MINOR[.MICRO] like 8.2 or 10.0.2")]
+pub struct QemuVersionError {
+    pub text: String,
+}
+
+impl std::str::FromStr for QemuVersion {
+    type Err = QemuVersionError;
+    /// `8.2`, `10.0.2`, and a release candidate's `8.1.90` (8.2.0-rc0 counts as 8.1).
+    fn from_str(s: &str) -> Result<Self, QemuVersionError> {
+        let bad = || QemuVersionError { text: s.to_string() };
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        if !(2..=3).contains(&parts.len())
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || p.len() > 6 || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad());
+        }
+        let (major, minor): (u32, u32) = (
+            parts[0].parse().map_err(|_| bad())?,
+            parts[1].parse().map_err(|_| bad())?,
+        );
+        if major == 0 {
+            return Err(bad());
+        }
+        Ok(QemuVersion { major, minor })
+    }
 }
 
 /// Options for `gpupass qemu-args`.
@@ -56,20 +127,31 @@ pub struct QemuOptions {
     pub iommufd: bool,
     /// With `iommufd`: file descriptors the QEMU process inherits (`gpupass launch`).
     pub fds: Option<PassedFds>,
-    /// The 64-bit MMIO window to set ([`crate::output::layout`]): `-global
-    /// q35-pcihost.pci-hole64-size=` for QEMU's firmware interface and the OVMF fw_cfg file.
-    pub hole64: Option<crate::output::layout::Mmio64>,
-    /// `x-nv-gpudirect-clique=N` per NVIDIA GPU ([`crate::output::layout::p2p_cliques`]).
-    pub cliques: Vec<(crate::model::PciAddress, u8)>,
-    /// Guest RAM in KiB (`-m`, and the memory backends); `None`: the caller sets `-m`.
-    pub memory_kib: Option<u64>,
-    /// `-smp N`; `None`: the caller sets it.
-    pub vcpus: Option<u32>,
-    /// Hugepages behind guest RAM (`memory-backend-memfd,hugetlb=on`); needs `memory_kib`.
-    pub hugepages: HugePages,
-    /// NUMA placement: memory bound to the devices' node, or guest nodes and `pxb-pcie`
-    /// expander buses mirroring the host nodes.
-    pub numa: GuestNuma,
+    /// `-cpu MODEL,host-phys-bits=on[,host-phys-bits-limit=N]` when the plan sets the guest's
+    /// address bits; `None`: never a `-cpu` (the caller's own).
+    pub cpu: Option<String>,
+    /// `-m`, `-smp` and the memory backends from the plan's RAM and vCPUs; `false`: the caller
+    /// sets them (`gpupass launch`: the VMM's own `-m`).
+    pub guest_memory: bool,
+}
+
+/// The guest CPU `qemu-args` sets: the user's model and flags (`host` by default) with the host
+/// CPU's physical address bits, at most `limit` ([`crate::output::layout::phys_bits_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestCpu {
+    pub model: String,
+    pub limit: Option<u32>,
+}
+
+impl GuestCpu {
+    /// The `-cpu` value.
+    pub fn value(&self) -> String {
+        let mut v = format!("{},host-phys-bits=on", self.model);
+        if let Some(n) = self.limit {
+            v.push_str(&format!(",host-phys-bits-limit={n}"));
+        }
+        v
+    }
 }
 
 /// The first bus number of expander `i` (`pxb-pcie,bus_nr=`): 0x80, 0x90, ... so each gets 16
@@ -98,12 +180,8 @@ impl Default for QemuOptions {
             first_slot: 0x10,
             iommufd: false,
             fds: None,
-            hole64: None,
-            cliques: Vec::new(),
-            memory_kib: None,
-            vcpus: None,
-            hugepages: HugePages::Off,
-            numa: GuestNuma::Free,
+            cpu: None,
+            guest_memory: true,
         }
     }
 }
@@ -122,14 +200,43 @@ pub fn escape_value(v: &str) -> String {
     v.replace(',', ",,")
 }
 
-/// The argument vector: `["-device", "pcie-root-port,...", "-device", "vfio-pci,...", ...]`.
-pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuError> {
+/// What the arguments take from the plan.
+struct FromPlan<'a> {
+    hole64: Option<crate::output::layout::Mmio64>,
+    cliques: &'a [(crate::model::PciAddress, u8)],
+    memory_kib: Option<u64>,
+    vcpus: Option<u32>,
+    hugepages: HugePages,
+    numa: &'a GuestNuma,
+    cpu: Option<GuestCpu>,
+}
+
+/// The argument vector for `sel` under `plan` (the window, the guest's address bits, NUMA,
+/// memory, hugepages, cliques): `["-device", "pcie-root-port,...", "-device", "vfio-pci,...",
+/// ...]`.
+pub fn args(sel: &Selection, opts: &QemuOptions, plan: &VmPlan) -> Result<Vec<String>, QemuError> {
+    let lay = FromPlan {
+        hole64: plan.mmio,
+        cliques: &plan.cliques,
+        memory_kib: plan.memory_kib.filter(|_| opts.guest_memory),
+        vcpus: plan.vcpus.filter(|_| opts.guest_memory),
+        hugepages: plan.hugepages,
+        numa: &plan.numa,
+        cpu: opts
+            .cpu
+            .clone()
+            .filter(|_| plan.sets_address_bits())
+            .map(|model| GuestCpu {
+                model,
+                limit: plan.phys_limit,
+            }),
+    };
     if !(0x01..=0x1e).contains(&opts.first_slot) {
         return Err(QemuError::BadFirstSlot {
             slot: opts.first_slot,
         });
     }
-    let expanders = match &opts.numa {
+    let expanders = match &lay.numa {
         GuestNuma::Expanders(x) => Some(x),
         _ => None,
     };
@@ -148,7 +255,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             });
         }
     }
-    if opts.hugepages != HugePages::Off && opts.memory_kib.is_none() {
+    if lay.hugepages != HugePages::Off && lay.memory_kib.is_none() {
         return Err(QemuError::NeedsMemory { what: "--hugepages" });
     }
     let mut out = Vec::new();
@@ -156,16 +263,16 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         out.push(a.to_string());
         out.push(v);
     };
-    if let Some(kib) = opts.memory_kib {
+    if let Some(kib) = lay.memory_kib {
         pair("-m", format!("{}M", kib >> 10));
     }
-    if let Some(n) = opts.vcpus {
+    if let Some(n) = lay.vcpus {
         pair("-smp", n.to_string());
     }
     // Memory backends: one per guest node, or one for the whole guest when it is bound to a
     // node or on hugepages.
     let backend = |id: &str, kib: u64, node: Option<i32>| {
-        let mut b = match opts.hugepages.kib() {
+        let mut b = match lay.hugepages.kib() {
             Some(page) => format!(
                 "memory-backend-memfd,id={id},size={}M,hugetlb=on,hugetlbsize={},prealloc=on",
                 kib >> 10,
@@ -178,7 +285,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
         }
         b
     };
-    match (&opts.numa, opts.memory_kib) {
+    match (&lay.numa, lay.memory_kib) {
         (GuestNuma::Expanders(x), _) if !x.cells.is_empty() => {
             for (i, c) in x.cells.iter().enumerate() {
                 let id = format!("gpupass-mem{i}");
@@ -193,13 +300,17 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
             pair("-object", backend("gpupass-mem0", kib, Some(*node)));
             pair("-machine", "memory-backend=gpupass-mem0".to_string());
         }
-        (_, Some(kib)) if opts.hugepages != HugePages::Off => {
+        (_, Some(kib)) if lay.hugepages != HugePages::Off => {
             pair("-object", backend("gpupass-mem0", kib, None));
             pair("-machine", "memory-backend=gpupass-mem0".to_string());
         }
         _ => {}
     }
-    if let Some(h) = &opts.hole64 {
+    if let Some(c) = &lay.cpu {
+        out.push("-cpu".to_string());
+        out.push(c.value());
+    }
+    if let Some(h) = &lay.hole64 {
         out.push("-global".to_string());
         out.push(format!(
             "q35-pcihost.pci-hole64-size={}",
@@ -294,7 +405,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions) -> Result<Vec<String>, QemuErro
                         Some(fd) => format!("fd={fd}"),
                         None => format!("host={}", f.device.address),
                     };
-                    let clique = opts
+                    let clique = lay
                         .cliques
                         .iter()
                         .find(|(a, _)| *a == f.device.address)
@@ -368,11 +479,39 @@ mod tests {
             targets: Vec::new(),
             notes: Vec::new(),
         };
-        assert!(args(&sel, &QemuOptions::default()).unwrap().is_empty());
+        let plan = VmPlan::default();
+        assert!(args(&sel, &QemuOptions::default(), &plan).unwrap().is_empty());
         let bad = QemuOptions {
             first_slot: 0x1f,
             ..QemuOptions::default()
         };
-        assert_eq!(args(&sel, &bad), Err(QemuError::BadFirstSlot { slot: 0x1f }));
+        assert_eq!(
+            args(&sel, &bad, &plan),
+            Err(QemuError::BadFirstSlot { slot: 0x1f })
+        );
+    }
+
+    #[test]
+    fn qemu_versions() {
+        let v = |t: &str| t.parse::<QemuVersion>();
+        assert_eq!(v("8.2"), Ok(QemuVersion { major: 8, minor: 2 }));
+        assert_eq!(v("10.0.2"), Ok(QemuVersion { major: 10, minor: 0 }));
+        for bad in ["", "8", "8.", "x.2", "8.2.1.1", "0.9", "8.2-rc1", " 8 . 2"] {
+            assert!(v(bad).is_err(), "{bad}");
+        }
+        assert!(QemuVersion { major: 8, minor: 1 } < QemuVersion::IOMMUFD);
+        assert!(QemuVersion { major: 10, minor: 0 } > QemuVersion::IOMMUFD);
+        assert_eq!(
+            QemuVersion::from_version_output(
+                "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)\nCopyright (c) 2003-2025 Fabrice Bellard and the QEMU Project developers\n"
+            ),
+            Some(QemuVersion { major: 10, minor: 0 })
+        );
+        assert_eq!(
+            QemuVersion::from_version_output("QEMU emulator version 7.2.15\n"),
+            Some(QemuVersion { major: 7, minor: 2 })
+        );
+        assert_eq!(QemuVersion::from_version_output("cloud-hypervisor v44.0\n"), None);
+        assert_eq!(QemuVersion::from_version_output(""), None);
     }
 }

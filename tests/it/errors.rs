@@ -1795,6 +1795,26 @@ row!(
     }
 );
 row!(
+    e_out_21,
+    Case {
+        host: "workstation",
+        args: &["qemu-args", "01:00.0", "--cpu", "host kvm=off"],
+        code: 2,
+        needles: &["\"host kvm=off\" is not a -cpu value", "host,kvm=off, or none"],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_out_22,
+    Case {
+        host: "workstation",
+        args: &["qemu-args", "01:00.0", "--phys-bits", "65"],
+        code: 2,
+        needles: &["invalid value '65' for '--phys-bits <N>'", "32..=64"],
+        ..Case::DEFAULT
+    }
+);
+row!(
     e_out_11,
     Case {
         host: "hgx-8gpu",
@@ -2162,6 +2182,40 @@ row!(
             "kernel 6.1 predates the VFIO device cdev (6.6)",
             "Linux 6.6 or newer",
             "use --backend legacy or auto"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_backend_05,
+    Case {
+        host: "vfio-numa",
+        args: &[
+            "qemu-args",
+            "4b:00.0",
+            "--backend",
+            "iommufd",
+            "--qemu-version",
+            "8.1"
+        ],
+        code: 1,
+        needles: &[
+            "--backend iommufd: the QEMU 8.1 (from --qemu-version) cannot open VFIO devices through iommufd",
+            "need QEMU 8.2",
+            "--qemu BINARY or --qemu-version (8.2 or newer), or use --backend legacy or auto"
+        ],
+        ..Case::DEFAULT
+    }
+);
+row!(
+    e_backend_06,
+    Case {
+        host: "vfio-numa",
+        args: &["qemu-args", "4b:00.0", "--qemu-version", "8"],
+        code: 2,
+        needles: &[
+            "invalid value '8' for '--qemu-version <X.Y>'",
+            "expected MAJOR.MINOR[.MICRO] like 8.2 or 10.0.2"
         ],
         ..Case::DEFAULT
     }
@@ -2783,8 +2837,9 @@ row!(
         args: &["qemu-args", "01:00.0"],
         code: 1,
         needles: &[
-            "a 64-bit PCI window of 128G (for 2 64-bit BAR(s), 32 GiB in all) needs a guest physical address width of at least 38 bits, but this host's CPU has 36",
-            "--pci-hole64 SIZE (at most 32G)",
+            "a 64-bit PCI window of 128G (for 2 64-bit BAR(s), 32.03 GiB in all) over QEMU's default guest RAM (no --memory) ends at 256G",
+            "OVMF places it above guest RAM, aligned to its own size, at 128G-256G, so it needs 38 physical address bits, but the guest gets this host CPU's 36",
+            "pass fewer devices, or a smaller window with --pci-hole64 SIZE (at most 32G over this RAM)",
             "nothing was written"
         ],
         setup: gpu_group_on_vfio_36_bits,
@@ -2843,8 +2898,10 @@ row!(
         args: &["xml", "domain", "--name", "h", "--memory", "8G", "--vcpus", "8", "--managed", "--device", "03:00.0"],
         code: 1,
         needles: &[
-            "a 64-bit PCI window of 512G (for 3 64-bit BAR(s), 128 GiB in all) reaches IOVAs of 40 bits, but this host's IOMMU translates 39",
-            "--pci-hole64 SIZE (at most 256G)",
+            "a 64-bit PCI window of 512G (for 3 64-bit BAR(s), 128.05 GiB in all) over 8 GiB of guest RAM ends at 1T",
+            "so it needs 40 physical address bits, but this host's IOMMU translates 39",
+            "so VFIO could not map the BARs for peer-to-peer DMA",
+            "--pci-hole64 SIZE (at most 256G over this RAM)",
             "nothing was written"
         ],
         setup: iommu_39_bits,

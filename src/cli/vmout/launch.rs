@@ -54,6 +54,11 @@ pub struct LaunchArgs {
     /// First pcie.0 slot for the root ports (as qemu-args)
     #[arg(long, value_parser = super::parse_slot, default_value = "0x10", value_name = "SLOT")]
     pub first_slot: u8,
+    /// The -cpu value appended, with host-phys-bits=on (and host-phys-bits-limit=N) added, as
+    /// for qemu-args: host (the default; none when the VMM's command has its own -cpu), your
+    /// model and flags, or none
+    #[arg(long, value_name = "MODEL[,FLAGS]|none", value_parser = super::parse_cpu)]
+    pub cpu: Option<String>,
     /// Print the command line to stderr before exec
     #[arg(long)]
     pub print: bool,
@@ -175,6 +180,34 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     }
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     backend::resolve_vm(Policy::Iommufd, inv, &addrs, None)?;
+    // The plan (window, address bits) before anything is opened: the window goes above the
+    // guest RAM the VMM's own `-m` gives (QEMU's default without), placed as OVMF does.
+    let plan = crate::output::plan::plan(
+        inv,
+        &sel,
+        &crate::output::plan::VmRequest {
+            renderer: crate::output::plan::Renderer::Qemu,
+            memory_kib: qemu_ram(&a.command).map(|b| b >> 10),
+            vcpus: None,
+            firmware: crate::output::layout::GuestFirmware::Ovmf,
+            hole64: crate::output::layout::Hole64::Auto,
+            phys_bits: None,
+            numa: crate::output::plan::NumaMode::Off,
+            hugepages: crate::output::layout::HugePages::Off,
+            viommu: false,
+            memtune: false,
+        },
+    )?;
+    // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's own
+    // command has a `-cpu` (QEMU takes only the last one); then a note says what to add.
+    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
+        model: match &a.cpu {
+            Some(m) => m.clone(),
+            None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
+            None => "host".to_string(),
+        },
+        limit: plan.phys_limit,
+    });
 
     let iommu_node = host.dev_iommu();
     let iommu = open_rw(host, &iommu_node)?;
@@ -210,12 +243,15 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
-        hole64: crate::output::layout::mmio64(&sel, crate::output::layout::Hole64::Auto),
-        cliques: crate::output::layout::p2p_cliques(&sel, inv),
+        cpu: cpu.as_ref().map(|c| c.model.clone()).filter(|m| m != "none"),
+        // The VMM's own `-m` sets the RAM the plan placed the window above.
+        guest_memory: false,
         ..QemuOptions::default()
     };
-    super::check_window(inv, opts.hole64.as_ref())?;
-    let extra = qemu::args(&sel, &opts)?;
+    if let Some(c) = &cpu {
+        super::cpu_note(c, &plan.widths);
+    }
+    let extra = qemu::args(&sel, &opts, &plan)?;
     if let Some(limit) = a.memlock {
         let v = if limit == u64::MAX { None } else { Some(limit) };
         rustix::process::setrlimit(
@@ -256,6 +292,39 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
     .into())
 }
 
+/// The guest RAM in bytes that a QEMU command line's `-m` gives (`-m 8G`, `-m 8192`,
+/// `-m size=8G,slots=2,maxmem=16G`; a bare number is MiB, suffixes K/M/G/T); `None` without one
+/// (QEMU's default 128 MiB) or when it cannot be read. The last `-m` counts, as for QEMU.
+pub fn qemu_ram(command: &[OsString]) -> Option<u64> {
+    let mut ram = None;
+    let mut it = command.iter();
+    while let Some(arg) = it.next() {
+        if arg != "-m" && arg != "--m" {
+            continue;
+        }
+        let v = it.next().and_then(|v| v.to_str())?;
+        let size = v
+            .split(',')
+            .find_map(|kv| match kv.split_once('=') {
+                Some(("size", s)) => Some(s),
+                Some(_) => None,
+                None => Some(kv),
+            })
+            .unwrap_or("");
+        let digits = size.find(|c: char| !c.is_ascii_digit()).unwrap_or(size.len());
+        let (num, unit) = size.split_at(digits);
+        let shift = match unit {
+            "" | "M" | "m" => 20,
+            "K" | "k" => 10,
+            "G" | "g" => 30,
+            "T" | "t" => 40,
+            _ => return None,
+        };
+        ram = num.parse::<u64>().ok().and_then(|n| n.checked_mul(1 << shift));
+    }
+    ram
+}
+
 vmm_sys_util::ioctl_io_nr!(IOMMU_OPTION, 0x3b, 0x87);
 
 /// `IOMMU_OPTION_RLIMIT_MODE` = `mode` on an open `/dev/iommu` (`gpupass launch`): 0 charges
@@ -281,4 +350,27 @@ pub fn iommufd_set_rlimit_mode(iommu: &File, mode: u64) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_ram_from_the_vmm_command() {
+        let argv = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            qemu_ram(&argv(&["qemu-system-x86_64", "-m", "8G"])),
+            Some(8 << 30)
+        );
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "4096"])), Some(4 << 30));
+        assert_eq!(
+            qemu_ram(&argv(&["qemu", "-m", "size=2T,slots=2,maxmem=4T"])),
+            Some(2 << 40)
+        );
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "1G", "-m", "3G"])), Some(3 << 30));
+        assert_eq!(qemu_ram(&argv(&["qemu", "-smp", "4"])), None);
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m", "lots"])), None);
+        assert_eq!(qemu_ram(&argv(&["qemu", "-m"])), None);
+    }
 }

@@ -49,8 +49,8 @@ pub enum VmOutError {
     #[error("{0}")]
     Verify(String),
     /// A VM layout that cannot work on this host (exit status 1), with the numbers.
-    #[error("{0}")]
-    Layout(String),
+    #[error(transparent)]
+    Plan(#[from] crate::output::plan::Refusal),
     #[error(transparent)]
     Backend(#[from] crate::inventory::backend::BackendError),
     #[error(transparent)]
@@ -91,10 +91,31 @@ pub enum NumaArg {
     Off,
 }
 
+impl NumaArg {
+    fn mode(self) -> crate::output::plan::NumaMode {
+        use crate::output::plan::NumaMode;
+        match self {
+            NumaArg::Auto => NumaMode::Auto,
+            NumaArg::Strict => NumaMode::Strict,
+            NumaArg::Off => NumaMode::Off,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FirmwareArg {
     Efi,
     Bios,
+}
+
+impl FirmwareArg {
+    /// The firmware whose placement rule the address-width check applies.
+    pub fn guest(self) -> crate::output::layout::GuestFirmware {
+        match self {
+            FirmwareArg::Efi => crate::output::layout::GuestFirmware::Ovmf,
+            FirmwareArg::Bios => crate::output::layout::GuestFirmware::SeaBios,
+        }
+    }
 }
 
 /// Device options shared by the libvirt outputs.
@@ -197,6 +218,111 @@ pub fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
         libvirt::LibvirtVersion::FALLBACK,
         "no installed libvirt found; the default".into(),
     )
+}
+
+/// Run `binary --version` (at most 10 s) and read the QEMU version from its first line.
+pub fn probe_qemu(binary: &std::path::Path) -> Result<qemu::QemuVersion, String> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {} --version: {e}", binary.display()))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{} --version did not exit within 10 s", binary.display()));
+            }
+            Err(e) => return Err(format!("waiting for {} --version: {e}", binary.display())),
+        }
+    };
+    let mut text = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.by_ref().take(64 * 1024).read_to_string(&mut text);
+    }
+    if !status.success() {
+        return Err(format!("{} --version failed ({status})", binary.display()));
+    }
+    qemu::QemuVersion::from_version_output(&text).ok_or_else(|| {
+        format!(
+            "{} --version printed no \"QEMU emulator version X.Y\" line",
+            binary.display()
+        )
+    })
+}
+
+/// The QEMU version `qemu-args` targets and where it came from: `--qemu-version`, else
+/// `--qemu BINARY --version`, else `qemu-system-x86_64 --version` from PATH; `None` with the
+/// reason when none can be told.
+fn target_qemu(a: &QemuArgsArgs) -> (Option<qemu::QemuVersion>, String) {
+    if let Some(v) = a.qemu_version {
+        return (Some(v), "from --qemu-version".into());
+    }
+    let binary = a
+        .qemu
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64"));
+    match probe_qemu(&binary) {
+        Ok(v) => (Some(v), format!("{} --version", binary.display())),
+        Err(why) => (None, why),
+    }
+}
+
+/// Resolve `qemu-args --backend` for the PCI functions `addrs`: the kernel decides first
+/// (E-BACKEND-01), then the QEMU (8.2 for iommufd): under `auto` an older or unknown QEMU
+/// means legacy, with a note; `iommufd` with an older one is refused, with an unknown one
+/// taken as asked, with a note.
+fn qemu_backend(
+    inv: &Inventory,
+    a: &QemuArgsArgs,
+    addrs: &[PciAddress],
+) -> Result<crate::model::Backend, VmOutError> {
+    use crate::inventory::backend::Policy;
+    use crate::model::Backend;
+    let kernel = crate::inventory::backend::resolve_vm(a.backend, inv, addrs, None)?;
+    if kernel != Backend::Iommufd || addrs.is_empty() {
+        return Ok(kernel);
+    }
+    let needed = qemu::QemuVersion::IOMMUFD;
+    match target_qemu(a) {
+        (Some(v), _) if v >= needed => Ok(Backend::Iommufd),
+        (Some(version), source) => {
+            if a.backend == Policy::Iommufd {
+                return Err(qemu::QemuError::IommufdTooOld {
+                    version,
+                    source_: source,
+                    needed,
+                }
+                .into());
+            }
+            messages::note(format_args!(
+                "--backend auto: the QEMU {version} ({source}) has no iommufd backend for vfio-pci (8.2+); using the legacy group and container"
+            ));
+            Ok(Backend::Legacy)
+        }
+        (None, why) => {
+            if a.backend == Policy::Iommufd {
+                messages::note(format_args!(
+                    "--backend iommufd: the QEMU's version is unknown ({why}); -object iommufd needs QEMU 8.2 or newer"
+                ));
+                return Ok(Backend::Iommufd);
+            }
+            messages::note(format_args!(
+                "--backend auto: the QEMU's version is unknown ({why}); using the legacy group and container (name the VM's QEMU with --qemu BINARY or --qemu-version X.Y to use iommufd, 8.2+)"
+            ));
+            Ok(Backend::Legacy)
+        }
+    }
 }
 
 /// Resolve `xml --backend`: the kernel decides first (E-BACKEND-01), then the target
@@ -308,6 +434,11 @@ pub struct DomainArgs {
     /// next power of two of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// The guest CPU's physical address bits at most N (32-64; qemu-args
+    /// host-phys-bits-limit=N, libvirt <maxphysaddr limit='N'/>); the IOMMU's width limits them
+    /// by itself when it is narrower than the host CPU's
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(32..=64))]
+    pub phys_bits: Option<u32>,
     /// `<memtune><hard_limit>` = what VFIO pins (RAM + 1 GiB; with --viommu RAM per VFIO
     /// device + 1 GiB), also the domain's memory cgroup limit: on (default) or off (libvirt
     /// then raises the memlock limit by the same rule and sets no cgroup limit)
@@ -349,14 +480,36 @@ pub struct QemuArgsArgs {
     pub first_slot: u8,
     /// VFIO backend of the PCI functions: legacy (group + container), iommufd (-object
     /// iommufd and iommufd= on each vfio-pci; QEMU 8.2+, Linux 6.6+), auto (iommufd where
-    /// the kernel has it, else legacy). docs/iommufd.md
+    /// the kernel and the QEMU have it, else legacy). docs/iommufd.md
     #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
     pub backend: crate::inventory::backend::Policy,
+    /// The QEMU the arguments are for, X.Y (default: what --qemu BINARY, else
+    /// qemu-system-x86_64 on PATH, prints for --version)
+    #[arg(long, value_name = "X.Y", conflicts_with = "qemu")]
+    pub qemu_version: Option<qemu::QemuVersion>,
+    /// The QEMU binary the arguments are for: its --version decides whether iommufd is used
+    #[arg(long, value_name = "BINARY")]
+    pub qemu: Option<PathBuf>,
     /// The guest's 64-bit PCI window (-global q35-pcihost.pci-hole64-size= and OVMF's
     /// X-PciMmio64Mb): auto (sized from the devices' 64-bit BARs: twice the next power of two
     /// of their sum, at least 32G), off, or a size (64G, 2T)
     #[arg(long, value_name = "auto|off|SIZE", default_value = "auto")]
     pub pci_hole64: crate::output::layout::Hole64,
+    /// The guest firmware you boot (qemu-args does not choose it): efi (OVMF, the default) or
+    /// bios (SeaBIOS, QEMU's own default); the address-width check places the 64-bit window as
+    /// that firmware does
+    #[arg(long, value_enum, default_value = "efi")]
+    pub firmware: FirmwareArg,
+    /// The guest CPU's physical address bits at most N (32-64; qemu-args
+    /// host-phys-bits-limit=N, libvirt <maxphysaddr limit='N'/>); the IOMMU's width limits them
+    /// by itself when it is narrower than the host CPU's
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(32..=64))]
+    pub phys_bits: Option<u32>,
+    /// The -cpu value gpupass emits, with host-phys-bits=on (and host-phys-bits-limit=N) added:
+    /// host (the default), your own model and flags (e.g. 'host,kvm=off'; QEMU takes only the
+    /// last -cpu), or none (no -cpu: add those properties to yours)
+    #[arg(long, value_name = "MODEL[,FLAGS]|none", default_value = "host", value_parser = parse_cpu)]
+    pub cpu: String,
     /// Guest memory (8G, 4096M): emits -m and the memory backends that bind it to the
     /// devices' NUMA node(s) or put it on hugepages (do not pass your own -m then)
     #[arg(long, value_parser = parse_memory_kib, value_name = "SIZE")]
@@ -501,6 +654,16 @@ pub fn parse_memory_kib(s: &str) -> Result<u64, String> {
     Ok(kib)
 }
 
+pub(crate) fn parse_cpu(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if t.is_empty() || t.starts_with('-') || t.starts_with(',') || t.contains(char::is_whitespace) {
+        return Err(format!(
+            "{s:?} is not a -cpu value: give a model and its flags like host or host,kvm=off, or none"
+        ));
+    }
+    Ok(t.to_string())
+}
+
 fn parse_slot(s: &str) -> Result<u8, String> {
     let t = s.trim();
     let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
@@ -515,7 +678,7 @@ fn parse_slot(s: &str) -> Result<u8, String> {
     }
 }
 
-fn print_notes(notes: &[String]) {
+fn print_notes<T: std::fmt::Display>(notes: &[T]) {
     for n in notes {
         messages::note(n);
     }
@@ -532,171 +695,67 @@ fn select(
     Ok(sel)
 }
 
-/// Refuse a 64-bit window the guest cannot address on this host: a power-of-two window of
-/// 2^k bytes needs at least k+1 physical address bits (it lies above guest RAM and the 32-bit
-/// hole, so its end is past 2^k), and `host-phys-bits`/`maxphysaddr passthrough` give the
-/// guest the host CPU's width.
-pub(crate) fn check_window(
-    inv: &Inventory,
-    h: Option<&crate::output::layout::Mmio64>,
-) -> Result<(), VmOutError> {
-    use crate::output::layout::size_suffix;
-    let Some(h) = h else {
-        return Ok(());
+/// Why the guest's address bits are limited, for the notes.
+fn limit_reason(w: &crate::output::layout::Widths, limit: u32) -> String {
+    match (w.phys_bits, w.iommu) {
+        (Some(p), _) if p == limit => "--phys-bits".to_string(),
+        (_, Some(i)) if i == limit => format!(
+            "this host's IOMMU translates {i} bits{}",
+            w.cpu.map(|c| format!(", its CPU has {c}")).unwrap_or_default()
+        ),
+        _ => "--phys-bits".to_string(),
+    }
+}
+
+/// Say what `-cpu` gives the guest, and how to keep it with a `-cpu` of your own.
+pub(crate) fn cpu_note(c: &qemu::GuestCpu, w: &crate::output::layout::Widths) {
+    let props = match c.limit {
+        Some(n) => format!("host-phys-bits=on,host-phys-bits-limit={n}"),
+        None => "host-phys-bits=on".to_string(),
     };
-    let need = h.window.trailing_zeros() + 1;
-    if let Some(aw) = inv.iommu_addr_bits.filter(|aw| need > u32::from(*aw)) {
-        return Err(VmOutError::Layout(format!(
-            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) reaches IOVAs of {need} bits, but this host's IOMMU translates {aw} (sys/class/iommu: the narrowest unit's address width), so VFIO could not map the BARs for peer-to-peer DMA; pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
-            size_suffix(h.window),
-            h.count,
-            h.bars >> 30,
-            size_suffix(1u64 << (aw - 1)),
-        )));
-    }
-    let Some(bits) = inv.cpu_phys_bits else {
-        return Ok(());
+    let why = match c.limit {
+        Some(n) => format!(
+            "the host CPU's physical address bits, at most {n} ({})",
+            limit_reason(w, n)
+        ),
+        None => "the host CPU's physical address bits".to_string(),
     };
-    if need > u32::from(bits) {
-        return Err(VmOutError::Layout(format!(
-            "a 64-bit PCI window of {} (for {} 64-bit BAR(s), {} GiB in all) needs a guest physical address width of at least {need} bits, but this host's CPU has {bits} (/proc/cpuinfo, address sizes): pass fewer devices, or set the window yourself with --pci-hole64 SIZE (at most {}); nothing was written",
-            size_suffix(h.window),
-            h.count,
-            h.bars >> 30,
-            size_suffix(1u64 << (bits - 1)),
-        )));
-    }
-    Ok(())
-}
-
-use crate::output::layout::GuestNuma;
-
-/// `--numa`: the guest's placement, a note saying what was chosen and why, or (strict, devices
-/// on several nodes) an error. `guest`: (vCPUs, RAM KiB, page KiB) when known.
-pub(crate) fn numa_plan(
-    sel: &Selection,
-    inv: &Inventory,
-    mode: NumaArg,
-    guest: Option<(u32, u64, u64)>,
-) -> Result<GuestNuma, VmOutError> {
-    use crate::output::layout::{join_nodes, numa, NumaPlacement};
-    if mode == NumaArg::Off {
-        return Ok(GuestNuma::Free);
-    }
-    match numa(sel) {
-        NumaPlacement::One { node, cpus } => {
-            let cpus = cpus.or_else(|| crate::output::layout::node_cpus(sel, inv, node));
-            Ok(GuestNuma::Pinned { node, cpus })
-        }
-        NumaPlacement::Unknown => Ok(GuestNuma::Free),
-        NumaPlacement::Spans(nodes) => {
-            let list = join_nodes(&nodes);
-            if mode == NumaArg::Strict {
-                return Err(VmOutError::Layout(format!(
-                    "--numa strict: the devices are on host NUMA nodes {list}, and one guest node cannot be local to all of them; pass the devices of one node, or --numa auto; nothing was written"
-                )));
-            }
-            let x = crate::output::layout::expanders(sel, inv, &nodes, guest).map_err(VmOutError::Layout)?;
-            Ok(GuestNuma::Expanders(x))
-        }
-    }
-}
-
-/// Say what the NUMA plan does (after every refusal). `qemu`: for `qemu-args`, which binds
-/// memory only through a backend (`memory_bound`: `--memory` was given) and cannot pin vCPUs.
-fn numa_note(plan: &GuestNuma, qemu: bool, memory_bound: bool) {
-    use crate::output::layout::join_nodes;
-    match plan {
-        GuestNuma::Free => {}
-        GuestNuma::Pinned { node, .. } if qemu && memory_bound => messages::note(format_args!(
-            "the devices are on host NUMA node {node}: guest RAM is bound to it (memory backend host-nodes={node}); pin QEMU's threads to its CPUs with `numactl --cpunodebind={node}`"
-        )),
-        GuestNuma::Pinned { node, cpus } => {
-            if qemu {
-                messages::note(format_args!(
-                    "the devices are on host NUMA node {node}: run QEMU under `numactl --cpunodebind={node} --membind={node}`{} (--memory binds guest RAM to the node with a memory backend; --numa off to leave placement alone)",
-                    match cpus {
-                        Some(c) => format!(" (its CPUs: {c})"),
-                        None => String::new(),
-                    }
-                ));
-            } else {
-                messages::note(format_args!(
-                    "the devices are on host NUMA node {node}: vCPUs on its CPUs ({}), guest memory bound to it (--numa off to leave placement to libvirt)",
-                    cpus.as_deref().unwrap_or("local_cpulist unknown: not pinned")
-                ));
-            }
-        }
-        GuestNuma::Expanders(x) => {
-            let list = join_nodes(&x.nodes);
-            if x.cells.is_empty() {
-                messages::note(format_args!(
-                    "the devices span host NUMA nodes {list}: one pxb-pcie expander bus per node with the devices behind root ports on their node's bus; pass --memory and --vcpus to also give the guest one NUMA node per host node (numa_node= on each expander, memory bound to its host node)"
-                ));
-            } else {
-                let cells: Vec<String> = x
-                    .cells
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        format!(
-                            "guest node {i} = host node {} (vCPUs {}, {} MiB)",
-                            c.host_node,
-                            c.vcpu_list(),
-                            c.memory_kib >> 10
-                        )
-                    })
-                    .collect();
-                messages::note(format_args!(
-                    "the devices span host NUMA nodes {list}: the guest gets one NUMA node per host node ({}), each with a pxb-pcie expander bus whose root ports hold that node's devices, so the guest driver sees each device local to its vCPUs and memory (KubeVirt VEP 115; --numa off for one flat node)",
-                    cells.join("; ")
-                ));
-            }
-        }
-    }
-}
-
-/// Say which GPUs share a P2P clique.
-fn cliques_note(cliques: &[(crate::model::PciAddress, u8)], qemu: bool) {
-    if !cliques.is_empty() {
+    if c.model == "none" {
         messages::note(format_args!(
-            "GPUDirect P2P: {} GPU(s) behind a shared PCIe switch get x-nv-gpudirect-clique (one clique per switch){}",
-            cliques.len(),
-            if qemu { "" } else { "; libvirt has no element for it: <qemu:override> sets the property on each hostdev's QEMU device (libvirt 8.2+)" }
+            "--cpu none: add {props} to your -cpu, so the guest gets {why} and the firmware can place the 64-bit window above RAM"
+        ));
+    } else {
+        messages::note(format_args!(
+            "-cpu {}: the guest gets {why}, so the firmware can place the 64-bit window above RAM; QEMU takes only the last -cpu, so pass your own model and flags as --cpu MODEL,FLAGS (or --cpu none and add {props} to yours)",
+            c.value()
         ));
     }
 }
 
-/// Say what backs guest RAM.
-fn hugepages_note(pages: crate::output::layout::HugePages, checked: bool) {
-    if pages.kib().is_some() {
+/// Whether `xml domain` writes the plan's address-bit limit on `<maxphysaddr>`: only where the
+/// target libvirt has `limit` (9.3+; the installed libvirt unless `--libvirt-version`), else a
+/// note that the guest gets all of the CPU's bits. The target is asked only when a limit applies.
+fn xml_maxphysaddr_limit(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs) -> bool {
+    let w = plan.widths;
+    let Some(n) = plan.phys_limit else {
+        return false;
+    };
+    let (target, source) = match a.libvirt_version {
+        Some(v) => (v, "from --libvirt-version".to_string()),
+        None => installed_libvirt(),
+    };
+    if target >= libvirt::LibvirtVersion::MAXPHYSADDR_LIMIT {
         messages::note(format_args!(
-            "guest RAM on {} hugepages{}",
-            pages.label(),
-            if checked {
-                ", enough free on the nodes it is bound to"
-            } else {
-                "; the inventory has no hugepage pools (sys/devices/system/node), so whether enough are free was not checked"
-            }
+            "<maxphysaddr mode='passthrough' limit='{n}'/>: the guest gets the host CPU's physical address bits, at most {n} ({})",
+            limit_reason(&w, n)
         ));
+        return true;
     }
-}
-
-/// Say how the 64-bit window was sized.
-fn hole64_note(h: Option<&crate::output::layout::Mmio64>) {
-    use crate::output::layout::size_suffix;
-    if let Some(h) = h {
-        messages::note(format_args!(
-            "64-bit PCI window {} for {} 64-bit BAR(s) of {} in all (docs/vm-outputs.md; --pci-hole64 off|SIZE to change it)",
-            size_suffix(h.window),
-            h.count,
-            if h.bars >= 1 << 30 {
-                format!("{:.2} GiB", h.bars as f64 / (1u64 << 30) as f64)
-            } else {
-                format!("{:.2} MiB", h.bars as f64 / (1u64 << 20) as f64)
-            }
-        ));
-    }
+    messages::note(format_args!(
+        "the guest's physical address bits should be at most {n} ({}), but the target libvirt {target} ({source}) has no limit on <maxphysaddr> (9.3+): the guest gets all of the host CPU's, and OVMF may place BARs where the IOMMU cannot map them; name a libvirt 9.3 or newer with --libvirt-version",
+        limit_reason(&w, n)
+    ));
+    false
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {
@@ -752,38 +811,26 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
             let mut hostdev = a.dev.hostdev_options();
             hostdev.iommufd = x.per_hostdev;
             print_notes(&libvirt::check_display(&sel, &hostdev)?);
-            // Every refusal (window, NUMA) comes before a note is printed or XML written.
-            let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-            check_window(inv, hole64.as_ref())?;
-            let numa = numa_plan(
-                &sel,
+            // Every refusal (window, NUMA, hugepages) comes before a note is printed or XML
+            // written: the plan decides them all.
+            let plan = crate::output::plan::plan(
                 inv,
-                a.numa,
-                Some((a.vcpus, a.memory, a.hugepages.kib().unwrap_or(0))),
-            )?;
-            let checked =
-                crate::output::layout::check_hugepages(inv, a.hugepages, a.memory, &numa.demand(a.memory))
-                    .map_err(VmOutError::Layout)?;
-            let cliques = crate::output::layout::p2p_cliques(&sel, inv);
-            let pinned = crate::output::layout::memlock_bytes(
-                a.memory << 10,
-                a.viommu,
-                sel.functions().count() + sel.mdevs().count(),
-            );
-            messages::note(format_args!(
-                "VFIO pins all guest RAM: this VM locks up to {} MiB ({}){}",
-                pinned >> 20,
-                if a.viommu {
-                    "RAM per VFIO device behind the vIOMMU + 1 GiB"
-                } else {
-                    "RAM + 1 GiB"
+                &sel,
+                &crate::output::plan::VmRequest {
+                    renderer: crate::output::plan::Renderer::Libvirt,
+                    memory_kib: Some(a.memory),
+                    vcpus: Some(a.vcpus),
+                    firmware: a.firmware.guest(),
+                    hole64: a.pci_hole64,
+                    phys_bits: a.phys_bits,
+                    numa: a.numa.mode(),
+                    hugepages: a.hugepages,
+                    viommu: a.viommu,
+                    memtune: a.memtune.bool(),
                 },
-                if a.memtune.bool() {
-                    "; <memtune><hard_limit> is set to it, which is also the domain's memory cgroup limit (--memtune off leaves both to libvirt)"
-                } else {
-                    ""
-                }
-            ));
+            )?;
+            print_notes(&plan.notes);
+            let maxphysaddr_limit = xml_maxphysaddr_limit(&plan, &a.vfio);
             let spec = libvirt::DomainSpec {
                 name: a.name.clone(),
                 memory_kib: a.memory,
@@ -797,17 +844,10 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                 locked: a.locked,
                 hostdev,
                 iommufd_domain: x.domain_wide,
-                hole64,
-                memtune_kib: a.memtune.bool().then_some(pinned >> 10),
-                numa,
-                hugepages: a.hugepages,
-                cliques,
+                maxphysaddr_limit,
+                memtune: a.memtune.bool(),
             };
-            hole64_note(spec.hole64.as_ref());
-            numa_note(&spec.numa, false, true);
-            hugepages_note(a.hugepages, checked);
-            cliques_note(&spec.cliques, false);
-            let xml = libvirt::domain(&sel, &spec)?;
+            let xml = libvirt::domain(&sel, &spec, &plan)?;
             if json {
                 json_out(out, &serde_json::json!({ "name": a.name, "xml": xml }))?;
             } else {
@@ -824,20 +864,29 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
     crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
     let sel = select(inv, &a.devices, a.only, Consumer::Qemu)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
-    let backend = crate::inventory::backend::resolve_vm(a.backend, inv, &addrs, None)?;
-    // Every refusal (window, NUMA, hugepages) comes before a note is printed.
-    let hole64 = crate::output::layout::mmio64(&sel, a.pci_hole64);
-    check_window(inv, hole64.as_ref())?;
-    let guest = match (a.vcpus, a.memory) {
-        (Some(v), Some(m)) => Some((v, m, a.hugepages.kib().unwrap_or(0))),
-        _ => None,
-    };
-    let numa = numa_plan(&sel, inv, a.numa, guest)?;
-    let checked = match a.memory {
-        Some(m) => crate::output::layout::check_hugepages(inv, a.hugepages, m, &numa.demand(m))
-            .map_err(VmOutError::Layout)?,
-        None => true,
-    };
+    let backend = qemu_backend(inv, a, &addrs)?;
+    // Every refusal (window, NUMA, hugepages) comes before a note is printed: the plan decides
+    // them all.
+    let plan = crate::output::plan::plan(
+        inv,
+        &sel,
+        &crate::output::plan::VmRequest {
+            renderer: crate::output::plan::Renderer::Qemu,
+            memory_kib: a.memory,
+            vcpus: a.vcpus,
+            firmware: a.firmware.guest(),
+            hole64: a.pci_hole64,
+            phys_bits: a.phys_bits,
+            numa: a.numa.mode(),
+            hugepages: a.hugepages,
+            viommu: false,
+            memtune: false,
+        },
+    )?;
+    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
+        model: a.cpu.clone(),
+        limit: plan.phys_limit,
+    });
     let opts = qemu::QemuOptions {
         rom_bar: a.rom_bar.map(OnOff::bool),
         rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
@@ -845,22 +894,12 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         first_slot: a.first_slot,
         iommufd: backend == crate::model::Backend::Iommufd,
         fds: None,
-        hole64,
-        cliques: crate::output::layout::p2p_cliques(&sel, inv),
-        memory_kib: a.memory,
-        vcpus: a.vcpus,
-        hugepages: a.hugepages,
-        numa,
+        cpu: Some(a.cpu.clone()).filter(|c| c != "none"),
+        guest_memory: true,
     };
-    hole64_note(opts.hole64.as_ref());
-    numa_note(&opts.numa, true, a.memory.is_some());
-    hugepages_note(a.hugepages, checked);
-    cliques_note(&opts.cliques, true);
-    if !sel.targets.is_empty() {
-        messages::note(format_args!("VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root"));
-    }
-    if opts.hole64.is_some() {
-        messages::note(format_args!("the 64-bit window lies above guest RAM: give the guest the host's physical address width (-cpu host,host-phys-bits=on)"));
+    print_notes(&plan.notes);
+    if let Some(c) = &cpu {
+        cpu_note(c, &plan.widths);
     }
     if opts.iommufd && sel.mdevs().next().is_some() {
         messages::note(format_args!(
@@ -872,7 +911,7 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         ..Default::default()
     };
     print_notes(&libvirt::check_display(&sel, &hd)?);
-    let args = qemu::args(&sel, &opts)?;
+    let args = qemu::args(&sel, &opts, &plan)?;
     messages::note(format_args!(
         "these arguments assume -machine q35 (they put root ports on pcie.0)"
     ));
@@ -1005,6 +1044,35 @@ mod tests {
         ] {
             assert!(parse_memory_kib(bad).is_err(), "{bad}");
         }
+    }
+
+    /// `probe_qemu` runs the binary with `--version` and reads the first line; a fake QEMU is
+    /// a shell script printing what a release prints.
+    #[test]
+    fn qemu_version_probe() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let v81 = script(
+            "qemu-8.1",
+            r#"[ "$1" = --version ] || exit 3; echo 'QEMU emulator version 8.1.5 (Debian 1:8.1.5+ds-1)'; echo 'Copyright (c) 2003-2023 Fabrice Bellard and the QEMU Project developers'"#,
+        );
+        assert_eq!(probe_qemu(&v81), Ok(qemu::QemuVersion { major: 8, minor: 1 }));
+        let v10 = script("qemu-10", "echo 'QEMU emulator version 10.0.2'");
+        assert_eq!(probe_qemu(&v10), Ok(qemu::QemuVersion { major: 10, minor: 0 }));
+        let other = script("vmm", "echo 'cloud-hypervisor v44.0'");
+        assert!(probe_qemu(&other)
+            .unwrap_err()
+            .contains("printed no \"QEMU emulator version X.Y\" line"));
+        let failing = script("broken", "echo 'QEMU emulator version 9.2.0'; exit 1");
+        assert!(probe_qemu(&failing).unwrap_err().contains("--version failed"));
+        let missing = dir.path().join("absent");
+        assert!(probe_qemu(&missing).unwrap_err().starts_with("cannot run"));
     }
 
     #[test]
