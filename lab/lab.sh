@@ -83,6 +83,7 @@ HOST_PACKAGES=(
   "gcc gcc"
   "make make"
   "timeout coreutils"
+  "lspci pciutils"
 )
 # The 6.12 leg builds its kernel: Kbuild's host tools.
 KBUILD_PACKAGES=(
@@ -384,14 +385,24 @@ l2_bzimage() {
 }
 
 # carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel), /lab/l2/initrd.gz (static
-# busybox + lab/guest/l2init) and /lab/l2/lib.sh (lab/guest/l2lib.sh, the scenarios'
-# helpers) in the initramfs tree ROOT.
+# busybox + lab/guest/l2init), /lab/l2/lib.sh (lab/guest/l2lib.sh, the scenarios' helpers)
+# and /lab/l2/pciutils (lspci for L1) in the initramfs tree ROOT.
 carry_l2_kernel() {
   local root=$1 l2
   l2=$(dirname "$root")/l2root
   mkdir -p "$root/lab/l2"
   cp "$(l2_bzimage)" "$root/lab/l2/bzImage"
   cp "$LAB_DIR/guest/l2lib.sh" "$root/lab/l2/lib.sh"
+  # pciutils' lspci for L1 (dynamic: the binary, the libraries ldd names and the loader, in
+  # one directory; run through the loader), which decodes the config space the L2 kernel
+  # printed (`lspci -F`). Not in the L2 initrd: its libraries (libcrypto through libkmod)
+  # would make that 4.6 MB instead of 1.0 MB, for an L2 boot that is slow enough already.
+  local lib
+  mkdir -p "$root/lab/l2/pciutils"
+  cp "$(command -v lspci)" "$root/lab/l2/pciutils/lspci"
+  for lib in $(ldd "$(command -v lspci)" | grep -o '/[^ ]*'); do
+    cp -L "$lib" "$root/lab/l2/pciutils/"
+  done
   rm -rf "$l2"; mkdir -p "$l2"/{bin,proc,sys,dev}
   cp /bin/busybox "$l2/bin/busybox"
   cp "$LAB_DIR/guest/l2init" "$l2/init"
@@ -636,6 +647,15 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   tmo=$(boot_timeout "${scen[@]}")
   echo "${QEMU[*]}" >"$work/qemu.cmdline"
   log "booting (${scen[*]}), limit ${tmo} s"
+  # A boot that runs out of time leaves a snapshot of L1's vCPU and interrupt controllers,
+  # taken through QEMU's human monitor 10 s before the limit (hang-monitor.txt in each
+  # scenario's directory): where a stuck guest was, halted or not, with which timer armed.
+  QEMU+=(-monitor "unix:$work/monitor.sock,server=on,wait=off")
+  (sleep $((tmo > 20 ? tmo - 10 : tmo)) &&
+    python3 "$LAB_DIR/tools/labtool.py" monitor --socket "$work/monitor.sock" -- \
+      'info registers' 'info lapic' 'info pic' 'info irq' >"$work/hang-monitor.txt" 2>&1) \
+    </dev/null >/dev/null 2>&1 &
+  local snap=$!
   local tb; tb=$(now)
   set +e
   if [[ -n ${GPUPASS_LAB_QUIET:-} ]]; then
@@ -645,6 +665,8 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     timeout -k 5 "$tmo" "${QEMU[@]}" </dev/null 2>&1 | tee "$console"
     rc=${PIPESTATUS[0]}
   fi
+  # (its sleep, holding no descriptor of ours, runs out on its own)
+  kill "$snap" 2>/dev/null
   set -e
   local boot_s; boot_s=$(elapsed "$tb")
   touch "$data"
@@ -652,7 +674,9 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     cp "$console" "$OUT_ROOT/$a/console.log"
     cp "$data" "$OUT_ROOT/$a/channel.log"
     cp "$work/qemu.cmdline" "$OUT_ROOT/$a/qemu.cmdline"
+    if [[ -s $work/hang-monitor.txt ]]; then cp "$work/hang-monitor.txt" "$OUT_ROOT/$a/"; fi
   done
+  if [[ -s $work/hang-monitor.txt ]]; then log "out of time: L1's state 10 s before the limit in hang-monitor.txt"; fi
   python3 "$LAB_DIR/tools/labtool.py" collect --data "$data" --out "$OUT_ROOT" -- "${scen[@]}" ||
     log "collect reported problems"
 

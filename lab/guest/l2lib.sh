@@ -26,9 +26,34 @@ boot_l2() {
     -append "console=ttyS0 panic=-1 quiet" \
     -serial "file:$n.console" "$@" > "$n.out" 2>&1 &
   pid=$!
+  # NAME.timeline: when (seconds after QEMU's start, L1's clock) the L2 console first showed
+  # each stage, so a slow or stuck L2 boot says where it was.
+  # The L2 kernel is quiet until /init; its first sign is its PMU probe, which L1's KVM logs
+  # (no vPMU in L1: "Unhandled WRMSR(0xc0010007) = 0xffff", the L2 perf driver's check).
+  : > "$n.timeline"
+  local seen=' ' m wr0 wr
+  wr0=$(dmesg | grep -c 'Unhandled WRMSR')
   while alive $pid; do
+    case $seen in
+      *"|wrmsr|"*) ;;
+      *)
+        wr=$(dmesg | grep -c 'Unhandled WRMSR')
+        if [ "$wr" -gt "$wr0" ]; then
+          seen="$seen|wrmsr|"
+          echo "$(secs $(($(cs) - t0))) L1 KVM: $(dmesg | grep 'Unhandled WRMSR' | tail -1)" >> "$n.timeline"
+        fi
+        ;;
+    esac
+    for m in 'L2-BOOT' 'L2-END' 'reboot: Power down'; do
+      case $seen in *"|$m|"*) continue ;; esac
+      if grep -q "$m" "$n.console" 2>/dev/null; then
+        seen="$seen|$m|"
+        echo "$(secs $(($(cs) - t0))) $m" >> "$n.timeline"
+      fi
+    done
     if [ $(($(cs) - t0)) -gt $((limit * 100)) ]; then
       echo "L2 $n: still running after $limit s, killing QEMU" >> "$n.out"
+      echo "$(secs $(($(cs) - t0))) killed (limit $limit s)" >> "$n.timeline"
       kill $pid; sleep 1; kill -9 $pid 2>/dev/null
       break
     fi
@@ -37,6 +62,9 @@ boot_l2() {
   wait $pid
   L2_RC=$?
   L2_SECS=$(secs $(($(cs) - t0)))
+  echo "$L2_SECS QEMU exited ($L2_RC)" >> "$n.timeline"
+  cat "$n.timeline"
+  lab_file "$n.timeline" "$n.timeline"
   tr -d '\r' < "$n.console" > "$n.txt" 2>/dev/null
   cat "$n.out"
   grep '^L2-' "$n.txt"
@@ -138,6 +166,98 @@ inwindow() {
   else
     lab_fail "${p}window" "BAR2 '$s', window '$w', want a window of $((want >> 30)) GiB holding it: $(grep 'root bus resource' "$log" | tr '\n' ';')"
   fi
+}
+
+# l2_mem_bars BDF LOG: "index start end" of each memory BAR 0-5 of BDF with an address, from
+# the L2 sysfs `resource` lines (flags bit 9: IORESOURCE_MEM).
+l2_mem_bars() {
+  sed -n "s/^L2-RES $1 \([0-5]\) /\1 /p" "$2" | while read -r _i _s _e _f; do
+    [ $((_e)) -ne 0 ] && [ $((_s)) -ne 0 ] && [ $((_f & 0x200)) -ne 0 ] && echo "$_i $_s $_e"
+  done
+}
+# iomem PREFIX LOG: every memory BAR of both functions is in the L2 kernel's /proc/iomem as
+# "start-end : BDF" (nested under its root port's window), inside a top-level "PCI Bus
+# 0000:00" entry: a window of the host bridge (ACPI _CRS), as that kernel claimed them.
+iomem() {
+  local p=$1 log=$2 bdf i s e n=0 bad= line dots rest a b top mine
+  for bdf in ${L2D:-none} ${L2BIG:-none}; do
+    while read -r i s e; do
+      n=$((n + 1)) top= mine=
+      while IFS= read -r line; do
+        dots=${line%%[0-9a-f]*} rest=${line#"$dots"}
+        a=0x${rest%%-*} b=${rest#*-} b=0x${b%% *}
+        case "$dots:${rest#* : }" in
+          ":PCI Bus 0000:00") [ $((a)) -le $((s)) ] && [ $((e)) -le $((b)) ] && top="$rest" ;;
+          .*:"$bdf") [ $((a)) -eq $((s)) ] && [ $((b)) -eq $((e)) ] && mine=1 ;;
+        esac
+      done <<EOF2
+$(sed -n 's/^L2-IOMEM //p' "$log")
+EOF2
+      [ -n "$top" ] && [ -n "$mine" ] || bad="$bad $bdf BAR$i $s-$e (own entry: ${mine:-no}, in a host bridge window: ${top:-no});"
+    done <<EOF2
+$(l2_mem_bars "$bdf" "$log")
+EOF2
+  done
+  if [ $n -gt 0 ] && [ -z "$bad" ]; then
+    lab_pass "${p}iomem" "$n memory BARs in /proc/iomem, each inside a 'PCI Bus 0000:00' window; $L2BIG BAR2 in [$(sed -n 's/^L2-IOMEM \([0-9a-f]*-[0-9a-f]*\) : PCI Bus 0000:00$/\1/p' "$log" | while read -r w; do [ $((0x${w%-*})) -ge $((1 << 32)) ] && echo "$w"; done | head -1)]"
+  else
+    lab_fail "${p}iomem" "$n BARs;$bad $(grep -c '^L2-IOMEM' "$log") iomem lines"
+  fi
+}
+# l2_lspci LOG: pciutils' `lspci -D -vv -n` (carried into L1 at /lab/l2/pciutils) over the
+# config space the L2 kernel printed for the passed functions (L2-CFG lines, `lspci -x`'s
+# format), as L2-LSPCI lines: the BARs as lspci decodes them from L2's registers.
+l2_lspci() {
+  local b pu=${L2_PCIUTILS:-/lab/l2/pciutils}
+  for b in $(sed -n 's/^L2-CFG \([^ ]*\) 00: .*/\1/p' "$1"); do
+    echo "$b 0000: 0000:0000"
+    sed -n "s/^L2-CFG $b //p" "$1"
+    echo
+  done > "${1%.txt}.cfg"
+  "$pu"/ld-linux-x86-64.so.2 --library-path "$pu" "$pu/lspci" -D -vv -n -F "${1%.txt}.cfg" 2>&1 |
+    sed 's/^/L2-LSPCI /'
+}
+# lspcivv PREFIX LOG: lspci -vv over the L2 kernel's config space shows each memory BAR of both
+# functions as a Region at the address that kernel gave it (its sysfs `resource`), none
+# "[disabled]" (memory decode off), "<unassigned>" or "[virtual]". Writes LOG's .lspci.
+lspcivv() {
+  local p=$1 log=$2 bdf i s e n=0 bad= block r out=${2%.txt}.lspci
+  l2_lspci "$log" > "$out"
+  lab_file "$out" "$out"
+  for bdf in ${L2D:-none} ${L2BIG:-none}; do
+    block=$(sed -n "/^L2-LSPCI $bdf /,/^L2-LSPCI *\$/p" "$out")
+    while read -r i s e; do
+      n=$((n + 1))
+      r=$(echo "$block" | grep "Region $i: Memory at $(printf '%x' $((s))) ")
+      if [ -z "$r" ] || echo "$r" | grep -q -e disabled -e unassigned -e virtual; then
+        bad="$bad $bdf BAR$i at $s: '${r:-no Region line}';"
+      fi
+    done <<EOF2
+$(l2_mem_bars "$bdf" "$log")
+EOF2
+  done
+  if [ $n -gt 0 ] && [ -z "$bad" ]; then
+    lab_pass "${p}lspci" "$n Regions at the kernel's addresses, none disabled; $L2BIG $(sed -n "/^L2-LSPCI $L2BIG /,/^L2-LSPCI *\$/p" "$out" | grep -m1 'Region 2:' | sed 's/^L2-LSPCI[[:space:]]*//')"
+  else
+    lab_fail "${p}lspci" "$n BARs;$bad $(grep -c '^L2-LSPCI' "$out") lspci lines: $(head -3 "$out" | tr '\n' ';')"
+  fi
+}
+# reads PREFIX LOG MARKER: the L2 kernel read through the BARs (busybox devmem at their L2
+# addresses): bochs-display's dispi ID 0xB0C5 at BAR2 + 0x500, and MARKER, which L1 wrote at
+# the start of ivshmem's 16 GiB BAR2 before passing it on.
+reads() {
+  local p=$1 log=$2 marker=$3 dispi first
+  dispi=$(sed -n "s/^L2-READ ${L2D:-none} 2 [^ ]* 16 //p" "$log" | head -1)
+  first=$(sed -n "s/^L2-READ ${L2BIG:-none} 2 [^ ]* 32 //p" "$log" | head -1)
+  case "$dispi $first" in
+    0x*" "0x*)
+      if [ $((dispi)) -eq $((0xb0c5)) ] && [ $((first)) -eq $((marker)) ]; then
+        lab_pass "${p}reads" "dispi $dispi at $L2D BAR2+0x500; $first at the start of $L2BIG BAR2 ($(sed -n "s/^L2-READ ${L2BIG:-none} 2 \([^ ]*\) 32 .*/\1/p" "$log" | head -1))"
+        return
+      fi
+      ;;
+  esac
+  lab_fail "${p}reads" "dispi '$dispi' (want 0xB0C5), BAR2 first '$first' (want $marker): $(grep '^L2-READ' "$log" | tr '\n' ';')"
 }
 
 # l2_prepare: the steps both L2 Linux scenarios start with. l2-kernel: the carried kernel is

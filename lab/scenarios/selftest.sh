@@ -2,8 +2,8 @@
 # lab-needs: gpupass
 # lab-timeout: 420
 # lab-steps: dev-kvm
-# lab-steps: edu-bind edu-facts edu-check edu-text edu-nomap-fails edu-noirq-fails edu-backends edu-unbind edu-restored
-# lab-steps: nic-bind nic-facts nic-check nic-noirq-fails nic-unbind nic-restored
+# lab-steps: edu-bind edu-facts edu-check edu-text edu-strict edu-nomap-fails edu-noirq-fails edu-backends edu-unbind edu-restored
+# lab-steps: nic-bind nic-facts nic-check nic-strict nic-noirq-fails nic-unbind nic-restored
 # lab-steps: big-bind big-facts big-check big-nowindow-fails big-unbind big-restored
 # lab-steps: rst-bind rst-facts rst-check rst-unbind rst-restored
 # lab-steps: vga-bind vga-facts vga-check vga-unbind vga-restored
@@ -12,7 +12,9 @@
 # Each device: `gpupass bind`, its config space and reset_method shipped as NAME.config and
 # NAME.reset_method (what the device really has, read by tests/it/lab.rs without gpupass),
 # `gpupass boot --check --json` shipped as NAME.json (exit status 0 expected: no verdict
-# fails), `gpupass unbind` back to the driver it had.
+# fails), `gpupass unbind` back to the driver it had. `--strict` (an untested verdict fails the
+# check): edu, whose every capability gpupass tests, exits 0; e1000e, whose DMA gpupass cannot
+# drive (dma and isolation `untested`), exits 1.
 
 T=120 # --timeout: nested KVM under TCG is slow
 
@@ -80,6 +82,15 @@ if [ "$(cut -d' ' -f1 edu.txt | tr '\n' ' ')" = "config bars dma isolation msi-x
 else
   lab_fail edu-text "$(tr '\n' '|' < edu.txt) $(head -3 edu.txt.err)"
 fi
+gpupass boot --check --strict --timeout $T --device $E > edu-strict.txt 2> edu-strict.err
+rc=$?
+lab_file edu-strict.txt edu-strict.txt
+lab_file edu-strict.err edu-strict.err
+if [ $rc = 0 ] && grep -q 'boot --check: .* 0 fail, .* 0 untested' edu-strict.err; then
+  lab_pass edu-strict "$(grep 'boot --check:' edu-strict.err)"
+else
+  lab_fail edu-strict "rc=$rc (want 0) $(tr '\n' '|' < edu-strict.err)"
+fi
 fails edu-nomap-fails edu-nomap GPUPASS_BOOT_NO_DMA_MAP=1 --device $E
 fails edu-noirq-fails edu-noirq GPUPASS_BOOT_NO_IRQFD=1 --device $E
 if [ -e /dev/iommu ]; then
@@ -102,6 +113,15 @@ undevice edu $E
 # ---- e1000e 00:0d.0: MSI-X (5 vectors, raised by the device), MSI and INTx from the host side
 N=0000:00:0d.0
 device nic $N
+gpupass boot --check --strict --timeout $T --device $N > nic-strict.txt 2> nic-strict.err
+rc=$?
+lab_file nic-strict.txt nic-strict.txt
+lab_file nic-strict.err nic-strict.err
+if [ $rc = 1 ] && grep -q -- '--strict: 2 untested (dma, isolation): the device has them and gpupass could not test them' nic-strict.err && grep -q '^dma  *untested ' nic-strict.txt; then
+  lab_pass nic-strict "$(grep -- '--strict:' nic-strict.err)"
+else
+  lab_fail nic-strict "rc=$rc (want 1) $(tr '\n' '|' < nic-strict.err)"
+fi
 fails nic-noirq-fails nic-noirq GPUPASS_BOOT_NO_IRQFD=1 --device $N
 undevice nic $N
 

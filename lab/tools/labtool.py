@@ -7,6 +7,7 @@
   collect  --data CHANNEL_LOG --out OUTROOT -- SCENARIO...  split the guest's data channel
   report   --out OUTROOT --qemu-rc N ... -- SCENARIO...     print the verdict, exit 0/1
   steps    [--kernel RELEASE] -- SCENARIO...              print each scenario's declared steps
+  monitor  --socket SOCK -- COMMAND...                    QEMU human-monitor commands, replies
 
 The guest protocol (written by lab/guest/lib.sh on /dev/ttyS1) is described in
 docs/lab.md, and so are the `# lab-steps:` declarations the report enforces.
@@ -482,6 +483,45 @@ def cmd_report(a):
     return 0
 
 
+# ---------------------------------------------------------------- monitor
+
+def cmd_monitor(a):
+    """Send each COMMAND to QEMU's human monitor on a unix socket and print the replies: the
+    lab's snapshot of L1's vCPU when a boot runs out of time (docs/lab.md)."""
+    import socket
+    import time
+
+    def until_prompt(c, deadline):
+        buf = b""
+        while not buf.endswith(b"(qemu) ") and time.time() < deadline:
+            try:
+                chunk = c.recv(65536)
+            except socket.timeout:
+                continue
+            if not chunk:
+                break
+            buf += chunk
+        return buf.decode("utf-8", "replace")
+
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(1)
+    try:
+        c.connect(a.socket)
+    except OSError as e:
+        print(f"monitor: cannot connect to {a.socket}: {e}")
+        return 1
+    until_prompt(c, time.time() + 5)
+    for cmd in a.commands:
+        c.sendall(cmd.encode() + b"\n")
+        reply = until_prompt(c, time.time() + 10)
+        # The monitor echoes the command (with terminal escapes) first; keep the rest.
+        body = reply.split("\n", 1)[1] if "\n" in reply else reply
+        print(f"== {cmd}")
+        print(body.replace("(qemu) ", "").rstrip())
+    c.close()
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -514,9 +554,13 @@ def main():
     m.add_argument("--kernel", default="", help="booted kernel release (selects lab-steps-LEG lines)")
     m.add_argument("--scenarios-dir", default=SCENARIOS_DIR)
     m.add_argument("scenarios", nargs="*")
+    m = sub.add_parser("monitor")
+    m.add_argument("--socket", required=True)
+    m.add_argument("commands", nargs="*")
     a = p.parse_args()
     return {"modules": cmd_modules, "missing": cmd_missing, "closure": cmd_closure,
-            "collect": cmd_collect, "report": cmd_report, "steps": cmd_steps}[a.cmd](a)
+            "collect": cmd_collect, "report": cmd_report, "steps": cmd_steps,
+            "monitor": cmd_monitor}[a.cmd](a)
 
 
 if __name__ == "__main__":

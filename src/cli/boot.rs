@@ -53,10 +53,14 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = crate::vmm::irq::IrqPath::Irqfd)]
     pub irq_path: crate::vmm::irq::IrqPath,
     /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
-    /// isolation, msi-x, msi, intx, reset), each pass, fail or absent with the reason;
-    /// exit status 0 only when none fails (docs/vmm.md, "boot --check")
+    /// isolation, msi-x, msi, intx, reset), each pass, fail, absent (the device does not have
+    /// it, by its config space) or untested (it has it, gpupass cannot test it on this
+    /// device) with the reason; exit status 0 only when none fails (docs/vmm.md, "boot --check")
     #[arg(long)]
     pub check: bool,
+    /// With --check: exit status 1 also when something the device has went untested
+    #[arg(long, requires = "check")]
+    pub strict: bool,
 }
 
 fn parse_uuid_arg(s: &str) -> std::result::Result<String, String> {
@@ -73,7 +77,8 @@ fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
 }
 
 /// Boot and print; the exit status is the firmware's, or with `--check` the self-test's: 0 when
-/// no verdict is `fail`, 1 otherwise ([`vmm::verdict`]).
+/// no verdict is `fail` (and, with `--strict`, none is `untested`), 1 otherwise
+/// ([`vmm::verdict`]).
 pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let target = match (args.device, args.mdev) {
         (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
@@ -98,13 +103,15 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     };
     let (host, inv) = (&ctx.host, inv.as_ref());
     if args.check {
-        let report = vmm::verdict::CheckReport::new(vmm::boot(host, inv, &opts, None)?);
+        let report = vmm::verdict::CheckReport::new(vmm::boot(host, inv, &opts, None)?, args.strict);
         if ctx.json {
             let _ = serde_json::to_writer_pretty(&mut *out, &report);
             let _ = writeln!(out);
         } else {
             let _ = write!(out, "{}", report.lines());
+            let _ = out.flush();
         }
+        crate::messages::text(&report.summary_lines());
         return Ok(Exit::failure_if(!report.ok));
     }
     let report = if ctx.json {

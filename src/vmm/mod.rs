@@ -244,7 +244,7 @@ pub struct IrqLoopReport {
 }
 
 /// The `--json` result of `gpupass boot`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct BootReport {
     pub device: String,
     /// Vendor:device IDs the VMM presents at 00:01.0 (read from the device's config space).
@@ -270,6 +270,10 @@ pub struct BootReport {
     pub reset: Option<reset::ResetReport>,
     /// The interrupt layer: irqchip, what the device offers, what was enabled, failures.
     pub irq: irq::IrqReport,
+    /// The presented function's Command register, Bus Master Enable probed before the run
+    /// ([`pci::probe_bus_master`]): whether the function can initiate DMA at all (`--check`'s
+    /// evidence for `dma`/`isolation` `absent`). `None` when no function was presented.
+    pub bus_master: Option<pci::BusMaster>,
     /// KVM's counters over the firmware's interrupt tests (`irq_injections`, `halt_wakeup`).
     pub irq_kvm: Option<kvmstats::KvmCounts>,
     /// The MSI round-trip loop (`--irq-loop`): how MSI was delivered, round trips per second,
@@ -483,6 +487,8 @@ pub fn boot(
     );
     m.kvm_stats = stats;
     m.guest_mem = Some(&mem);
+    // Before the guest runs (the function was just reset): can it master DMA at all?
+    let bus_master = m.bus.function_mut(vcpu::DEVICE_SLOT).map(pci::probe_bus_master);
     let (pin, msi_capability, msix_capability, presented_ids) = match m.bus.function(vcpu::DEVICE_SLOT) {
         Some(f) => {
             let id = f.read(0, 4);
@@ -628,6 +634,7 @@ pub fn boot(
         kernel_faults,
         reset,
         irq: irq_report,
+        bus_master,
         irq_kvm,
         irq_loop: match (fw.irq_loop.as_ref(), irq_loop_window) {
             (Some(l), Some(w)) => Some(IrqLoopReport {

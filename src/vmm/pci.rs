@@ -578,6 +578,48 @@ impl ConfigBackend for StaticConfig {
     }
 }
 
+/// Command register bit 2, Bus Master Enable: the function may initiate memory and I/O
+/// requests (DMA, and MSI/MSI-X writes). A function that never initiates requests may hard-wire
+/// it to 0 (PCI Local Bus 3.0 section 6.2.2; PCIe Base, "Command Register", Bus Master Enable),
+/// so a bit that stays 0 after a write of 1 is the config space's own word that the function
+/// cannot do DMA.
+pub const COMMAND_BUS_MASTER: u16 = 1 << 2;
+
+/// What the Command register says about DMA ([`probe_bus_master`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct BusMaster {
+    /// The Command register before the probe.
+    pub command: u16,
+    /// Bus Master Enable read back 1 (it was set, or a write of 1 stuck): the function can
+    /// initiate DMA.
+    pub capable: bool,
+    /// The Command register read the same after the probe as before it.
+    pub restored: bool,
+}
+
+/// Probe Bus Master Enable: if it reads 0, write 1, read it back, write the register back as
+/// it was. Only bit 2 changes; the decode bits are written as they were read. Done by the VMM
+/// before the guest runs, on a function that was just reset (so it has nothing to transfer),
+/// whose IOMMU domain holds guest RAM only.
+pub fn probe_bus_master(f: &mut VirtFunction) -> BusMaster {
+    let command = f.read(0x04, 2) as u16;
+    if command & COMMAND_BUS_MASTER != 0 {
+        return BusMaster {
+            command,
+            capable: true,
+            restored: true,
+        };
+    }
+    f.write(0x04, 2, u32::from(command | COMMAND_BUS_MASTER));
+    let probed = f.read(0x04, 2) as u16;
+    f.write(0x04, 2, u32::from(command));
+    BusMaster {
+        command,
+        capable: probed & COMMAND_BUS_MASTER != 0,
+        restored: f.read(0x04, 2) as u16 == command,
+    }
+}
+
 /// The host bridge at 00:00.0: Red Hat's "QEMU PCIe Host bridge" IDs (1b36:0008), class 0600.
 pub fn host_bridge() -> VirtFunction {
     VirtFunction::new(Box::new(StaticConfig::new(0x1b36, 0x0008, 0x06_00_00, 0)), &[])
@@ -937,5 +979,39 @@ mod tests {
         bus.io_write(0xcf8, &0x8000_0800u32.to_le_bytes());
         assert_eq!(rd(&bus, 0xcff, 2), 0xffff);
         assert!(PciBus::claims(0xcff) && !PciBus::claims(0xd00));
+    }
+
+    #[test]
+    fn bus_master_probe_reads_what_the_command_register_keeps() {
+        // Writable (StaticConfig::new makes bits 0-2 writable): capable, and put back as it was.
+        let mut f = VirtFunction::new(Box::new(StaticConfig::new(1, 2, 0, 0)), &[]);
+        f.write(0x04, 2, 0x2); // memory decode on
+        let b = probe_bus_master(&mut f);
+        assert_eq!(
+            b,
+            BusMaster {
+                command: 0x2,
+                capable: true,
+                restored: true
+            }
+        );
+        assert_eq!(
+            f.read(0x04, 2),
+            0x2,
+            "the probe leaves the register as it found it"
+        );
+        // Hard-wired to 0 (only the decode bits writable): the function cannot master.
+        let mut c = StaticConfig::new(1, 2, 0, 0);
+        c.writable[0x04] = 0x03;
+        let mut f = VirtFunction::new(Box::new(c), &[]);
+        f.write(0x04, 2, 0x3);
+        let b = probe_bus_master(&mut f);
+        assert!(!b.capable && b.restored, "{b:?}");
+        assert_eq!(f.read(0x04, 2), 0x3);
+        // Already enabled: capable without a write.
+        let mut f = VirtFunction::new(Box::new(StaticConfig::new(1, 2, 0, 0)), &[]);
+        f.write(0x04, 2, 0x6);
+        assert!(probe_bus_master(&mut f).capable);
+        assert_eq!(f.read(0x04, 2), 0x6);
     }
 }

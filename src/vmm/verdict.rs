@@ -2,9 +2,20 @@
 //! [`BootReport`] (what the firmware saw, what the VMM and the kernel did, KVM's counters).
 //!
 //! The names (`config`, `bars`, `dma`, `isolation`, `msi-x`, `msi`, `intx`, `reset`) and the
-//! results (`pass`, `fail`, `absent`) are an interface: scripts read them. `absent` means the
-//! device does not have the capability, or gpupass has no way to exercise it on this device
-//! (the reason says which); only `fail` makes the check fail.
+//! results are an interface: scripts read them.
+//!
+//! - `pass`: tested, and it worked.
+//! - `fail`: tested (or due to be), and it did not work.
+//! - `absent`: the device does not have the capability, by its own config space (no BAR
+//!   implemented; Bus Master Enable hard-wired to 0: no DMA; no MSI / MSI-X capability in the
+//!   list; Interrupt Pin 0: no INTx) or, for `reset`, by the kernel (no reset method).
+//! - `untested`: the device has it, but gpupass cannot exercise it on this device (today: DMA
+//!   and isolation on anything but QEMU's edu, whose DMA engine is the one the firmware can
+//!   drive); the reason says why.
+//!
+//! The exit status is 1 when a verdict is `fail`, and with `--strict` also when one is
+//! `untested`: a self-test that did not test what the device has does not pass under
+//! `--strict`.
 
 use super::irq::{self, IrqReport};
 use super::report::{size, FwIrq};
@@ -17,14 +28,18 @@ pub enum Outcome {
     Pass,
     Fail,
     Absent,
+    Untested,
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 4] = [Outcome::Pass, Outcome::Fail, Outcome::Absent, Outcome::Untested];
+
     pub fn word(self) -> &'static str {
         match self {
             Outcome::Pass => "pass",
             Outcome::Fail => "fail",
             Outcome::Absent => "absent",
+            Outcome::Untested => "untested",
         }
     }
 }
@@ -44,35 +59,94 @@ fn v(check: &'static str, result: Outcome, reason: impl Into<String>) -> Verdict
     }
 }
 
+/// How many verdicts have each result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub pass: usize,
+    pub fail: usize,
+    pub absent: usize,
+    pub untested: usize,
+}
+
+impl Counts {
+    pub fn of(verdicts: &[Verdict]) -> Counts {
+        let n = |o: Outcome| verdicts.iter().filter(|v| v.result == o).count();
+        Counts {
+            pass: n(Outcome::Pass),
+            fail: n(Outcome::Fail),
+            absent: n(Outcome::Absent),
+            untested: n(Outcome::Untested),
+        }
+    }
+}
+
 /// The `--check --json` document.
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
     pub device: String,
-    /// No verdict is `fail`.
+    /// `--strict`: an `untested` verdict fails the check too.
+    pub strict: bool,
+    /// The check passed (exit status 0): no verdict is `fail` and, with `strict`, none is
+    /// `untested`.
     pub ok: bool,
+    /// Verdicts per result.
+    pub summary: Counts,
     pub verdicts: Vec<Verdict>,
     pub boot: BootReport,
 }
 
 impl CheckReport {
-    pub fn new(boot: BootReport) -> CheckReport {
+    pub fn new(boot: BootReport, strict: bool) -> CheckReport {
         let verdicts = judge(&boot);
+        let summary = Counts::of(&verdicts);
         CheckReport {
             device: boot.device.clone(),
-            ok: verdicts.iter().all(|v| v.result != Outcome::Fail),
+            strict,
+            ok: passed(&summary, strict),
+            summary,
             verdicts,
             boot,
         }
     }
 
-    /// The text form: one `NAME RESULT REASON` line per verdict, names padded to one column.
+    /// The text form: one `NAME RESULT REASON` line per verdict, names and results padded to
+    /// one column.
     pub fn lines(&self) -> String {
         let mut s = String::new();
         for x in &self.verdicts {
-            s.push_str(&format!("{:<9} {:<6} {}\n", x.check, x.result.word(), x.reason));
+            s.push_str(&format!("{:<9} {:<8} {}\n", x.check, x.result.word(), x.reason));
         }
         s
     }
+
+    /// The summary for stderr: the count of each result, and under `--strict` what went
+    /// untested.
+    pub fn summary_lines(&self) -> String {
+        let c = &self.summary;
+        let mut s = format!(
+            "gpupass: boot --check: {} pass, {} fail, {} absent, {} untested\n",
+            c.pass, c.fail, c.absent, c.untested
+        );
+        if self.strict && c.untested > 0 {
+            let names: Vec<&str> = self
+                .verdicts
+                .iter()
+                .filter(|v| v.result == Outcome::Untested)
+                .map(|v| v.check)
+                .collect();
+            s.push_str(&format!(
+                "gpupass: --strict: {} untested ({}): the device has them and gpupass could not test them here\n",
+                c.untested,
+                names.join(", ")
+            ));
+        }
+        s
+    }
+}
+
+/// The check's pass rule: nothing failed, and under `strict` nothing went untested.
+pub fn passed(c: &Counts, strict: bool) -> bool {
+    c.fail == 0 && !(strict && c.untested > 0)
 }
 
 /// Every verdict, in the order they are printed (the names are the interface, see above).
@@ -165,6 +239,33 @@ fn bars(r: &BootReport) -> Verdict {
     v("bars", Outcome::Pass, reason)
 }
 
+/// Whether the function cannot do DMA, by its config space: Bus Master Enable hard-wired to 0
+/// (a function that initiates no requests may hard-wire it; one with MSI or MSI-X cannot, as
+/// those are memory writes). `Some(reason)` when it cannot.
+fn no_dma(r: &BootReport) -> Option<String> {
+    if r.backend.is_none() && r.dma_mapped == 0 && r.bus_master.is_some() {
+        // --emulated: gpupass's own device model, which has no DMA engine (its Bus Master
+        // Enable is writable for its MSI only).
+        return Some("the emulated device has no DMA engine (gpupass's own model)".to_string());
+    }
+    match r.bus_master {
+        Some(b) if !b.capable => Some(format!(
+            "Bus Master Enable (Command register bit 2) is hard-wired to 0: it read 0 after a write of 1 (Command {:#06x}), so the function cannot initiate DMA",
+            b.command
+        )),
+        _ => None,
+    }
+}
+
+/// Why gpupass cannot test DMA on this device (it has it: Bus Master Enable is writable).
+fn dma_untested(r: &BootReport) -> String {
+    format!(
+        "the function can master DMA (Bus Master Enable writable), but gpupass drives no DMA engine on {} (only QEMU's edu 1234:11e8: a device's DMA engine is device-specific); {} MiB of guest RAM was DMA-mapped",
+        r.presented_ids,
+        r.dma_mapped >> 20
+    )
+}
+
 fn dma(r: &BootReport) -> Verdict {
     match (&r.dma, &r.firmware.dma) {
         (Some(d), _) => {
@@ -183,18 +284,10 @@ fn dma(r: &BootReport) -> Verdict {
                 fw.skipped.as_deref().unwrap_or("?")
             ),
         ),
-        _ if r.dma_mapped == 0 && r.backend.is_none() => {
-            v("dma", Outcome::Absent, "the emulated device does no DMA")
-        }
-        _ => v(
-            "dma",
-            Outcome::Absent,
-            format!(
-                "{} MiB of guest RAM DMA-mapped, but gpupass drives no DMA engine on {} (it does on QEMU's edu)",
-                r.dma_mapped >> 20,
-                r.presented_ids
-            ),
-        ),
+        _ => match no_dma(r) {
+            Some(why) => v("dma", Outcome::Absent, why),
+            None => v("dma", Outcome::Untested, dma_untested(r)),
+        },
     }
 }
 
@@ -215,19 +308,34 @@ fn isolation(r: &BootReport) -> Verdict {
                 fw.skipped.as_deref().unwrap_or("?")
             ),
         ),
-        _ => v(
-            "isolation",
-            Outcome::Absent,
-            "needs a DMA engine gpupass can drive (QEMU's edu)",
-        ),
+        _ => match no_dma(r) {
+            Some(why) => v("isolation", Outcome::Absent, why),
+            None => v(
+                "isolation",
+                Outcome::Untested,
+                format!(
+                    "the probe makes the device read an unmapped IOVA, which needs a DMA engine gpupass can drive (QEMU's edu); {}",
+                    dma_untested(r)
+                ),
+            ),
+        },
     }
 }
 
 fn kind_present(irq: &IrqReport, index: u32) -> (bool, &'static str) {
     match index {
-        irq::INDEX_INTX => (irq.pin != 0, "interrupt pin 0: no INTx"),
-        irq::INDEX_MSI => (irq.msi_capability, "no MSI capability"),
-        _ => (irq.msix_capability, "no MSI-X capability"),
+        irq::INDEX_INTX => (
+            irq.pin != 0,
+            "Interrupt Pin (config 0x3d) is 0: the function has no INTx",
+        ),
+        irq::INDEX_MSI => (
+            irq.msi_capability,
+            "no MSI capability (ID 0x05) in the config space's capability list",
+        ),
+        _ => (
+            irq.msix_capability,
+            "no MSI-X capability (ID 0x11) in the config space's capability list",
+        ),
     }
 }
 
@@ -276,20 +384,35 @@ fn interrupt(r: &BootReport, index: u32) -> Verdict {
         Some("host") => format!("raised from the host ({})", r.irq.host_trigger),
         other => format!("raised by {}", other.unwrap_or("?")),
     };
-    let kvm = injections(r)
-        .map(|(n, delivered, timer)| {
-            format!(
-                ", KVM irq_injections {n} over the interrupt tests: {delivered} delivered + {timer} timer"
-            )
-        })
-        .unwrap_or_default();
+    let counted_by_kvm = injections(r);
+    let kvm = match counted_by_kvm {
+        Some((n, delivered, timer)) => format!(
+            ", KVM irq_injections {n} over the interrupt tests: {delivered} delivered + {timer} timer"
+        ),
+        None => {
+            ", KVM's counters not readable (KVM_GET_STATS_FD needs Linux 5.14+): deliveries not cross-checked"
+                .to_string()
+        }
+    };
     let path = match index {
         irq::INDEX_INTX => "irqfd + resample on IOAPIC pin 10",
         irq::INDEX_MSI => "MSI route + irqfd",
         _ => "MSI-X routes + irqfds",
     };
     let counted = format!("{}/{} delivered", fw.delivered, fw.expected);
-    if fw.expected > 0 && fw.delivered == fw.expected && k.errors.is_empty() {
+    let kvm_disagrees = counted_by_kvm.filter(|(n, delivered, timer)| *n != delivered + timer);
+    if let Some((n, delivered, timer)) = kvm_disagrees {
+        // KVM's own count of what it put into the vCPU is the ground truth the firmware's
+        // count is checked against: a delivery KVM did not inject (or an injection the
+        // firmware never took) means the firmware's count cannot be trusted.
+        v(
+            name,
+            Outcome::Fail,
+            format!(
+                "{counted} ({via}; {path}), but KVM injected {n} interrupts over the interrupt tests where the firmware counted {delivered} deliveries (every kind) + {timer} timer{errors}"
+            ),
+        )
+    } else if fw.expected > 0 && fw.delivered == fw.expected && k.errors.is_empty() {
         v(name, Outcome::Pass, format!("{counted} ({via}; {path}{kvm})"))
     } else {
         v(
@@ -317,4 +440,164 @@ fn reset(r: &BootReport) -> Verdict {
     }
     let result = if rr.passed() { Outcome::Pass } else { Outcome::Fail };
     v("reset", result, rr.summary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Backend;
+    use crate::vmm::kvmstats::KvmCounts;
+    use crate::vmm::pci::BusMaster;
+    use crate::vmm::report;
+
+    /// A VFIO device of `ids` as the firmware saw it: one BAR read, an MSI-X table of one
+    /// vector delivered by the device, no reset method; Bus Master Enable as `can_master`;
+    /// KVM counting `kvm_injections` over the interrupt tests.
+    fn vfio_report(ids: &str, can_master: bool, kvm_injections: Option<u64>) -> BootReport {
+        let console = format!(
+            "FW dev 00:00.0 1b36:0008 class 060000 hdr 00\n\
+             FW dev 00:01.0 {ids} class 020000 hdr 00\n\
+             FW bar 0 mem32 addr 0xc0000000 size 0x20000 first 0x1 last 0x2\n\
+             FW irq 00:01.0 msi-x via device expected 1 delivered 1\n\
+             FW irq timer 0\n\
+             FW done devices 2\n"
+        );
+        let mut r = BootReport {
+            device: "0000:00:0d.0".to_string(),
+            presented_ids: ids.to_string(),
+            backend: Some(Backend::Legacy),
+            dma_mapped: 64 << 20,
+            firmware: report::parse(&console),
+            bus_master: Some(BusMaster {
+                command: 0,
+                capable: can_master,
+                restored: true,
+            }),
+            irq_kvm: kvm_injections.map(|n| KvmCounts {
+                source: "test",
+                delta: [("irq_injections", n)].into_iter().collect(),
+            }),
+            ..BootReport::default()
+        };
+        r.irq.irqchip = true;
+        r.irq.msix_capability = true;
+        r.reset = Some(crate::vmm::reset::ResetReport::new(false, None, false));
+        r
+    }
+
+    fn result(vs: &[Verdict], check: &str) -> (Outcome, String) {
+        let x = vs.iter().find(|x| x.check == check).unwrap();
+        (x.result, x.reason.clone())
+    }
+
+    #[test]
+    fn dma_untested_when_the_device_can_master_but_gpupass_cannot_drive_it() {
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(1)), false);
+        let (o, why) = result(&c.verdicts, "dma");
+        assert_eq!(o, Outcome::Untested, "{why}");
+        assert!(
+            why.contains("8086:10d3") && why.contains("Bus Master Enable writable"),
+            "{why}"
+        );
+        let (o, why) = result(&c.verdicts, "isolation");
+        assert_eq!(o, Outcome::Untested, "{why}");
+        assert_eq!(result(&c.verdicts, "msi-x").0, Outcome::Pass);
+        assert_eq!(result(&c.verdicts, "msi").0, Outcome::Absent);
+        assert_eq!(result(&c.verdicts, "reset").0, Outcome::Absent);
+        assert_eq!(
+            c.summary,
+            Counts {
+                pass: 3,
+                fail: 0,
+                absent: 3,
+                untested: 2
+            }
+        );
+        // Nothing failed: the check passes, but not under --strict.
+        assert!(c.ok);
+        assert!(c.summary_lines().contains("3 pass, 0 fail, 3 absent, 2 untested"));
+        let strict = CheckReport::new(vfio_report("8086:10d3", true, Some(1)), true);
+        assert!(!strict.ok);
+        let s = strict.summary_lines();
+        assert!(
+            s.contains(
+                "--strict: 2 untested (dma, isolation): the device has them and gpupass could not test them here"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn dma_absent_only_when_bus_master_enable_is_hard_wired_to_zero() {
+        let c = CheckReport::new(vfio_report("1234:1111", false, Some(1)), true);
+        for check in ["dma", "isolation"] {
+            let (o, why) = result(&c.verdicts, check);
+            assert_eq!(o, Outcome::Absent, "{why}");
+            assert!(why.contains("hard-wired to 0"), "{why}");
+        }
+        // Nothing the device has went untested: --strict passes.
+        assert_eq!(c.summary.untested, 0);
+        assert!(c.ok, "{:?}", c.verdicts);
+        assert!(!c.summary_lines().contains("--strict"));
+    }
+
+    #[test]
+    fn the_emulated_device_has_no_dma_engine() {
+        let mut r = vfio_report("1234:1111", true, Some(1));
+        r.backend = None;
+        r.dma_mapped = 0;
+        let c = CheckReport::new(r, true);
+        assert_eq!(result(&c.verdicts, "dma").0, Outcome::Absent);
+        assert_eq!(result(&c.verdicts, "isolation").0, Outcome::Absent);
+    }
+
+    #[test]
+    fn interrupts_fail_when_kvm_counted_other_injections() {
+        // The firmware counted 1 delivery and 0 timer interrupts; KVM injected 2.
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(2)), false);
+        let (o, why) = result(&c.verdicts, "msi-x");
+        assert_eq!(o, Outcome::Fail, "{why}");
+        assert!(
+            why.contains("KVM injected 2 interrupts") && why.contains("counted 1 deliveries"),
+            "{why}"
+        );
+        assert!(!c.ok);
+        assert_eq!(c.summary.fail, 1);
+        // ... and KVM having injected none of the one the firmware took fails it too.
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(0)), false);
+        assert_eq!(result(&c.verdicts, "msi-x").0, Outcome::Fail);
+        // Where KVM has no statistics fd the deliveries stand, and the reason says unchecked.
+        let c = CheckReport::new(vfio_report("8086:10d3", true, None), false);
+        let (o, why) = result(&c.verdicts, "msi-x");
+        assert_eq!(o, Outcome::Pass);
+        assert!(why.contains("not cross-checked"), "{why}");
+    }
+
+    #[test]
+    fn absent_interrupts_name_the_config_space_evidence() {
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(1)), false);
+        assert!(result(&c.verdicts, "intx")
+            .1
+            .contains("Interrupt Pin (config 0x3d) is 0"));
+        assert!(result(&c.verdicts, "msi").1.contains("ID 0x05"));
+    }
+
+    #[test]
+    fn pass_rule() {
+        let c = |fail, untested| Counts {
+            pass: 1,
+            fail,
+            absent: 1,
+            untested,
+        };
+        assert!(passed(&c(0, 0), false) && passed(&c(0, 0), true));
+        assert!(passed(&c(0, 2), false) && !passed(&c(0, 2), true));
+        assert!(!passed(&c(1, 0), false) && !passed(&c(1, 0), true));
+        // The text lines keep one column per field, whatever the result's length.
+        let r = CheckReport::new(vfio_report("8086:10d3", true, Some(1)), false);
+        for l in r.lines().lines() {
+            assert_eq!(&l[9..10], " ", "{l}");
+            assert_eq!(&l[18..19], " ", "{l}");
+        }
+    }
 }

@@ -464,8 +464,38 @@ fn check_judges_every_capability_and_kvm_counts_the_interrupt() {
         "{text}"
     );
     assert!(text.contains("1/1 delivered"), "{text}");
+    // absent says what the config space (or gpupass's own model) showed.
+    for (check, evidence) in [
+        ("dma ", "the emulated device has no DMA engine"),
+        ("msi-x ", "no MSI-X capability (ID 0x11)"),
+        ("intx ", "Interrupt Pin (config 0x3d) is 0"),
+    ] {
+        let l = text.lines().find(|l| l.starts_with(check)).unwrap_or("");
+        assert!(l.contains(evidence), "{check}: {l}");
+    }
+    // The summary counts each result; nothing the device has went untested, so --strict
+    // passes too.
+    assert!(
+        stderr(&o).contains("gpupass: boot --check: 3 pass, 0 fail, 5 absent, 0 untested"),
+        "{}",
+        stderr(&o)
+    );
+    let strict = gpupass(&["boot", "--emulated", "--check", "--strict"]);
+    ok(&strict);
+    assert!(!stderr(&strict).contains("--strict:"), "{}", stderr(&strict));
     let j = json(&gpupass(&["boot", "--emulated", "--check", "--json"]));
     assert_eq!(j["ok"], true);
+    assert_eq!(j["strict"], false);
+    assert_eq!(
+        j["summary"],
+        serde_json::json!({"pass": 3, "fail": 0, "absent": 5, "untested": 0})
+    );
+    // The Bus Master Enable probe ran on the presented function and left it as it was.
+    assert_eq!(
+        j["boot"]["bus_master"]["restored"], true,
+        "{}",
+        j["boot"]["bus_master"]
+    );
     let boot = &j["boot"];
     assert_eq!(boot["irq"]["irqchip"], true);
     assert_eq!(boot["irq"]["msi"]["enabled"], 1);
@@ -496,6 +526,11 @@ fn check_fails_when_the_interrupt_is_not_routed() {
     let msi = text.lines().find(|l| l.starts_with("msi ")).unwrap_or("");
     assert!(msi.contains(" fail ") && msi.contains("0/1 delivered"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("config    pass")), "{text}");
+    assert!(
+        stderr(&o).contains("gpupass: boot --check: 2 pass, 1 fail, 5 absent, 0 untested"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// `config` can fail: a firmware that never enumerates the bus (the `status` test guest exits at
@@ -520,4 +555,12 @@ fn check_fails_config_when_the_guest_never_sees_the_device() {
         "{text}"
     );
     assert!(text.lines().any(|l| l.starts_with("msi       fail")), "{text}");
+}
+
+/// `--strict` belongs to `--check`: alone it is a usage error (clap's, exit 2), before any VM.
+#[test]
+fn strict_needs_check() {
+    let o = gpupass(&["boot", "--emulated", "--strict"]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("--check"), "{}", stderr(&o));
 }

@@ -665,6 +665,8 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("E-OUT-14", "integration: tests/it/vm_attach.rs (built with --features libvirt, libvirt's test:///default driver)", "gpupass: libvirt: "),
     ("E-BOOT-11", "lab: lab/scenarios/boot.sh (timeout step); tests/it/boot.rs when /dev/kvm is usable", "did not finish within"),
     ("E-BOOT-12", "lab: lab/scenarios/boot.sh (triple-fault step)", "triple-faulted (KVM_EXIT_SHUTDOWN)"),
+    ("E-BOOT-15", "integration: tests/it/boot.rs `check_fails_when_the_interrupt_is_not_routed` (and the lab's selftest scenario, its failing cases)", "gpupass: boot --check: "),
+    ("E-BOOT-16", "lab: lab/scenarios/selftest.sh (nic-strict step); src/vmm/verdict.rs", "the device has them and gpupass could not test them"),
     ("E-CDI-09", "uncovered: needs a kernel or sandbox that refuses AF_NETLINK sockets (as E-EVENTS-03); tests/it/lab.rs runs the cdiwatch scenario", ""),
     ("E-HOOK-20", "integration: tests/it/oci_hook.rs `symlinks_in_the_rootfs_are_not_followed` (runc, root: a real container mount namespace)", "is a symlink or not a directory"),
     ("E-HOOK-21", "uncovered: needs a container mount namespace whose rootfs refuses mknod (read-only, or a user namespace); tests/it/oci_hook.rs covers the working path under runc", ""),

@@ -167,3 +167,73 @@ fn every_lab_scenario_declares_its_steps() {
         assert_eq!(text.lines().count(), names.len(), "{text}");
     }
 }
+
+/// `labtool monitor` (lab.sh's snapshot of a boot that runs out of time, docs/lab.md
+/// "Troubleshooting"): against a stand-in for QEMU's human monitor on a unix socket (a banner
+/// and `(qemu) ` prompt, each command echoed with the terminal's escapes before its reply, as
+/// QEMU 10.0 does), each command's reply comes back under its own `== COMMAND` header, without
+/// the echo or the prompts; a socket nobody listens on is a message and exit status 1.
+#[test]
+fn monitor_snapshot_reads_each_reply() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    let t = tempfile::tempdir().unwrap();
+    let sock = t.path().join("monitor.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut w = s.try_clone().unwrap();
+        w.write_all(b"QEMU 10.0.2 monitor - type 'help' for more information\r\n(qemu) ")
+            .unwrap();
+        let mut seen = Vec::new();
+        for line in BufReader::new(s).lines() {
+            let cmd = line.unwrap();
+            let reply = match cmd.as_str() {
+                "info registers" => "EIP=0000b7ee EFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=1\r\n",
+                "info lapic" => "Timer\t DCR=0x0 (divide by 2) initial_count = 0 current_count = 0\r\n",
+                _ => "unknown command\r\n",
+            };
+            w.write_all(format!("{cmd}\r\n\x1b[K{reply}(qemu) ").as_bytes())
+                .unwrap();
+            seen.push(cmd);
+        }
+        seen
+    });
+    let tool = crate::util::manifest_dir().join("lab/tools/labtool.py");
+    let o = Command::new("python3")
+        .arg(&tool)
+        .args(["monitor", "--socket"])
+        .arg(&sock)
+        .args(["--", "info registers", "info lapic"])
+        .output()
+        .expect("python3 runs lab/tools/labtool.py (install python3)");
+    let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(server.join().unwrap(), ["info registers", "info lapic"]);
+    let regs = out.split("== info lapic").next().unwrap();
+    assert!(regs.starts_with("== info registers\n"), "{out}");
+    assert!(regs.contains("SMM=0 HLT=1") && !regs.contains("(qemu)"), "{out}");
+    assert!(
+        out.contains("== info lapic\n") && out.contains("initial_count = 0"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("QEMU 10.0.2 monitor"),
+        "the banner is not a reply: {out}"
+    );
+    // Nobody listening: said so, exit 1.
+    let o = Command::new("python3")
+        .arg(&tool)
+        .args(["monitor", "--socket"])
+        .arg(t.path().join("none.sock"))
+        .args(["--", "info registers"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("cannot connect"));
+}
