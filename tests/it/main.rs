@@ -15,6 +15,9 @@ mod cdi_validate;
 mod concurrency;
 mod containers;
 mod deviceplugin;
+/// Needs the `dra` feature: `cargo test --features dra --test it dra::`.
+#[cfg(feature = "dra")]
+mod dra;
 mod errors;
 mod everyday;
 mod fixtures_current;

@@ -1,0 +1,191 @@
+//! `gpupass dra slices` as the real binary: golden ResourceSlices and `--explain` tables for the
+//! fixture hosts, the API's limits on the 4096-function generated host, and `--from-json`
+//! giving what `--root` gives. (The plugin's gRPC services are tested in
+//! src/containers/dra/server.rs with a tonic client over unix sockets.)
+
+use crate::util::*;
+
+/// Every shipped fixture host but the lab capture's twin sets (qemu-lab has the lab's
+/// 00:05.0 + 00:05.1 group).
+const HOSTS: &[&str] = &[
+    "workstation",
+    "hgx-8gpu",
+    "sriov-vgpu",
+    "mdev-t4",
+    "nvidia-minors",
+    "vfio-numa",
+    "legacy-bridge",
+    "qemu-lab",
+];
+
+/// The API's limits, checked on any rendered List (k8s.io/api v0.37.2 resource/v1).
+fn check_limits(list: &serde_json::Value) -> usize {
+    let items = list["items"].as_array().expect("items");
+    assert!(!items.is_empty(), "a pool has at least one slice");
+    let mut names = std::collections::BTreeSet::new();
+    let mut devices = 0;
+    for s in items {
+        assert_eq!(s["apiVersion"], "resource.k8s.io/v1");
+        assert_eq!(s["kind"], "ResourceSlice");
+        let spec = &s["spec"];
+        assert_eq!(
+            spec["pool"]["resourceSliceCount"].as_u64().unwrap() as usize,
+            items.len()
+        );
+        assert_eq!(spec["pool"]["name"], spec["nodeName"]);
+        let devs = spec["devices"].as_array().unwrap();
+        assert!(devs.len() <= 128, "ResourceSliceMaxDevices: {}", devs.len());
+        for d in devs {
+            let name = d["name"].as_str().unwrap();
+            assert!(
+                name.len() <= 63
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            );
+            assert!(names.insert(name.to_string()), "{name} twice in the pool");
+            let attrs = d["attributes"].as_object().unwrap();
+            assert!(
+                attrs.len() <= 32,
+                "ResourceSliceMaxAttributesAndCapacitiesPerDevice"
+            );
+            for (k, v) in attrs {
+                let (domain, id) = k.split_once('/').unwrap();
+                assert!(domain.len() <= 63 && id.len() <= 32, "{k}");
+                assert_eq!(v.as_object().unwrap().len(), 1, "{k}: exactly one value");
+                if let Some(s) = v["string"].as_str() {
+                    assert!(s.len() <= 64, "{k}: {s}");
+                }
+            }
+            assert!(attrs.contains_key("resource.kubernetes.io/pciBusID"));
+            assert!(attrs.contains_key("resource.kubernetes.io/pcieRoot"));
+            devices += 1;
+        }
+    }
+    devices
+}
+
+#[test]
+fn slices_and_explanations_match_golden_and_keep_the_api_limits() {
+    for h in HOSTS {
+        let o = on_host(h, &["dra", "slices", "--node", "node-a"]);
+        let text = ok(&o);
+        golden(&format!("{h}/dra-slices.json"), &text);
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let published = check_limits(&list);
+        let explain = ok(&on_host(h, &["dra", "slices", "--explain"]));
+        golden(&format!("{h}/dra-explain.txt"), &explain);
+        let decisions = ok_json(&on_host(h, &["--json", "dra", "slices", "--explain"]));
+        let n = decisions
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["device"].is_string())
+            .count();
+        assert_eq!(n, published, "{h}: --explain and the slices agree");
+        for d in decisions.as_array().unwrap() {
+            assert!(d["device"].is_string() != d["reason"].is_string(), "{h}: {d}");
+        }
+    }
+}
+
+#[test]
+fn the_lab_group_is_one_device_and_refusals_say_why() {
+    let list = ok_json(&on_host("qemu-lab", &["dra", "slices", "--node", "node-a"]));
+    let devs = list["items"][0]["spec"]["devices"].as_array().unwrap();
+    let d = devs
+        .iter()
+        .find(|d| d["name"] == "pci-0000-00-05-0")
+        .expect("the 00:05.0 group");
+    assert_eq!(
+        d["attributes"]["gpupass.dev/members"]["string"],
+        "0000:00:05.0,0000:00:05.1"
+    );
+    assert_eq!(d["attributes"]["gpupass.dev/iommuGroup"]["int"], 4);
+    assert!(
+        !devs.iter().any(|d| d["name"] == "pci-0000-00-05-1"),
+        "one device per group"
+    );
+    let explain = ok(&on_host("workstation", &["dra", "slices", "--explain"]));
+    assert!(
+        explain.contains("not published: group 4 has no GPU, accelerator or function already on vfio-pci"),
+        "{explain}"
+    );
+    assert!(explain.contains("boot VGA"), "{explain}");
+}
+
+#[test]
+fn the_4096_function_host_is_split_into_slices_of_at_most_128() {
+    let t = tempfile::tempdir().unwrap();
+    gpupass::testkit::fixtures::synthetic(t.path(), 4096, 64).unwrap();
+    let root = t.path().to_str().unwrap();
+    let start = std::time::Instant::now();
+    let list = ok_json(&gpupass(&["--root", root, "dra", "slices", "--node", "big"]));
+    let took = start.elapsed();
+    let devices = check_limits(&list);
+    let slices = list["items"].as_array().unwrap().len();
+    let explain = ok_json(&gpupass(&[
+        "--root",
+        root,
+        "--json",
+        "dra",
+        "slices",
+        "--explain",
+    ]));
+    let published = explain
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["device"].is_string())
+        .count();
+    assert_eq!(devices, published);
+    assert!(devices > 0);
+    assert_eq!(slices, devices.div_ceil(128).max(1));
+    eprintln!("4096 functions: {devices} devices in {slices} slices, rendered in {took:?} (scan included)");
+}
+
+#[test]
+fn from_json_gives_what_root_gives() {
+    let t = tempfile::tempdir().unwrap();
+    let inv = t.path().join("inv.json");
+    std::fs::write(&inv, ok(&on_host("hgx-8gpu", &["list", "--all", "--json"]))).unwrap();
+    let direct = ok(&on_host("hgx-8gpu", &["dra", "slices", "--node", "n1"]));
+    let from = ok(&gpupass(&[
+        "--from-json",
+        inv.to_str().unwrap(),
+        "dra",
+        "slices",
+        "--node",
+        "n1",
+    ]));
+    assert_eq!(from, direct);
+    let direct = ok(&on_host("hgx-8gpu", &["dra", "slices", "--explain"]));
+    let from = ok(&gpupass(&[
+        "--from-json",
+        inv.to_str().unwrap(),
+        "dra",
+        "slices",
+        "--explain",
+    ]));
+    assert_eq!(from, direct);
+}
+
+#[test]
+fn the_plugin_needs_the_live_host_and_a_valid_driver_name() {
+    let t = tempfile::tempdir().unwrap();
+    let inv = t.path().join("inv.json");
+    std::fs::write(&inv, ok(&on_host("qemu-lab", &["list", "--all", "--json"]))).unwrap();
+    let o = gpupass(&["--from-json", inv.to_str().unwrap(), "dra-plugin", "--node", "n"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("`gpupass dra-plugin` works on the live host"),
+        "{}",
+        stderr(&o)
+    );
+    let o = on_host(
+        "qemu-lab",
+        &["dra", "slices", "--driver", "Not_A.DNS", "--node", "n"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("invalid DRA driver name"), "{}", stderr(&o));
+}
