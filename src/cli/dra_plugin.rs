@@ -163,16 +163,16 @@ fn run_slices(ctx: &Ctx, args: SlicesArgs, out: &mut dyn Write) -> Result<Exit> 
         if ctx.json {
             write_json(out, &d)?;
         } else {
-            writeln!(out, "GROUP  MEMBERS                     PUBLISHED AS / WHY NOT")?;
+            writeln!(out, "GROUP  DEVICE             MEMBERS")?;
             for g in &d {
                 let members: Vec<String> = g.members.iter().map(|a| a.to_string()).collect();
-                let what = match (&g.device, &g.reason) {
-                    (Some(dev), _) => dev.clone(),
-                    (None, Some(r)) => format!("not published: {r}"),
-                    (None, None) => "-".into(),
-                };
                 let group = g.group.map_or("-".to_string(), |n| n.to_string());
-                writeln!(out, "{group:<6} {:<27} {what}", members.join(","))?;
+                let device = g.device.as_deref().unwrap_or("-");
+                let line = format!("{group:<6} {device:<18} {}", members.join(","));
+                writeln!(out, "{}", line.trim_end())?;
+                if let Some(r) = &g.reason {
+                    writeln!(out, "       not published: {r}")?;
+                }
             }
         }
         return Ok(Exit::SUCCESS);

@@ -193,7 +193,12 @@ mod tests {
             0o700
         );
         std::fs::write(&p, "{").unwrap();
-        assert!(matches!(load(&p), Err(CheckpointError::Parse { .. })));
+        let e = load(&p).unwrap_err();
+        assert!(matches!(e, CheckpointError::Parse { .. }));
+        assert!(
+            e.to_string().contains("is not a checkpoint gpupass can read"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -808,6 +808,11 @@ mod tests {
             matches!(e, ClaimError::WrongNode { ref found, .. } if found == "node-a"),
             "{e}"
         );
+        assert!(
+            e.to_string()
+                .contains("is allocated to node(s) node-a, not to this node node-b"),
+            "{e}"
+        );
 
         let mut c = claim("pci-0000-00-05-0", json!([]));
         let r = &mut c
@@ -915,6 +920,11 @@ mod tests {
         ] {
             let e = ok(bad.clone()).unwrap_err();
             assert!(matches!(e, ClaimError::Config { .. }), "{bad}: {e}");
+            assert!(
+                e.to_string()
+                    .contains("opaque configuration for vfio.gpupass.dev: "),
+                "{e}"
+            );
         }
         // Another driver's config is not ours to judge.
         let other = json!([{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"whatever": 1}}}]);
@@ -943,6 +953,56 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.policy, BackendPolicy::RequireIommufd);
+    }
+
+    #[test]
+    fn one_claim_gets_one_backend_policy() {
+        let mut c = claim(
+            "pci-0000-00-05-0",
+            json!([
+                {"source": "FromClaim", "requests": ["other"], "opaque": {"driver": "vfio.gpupass.dev", "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "legacy"}}},
+            ]),
+        );
+        let second = Publishable {
+            name: "pci-0000-00-06-0".into(),
+            group: 5,
+            lead: "0000:00:06.0".parse().unwrap(),
+            members: vec!["0000:00:06.0".parse().unwrap()],
+        };
+        let mut offered = offered();
+        offered.push(second);
+        let results = c
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap();
+        let mut r2 = results[0].clone();
+        r2.request = "other".into();
+        r2.device = "pci-0000-00-06-0".into();
+        results.push(r2);
+        let e = check(&asked(), &c, &me(), &offered, Policy::Auto).unwrap_err();
+        assert!(matches!(e, ClaimError::MixedPolicies { .. }), "{e}");
+        assert!(
+            e.to_string().contains(
+                "its requests ask for different backend policies (other: legacy, vfio: prefer-iommufd)"
+            ),
+            "{e}"
+        );
+        // The same policy for both requests is fine.
+        assert_eq!(
+            check(&asked(), &c, &me(), &offered, Policy::Legacy)
+                .unwrap()
+                .policy,
+            BackendPolicy::Legacy
+        );
     }
 
     #[test]

@@ -99,15 +99,15 @@ fn judge<'a>(
     members: &[&'a PciDevice],
     mdev_parents: &HashMap<String, usize>,
 ) -> Result<&'a PciDevice, String> {
+    if !g.mdev_members.is_empty() {
+        return Err(format!(
+            "is the group of mediated device {}; mdev devices are not offered through DRA yet",
+            g.mdev_members.join(", ")
+        ));
+    }
     let endpoints: Vec<&PciDevice> = members.iter().copied().filter(|d| !d.is_bridge).collect();
     if endpoints.is_empty() {
         return Err("holds only bridges (VFIO passes endpoint functions, not bridges)".into());
-    }
-    if !g.mdev_members.is_empty() {
-        return Err(format!(
-            "is the group of {} mediated device(s); mdev devices are not offered through DRA yet",
-            g.mdev_members.len()
-        ));
     }
     for d in &endpoints {
         if d.boot_vga == Some(true) && !on_vfio(d) {
@@ -176,7 +176,7 @@ pub fn decide(inv: &Inventory) -> Vec<GroupDecision> {
         let members: Vec<&PciDevice> = g.members.iter().filter_map(|a| by_addr.get(a).copied()).collect();
         let (device, reason) = match judge(inv, g, &members, &mdev_parents) {
             Ok(lead) => (Some(device_name(&lead.address)), None),
-            Err(r) => (None, Some(format!("group {} {r}", g.number))),
+            Err(r) => (None, Some(r)),
         };
         out.push(GroupDecision {
             group: Some(g.number),
@@ -512,7 +512,7 @@ mod tests {
         assert!(publishable(&inv).is_empty());
         let d = decide(&inv);
         let r = d[0].reason.as_deref().unwrap();
-        assert!(r.starts_with("group 4 also holds 0000:00:06.0"), "{r}");
+        assert!(r.starts_with("also holds 0000:00:06.0"), "{r}");
         assert!(r.contains("e1000e"), "{r}");
     }
 
@@ -529,6 +529,44 @@ mod tests {
         });
         assert!(publishable(&inv).is_empty());
         assert!(decide(&inv)[0].reason.as_deref().unwrap().contains("boot VGA"));
+    }
+
+    #[test]
+    fn a_pool_larger_than_a_slice_is_split_with_one_slice_count() {
+        let (_t, inv) = scan(|h| {
+            for i in 0..300u32 {
+                let a = format!("{:02x}:{:02x}.0", 1 + i / 32, i % 32);
+                h.add(
+                    &DevSpec::new(&a, 0x10de, 0x2684, 0x030000)
+                        .group(i)
+                        .driver("nvidia"),
+                )
+                .unwrap();
+            }
+        });
+        let opts = SliceOptions {
+            node: "n1".into(),
+            driver: "vfio.gpupass.dev".into(),
+            generation: 7,
+        };
+        let s = render(&inv, &opts);
+        let sizes: Vec<usize> = s.iter().map(|x| x.spec.devices.as_ref().unwrap().len()).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        for x in &s {
+            assert_eq!(x.spec.pool.resource_slice_count, 3);
+            assert_eq!(x.spec.pool.generation, 7);
+            assert_eq!(x.spec.pool.name, "n1");
+            assert_eq!(x.spec.node_name.as_deref(), Some("n1"));
+        }
+        let names: std::collections::BTreeSet<_> =
+            s.iter().map(|x| x.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names.len(), 3);
+        // An empty pool is one slice with no devices.
+        let (_t, empty) = scan(|_| {});
+        let e = render(&empty, &opts);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].spec.pool.resource_slice_count, 1);
+        assert!(e[0].spec.devices.as_ref().unwrap().is_empty());
     }
 
     #[test]
