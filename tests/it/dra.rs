@@ -201,3 +201,53 @@ fn the_plugin_needs_the_live_host_and_a_valid_driver_name() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("invalid DRA driver name"), "{}", stderr(&o));
 }
+
+/// The CDI specs a Prepare writes (the claim's VFIO nodes, and the metadata bind mount), for
+/// both backends, load in the reference CDI library (tests/cdi-validate, as `cdi generate`'s
+/// specs do).
+#[test]
+fn prepared_claim_specs_load_in_the_reference_cdi_library() {
+    use gpupass::containers::dra::claim::{self, BackendPolicy, Checked, ClaimDevice, ClaimRef};
+    let Some(helper) = crate::cdi_validate::need_helper() else {
+        return;
+    };
+    let inv = gpupass::inventory::scan(&gpupass::host::HostRoot::new(host("qemu-lab"))).unwrap();
+    let a = |s: &str| s.parse::<gpupass::model::PciAddress>().unwrap();
+    let checked = Checked {
+        claim: ClaimRef {
+            namespace: "default".into(),
+            uid: "6b1e0c3a-0f0e-4f5e-9d7c-2a1b3c4d5e6f".into(),
+            name: "gpu".into(),
+        },
+        pod_claim_name: Some("passthrough".into()),
+        devices: vec![ClaimDevice {
+            request: "vfio".into(),
+            pool: "node-a".into(),
+            device: "pci-0000-00-05-0".into(),
+            group: 4,
+            lead: a("0000:00:05.0"),
+            members: vec![a("0000:00:05.0"), a("0000:00:05.1")],
+        }],
+        policy: BackendPolicy::Legacy,
+    };
+    for backend in [gpupass::model::Backend::Legacy, gpupass::model::Backend::Iommufd] {
+        let p = claim::result(&inv, "vfio.gpupass.dev", &checked, backend);
+        let specs: Vec<_> = p
+            .files
+            .iter()
+            .filter(|f| f.path.starts_with("/var/run/cdi/"))
+            .collect();
+        assert_eq!(specs.len(), 2, "the claim's spec and the metadata spec");
+        let mut loaded = Vec::new();
+        for f in specs {
+            let name = f.path.rsplit('/').next().unwrap().trim_end_matches(".json");
+            let names = crate::cdi_validate::validate(helper, name, &f.contents)
+                .unwrap_or_else(|e| panic!("{} ({backend}): {e}\n{}", f.path, f.contents));
+            loaded.extend(names);
+        }
+        // Every CDI device ID handed to the kubelet is one the library loaded.
+        for id in &p.devices[0].cdi_device_ids {
+            assert!(loaded.contains(id), "{id} not in {loaded:?}");
+        }
+    }
+}
