@@ -21,7 +21,7 @@ pub enum PrepareError {
     #[error(transparent)]
     Source(#[from] super::source::SourceError),
     #[error(transparent)]
-    Claim(#[from] claim::ClaimError),
+    Claim(Box<claim::ClaimError>),
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error(transparent)]
@@ -37,8 +37,14 @@ pub enum PrepareError {
         claim: String,
         what: String,
         #[source]
-        source: apply::ApplyError,
+        source: Box<apply::ApplyError>,
     },
+}
+
+impl From<claim::ClaimError> for PrepareError {
+    fn from(e: claim::ClaimError) -> Self {
+        PrepareError::Claim(Box::new(e))
+    }
 }
 
 /// The plugin's state.
@@ -157,7 +163,7 @@ impl<'a> Engine<'a> {
             apply::apply(self.ops, &change).map_err(|e| PrepareError::Apply {
                 claim: label.clone(),
                 what,
-                source: e,
+                source: Box::new(e),
             })
         };
         let to_bind: Vec<PciAddress> = members
@@ -216,7 +222,7 @@ impl<'a> Engine<'a> {
             apply::apply(self.ops, &change).map_err(|err| PrepareError::Apply {
                 claim: label.clone(),
                 what,
-                source: err,
+                source: Box::new(err),
             })
         };
         let stop = super::plugin_dir_logical(&self.me.driver);
