@@ -176,8 +176,10 @@ impl<'a> Engine<'a> {
             })
             .collect();
         if !to_bind.is_empty() {
+            // Every member is named, those already on VFIO too: the bind planner refuses a
+            // group member of another slot that was not named.
             apply(
-                Change::Bind(&to_bind),
+                Change::Bind(&members),
                 "binding its IOMMU group(s) to vfio-pci".into(),
             )?;
         }
@@ -372,4 +374,124 @@ pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) ->
         });
     }
     out.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostRoot;
+    use crate::testkit::hostgen::{DevSpec, HostBuilder};
+    use crate::testkit::FakeHost;
+
+    fn driver_of(root: &std::path::Path, a: &str) -> Option<String> {
+        std::fs::read_link(root.join("sys/bus/pci/devices").join(a).join("driver"))
+            .ok()
+            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+    }
+
+    /// A group of two GPUs in different slots, one of them bound to vfio-pci before gpupass
+    /// (a boot-time bind): Prepare binds the other, Unprepare gives back only that one.
+    #[test]
+    fn a_member_on_vfio_before_stays_there_and_only_moved_functions_go_back() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("host");
+        let mut h = HostBuilder::new(&root).unwrap();
+        h.kernel(
+            "6.1.0-27-amd64",
+            "ro intel_iommu=on",
+            &["vfio", "vfio_pci", "nvidia"],
+        )
+        .unwrap();
+        h.add(
+            &DevSpec::new("03:00.0", 0x10de, 0x2684, 0x030000)
+                .group(7)
+                .driver("nvidia"),
+        )
+        .unwrap();
+        h.add(
+            &DevSpec::new("04:00.0", 0x10de, 0x2684, 0x030000)
+                .group(7)
+                .driver("vfio-pci"),
+        )
+        .unwrap();
+        h.file("dev/vfio/vfio", "").unwrap();
+        let claims = t.path().join("claims");
+        std::fs::create_dir_all(claims.join("default")).unwrap();
+        let c = serde_json::json!({
+            "metadata": {"name": "gpu", "namespace": "default", "uid": "u1"},
+            "status": {"allocation": {
+                "devices": {"results": [{"request": "vfio", "driver": "vfio.gpupass.dev", "pool": "node-a", "device": "pci-0000-03-00-0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+            }}
+        });
+        std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let me = Identity {
+            driver: "vfio.gpupass.dev".into(),
+            node: "node-a".into(),
+            pool: "node-a".into(),
+        };
+        let mut e = Engine::new(
+            &ops,
+            Box::new(super::super::source::Dir { dir: claims }),
+            me,
+            Policy::Auto,
+            "b1".into(),
+        )
+        .unwrap();
+        let r = ClaimRef {
+            namespace: "default".into(),
+            uid: "u1".into(),
+            name: "gpu".into(),
+        };
+        let devs = e.prepare(&r).unwrap();
+        assert_eq!(devs[0].device, "pci-0000-03-00-0");
+        assert_eq!(driver_of(&root, "0000:03:00.0").as_deref(), Some("vfio-pci"));
+        assert_eq!(driver_of(&root, "0000:04:00.0").as_deref(), Some("vfio-pci"));
+        let entry = &e.checkpoint().claims["u1"];
+        assert_eq!(entry.state, State::Completed);
+        assert_eq!(entry.moved(), ["0000:03:00.0".parse::<PciAddress>().unwrap()]);
+        e.unprepare("u1").unwrap();
+        assert_eq!(driver_of(&root, "0000:03:00.0").as_deref(), Some("nvidia"));
+        assert_eq!(
+            driver_of(&root, "0000:04:00.0").as_deref(),
+            Some("vfio-pci"),
+            "a boot-time bind stays"
+        );
+
+        // A claim deleted while the plugin was down: unprepared when the plugin starts.
+        e.prepare(&r).unwrap();
+        let claim_file = t.path().join("claims/default/gpu.json");
+        let text = std::fs::read_to_string(&claim_file).unwrap();
+        std::fs::remove_file(&claim_file).unwrap();
+        let source = || {
+            Box::new(super::super::source::Dir {
+                dir: t.path().join("claims"),
+            })
+        };
+        let mut restarted = Engine::new(&ops, source(), e.me.clone(), Policy::Auto, "b1".into()).unwrap();
+        assert_eq!(
+            restarted.cleanup_at_start(),
+            ["claim default/gpu (u1) deleted: unprepared"]
+        );
+        assert_eq!(driver_of(&root, "0000:03:00.0").as_deref(), Some("nvidia"));
+        assert!(restarted.checkpoint().claims.is_empty());
+
+        // A claim of an earlier boot: at start its files go, its functions are not touched.
+        std::fs::write(&claim_file, text).unwrap();
+        restarted.prepare(&r).unwrap();
+        let mut after_reboot = Engine::new(&ops, source(), e.me.clone(), Policy::Auto, "b2".into()).unwrap();
+        let lines = after_reboot.cleanup_at_start();
+        assert_eq!(
+            lines,
+            ["claim default/gpu (u1) prepared before the node rebooted: unprepared"]
+        );
+        assert!(after_reboot.checkpoint().claims.is_empty());
+        assert!(!root.join("var/run/cdi/vfio.gpupass.dev_claim_u1.json").exists());
+        assert_eq!(
+            driver_of(&root, "0000:03:00.0").as_deref(),
+            Some("vfio-pci"),
+            "the fake host did not reboot; a real reboot would have reset it"
+        );
+    }
 }
