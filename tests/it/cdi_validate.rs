@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// `go` on PATH, else the usual tarball install.
-fn go() -> Option<PathBuf> {
+pub(crate) fn go() -> Option<PathBuf> {
     let on_path = Command::new("sh")
         .args(["-c", "command -v go"])
         .output()

@@ -4,6 +4,67 @@
 //! src/containers/dra/server.rs with a tonic client over unix sockets.)
 
 use crate::util::*;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// tests/dra-validate (Kubernetes' own Go code at v0.37.2: k8s.io/api's resource/v1 types and
+/// limits, k8s.io/dynamic-resource-allocation's metadata reader), built once per run into the
+/// test target directory; None (SKIPPED) when Go is missing outside CI.
+fn dra_validator() -> Option<&'static PathBuf> {
+    static HELPER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let r = HELPER.get_or_init(|| {
+        let go = crate::cdi_validate::go().ok_or("go is not installed (PATH, /usr/local/go/bin)")?;
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dra-validate");
+        let tmp = out.with_extension("tmp");
+        let o = Command::new(&go)
+            .current_dir(manifest_dir().join("tests/dra-validate"))
+            .args(["build", "-trimpath", "-o"])
+            .arg(&tmp)
+            .arg(".")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=readonly")
+            .output()
+            .map_err(|e| format!("{}: {e}", go.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "go build of tests/dra-validate failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+        std::fs::rename(&tmp, &out).map_err(|e| e.to_string())?;
+        Ok(out)
+    });
+    match r {
+        Ok(p) => Some(p),
+        Err(why) if why.starts_with("go is not installed") => {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "{why}: CI must run this test"
+            );
+            eprintln!("SKIPPED: {why} (mandatory when CI=true)");
+            None
+        }
+        Err(why) => panic!("{why}"),
+    }
+}
+
+/// `dra-validate MODE` on `text`: its OK line (panics with its message otherwise).
+fn dra_validate(helper: &PathBuf, mode: &str, text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("input.json");
+    std::fs::write(&f, text).unwrap();
+    let o = Command::new(helper).arg(mode).arg(&f).output().unwrap();
+    assert!(
+        o.status.success(),
+        "dra-validate {mode} refused it: {}\n{text}",
+        stderr(&o)
+    );
+    let line = stdout(&o);
+    assert!(line.starts_with(&format!("OK {mode} ")), "{line}");
+    line
+}
 
 /// Every shipped fixture host but the lab capture's twin sets (qemu-lab has the lab's
 /// 00:05.0 + 00:05.1 group).
@@ -73,6 +134,10 @@ fn slices_and_explanations_match_golden_and_keep_the_api_limits() {
         golden(&format!("{h}/dra-slices.json"), &text);
         let list: serde_json::Value = serde_json::from_str(&text).unwrap();
         let published = check_limits(&list);
+        if let Some(v) = dra_validator() {
+            let line = dra_validate(v, "slices", &text);
+            assert!(line.ends_with(&format!(" devices {published}\n")), "{h}: {line}");
+        }
         let explain = ok(&on_host(h, &["dra", "slices", "--explain"]));
         golden(&format!("{h}/dra-explain.txt"), &explain);
         let decisions = ok_json(&on_host(h, &["--json", "dra", "slices", "--explain"]));
@@ -127,6 +192,10 @@ fn the_4096_function_host_is_split_into_slices_of_at_most_128() {
     let took = start.elapsed();
     let devices = check_limits(&list);
     let slices = list["items"].as_array().unwrap().len();
+    if let Some(v) = dra_validator() {
+        let line = dra_validate(v, "slices", &list.to_string());
+        assert_eq!(line, format!("OK slices {slices} devices {devices}\n"));
+    }
     let explain = ok_json(&gpupass(&[
         "--root",
         root,
@@ -204,7 +273,8 @@ fn the_plugin_needs_the_live_host_and_a_valid_driver_name() {
 
 /// The CDI specs a Prepare writes (the claim's VFIO nodes, and the metadata bind mount), for
 /// both backends, load in the reference CDI library (tests/cdi-validate, as `cdi generate`'s
-/// specs do).
+/// specs do), and its metadata file is read by Kubernetes' own KEP-5304 reader
+/// (tests/dra-validate).
 #[test]
 fn prepared_claim_specs_load_in_the_reference_cdi_library() {
     use gpupass::containers::dra::claim::{self, BackendPolicy, Checked, ClaimDevice, ClaimRef};
@@ -244,6 +314,16 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             let names = crate::cdi_validate::validate(helper, name, &f.contents)
                 .unwrap_or_else(|e| panic!("{} ({backend}): {e}\n{}", f.path, f.contents));
             loaded.extend(names);
+        }
+        // The metadata file, read by Kubernetes' own reader (and as a v1alpha1-only reader).
+        if let Some(v) = dra_validator() {
+            let m = p
+                .files
+                .iter()
+                .find(|f| f.path.ends_with("/metadata.json"))
+                .unwrap();
+            let line = dra_validate(v, "metadata", &m.contents);
+            assert_eq!(line, "OK metadata default gpu pci-0000-00-05-0 0000:00:05.0\n");
         }
         // Every CDI device ID handed to the kubelet is one the library loaded.
         for id in &p.devices[0].cdi_device_ids {
