@@ -138,6 +138,12 @@ pub enum ClaimError {
     },
     #[error("claim {claim}: its requests ask for different backend policies ({policies}); one claim gets one VFIO backend, so give every request of the claim the same backendPolicy")]
     MixedPolicies { claim: String, policies: String },
+    #[error("claim {claim}: {what} {value:?} is not a Kubernetes name (it becomes part of a file name); refusing it")]
+    BadName {
+        claim: String,
+        what: &'static str,
+        value: String,
+    },
     #[error("claim {claim}: no device of it is allocated from driver {driver}")]
     NoDevices { claim: String, driver: String },
     #[error("claim {claim}: require-iommufd, but {address} cannot use iommufd: {reason}; use prefer-iommufd or legacy")]
@@ -243,6 +249,17 @@ pub fn check(
     default: Policy,
 ) -> Result<Checked, ClaimError> {
     let label = claim_label(asked);
+    // The UID and the request names become parts of file names (CDI specs, metadata files).
+    let safe = |v: &str| {
+        !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if !safe(&asked.uid) {
+        return Err(ClaimError::BadName {
+            claim: label,
+            what: "UID",
+            value: asked.uid.clone(),
+        });
+    }
     let found_uid = claim.metadata.uid.clone().unwrap_or_default();
     if found_uid != asked.uid
         || claim.metadata.name.as_deref() != Some(asked.name.as_str())
@@ -284,6 +301,14 @@ pub fn check(
         .unwrap_or_default();
     let mut devices: Vec<ClaimDevice> = Vec::new();
     for r in results.iter().filter(|r| r.driver == me.driver) {
+        let (base, sub) = r.request.split_once('/').unwrap_or((r.request.as_str(), "x"));
+        if !safe(base) || !safe(sub) {
+            return Err(ClaimError::BadName {
+                claim: label,
+                what: "request name",
+                value: r.request.clone(),
+            });
+        }
         if r.pool != me.pool {
             return Err(ClaimError::ForeignPool {
                 claim: label,
@@ -849,6 +874,64 @@ mod tests {
         r.driver = "gpu.nvidia.com".into();
         let e = check(&asked(), &c, &me(), &offered(), Policy::Auto).unwrap_err();
         assert!(matches!(e, ClaimError::NoDevices { .. }), "{e}");
+    }
+
+    #[test]
+    fn uids_and_request_names_that_could_leave_a_directory_are_refused() {
+        let mut a = asked();
+        a.uid = "../../etc/x".into();
+        let e = check(
+            &a,
+            &claim("pci-0000-00-05-0", json!([])),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("is not a Kubernetes name"), "{e}");
+        for bad in ["../x", "a/../b", "", "a b"] {
+            let mut c = claim("pci-0000-00-05-0", json!([]));
+            c.status
+                .as_mut()
+                .unwrap()
+                .allocation
+                .as_mut()
+                .unwrap()
+                .devices
+                .as_mut()
+                .unwrap()
+                .results
+                .as_mut()
+                .unwrap()[0]
+                .request = bad.into();
+            let e = check(&asked(), &c, &me(), &offered(), Policy::Auto).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ClaimError::BadName {
+                        what: "request name",
+                        ..
+                    }
+                ),
+                "{bad}: {e}"
+            );
+        }
+        // A subrequest (`request/sub`) is fine.
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        c.status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0]
+            .request = "vfio/big".into();
+        assert!(check(&asked(), &c, &me(), &offered(), Policy::Auto).is_ok());
     }
 
     #[test]
