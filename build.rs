@@ -14,9 +14,13 @@
 //! protox, a pure-Rust protobuf compiler, so no `protoc` is needed; tonic-prost-build generates
 //! the messages and both the client and server stubs into OUT_DIR (`src/containers/deviceplugin`).
 //!
+//! With `dra` it also compiles the kubelet's own DRA protos (proto/pluginregistration/v1,
+//! proto/dra/v1, proto/dra/v1beta1, proto/dra-health/v1: copied unchanged from k8s.io/kubelet
+//! v0.37.2, proto/KUBELET-DRA.md) the same way (`src/containers/dra`).
+//!
 //! Each half runs only with its cargo feature (docs/ARCHITECTURE.md, "Features"): the
-//! firmware and test guests with `vmm`, the proto compile with `deviceplugin`; a build
-//! without either (`--no-default-features`) needs neither gcc nor the proto.
+//! firmware and test guests with `vmm`, the proto compile with `deviceplugin` (and `dra`); a
+//! build without either (`--no-default-features`) needs neither gcc nor the proto.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -84,6 +88,26 @@ fn compile_protos() {
         .unwrap_or_else(|e| panic!("generating code for {proto}: {e}"));
 }
 
+/// The kubelet's plugin registration, DRA (v1, v1beta1) and DRA health (v1) APIs: messages and
+/// both stubs (the client side serves the tests, which play the kubelet).
+fn compile_dra_protos() {
+    const PROTOS: [&str; 4] = [
+        "proto/pluginregistration/v1/api.proto",
+        "proto/dra/v1/api.proto",
+        "proto/dra/v1beta1/api.proto",
+        "proto/dra-health/v1/api.proto",
+    ];
+    for p in PROTOS {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(PROTOS, ["proto"]).unwrap_or_else(|e| panic!("the DRA protos: {e}"));
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating code for the DRA protos: {e}"));
+}
+
 /// Whether cargo builds the crate with `feature` (it sets `CARGO_FEATURE_<NAME>` for build.rs).
 fn feature(name: &str) -> bool {
     std::env::var_os(format!("CARGO_FEATURE_{}", name.to_ascii_uppercase())).is_some()
@@ -95,6 +119,9 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     if feature("deviceplugin") {
         compile_protos();
+    }
+    if feature("dra") {
+        compile_dra_protos();
     }
     if feature("vmm") {
         build_firmware();

@@ -19,6 +19,8 @@ pub mod container;
 pub mod ctx;
 #[cfg(feature = "deviceplugin")]
 pub mod device_plugin;
+#[cfg(feature = "dra")]
+pub mod dra_plugin;
 pub mod error;
 pub mod events;
 pub mod groups;
@@ -235,6 +237,16 @@ pub enum Command {
     // Only with the `deviceplugin` build feature (on by default; docs/ARCHITECTURE.md, "Features").
     #[cfg(feature = "deviceplugin")]
     DevicePlugin(device_plugin::Args),
+    /// Kubernetes DRA kubelet plugin (resource.k8s.io/v1): one device per IOMMU group,
+    /// journaled group binds on Prepare, KEP-5304 metadata for KubeVirt (docs/dra.md)
+    // Only with the `dra` build feature (docs/ARCHITECTURE.md, "Features").
+    #[cfg(feature = "dra")]
+    DraPlugin(dra_plugin::Args),
+    /// DRA read commands: this node's ResourceSlices and why each IOMMU group is or is not
+    /// published
+    #[cfg(feature = "dra")]
+    #[command(subcommand)]
+    Dra(dra_plugin::DraCommand),
     #[command(about = BIND_ABOUT)]
     Bind(bind::BindArgs),
     #[command(about = UNBIND_ABOUT)]
@@ -302,6 +314,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Exit> {
         Command::OciHook(a) => oci_hook::run(&ctx, a, out),
         #[cfg(feature = "deviceplugin")]
         Command::DevicePlugin(a) => device_plugin::run(&ctx, a, out),
+        #[cfg(feature = "dra")]
+        Command::DraPlugin(a) => dra_plugin::run(&ctx, a, out),
+        #[cfg(feature = "dra")]
+        Command::Dra(a) => dra_plugin::run_dra(&ctx, a, out),
         Command::Bind(a) => bind::run(&ctx, a, out),
         Command::Unbind(a) => unbind::run(&ctx, a, out),
         Command::Recover(a) => recover::run(&ctx, a, out),

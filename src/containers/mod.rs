@@ -6,4 +6,6 @@
 
 #[cfg(feature = "deviceplugin")]
 pub mod deviceplugin;
+#[cfg(feature = "dra")]
+pub mod dra;
 pub mod oci_hook;

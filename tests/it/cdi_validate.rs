@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// `go` on PATH, else the usual tarball install.
-fn go() -> Option<PathBuf> {
+pub(crate) fn go() -> Option<PathBuf> {
     let on_path = Command::new("sh")
         .args(["-c", "command -v go"])
         .output()
@@ -49,7 +49,7 @@ fn helper() -> &'static Result<PathBuf, String> {
 }
 
 /// The helper, or None (SKIPPED) when Go is missing outside CI; any other failure panics.
-fn need_helper() -> Option<&'static PathBuf> {
+pub(crate) fn need_helper() -> Option<&'static PathBuf> {
     match helper() {
         Ok(p) => Some(p),
         Err(why) if why.starts_with("go is not installed") => {
@@ -64,7 +64,7 @@ fn need_helper() -> Option<&'static PathBuf> {
 }
 
 /// Runs the helper on one spec text: Ok(the qualified device names it loaded) or Err(its message).
-fn validate(helper: &PathBuf, name: &str, spec: &str) -> Result<Vec<String>, String> {
+pub(crate) fn validate(helper: &PathBuf, name: &str, spec: &str) -> Result<Vec<String>, String> {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join(format!("{name}.json"));
     std::fs::write(&f, spec).unwrap();

@@ -16,6 +16,9 @@ mod change;
 mod concurrency;
 mod containers;
 mod deviceplugin;
+/// Needs the `dra` feature: `cargo test --features dra --test it dra::`.
+#[cfg(feature = "dra")]
+mod dra;
 mod errors;
 mod everyday;
 mod fixtures_current;

@@ -1,0 +1,188 @@
+//! `gpupass dra-plugin` (the kubelet DRA plugin, [`crate::containers::dra`]) and `gpupass dra
+//! slices` (what this node publishes, and why each group is or is not published).
+
+use super::ctx::{write_json, Ctx};
+use super::error::{Error, Exit, Result};
+use crate::containers::dra::{self, claim::Identity, prepare::Engine, server, slices, source};
+use crate::inventory::backend::Policy;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The DRA driver name (DeviceClass selectors match it; a DNS subdomain)
+    #[arg(long, default_value = dra::DEFAULT_DRIVER, value_parser = parse_driver)]
+    pub driver: String,
+    /// This node's name as Kubernetes knows it (the pool's name) [default: the hostname]
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node: Option<String>,
+    /// The kubelet's plugin registration directory [default: ROOT/var/lib/kubelet/plugins_registry]
+    #[arg(long, value_name = "DIR")]
+    pub registry_dir: Option<PathBuf>,
+    /// The plugin's directory (service socket, checkpoint, metadata files)
+    /// [default: ROOT/var/lib/kubelet/plugins/DRIVER]
+    #[arg(long, value_name = "DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// VFIO backend of a claim that does not choose one in its opaque config: auto
+    /// (prefer-iommufd), legacy, iommufd (require-iommufd). docs/iommufd.md
+    #[arg(long, value_enum, default_value_t = Policy::Auto)]
+    pub backend: Policy,
+    /// How often to re-read the host for device health, in milliseconds
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    pub poll_ms: u64,
+    /// Read ResourceClaims from this directory (<DIR>/<namespace>/<name>.json) instead of the
+    /// API server (tests, nodes without one)
+    #[arg(long, value_name = "DIR")]
+    pub claims_dir: Option<PathBuf>,
+    /// kubectl used to read ResourceClaims from the API server
+    #[arg(long, value_name = "PATH", default_value = "kubectl")]
+    pub kubectl: PathBuf,
+    /// kubeconfig for kubectl [default: kubectl's own rules, KUBECONFIG]
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// A DRA driver name: a DNS subdomain of at most 63 characters (`DriverNameMaxLength`).
+fn parse_driver(s: &str) -> std::result::Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "invalid DRA driver name {s:?}: a DNS subdomain of at most 63 characters (like {})",
+            dra::DEFAULT_DRIVER
+        ))
+    }
+}
+
+fn node_name(ctx: &Ctx, given: Option<String>) -> Result<String> {
+    given
+        .or_else(|| dra::hostname(&ctx.host))
+        .filter(|n| source::valid_name(n))
+        .ok_or_else(|| {
+            Error::usage(anyhow::anyhow!(
+                "cannot tell this node's name (proc/sys/kernel/hostname is unreadable or not a Kubernetes name); give --node NAME"
+            ))
+        })
+}
+
+pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
+    let ops = ctx.live("dra-plugin")?;
+    let node = node_name(ctx, args.node)?;
+    let boot_id = dra::boot_id(&ctx.host).map_err(|e| {
+        Error::host(server::ServerError::BootId {
+            path: ctx.host.path("proc/sys/kernel/random/boot_id"),
+            source: e,
+        })
+    })?;
+    // The host first: a wrong --root must not leave sockets or directories behind.
+    crate::inventory::scan(&ctx.host)?;
+    let src: Box<dyn source::ClaimSource> = match args.claims_dir {
+        Some(dir) => Box::new(source::Dir { dir }),
+        None => Box::new(source::Kubectl {
+            kubectl: args.kubectl,
+            kubeconfig: args.kubeconfig,
+            timeout: std::time::Duration::from_secs(10),
+        }),
+    };
+    let me = Identity {
+        driver: args.driver.clone(),
+        pool: node.clone(),
+        node,
+    };
+    let engine = Engine::new(ops, src, me, args.backend, boot_id).map_err(Error::host)?;
+    let cfg = server::Config {
+        registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
+        plugin_dir: args
+            .plugin_dir
+            .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
+        poll: std::time::Duration::from_millis(args.poll_ms),
+    };
+    server::run(engine, &cfg, shutdown()).map_err(Error::host)?;
+    Ok(Exit::SUCCESS)
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DraCommand {
+    /// This node's ResourceSlices (a `kind: List` for kubectl apply), or with --explain why
+    /// each IOMMU group is or is not published
+    Slices(SlicesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SlicesArgs {
+    /// The node (and pool) name [default: the hostname]
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node: Option<String>,
+    /// The DRA driver name
+    #[arg(long, default_value = dra::DEFAULT_DRIVER, value_parser = parse_driver)]
+    pub driver: String,
+    /// The pool's generation
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..))]
+    pub generation: i64,
+    /// Say, for each IOMMU group, the device it is published as or why it is not (a table;
+    /// with --json, an array)
+    #[arg(long)]
+    pub explain: bool,
+}
+
+pub fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> {
+    match cmd {
+        DraCommand::Slices(a) => run_slices(ctx, a, out),
+    }
+}
+
+fn run_slices(ctx: &Ctx, args: SlicesArgs, out: &mut dyn Write) -> Result<Exit> {
+    let inv = ctx.inventory()?;
+    if args.explain {
+        let d = slices::decide(&inv);
+        if ctx.json {
+            write_json(out, &d)?;
+        } else {
+            writeln!(out, "GROUP  DEVICE             MEMBERS")?;
+            for g in &d {
+                let members: Vec<String> = g.members.iter().map(|a| a.to_string()).collect();
+                let group = g.group.map_or("-".to_string(), |n| n.to_string());
+                let device = g.device.as_deref().unwrap_or("-");
+                let line = format!("{group:<6} {device:<18} {}", members.join(","));
+                writeln!(out, "{}", line.trim_end())?;
+                if let Some(r) = &g.reason {
+                    writeln!(out, "       not published: {r}")?;
+                }
+            }
+        }
+        return Ok(Exit::SUCCESS);
+    }
+    let node = node_name(ctx, args.node)?;
+    let opts = slices::SliceOptions {
+        node,
+        driver: args.driver,
+        generation: args.generation,
+    };
+    write_json(out, &slices::to_list_json(&slices::render(&inv, &opts)))?;
+    Ok(Exit::SUCCESS)
+}

@@ -1,0 +1,1116 @@
+//! The claim side of Prepare, pure: what a ResourceClaim must look like before the plugin does
+//! anything for it ([`check`]), and what a prepared claim hands the kubelet and the container
+//! ([`result`]): the devices, their CDI device IDs, the per-claim CDI spec with one VFIO
+//! backend for the whole claim, and the KEP-5304 metadata files KubeVirt reads.
+//!
+//! The plugin runs as root on every node, so it believes nothing it did not check: the claim's
+//! UID must be the one the kubelet named, the allocation must be for this driver, this node's
+//! pool and this node, every device must be one this node offers, admin access (sharing a
+//! device with its user) is refused, and the opaque configuration must be exactly ours (an
+//! unknown field or value is an error, never a default).
+
+use super::slices::{self, Publishable};
+use super::DOMAIN;
+use crate::inventory::backend::{self, Policy};
+use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
+use crate::output::cdi;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The `apiVersion` of gpupass's opaque device configuration.
+pub const CONFIG_API_VERSION: &str = "gpupass.dev/v1alpha1";
+/// Its `kind`.
+pub const CONFIG_KIND: &str = "VfioConfig";
+/// The metadata API versions written, newest first (a reader takes the first it knows;
+/// KubeVirt knows v1alpha1, Kubernetes' own helpers v1beta1).
+pub const METADATA_VERSIONS: [&str; 2] = [
+    "metadata.resource.k8s.io/v1beta1",
+    "metadata.resource.k8s.io/v1alpha1",
+];
+/// Where containers find the metadata files (KEP-5304).
+pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+/// The annotation a claim made from a Pod's claim template carries: the Pod's claim name.
+pub const POD_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+
+/// The claim as the kubelet names it in NodePrepareResources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub uid: String,
+    pub name: String,
+}
+
+/// Who this plugin is: checked against every allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub driver: String,
+    pub node: String,
+    /// The pool the node's devices are published in (the node name).
+    pub pool: String,
+}
+
+/// `backendPolicy` of the opaque configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendPolicy {
+    Legacy,
+    PreferIommufd,
+    RequireIommufd,
+}
+
+impl BackendPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendPolicy::Legacy => "legacy",
+            BackendPolicy::PreferIommufd => "prefer-iommufd",
+            BackendPolicy::RequireIommufd => "require-iommufd",
+        }
+    }
+
+    /// The plugin's `--backend` as a claim policy (auto prefers iommufd).
+    pub fn from_policy(p: Policy) -> Self {
+        match p {
+            Policy::Legacy => BackendPolicy::Legacy,
+            Policy::Auto => BackendPolicy::PreferIommufd,
+            Policy::Iommufd => BackendPolicy::RequireIommufd,
+        }
+    }
+}
+
+/// gpupass's opaque device configuration (`parameters` of an opaque config for our driver).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VfioConfig {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_policy: Option<BackendPolicy>,
+}
+
+/// Why a claim is refused. Each message is what the Pod's events show: what is wrong and how
+/// to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("claim {namespace}/{name}: the API server has UID {found}, the kubelet asked for {asked} (the claim was deleted and recreated); the kubelet retries with the current claim")]
+    UidMismatch {
+        namespace: String,
+        name: String,
+        asked: String,
+        found: String,
+    },
+    #[error("claim {claim} is not allocated (no status.allocation); the scheduler allocates it before the kubelet prepares it")]
+    NotAllocated { claim: String },
+    #[error("claim {claim} is being deleted; nothing is prepared for it")]
+    Deleting { claim: String },
+    #[error("claim {claim} is allocated to node(s) {found}, not to this node {node}; the kubelet of that node prepares it")]
+    WrongNode {
+        claim: String,
+        node: String,
+        found: String,
+    },
+    #[error("claim {claim}: result for request {request} names pool {pool}, but this node's pool is {ours}")]
+    ForeignPool {
+        claim: String,
+        request: String,
+        pool: String,
+        ours: String,
+    },
+    #[error("claim {claim}: device {device} (request {request}) is not a device this node offers; its IOMMU group changed or it was never published here (gpupass dra slices --explain)")]
+    UnknownDevice {
+        claim: String,
+        request: String,
+        device: String,
+    },
+    #[error("claim {claim}: device {device} is allocated twice in one claim")]
+    Duplicate { claim: String, device: String },
+    #[error("claim {claim}: request {request} asks for admin access to {device}; a passed-through device has exactly one user, so gpupass refuses admin access")]
+    AdminAccess {
+        claim: String,
+        request: String,
+        device: String,
+    },
+    #[error("claim {claim}: opaque configuration for {driver}: {problem}; expected {{\"apiVersion\": \"{CONFIG_API_VERSION}\", \"kind\": \"{CONFIG_KIND}\", \"backendPolicy\": \"legacy\" | \"prefer-iommufd\" | \"require-iommufd\"}}")]
+    Config {
+        claim: String,
+        driver: String,
+        problem: String,
+    },
+    #[error("claim {claim}: its requests ask for different backend policies ({policies}); one claim gets one VFIO backend, so give every request of the claim the same backendPolicy")]
+    MixedPolicies { claim: String, policies: String },
+    #[error("claim {claim}: {what} {value:?} is not a Kubernetes name (it becomes part of a file name); refusing it")]
+    BadName {
+        claim: String,
+        what: &'static str,
+        value: String,
+    },
+    #[error("claim {claim}: no device of it is allocated from driver {driver}")]
+    NoDevices { claim: String, driver: String },
+    #[error("claim {claim}: require-iommufd, but {address} cannot use iommufd: {reason}; use prefer-iommufd or legacy")]
+    IommufdRequired {
+        claim: String,
+        address: PciAddress,
+        reason: String,
+    },
+    #[error("claim {claim}: {address} is not usable through VFIO after the bind ({reason}); gpupass dra slices --explain shows the group")]
+    NotServable {
+        claim: String,
+        address: PciAddress,
+        reason: String,
+    },
+}
+
+/// One allocated device of ours, checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub group: u32,
+    pub lead: PciAddress,
+    pub members: Vec<PciAddress>,
+}
+
+/// A claim that passed [`check`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checked {
+    pub claim: ClaimRef,
+    /// `resource.kubernetes.io/pod-claim-name`, for a claim made from a template.
+    pub pod_claim_name: Option<String>,
+    pub devices: Vec<ClaimDevice>,
+    pub policy: BackendPolicy,
+}
+
+fn claim_label(r: &ClaimRef) -> String {
+    format!("{}/{} ({})", r.namespace, r.name, r.uid)
+}
+
+/// The node names an allocation's node selector allows (`metadata.name In [...]` match fields,
+/// or a `kubernetes.io/hostname` label expression).
+fn selector_nodes(claim: &ResourceClaim) -> Option<Vec<String>> {
+    let sel = claim
+        .status
+        .as_ref()?
+        .allocation
+        .as_ref()?
+        .node_selector
+        .as_ref()?;
+    let mut out = Vec::new();
+    for t in &sel.node_selector_terms {
+        for f in t.match_fields.iter().flatten() {
+            if f.key == "metadata.name" && f.operator == "In" {
+                out.extend(f.values.iter().flatten().cloned());
+            }
+        }
+        for e in t.match_expressions.iter().flatten() {
+            if e.key == "kubernetes.io/hostname" && e.operator == "In" {
+                out.extend(e.values.iter().flatten().cloned());
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Parse one opaque configuration for our driver.
+fn parse_config(claim: &str, driver: &str, raw: &serde_json::Value) -> Result<VfioConfig, ClaimError> {
+    let err = |problem: String| ClaimError::Config {
+        claim: claim.to_string(),
+        driver: driver.to_string(),
+        problem,
+    };
+    let c: VfioConfig = serde_json::from_value(raw.clone()).map_err(|e| err(e.to_string()))?;
+    if c.api_version != CONFIG_API_VERSION {
+        return Err(err(format!("unknown apiVersion {:?}", c.api_version)));
+    }
+    if c.kind != CONFIG_KIND {
+        return Err(err(format!("unknown kind {:?}", c.kind)));
+    }
+    Ok(c)
+}
+
+/// Whether a config entry's `requests` covers `request` (empty: every request; `req` covers
+/// its subrequests `req/sub`).
+fn covers(cfg: &DeviceAllocationConfiguration, request: &str) -> bool {
+    match cfg.requests.as_deref() {
+        None | Some([]) => true,
+        Some(rs) => rs
+            .iter()
+            .any(|r| r == request || request.split_once('/').is_some_and(|(base, _)| base == r)),
+    }
+}
+
+/// Check a claim read from the API server against what the kubelet asked, who we are and what
+/// this node offers; `default` is the plugin's `--backend`.
+pub fn check(
+    asked: &ClaimRef,
+    claim: &ResourceClaim,
+    me: &Identity,
+    offered: &[Publishable],
+    default: Policy,
+) -> Result<Checked, ClaimError> {
+    let label = claim_label(asked);
+    // The UID and the request names become parts of file names (CDI specs, metadata files).
+    let safe = |v: &str| {
+        !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if !safe(&asked.uid) {
+        return Err(ClaimError::BadName {
+            claim: label,
+            what: "UID",
+            value: asked.uid.clone(),
+        });
+    }
+    let found_uid = claim.metadata.uid.clone().unwrap_or_default();
+    if found_uid != asked.uid
+        || claim.metadata.name.as_deref() != Some(asked.name.as_str())
+        || claim.metadata.namespace.as_deref() != Some(asked.namespace.as_str())
+    {
+        return Err(ClaimError::UidMismatch {
+            namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+            name: claim.metadata.name.clone().unwrap_or_default(),
+            asked: asked.uid.clone(),
+            found: found_uid,
+        });
+    }
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(ClaimError::Deleting { claim: label });
+    }
+    let Some(alloc) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        return Err(ClaimError::NotAllocated { claim: label });
+    };
+    match selector_nodes(claim) {
+        Some(nodes) if nodes.iter().any(|n| n == &me.node) => {}
+        other => {
+            let found = match other {
+                None => "(no node selector: not a node-local allocation)".to_string(),
+                Some(v) if v.is_empty() => "(a node selector naming no node)".to_string(),
+                Some(v) => v.join(", "),
+            };
+            return Err(ClaimError::WrongNode {
+                claim: label,
+                node: me.node.clone(),
+                found,
+            });
+        }
+    }
+    let results = alloc
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut devices: Vec<ClaimDevice> = Vec::new();
+    for r in results.iter().filter(|r| r.driver == me.driver) {
+        let (base, sub) = r.request.split_once('/').unwrap_or((r.request.as_str(), "x"));
+        if !safe(base) || !safe(sub) {
+            return Err(ClaimError::BadName {
+                claim: label,
+                what: "request name",
+                value: r.request.clone(),
+            });
+        }
+        if r.pool != me.pool {
+            return Err(ClaimError::ForeignPool {
+                claim: label,
+                request: r.request.clone(),
+                pool: r.pool.clone(),
+                ours: me.pool.clone(),
+            });
+        }
+        if r.admin_access == Some(true) {
+            return Err(ClaimError::AdminAccess {
+                claim: label,
+                request: r.request.clone(),
+                device: r.device.clone(),
+            });
+        }
+        let Some(p) = offered.iter().find(|p| p.name == r.device) else {
+            return Err(ClaimError::UnknownDevice {
+                claim: label,
+                request: r.request.clone(),
+                device: r.device.clone(),
+            });
+        };
+        if devices.iter().any(|d| d.device == r.device) {
+            return Err(ClaimError::Duplicate {
+                claim: label,
+                device: r.device.clone(),
+            });
+        }
+        devices.push(ClaimDevice {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            group: p.group,
+            lead: p.lead,
+            members: p.members.clone(),
+        });
+    }
+    if devices.is_empty() {
+        return Err(ClaimError::NoDevices {
+            claim: label,
+            driver: me.driver.clone(),
+        });
+    }
+    // Opaque configs for our driver: every one must parse, whichever request it names; the
+    // class's first, then the claim's, later entries overriding earlier ones per request.
+    let configs = alloc
+        .devices
+        .as_ref()
+        .and_then(|d| d.config.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut parsed: Vec<(&DeviceAllocationConfiguration, VfioConfig)> = Vec::new();
+    for source in ["FromClass", "FromClaim"] {
+        for c in configs.iter().filter(|c| c.source == source) {
+            let Some(o) = c.opaque.as_ref().filter(|o| o.driver == me.driver) else {
+                continue;
+            };
+            parsed.push((c, parse_config(&label, &me.driver, &o.parameters.0)?));
+        }
+    }
+    if let Some(c) = configs
+        .iter()
+        .find(|c| c.source != "FromClass" && c.source != "FromClaim")
+        .filter(|c| c.opaque.as_ref().is_some_and(|o| o.driver == me.driver))
+    {
+        return Err(ClaimError::Config {
+            claim: label,
+            driver: me.driver.clone(),
+            problem: format!("unknown config source {:?}", c.source),
+        });
+    }
+    let fallback = BackendPolicy::from_policy(default);
+    let mut per_request: BTreeMap<&str, BackendPolicy> = BTreeMap::new();
+    for d in &devices {
+        let p = parsed
+            .iter()
+            .rev()
+            .find(|(c, v)| covers(c, &d.request) && v.backend_policy.is_some())
+            .and_then(|(_, v)| v.backend_policy)
+            .unwrap_or(fallback);
+        per_request.insert(&d.request, p);
+    }
+    let mut distinct: Vec<BackendPolicy> = per_request.values().copied().collect();
+    distinct.sort_by_key(|p| p.as_str());
+    distinct.dedup();
+    if distinct.len() > 1 {
+        let policies = per_request
+            .iter()
+            .map(|(r, p)| format!("{r}: {}", p.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(ClaimError::MixedPolicies {
+            claim: label,
+            policies,
+        });
+    }
+    let pod_claim_name = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_CLAIM_ANNOTATION))
+        .cloned();
+    Ok(Checked {
+        claim: asked.clone(),
+        pod_claim_name,
+        devices,
+        policy: distinct[0],
+    })
+}
+
+/// A file a prepared claim writes, at its host path (before the root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileWrite {
+    pub path: String,
+    pub contents: String,
+}
+
+/// One device as NodePrepareResources returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// What a prepared claim is: the reply and the files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepared {
+    pub backend: Backend,
+    pub devices: Vec<PreparedDevice>,
+    pub files: Vec<FileWrite>,
+}
+
+/// CDI kind of the per-claim VFIO spec.
+pub fn claim_kind(driver: &str) -> String {
+    format!("{driver}/claim")
+}
+
+/// CDI kind of the metadata specs (as Kubernetes' DRA framework names them).
+pub fn metadata_kind(driver: &str) -> String {
+    format!("{driver}/metadata")
+}
+
+/// `/var/run/cdi/<driver>_claim_<uid>.json` (never `gpupass*.json`, which `cdi generate`
+/// owns and refreshes).
+pub fn claim_spec_path(driver: &str, uid: &str) -> String {
+    format!("/var/run/cdi/{driver}_claim_{uid}.json")
+}
+
+/// `/var/run/cdi/<driver>_metadata_<uid>_<request>.json`.
+pub fn metadata_spec_path(driver: &str, uid: &str, request: &str) -> String {
+    format!("/var/run/cdi/{driver}_metadata_{uid}_{request}.json")
+}
+
+/// The host's metadata file of one request:
+/// `/var/lib/kubelet/plugins/<driver>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`.
+pub fn metadata_host_path(driver: &str, c: &ClaimRef, request: &str) -> String {
+    format!(
+        "{}/dra-device-metadata/{}_{}/{request}/metadata.json",
+        super::plugin_dir_logical(driver),
+        c.namespace,
+        c.name
+    )
+}
+
+/// Where the container sees it: `.../resourceclaims/<claim>/<request>/<driver>-metadata.json`,
+/// or `.../resourceclaimtemplates/<podClaimName>/...` for a claim from a template.
+pub fn metadata_container_path(driver: &str, checked: &Checked, request: &str) -> String {
+    match checked.pod_claim_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(p) => {
+            format!("{METADATA_CONTAINER_DIR}/resourceclaimtemplates/{p}/{request}/{driver}-metadata.json")
+        }
+        None => format!(
+            "{METADATA_CONTAINER_DIR}/resourceclaims/{}/{request}/{driver}-metadata.json",
+            checked.claim.name
+        ),
+    }
+}
+
+/// The backend of the whole claim, from the inventory read after the bind.
+pub fn choose_backend(inv: &Inventory, checked: &Checked) -> Result<Backend, ClaimError> {
+    let label = claim_label(&checked.claim);
+    let funcs: Vec<PciAddress> = checked
+        .devices
+        .iter()
+        .flat_map(|d| d.members.iter().copied())
+        .collect();
+    for a in &funcs {
+        let Some(d) = inv.device(a) else {
+            return Err(ClaimError::NotServable {
+                claim: label,
+                address: *a,
+                reason: "the function is gone".into(),
+            });
+        };
+        if let Err(e) = inv.vfio_group(d) {
+            return Err(ClaimError::NotServable {
+                claim: label,
+                address: *a,
+                reason: e.to_string(),
+            });
+        }
+    }
+    let all = |b: Backend| {
+        funcs
+            .iter()
+            .filter_map(|a| inv.device(a))
+            .all(|d| d.backends.contains(&b))
+    };
+    let first_without = |b: Backend| {
+        funcs
+            .iter()
+            .filter_map(|a| inv.device(a))
+            .find(|d| !d.backends.contains(&b))
+    };
+    match checked.policy {
+        BackendPolicy::RequireIommufd => match first_without(Backend::Iommufd) {
+            None => Ok(Backend::Iommufd),
+            Some(d) => Err(ClaimError::IommufdRequired {
+                claim: label,
+                address: d.address,
+                reason: backend::why_not_iommufd(inv, d),
+            }),
+        },
+        BackendPolicy::PreferIommufd if all(Backend::Iommufd) => Ok(Backend::Iommufd),
+        BackendPolicy::PreferIommufd | BackendPolicy::Legacy => match first_without(Backend::Legacy) {
+            None => Ok(Backend::Legacy),
+            Some(d) => Err(ClaimError::NotServable {
+                claim: label,
+                address: d.address,
+                reason: "its group's /dev/vfio node or /dev/vfio/vfio is missing (legacy backend)".into(),
+            }),
+        },
+    }
+}
+
+/// One metadata document (`DeviceMetadata`) of `version` for one request.
+fn metadata_doc(
+    version: &str,
+    driver: &str,
+    checked: &Checked,
+    request: &str,
+    devs: &[(&ClaimDevice, BTreeMap<String, serde_json::Value>)],
+) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "kind": "DeviceMetadata",
+        "apiVersion": version,
+        "metadata": {
+            "name": checked.claim.name,
+            "namespace": checked.claim.namespace,
+            "uid": checked.claim.uid,
+            "generation": 1,
+        },
+        "requests": [{
+            "name": request,
+            "devices": devs.iter().map(|(d, attrs)| serde_json::json!({
+                "driver": driver,
+                "pool": d.pool,
+                "name": d.device,
+                "attributes": attrs,
+            })).collect::<Vec<_>>(),
+        }],
+    });
+    if let Some(p) = &checked.pod_claim_name {
+        v["podClaimName"] = serde_json::Value::String(p.clone());
+    }
+    v
+}
+
+/// The per-claim result: pure over the inventory read after the bind, the checked claim and
+/// the backend [`choose_backend`] picked.
+pub fn result(inv: &Inventory, driver: &str, checked: &Checked, backend: Backend) -> Prepared {
+    let uid = &checked.claim.uid;
+    let claim_kind = claim_kind(driver);
+    let mut cdi_devices = Vec::new();
+    let mut devices = Vec::new();
+    for d in &checked.devices {
+        let vfio: Vec<&crate::model::PciDevice> = d
+            .members
+            .iter()
+            .filter_map(|a| inv.device(a))
+            .filter(|f| f.driver.as_deref().is_some_and(is_vfio_driver))
+            .collect();
+        let nodes = backend::nodes(backend, d.group, &vfio);
+        let name = format!("{uid}-{}", d.device);
+        cdi_devices.push(cdi::Device {
+            name: name.clone(),
+            container_edits: cdi::ContainerEdits {
+                env: vec![format!(
+                    "GPUPASS_DRA_{}={}",
+                    d.device.to_ascii_uppercase().replace('-', "_"),
+                    d.members
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )],
+                device_nodes: nodes
+                    .into_iter()
+                    .map(|path| cdi::DeviceNode {
+                        path,
+                        host_path: None,
+                    })
+                    .collect(),
+                mounts: Vec::new(),
+            },
+        });
+        devices.push(PreparedDevice {
+            request: d.request.clone(),
+            pool: d.pool.clone(),
+            device: d.device.clone(),
+            cdi_device_ids: vec![format!("{claim_kind}={name}")],
+        });
+    }
+    let mut spec = cdi::Spec {
+        cdi_version: String::new(),
+        kind: claim_kind,
+        devices: cdi_devices,
+        container_edits: cdi::ContainerEdits::default(),
+    };
+    spec.cdi_version = cdi::min_version(&spec).0.to_string();
+    let mut files = vec![FileWrite {
+        path: claim_spec_path(driver, uid),
+        contents: cdi::to_json(&spec),
+    }];
+
+    // KEP-5304: one metadata file per request, and a CDI device that mounts it, injected with
+    // the request's first device.
+    let mut requests: Vec<&str> = checked.devices.iter().map(|d| d.request.as_str()).collect();
+    requests.dedup();
+    let mut seen = std::collections::BTreeSet::new();
+    requests.retain(|r| seen.insert(*r));
+    for request in requests {
+        let base = request.split_once('/').map_or(request, |(b, _)| b);
+        let devs: Vec<(&ClaimDevice, BTreeMap<String, serde_json::Value>)> = checked
+            .devices
+            .iter()
+            .filter(|d| d.request == request)
+            .map(|d| (d, metadata_attributes(inv, d, backend)))
+            .collect();
+        let mut stream = String::new();
+        for v in METADATA_VERSIONS {
+            stream.push_str(
+                &serde_json::to_string(&metadata_doc(v, driver, checked, request, &devs)).expect("json"),
+            );
+            stream.push('\n');
+        }
+        let host_path = metadata_host_path(driver, &checked.claim, base);
+        let mdev_name = format!("{uid}_{base}");
+        let mut mspec = cdi::Spec {
+            cdi_version: String::new(),
+            kind: metadata_kind(driver),
+            devices: vec![cdi::Device {
+                name: mdev_name.clone(),
+                container_edits: cdi::ContainerEdits {
+                    env: Vec::new(),
+                    device_nodes: Vec::new(),
+                    mounts: vec![cdi::Mount {
+                        host_path: host_path.clone(),
+                        container_path: metadata_container_path(driver, checked, base),
+                        options: vec!["ro".into(), "bind".into()],
+                        mount_type: None,
+                    }],
+                },
+            }],
+            container_edits: cdi::ContainerEdits::default(),
+        };
+        mspec.cdi_version = cdi::min_version(&mspec).0.to_string();
+        files.push(FileWrite {
+            path: host_path,
+            contents: stream,
+        });
+        files.push(FileWrite {
+            path: metadata_spec_path(driver, uid, base),
+            contents: cdi::to_json(&mspec),
+        });
+        if let Some(first) = devices.iter_mut().find(|d| d.request == request) {
+            first
+                .cdi_device_ids
+                .push(format!("{}={mdev_name}", metadata_kind(driver)));
+        }
+    }
+    Prepared {
+        backend,
+        devices,
+        files,
+    }
+}
+
+/// The attributes a metadata file carries for one device: the standard `pciBusID` and
+/// `pcieRoot` (KubeVirt hands the `pciBusID` function to the VM), the group, its members and
+/// the backend the claim got.
+fn metadata_attributes(
+    inv: &Inventory,
+    d: &ClaimDevice,
+    backend: Backend,
+) -> BTreeMap<String, serde_json::Value> {
+    let std = super::STANDARD_DOMAIN;
+    BTreeMap::from([
+        (
+            format!("{std}/pciBusID"),
+            serde_json::json!({"string": d.lead.to_string()}),
+        ),
+        (
+            format!("{std}/pcieRoot"),
+            serde_json::json!({"string": slices::pcie_root(inv, &d.lead)}),
+        ),
+        (
+            format!("{DOMAIN}/iommuGroup"),
+            serde_json::json!({"int": d.group}),
+        ),
+        (
+            format!("{DOMAIN}/members"),
+            serde_json::json!({"string": d.members.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")}),
+        ),
+        (
+            format!("{DOMAIN}/backend"),
+            serde_json::json!({"string": backend.as_str()}),
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn me() -> Identity {
+        Identity {
+            driver: "vfio.gpupass.dev".into(),
+            node: "node-a".into(),
+            pool: "node-a".into(),
+        }
+    }
+
+    fn offered() -> Vec<Publishable> {
+        vec![Publishable {
+            name: "pci-0000-00-05-0".into(),
+            group: 4,
+            lead: "0000:00:05.0".parse().unwrap(),
+            members: vec!["0000:00:05.0".parse().unwrap(), "0000:00:05.1".parse().unwrap()],
+        }]
+    }
+
+    fn asked() -> ClaimRef {
+        ClaimRef {
+            namespace: "default".into(),
+            uid: "3f1c-uid".into(),
+            name: "gpu".into(),
+        }
+    }
+
+    /// A claim as the API server returns it, allocated to node-a's pool; `config` is the
+    /// allocation's config list.
+    fn claim(device: &str, config: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpu", "namespace": "default", "uid": "3f1c-uid"},
+            "spec": {"devices": {"requests": [{"name": "vfio", "exactly": {"deviceClassName": "vfio.gpupass.dev"}}]}},
+            "status": {"allocation": {
+                "devices": {
+                    "results": [{"request": "vfio", "driver": "vfio.gpupass.dev", "pool": "node-a", "device": device}],
+                    "config": config,
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["node-a"]}
+                ]}]}
+            }}
+        }))
+        .unwrap()
+    }
+
+    fn ours(params: serde_json::Value) -> serde_json::Value {
+        json!([{"source": "FromClaim", "opaque": {"driver": "vfio.gpupass.dev", "parameters": params}}])
+    }
+
+    #[test]
+    fn a_good_claim_passes_with_the_whole_group() {
+        let c = check(
+            &asked(),
+            &claim("pci-0000-00-05-0", json!([])),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap();
+        assert_eq!(c.devices.len(), 1);
+        assert_eq!(c.devices[0].members.len(), 2);
+        assert_eq!(c.policy, BackendPolicy::PreferIommufd);
+    }
+
+    #[test]
+    fn a_uid_that_is_not_the_one_asked_is_refused() {
+        let mut a = asked();
+        a.uid = "other".into();
+        let e = check(
+            &a,
+            &claim("pci-0000-00-05-0", json!([])),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ClaimError::UidMismatch { .. }), "{e}");
+    }
+
+    #[test]
+    fn another_node_or_pool_or_driver_is_refused() {
+        let mut other = me();
+        other.node = "node-b".into();
+        let e = check(
+            &asked(),
+            &claim("pci-0000-00-05-0", json!([])),
+            &other,
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ClaimError::WrongNode { ref found, .. } if found == "node-a"),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("is allocated to node(s) node-a, not to this node node-b"),
+            "{e}"
+        );
+
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        let r = &mut c
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0];
+        r.pool = "node-b".into();
+        let e = check(&asked(), &c, &me(), &offered(), Policy::Auto).unwrap_err();
+        assert!(matches!(e, ClaimError::ForeignPool { .. }), "{e}");
+
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        let r = &mut c
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0];
+        r.driver = "gpu.nvidia.com".into();
+        let e = check(&asked(), &c, &me(), &offered(), Policy::Auto).unwrap_err();
+        assert!(matches!(e, ClaimError::NoDevices { .. }), "{e}");
+    }
+
+    #[test]
+    fn uids_and_request_names_that_could_leave_a_directory_are_refused() {
+        let mut a = asked();
+        a.uid = "../../etc/x".into();
+        let e = check(
+            &a,
+            &claim("pci-0000-00-05-0", json!([])),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("is not a Kubernetes name"), "{e}");
+        for bad in ["../x", "a/../b", "", "a b"] {
+            let mut c = claim("pci-0000-00-05-0", json!([]));
+            c.status
+                .as_mut()
+                .unwrap()
+                .allocation
+                .as_mut()
+                .unwrap()
+                .devices
+                .as_mut()
+                .unwrap()
+                .results
+                .as_mut()
+                .unwrap()[0]
+                .request = bad.into();
+            let e = check(&asked(), &c, &me(), &offered(), Policy::Auto).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ClaimError::BadName {
+                        what: "request name",
+                        ..
+                    }
+                ),
+                "{bad}: {e}"
+            );
+        }
+        // A subrequest (`request/sub`) is fine.
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        c.status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0]
+            .request = "vfio/big".into();
+        assert!(check(&asked(), &c, &me(), &offered(), Policy::Auto).is_ok());
+    }
+
+    #[test]
+    fn a_device_name_that_is_not_ours_is_refused() {
+        for name in ["pci-0000-00-06-0", "../../etc", "gpu-0"] {
+            let e = check(&asked(), &claim(name, json!([])), &me(), &offered(), Policy::Auto).unwrap_err();
+            assert!(matches!(e, ClaimError::UnknownDevice { .. }), "{e}");
+        }
+    }
+
+    #[test]
+    fn unallocated_deleting_and_admin_access_claims_are_refused() {
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        c.status = None;
+        assert!(matches!(
+            check(&asked(), &c, &me(), &offered(), Policy::Auto),
+            Err(ClaimError::NotAllocated { .. })
+        ));
+
+        let mut c: ResourceClaim = claim("pci-0000-00-05-0", json!([]));
+        c.metadata.deletion_timestamp = serde_json::from_value(json!("2026-12-03T00:00:00Z")).unwrap();
+        assert!(matches!(
+            check(&asked(), &c, &me(), &offered(), Policy::Auto),
+            Err(ClaimError::Deleting { .. })
+        ));
+
+        let mut c = claim("pci-0000-00-05-0", json!([]));
+        c.status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0]
+            .admin_access = Some(true);
+        assert!(matches!(
+            check(&asked(), &c, &me(), &offered(), Policy::Auto),
+            Err(ClaimError::AdminAccess { .. })
+        ));
+    }
+
+    #[test]
+    fn the_opaque_config_sets_the_policy_and_unknown_fields_or_values_are_errors() {
+        let ok = |p: serde_json::Value| {
+            check(
+                &asked(),
+                &claim("pci-0000-00-05-0", ours(p)),
+                &me(),
+                &offered(),
+                Policy::Auto,
+            )
+        };
+        let c = ok(json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "require-iommufd"})).unwrap();
+        assert_eq!(c.policy, BackendPolicy::RequireIommufd);
+        let c = ok(json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "legacy"}))
+            .unwrap();
+        assert_eq!(c.policy, BackendPolicy::Legacy);
+        for bad in [
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "LegacyOnly"}),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backend": "legacy"}),
+            json!({"apiVersion": "gpupass.dev/v2", "kind": CONFIG_KIND}),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": "GpuConfig"}),
+            json!("legacy"),
+        ] {
+            let e = ok(bad.clone()).unwrap_err();
+            assert!(matches!(e, ClaimError::Config { .. }), "{bad}: {e}");
+            assert!(
+                e.to_string()
+                    .contains("opaque configuration for vfio.gpupass.dev: "),
+                "{e}"
+            );
+        }
+        // Another driver's config is not ours to judge.
+        let other = json!([{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"whatever": 1}}}]);
+        assert!(check(
+            &asked(),
+            &claim("pci-0000-00-05-0", other),
+            &me(),
+            &offered(),
+            Policy::Legacy
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn the_claims_config_overrides_the_class_one() {
+        let cfg = json!([
+            {"source": "FromClass", "opaque": {"driver": "vfio.gpupass.dev", "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "legacy"}}},
+            {"source": "FromClaim", "requests": ["vfio"], "opaque": {"driver": "vfio.gpupass.dev", "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "require-iommufd"}}},
+        ]);
+        let c = check(
+            &asked(),
+            &claim("pci-0000-00-05-0", cfg),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap();
+        assert_eq!(c.policy, BackendPolicy::RequireIommufd);
+    }
+
+    #[test]
+    fn one_claim_gets_one_backend_policy() {
+        let mut c = claim(
+            "pci-0000-00-05-0",
+            json!([
+                {"source": "FromClaim", "requests": ["other"], "opaque": {"driver": "vfio.gpupass.dev", "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "legacy"}}},
+            ]),
+        );
+        let second = Publishable {
+            name: "pci-0000-00-06-0".into(),
+            group: 5,
+            lead: "0000:00:06.0".parse().unwrap(),
+            members: vec!["0000:00:06.0".parse().unwrap()],
+        };
+        let mut offered = offered();
+        offered.push(second);
+        let results = c
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap();
+        let mut r2 = results[0].clone();
+        r2.request = "other".into();
+        r2.device = "pci-0000-00-06-0".into();
+        results.push(r2);
+        let e = check(&asked(), &c, &me(), &offered, Policy::Auto).unwrap_err();
+        assert!(matches!(e, ClaimError::MixedPolicies { .. }), "{e}");
+        assert!(
+            e.to_string().contains(
+                "its requests ask for different backend policies (other: legacy, vfio: prefer-iommufd)"
+            ),
+            "{e}"
+        );
+        // The same policy for both requests is fine.
+        assert_eq!(
+            check(&asked(), &c, &me(), &offered, Policy::Legacy)
+                .unwrap()
+                .policy,
+            BackendPolicy::Legacy
+        );
+    }
+
+    #[test]
+    fn paths_follow_the_kubelet_framework() {
+        let c = check(
+            &asked(),
+            &claim("pci-0000-00-05-0", json!([])),
+            &me(),
+            &offered(),
+            Policy::Auto,
+        )
+        .unwrap();
+        assert_eq!(
+            metadata_host_path("vfio.gpupass.dev", &c.claim, "vfio"),
+            "/var/lib/kubelet/plugins/vfio.gpupass.dev/dra-device-metadata/default_gpu/vfio/metadata.json"
+        );
+        assert_eq!(
+            metadata_container_path("vfio.gpupass.dev", &c, "vfio"),
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/gpu/vfio/vfio.gpupass.dev-metadata.json"
+        );
+        let mut t = c.clone();
+        t.pod_claim_name = Some("passthrough".into());
+        assert_eq!(
+            metadata_container_path("vfio.gpupass.dev", &t, "vfio"),
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/passthrough/vfio/vfio.gpupass.dev-metadata.json"
+        );
+    }
+}

@@ -1,0 +1,595 @@
+//! Which IOMMU groups this node offers through DRA, and the `resource.k8s.io/v1` ResourceSlices
+//! that say so: pure functions of the [`Inventory`] (so `gpupass dra slices` works with
+//! `--root` and `--from-json` like every read command).
+//!
+//! **One DRA device per publishable IOMMU group.** VFIO opens a function through its whole
+//! group, so the group is what a claim gets: the device is named after the group's lead
+//! function (`pci-0000-00-05-0`), carries that function's `resource.kubernetes.io/pciBusID` and
+//! lists every member. The scheduler can then never hand two members of one group to two
+//! claims, with no alpha or beta API (KEP-4815 shared counters would model the same with one
+//! device per function consuming a per-group counter; docs/dra.md says why not).
+//!
+//! A group is published when every endpoint member is something a guest should get: a display
+//! controller, a processing accelerator or co-processor, a function the administrator already
+//! put on a VFIO driver, or an audio/USB/serial-bus companion in the same slot as one of those.
+//! Everything else (storage, NICs on host drivers, chipset functions, the boot VGA device, a
+//! PF whose VFs are enabled, a parent with live mediated devices) is not published, and
+//! [`decide`] says why for each group.
+
+use super::{DOMAIN, MAX_DEVICES_PER_SLICE, STANDARD_DOMAIN};
+use crate::inventory::backend;
+use crate::model::{is_vfio_driver, Backend, BarKind, Inventory, IommuGroup, PciAddress, PciDevice};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// The longest string attribute value the API accepts (`DeviceAttributeMaxValueLength`).
+pub const MAX_VALUE_LEN: usize = 64;
+/// The most attributes plus capacities one device may carry
+/// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
+pub const MAX_ATTRIBUTES: usize = 32;
+
+/// A group this node offers: the DRA device a claim gets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Publishable {
+    /// The DRA device name (`pci-0000-00-05-0`, from the lead function).
+    pub name: String,
+    pub group: u32,
+    /// The function whose `pciBusID` the device carries (KubeVirt passes it to the VM).
+    pub lead: PciAddress,
+    /// Every endpoint function of the group, in address order (what Prepare binds).
+    pub members: Vec<PciAddress>,
+}
+
+/// What [`decide`] concluded for one group (or one function without a group).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupDecision {
+    /// `null` for a function the IOMMU does not isolate at all.
+    pub group: Option<u32>,
+    /// Its functions (bridges included), in address order.
+    pub members: Vec<PciAddress>,
+    /// The DRA device, when published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Why not, when not published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The DRA device name of a group led by `a`: a DNS label (`pci-0000-00-05-0`).
+pub fn device_name(a: &PciAddress) -> String {
+    format!(
+        "pci-{:04x}-{:02x}-{:02x}-{:x}",
+        a.domain, a.bus, a.device, a.function
+    )
+}
+
+/// Functions a guest should get as the main device of a group.
+fn is_primary(d: &PciDevice) -> bool {
+    let (base, sub) = (d.base_class(), d.subclass());
+    base == 0x03 || base == 0x12 || (base == 0x0b && sub == 0x40)
+}
+
+/// Functions that go along with a primary one of the same slot (HDMI audio, USB-C, UCSI).
+fn is_companion(d: &PciDevice) -> bool {
+    let (base, sub) = (d.base_class(), d.subclass());
+    (base == 0x04 && sub == 0x03) || (base == 0x0c && matches!(sub, 0x03 | 0x80))
+}
+
+fn on_vfio(d: &PciDevice) -> bool {
+    d.driver.as_deref().is_some_and(is_vfio_driver)
+}
+
+fn label(d: &PciDevice) -> String {
+    format!(
+        "{} ({}, {})",
+        d.address,
+        d.class_name.as_deref().unwrap_or("class ").trim_end(),
+        d.driver.as_deref().unwrap_or("no driver")
+    )
+}
+
+/// Decide one group: `Ok(lead)` or the reason it is not published.
+fn judge<'a>(
+    inv: &Inventory,
+    g: &IommuGroup,
+    members: &[&'a PciDevice],
+    mdev_parents: &HashMap<String, usize>,
+) -> Result<&'a PciDevice, String> {
+    if !g.mdev_members.is_empty() {
+        return Err(format!(
+            "is the group of mediated device {}; mdev devices are not offered through DRA yet",
+            g.mdev_members.join(", ")
+        ));
+    }
+    let endpoints: Vec<&PciDevice> = members.iter().copied().filter(|d| !d.is_bridge).collect();
+    if endpoints.is_empty() {
+        return Err("holds only bridges (VFIO passes endpoint functions, not bridges)".into());
+    }
+    for d in &endpoints {
+        if d.boot_vga == Some(true) && !on_vfio(d) {
+            return Err(format!(
+                "{} is the boot VGA device: taking it would take the host's console",
+                d.address
+            ));
+        }
+        if let Some(s) = d.sriov.as_ref().filter(|s| s.num_vfs > 0) {
+            return Err(format!(
+                "{} is an SR-IOV PF with {} VF(s) enabled: unbinding its driver would remove them (its VFs are offered instead)",
+                d.address, s.num_vfs
+            ));
+        }
+        if let Some(n) = mdev_parents.get(&d.address.to_string()) {
+            return Err(format!(
+                "{} is the parent of {n} live mediated device(s): binding it to VFIO would remove them",
+                d.address
+            ));
+        }
+        if d.current_vgpu_type.as_deref().is_some_and(|t| t != "0") {
+            return Err(format!("{} has an active vGPU type", d.address));
+        }
+    }
+    let primaries: Vec<&PciDevice> = endpoints
+        .iter()
+        .copied()
+        .filter(|d| is_primary(d) || on_vfio(d))
+        .collect();
+    let Some(lead) = primaries.first().copied() else {
+        let names: Vec<String> = endpoints.iter().map(|d| label(d)).collect();
+        return Err(format!(
+            "has no GPU, accelerator or function already on vfio-pci ({}); bind one to vfio-pci \
+             (gpupass bind) to offer it",
+            names.join(", ")
+        ));
+    };
+    for d in &endpoints {
+        let ok = is_primary(d)
+            || on_vfio(d)
+            || (is_companion(d) && primaries.iter().any(|p| p.address.same_slot(&d.address)));
+        if !ok {
+            return Err(format!(
+                "also holds {}, which is not a passthrough device: a claim would take it from \
+                 the host (move the card to a slot with ACS, or bind it to vfio-pci yourself)",
+                label(d)
+            ));
+        }
+    }
+    let _ = inv;
+    Ok(lead)
+}
+
+/// Every group of the host (and every function without one), with the decision, in group
+/// order; functions without a group last.
+pub fn decide(inv: &Inventory) -> Vec<GroupDecision> {
+    let by_addr: HashMap<PciAddress, &PciDevice> = inv.devices.iter().map(|d| (d.address, d)).collect();
+    let mut mdev_parents: HashMap<String, usize> = HashMap::new();
+    for m in &inv.mdevs {
+        *mdev_parents.entry(m.parent.clone()).or_default() += 1;
+    }
+    let mut groups: Vec<&IommuGroup> = inv.groups.iter().collect();
+    groups.sort_by_key(|g| g.number);
+    let mut out = Vec::with_capacity(groups.len());
+    for g in groups {
+        let members: Vec<&PciDevice> = g.members.iter().filter_map(|a| by_addr.get(a).copied()).collect();
+        let (device, reason) = match judge(inv, g, &members, &mdev_parents) {
+            Ok(lead) => (Some(device_name(&lead.address)), None),
+            Err(r) => (None, Some(r)),
+        };
+        out.push(GroupDecision {
+            group: Some(g.number),
+            members: g.members.clone(),
+            device,
+            reason,
+        });
+    }
+    let mut lone: Vec<&PciDevice> = inv
+        .devices
+        .iter()
+        .filter(|d| d.iommu_group.is_none() && !d.is_bridge)
+        .collect();
+    lone.sort_by_key(|d| d.address);
+    for d in lone {
+        out.push(GroupDecision {
+            group: None,
+            members: vec![d.address],
+            device: None,
+            reason: Some(format!(
+                "{} has no IOMMU group: the IOMMU is off or does not cover it, so VFIO cannot isolate it",
+                d.address
+            )),
+        });
+    }
+    out
+}
+
+/// The groups this node offers, in device-name (lead address) order.
+pub fn publishable(inv: &Inventory) -> Vec<Publishable> {
+    let by_addr: HashMap<PciAddress, &PciDevice> = inv.devices.iter().map(|d| (d.address, d)).collect();
+    let mut out: Vec<Publishable> = decide(inv)
+        .into_iter()
+        .filter_map(|d| {
+            let name = d.device?;
+            let group = d.group?;
+            let members: Vec<PciAddress> = d
+                .members
+                .iter()
+                .filter(|a| by_addr.get(a).is_some_and(|x| !x.is_bridge))
+                .copied()
+                .collect();
+            let lead = members.iter().copied().find(|a| device_name(a) == name)?;
+            Some(Publishable {
+                name,
+                group,
+                lead,
+                members,
+            })
+        })
+        .collect();
+    out.sort_by_key(|p| p.lead);
+    out
+}
+
+/// The VFIO backend a claim on this node gets by default (`--backend auto`): iommufd where the
+/// kernel serves it, else legacy. One value for the whole node, so a node never offers a
+/// mix (docs/iommufd.md).
+pub fn node_backend(inv: &Inventory) -> Backend {
+    if backend::iommufd_ready(inv).is_ok() {
+        Backend::Iommufd
+    } else {
+        Backend::Legacy
+    }
+}
+
+/// `pci<domain>:<bus>`: the root complex a function hangs under (the first component of its
+/// `/sys/devices` path), as Kubernetes' `resource.kubernetes.io/pcieRoot` spells it.
+pub fn pcie_root(inv: &Inventory, a: &PciAddress) -> String {
+    let mut top = *a;
+    // Parent links form a tree; the bound guards against a malformed inventory.
+    for _ in 0..64 {
+        match inv.device(&top).and_then(|d| d.parent) {
+            Some(p) => top = p,
+            None => break,
+        }
+    }
+    format!("pci{:04x}:{:02x}", top.domain, top.bus)
+}
+
+fn s(v: impl Into<String>) -> DeviceAttribute {
+    let mut v: String = v.into();
+    if v.len() > MAX_VALUE_LEN {
+        let mut cut = MAX_VALUE_LEN - 3;
+        while !v.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        v.truncate(cut);
+        v.push_str("...");
+    }
+    DeviceAttribute {
+        string: Some(v),
+        ..Default::default()
+    }
+}
+
+fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..Default::default()
+    }
+}
+
+/// The members as one string attribute: `0000:00:05.0,0000:00:05.1`; when that is longer than
+/// the API allows, as many as fit and `,+N` for the rest (`groupSize` has the count).
+fn member_list(members: &[PciAddress]) -> String {
+    let all: Vec<String> = members.iter().map(|a| a.to_string()).collect();
+    (0..=all.len())
+        .rev()
+        .map(|k| {
+            let mut t = all[..k].join(",");
+            if k < all.len() {
+                if k > 0 {
+                    t.push(',');
+                }
+                t.push_str(&format!("+{}", all.len() - k));
+            }
+            t
+        })
+        .find(|t| t.len() <= MAX_VALUE_LEN)
+        .unwrap_or_default()
+}
+
+/// The attributes of one published group (qualified names; ours under [`DOMAIN`]).
+pub fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    let ours = |n: &str| format!("{DOMAIN}/{n}");
+    let std = |n: &str| format!("{STANDARD_DOMAIN}/{n}");
+    a.insert(std("pciBusID"), s(p.lead.to_string()));
+    a.insert(std("pcieRoot"), s(pcie_root(inv, &p.lead)));
+    let Some(d) = inv.device(&p.lead) else { return a };
+    a.insert(ours("vendorID"), s(d.vendor_id.as_str()));
+    a.insert(ours("deviceID"), s(d.device_id.as_str()));
+    a.insert(ours("class"), s(d.class.as_str()));
+    if let (Some(sv), Some(sd)) = (&d.subsystem_vendor_id, &d.subsystem_device_id) {
+        a.insert(ours("subsystemID"), s(format!("{sv}:{sd}")));
+    }
+    if let Some(n) = &d.vendor_name {
+        a.insert(ours("vendorName"), s(n.clone()));
+    }
+    if let Some(n) = &d.device_name {
+        a.insert(ours("productName"), s(n.clone()));
+    }
+    a.insert(ours("iommuGroup"), int(i64::from(p.group)));
+    a.insert(ours("groupSize"), int(p.members.len() as i64));
+    a.insert(ours("members"), s(member_list(&p.members)));
+    if let Some(n) = d.numa_node.filter(|n| *n >= 0) {
+        a.insert(ours("numaNode"), int(i64::from(n)));
+    }
+    a.insert(ours("backend"), s(node_backend(inv).as_str()));
+    if let Some(m) = d.reset_methods.as_ref().and_then(|m| m.first()) {
+        a.insert(ours("resetMethod"), s(m.clone()));
+    }
+    let bar64: u64 = p
+        .members
+        .iter()
+        .filter_map(|m| inv.device(m))
+        .flat_map(|m| m.bars.iter())
+        .filter(|b| b.is_64bit && b.kind == BarKind::Memory)
+        .map(|b| b.size)
+        .sum();
+    a.insert(ours("bar64Bytes"), int(i64::try_from(bar64).unwrap_or(i64::MAX)));
+    a.insert(
+        ours("driver"),
+        s(d.driver.clone().unwrap_or_else(|| "none".into())),
+    );
+    let role = if d.physfn.is_some() {
+        "vf"
+    } else if d.sriov.as_ref().is_some_and(|s| s.total_vfs > 0) {
+        "pf"
+    } else {
+        "none"
+    };
+    a.insert(ours("sriovRole"), s(role));
+    if let Some(pf) = &d.physfn {
+        a.insert(ours("physfn"), s(pf.to_string()));
+    }
+    debug_assert!(a.len() <= MAX_ATTRIBUTES);
+    a
+}
+
+/// How to render the slices of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceOptions {
+    /// The node (and pool) name.
+    pub node: String,
+    /// The DRA driver name.
+    pub driver: String,
+    /// The pool's generation: bumped each time the plugin republishes.
+    pub generation: i64,
+}
+
+/// The DRA devices of this node, in name order.
+pub fn devices(inv: &Inventory) -> Vec<Device> {
+    publishable(inv)
+        .iter()
+        .map(|p| Device {
+            name: p.name.clone(),
+            attributes: Some(attributes(inv, p)),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The node's pool as ResourceSlices: one pool named after the node, at most
+/// [`MAX_DEVICES_PER_SLICE`] devices per slice, every slice carrying the pool's slice count;
+/// one empty slice when nothing is published (the pool exists with no devices).
+pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
+    let devs = devices(inv);
+    let chunks: Vec<Vec<Device>> = if devs.is_empty() {
+        vec![Vec::new()]
+    } else {
+        devs.chunks(MAX_DEVICES_PER_SLICE)
+            .map(<[Device]>::to_vec)
+            .collect()
+    };
+    let count = chunks.len() as i64;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&opts.node, &opts.driver, i)),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "gpupass".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: opts.driver.clone(),
+                node_name: Some(opts.node.clone()),
+                pool: ResourcePool {
+                    name: opts.node.clone(),
+                    generation: opts.generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(devices),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+/// `<node>-<driver>-<index>`, dots of the driver name kept (a DNS subdomain).
+pub fn slice_name(node: &str, driver: &str, i: usize) -> String {
+    format!("{node}-{driver}-{i}")
+}
+
+/// The slices as one `kubectl apply -f`-able document (`kind: List`), pretty JSON.
+pub fn to_list_json(slices: &[ResourceSlice]) -> serde_json::Value {
+    let items: Vec<serde_json::Value> = slices
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).expect("a ResourceSlice serializes");
+            // k8s-openapi adds apiVersion and kind when serializing a top-level resource.
+            if let Some(o) = v.as_object_mut() {
+                o.entry("apiVersion").or_insert("resource.k8s.io/v1".into());
+                o.entry("kind").or_insert("ResourceSlice".into());
+            }
+            v
+        })
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostRoot;
+    use crate::testkit::hostgen::{DevSpec, HostBuilder};
+
+    fn scan(build: impl FnOnce(&mut HostBuilder)) -> (tempfile::TempDir, Inventory) {
+        let t = tempfile::tempdir().unwrap();
+        let mut h = HostBuilder::new(t.path()).unwrap();
+        build(&mut h);
+        let inv = crate::inventory::scan(&HostRoot::new(t.path())).unwrap();
+        (t, inv)
+    }
+
+    fn gpu_and_audio(h: &mut HostBuilder) {
+        h.add(
+            &DevSpec::new("00:05.0", 0x1234, 0x1111, 0x030000)
+                .group(4)
+                .driver("bochs-drm"),
+        )
+        .unwrap();
+        h.add(
+            &DevSpec::new("00:05.1", 0x8086, 0x293e, 0x040300)
+                .group(4)
+                .driver("snd_hda_intel"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_gpu_and_its_audio_are_one_device_named_after_the_gpu() {
+        let (_t, inv) = scan(gpu_and_audio);
+        let p = publishable(&inv);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].name, "pci-0000-00-05-0");
+        assert_eq!(p[0].group, 4);
+        assert_eq!(p[0].members.len(), 2);
+        let a = attributes(&inv, &p[0]);
+        assert_eq!(
+            a["resource.kubernetes.io/pciBusID"].string.as_deref(),
+            Some("0000:00:05.0")
+        );
+        assert_eq!(
+            a["resource.kubernetes.io/pcieRoot"].string.as_deref(),
+            Some("pci0000:00")
+        );
+        assert_eq!(
+            a["gpupass.dev/members"].string.as_deref(),
+            Some("0000:00:05.0,0000:00:05.1")
+        );
+        assert_eq!(a["gpupass.dev/iommuGroup"].int, Some(4));
+        assert_eq!(a["gpupass.dev/driver"].string.as_deref(), Some("bochs-drm"));
+        assert_eq!(a["gpupass.dev/sriovRole"].string.as_deref(), Some("none"));
+    }
+
+    #[test]
+    fn a_group_with_a_host_nic_is_refused_naming_it() {
+        let (_t, inv) = scan(|h| {
+            gpu_and_audio(h);
+            h.add(
+                &DevSpec::new("00:06.0", 0x8086, 0x10d3, 0x020000)
+                    .group(4)
+                    .driver("e1000e"),
+            )
+            .unwrap();
+        });
+        assert!(publishable(&inv).is_empty());
+        let d = decide(&inv);
+        let r = d[0].reason.as_deref().unwrap();
+        assert!(r.starts_with("also holds 0000:00:06.0"), "{r}");
+        assert!(r.contains("e1000e"), "{r}");
+    }
+
+    #[test]
+    fn the_boot_vga_device_is_not_offered() {
+        let (_t, inv) = scan(|h| {
+            h.add(
+                &DevSpec::new("00:02.0", 0x8086, 0x46a6, 0x030000)
+                    .group(0)
+                    .driver("i915")
+                    .boot_vga(true),
+            )
+            .unwrap();
+        });
+        assert!(publishable(&inv).is_empty());
+        assert!(decide(&inv)[0].reason.as_deref().unwrap().contains("boot VGA"));
+    }
+
+    #[test]
+    fn a_pool_larger_than_a_slice_is_split_with_one_slice_count() {
+        let (_t, inv) = scan(|h| {
+            for i in 0..300u32 {
+                let a = format!("{:02x}:{:02x}.0", 1 + i / 32, i % 32);
+                h.add(
+                    &DevSpec::new(&a, 0x10de, 0x2684, 0x030000)
+                        .group(i)
+                        .driver("nvidia"),
+                )
+                .unwrap();
+            }
+        });
+        let opts = SliceOptions {
+            node: "n1".into(),
+            driver: "vfio.gpupass.dev".into(),
+            generation: 7,
+        };
+        let s = render(&inv, &opts);
+        let sizes: Vec<usize> = s.iter().map(|x| x.spec.devices.as_ref().unwrap().len()).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        for x in &s {
+            assert_eq!(x.spec.pool.resource_slice_count, 3);
+            assert_eq!(x.spec.pool.generation, 7);
+            assert_eq!(x.spec.pool.name, "n1");
+            assert_eq!(x.spec.node_name.as_deref(), Some("n1"));
+        }
+        let names: std::collections::BTreeSet<_> =
+            s.iter().map(|x| x.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names.len(), 3);
+        // An empty pool is one slice with no devices.
+        let (_t, empty) = scan(|_| {});
+        let e = render(&empty, &opts);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].spec.pool.resource_slice_count, 1);
+        assert!(e[0].spec.devices.as_ref().unwrap().is_empty());
+    }
+
+    #[test]
+    fn long_member_lists_are_cut_to_the_api_limit_with_a_count() {
+        let m: Vec<PciAddress> = (0..8)
+            .map(|f| format!("0000:3b:00.{f}").parse().unwrap())
+            .collect();
+        let l = member_list(&m);
+        assert!(l.len() <= MAX_VALUE_LEN, "{l}");
+        assert!(
+            l.starts_with("0000:3b:00.0,0000:3b:00.1,0000:3b:00.2,0000:3b:00.3"),
+            "{l}"
+        );
+        assert!(l.ends_with(",+4"), "{l}");
+        let short = &m[..2];
+        assert_eq!(member_list(short), "0000:3b:00.0,0000:3b:00.1");
+    }
+
+    #[test]
+    fn string_values_are_cut_on_a_char_boundary() {
+        let long = "é".repeat(40);
+        let v = s(long).string.unwrap();
+        assert!(v.len() <= MAX_VALUE_LEN);
+        assert!(v.ends_with("..."));
+    }
+}
