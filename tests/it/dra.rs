@@ -255,6 +255,15 @@ fn the_plugin_needs_the_live_host_and_a_valid_driver_name() {
         "{}",
         stderr(&o)
     );
+    // A root without a boot id (the fixtures have none): refused before anything is created.
+    let scratch = scratch_host("qemu-lab");
+    let root = scratch.path().to_str().unwrap();
+    let before = drivers(scratch.path());
+    let o = gpupass(&["--root", root, "dra-plugin", "--node", "n"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot read the boot id"), "{}", stderr(&o));
+    assert!(!scratch.path().join("var/lib/kubelet").exists());
+    assert_eq!(drivers(scratch.path()), before);
     // The fixtures have no proc/sys/kernel/hostname.
     let o = on_host("qemu-lab", &["dra", "slices"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

@@ -683,6 +683,8 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("E-DRA-07", "unit: src/containers/dra/claim.rs `another_node_or_pool_or_driver_is_refused`", "not to this node"),
     ("E-DRA-08", "unit: src/containers/dra/claim.rs `one_claim_gets_one_backend_policy`", "ask for different backend policies"),
     ("E-DRA-09", "unit: src/containers/dra/checkpoint.rs `round_trips_root_only`", "is not a checkpoint gpupass can read"),
+    ("E-DRA-10", "unit: src/containers/dra/claim.rs `uids_and_request_names_that_could_leave_a_directory_are_refused`", "is not a Kubernetes name"),
+    ("E-DRA-11", "integration: tests/it/dra.rs `the_plugin_needs_the_live_host_and_a_valid_driver_name`", "cannot read the boot id"),
 ];
 
 /// The ids of this file's `row!()` tests, in file order.
