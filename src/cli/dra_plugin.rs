@@ -98,7 +98,9 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Engine::new(ops, src, me, args.backend, boot_id).map_err(Error::host)?;
+    let engine = Engine::new(ops, src, me, args.backend, boot_id)
+        .map_err(Error::host)?
+        .with_after_change(|ops| crate::cli::cdi::refresh(ops).map_err(|e| e.to_string()));
     let cfg = server::Config {
         registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
         plugin_dir: args

@@ -59,7 +59,13 @@ pub struct Engine<'a> {
     /// Every device name health was ever reported for (a device that vanishes stays on the
     /// health stream as unhealthy).
     known: BTreeSet<String>,
+    /// Run after a change of drivers (the command layer refreshes the host's CDI spec:
+    /// `containers` does not reach up into `cli`).
+    after_change: Option<AfterChange>,
 }
+
+/// What the command layer runs after Prepare or Unprepare moved functions between drivers.
+pub type AfterChange = fn(&dyn HostOps) -> Result<(), String>;
 
 /// One device's health.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,7 +94,22 @@ impl<'a> Engine<'a> {
             checkpoint_path,
             checkpoint,
             known: BTreeSet::new(),
+            after_change: None,
         })
+    }
+
+    /// Run `f` after each Prepare or Unprepare that moved functions between drivers.
+    pub fn with_after_change(mut self, f: AfterChange) -> Self {
+        self.after_change = Some(f);
+        self
+    }
+
+    fn changed(&self) {
+        if let Some(f) = self.after_change {
+            if let Err(e) = f(self.ops) {
+                tracing::warn!("the CDI spec could not be refreshed: {e}");
+            }
+        }
     }
 
     pub fn checkpoint(&self) -> &Checkpoint {
@@ -202,12 +223,7 @@ impl<'a> Engine<'a> {
         }
         self.save()?;
         if !to_bind.is_empty() {
-            if let Err(e) = crate::output::cdi::refresh(self.ops.root()) {
-                tracing::warn!(
-                    "the CDI spec could not be refreshed: {}",
-                    crate::model::ErrorChain(&e)
-                );
-            }
+            self.changed();
         }
         Ok(devices)
     }
@@ -244,12 +260,7 @@ impl<'a> Engine<'a> {
                     Change::Restore(&moved),
                     "giving its functions back to their drivers".into(),
                 )?;
-                if let Err(err) = crate::output::cdi::refresh(self.ops.root()) {
-                    tracing::warn!(
-                        "the CDI spec could not be refreshed: {}",
-                        crate::model::ErrorChain(&err)
-                    );
-                }
+                self.changed();
             }
         }
         self.checkpoint.claims.remove(uid);

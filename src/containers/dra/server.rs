@@ -769,7 +769,7 @@ mod tests {
             }
             let mspec = std::fs::read_to_string(root.join("var/run/cdi/vfio.gpupass.dev_metadata_u1_vfio.json")).unwrap();
             assert!(mspec.contains("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/gpu/vfio/vfio.gpupass.dev-metadata.json"), "{mspec}");
-            let writes = std::fs::read_to_string(crate::bind::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count();
+            let writes = std::fs::read_to_string(crate::change::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count();
 
             // Kubelet retries: the same answer, no host change.
             let again = dra
@@ -781,7 +781,7 @@ mod tests {
                 .into_inner();
             assert_eq!(again, r);
             assert_eq!(
-                std::fs::read_to_string(crate::bind::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count(),
+                std::fs::read_to_string(crate::change::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count(),
                 writes
             );
 
