@@ -7,8 +7,8 @@
 # lab-steps: start-writes start-crash-*>=1 stop-setup stop-writes stop-crash-*>=1 end-clean
 #
 # The mdev side of bind.sh's crash loops, against the kernel's mdev sample parents (mtty,
-# mbochs, mdpy; docs/lab.md). For each command: the write count is the number of "N. write"
-# lines of its `--dry-run` plan (sysfs writes and definition-file writes/removals alike), then
+# mbochs, mdpy; docs/lab.md). For each command: the write count is the one its `--dry-run`
+# plan states (sysfs writes and definition-file writes/removals alike), then
 # for n = 1..count: `GPUPASS_CRASH_AFTER_WRITE=n` aborts the command right after its n-th write
 # (the test kit's failpoint, docs/testing.md), `gpupass list` must warn about the unfinished
 # plan, `gpupass recover` must exit 0, and the set of active instances
@@ -26,8 +26,14 @@ state() {
   s=$(for f in $d; do echo "$f $(md5sum < "$f" | cut -c1-8)"; done | tr '\n' ' ')
   echo "active: ${a:-none} | defined: ${s:-none}"
 }
-# writes PLANFILE: the "N. write ..." steps of a --dry-run plan.
-writes() { grep -c '^ *[0-9]*\. write ' "$1"; }
+# writes PLANFILE: the write count a --dry-run plan states in its header ("plan: ... (N
+# writes)", the engine's count, the one the failpoint counts), when its numbered steps agree
+# (each "N. write ..." and "N. remove file ..." step is one write); else "mismatch".
+writes() {
+  _h=$(sed -n 's/^plan: .*(\([0-9]*\) writes)$/\1/p' "$1" | head -1)
+  _s=$(grep -c -e '^ *[0-9]*\. write ' -e '^ *[0-9]*\. remove file ' "$1")
+  if [ -n "$_h" ] && [ "$_h" = "$_s" ]; then echo "$_h"; else echo "mismatch(header=$_h steps=$_s)"; fi
+}
 
 # crash_loop PREFIX COUNT WARN CMD...: a crash after each write of CMD; the next command warns
 # (its message names WARN), `recover` restores the state seen before.

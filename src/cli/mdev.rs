@@ -234,7 +234,29 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
     if mutating {
         ctx.live(name)?;
     }
-    let inv = ctx.inventory()?;
+    // A change reads only what mdev plans and checks look at; `types` and `list` read all.
+    let inv = if mutating {
+        use crate::inventory::MdevScope;
+        let scope = match &cmd {
+            MdevCommand::Create { parent, .. } => MdevScope::Parent(parent),
+            MdevCommand::Define { parent: Some(p), .. } => MdevScope::Parent(p),
+            MdevCommand::Remove {
+                instance: InstanceRef::Uuid(_),
+                ..
+            }
+            | MdevCommand::Stop { .. }
+            | MdevCommand::Undefine { .. } => MdevScope::Instances,
+            _ => MdevScope::All,
+        };
+        ctx.mdev_inventory(name, scope)?
+    } else {
+        ctx.inventory()?
+    };
+    tracing::debug!(
+        devices = inv.devices.len(),
+        mdevs = inv.mdevs.len(),
+        "inventory read"
+    );
     let parents = types::parents(&inv);
     match cmd {
         MdevCommand::Types { parent } => {
@@ -307,7 +329,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            tracing::debug!("applied");
             after_change(ctx.live(name)?);
+            tracing::debug!("CDI refresh done");
             if json {
                 json_out(
                     out,
@@ -328,6 +352,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
         }
         MdevCommand::Remove { instance, dry_run } => {
             let open = OpenNodes::scan(host);
+            tracing::debug!(holders = open.holders.len(), "open files read");
             let (plan, parent) = match &instance {
                 InstanceRef::Uuid(u) => ops::plan_remove_mdev(host, &inv, &open, u, name)?,
                 InstanceRef::Vf(a) => ops::plan_remove_vgpu(host, &inv, &open, a)?,
@@ -337,7 +362,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            tracing::debug!("applied");
             after_change(ctx.live(name)?);
+            tracing::debug!("CDI refresh done");
             let name = match &instance {
                 InstanceRef::Uuid(u) => u.to_string(),
                 InstanceRef::Vf(a) => a.to_string(),
@@ -565,7 +592,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::SUCCESS);
             }
             crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            tracing::debug!("applied");
             after_change(ctx.live(name)?);
+            tracing::debug!("CDI refresh done");
             if json {
                 json_out(out, &json!({ "stopped": uuid.to_string(), "parent": parent }))?;
             } else {

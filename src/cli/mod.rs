@@ -94,14 +94,16 @@ const LONG_ABOUT: &str = "gpupass reads the host's PCI devices, IOMMU groups, dr
 devices from sysfs, and moves devices between host drivers and VFIO for VMs and containers.";
 const BIND_ABOUT: &str = "Bind PCI functions, with their IOMMU group companions, to vfio-pci (docs/bind.md)";
 const UNBIND_ABOUT: &str = "Give functions on VFIO back to the drivers they had before gpupass bound them";
+const MDEV_ABOUT: &str = "Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format \
+definitions (docs/mdev.md)";
 const OCI_HOOK_ABOUT: &str =
     "OCI runtime hook (createRuntime or prestart): give a container the VFIO device \
 nodes named by its `gpupass.dev/devices` annotation (reads the OCI state on stdin)";
 
 /// Parse the process's arguments.
 ///
-/// The commands that run in loops (`bind`, `unbind`, and `oci-hook` at every container
-/// start) are parsed against a tree holding only that command: clap builds every command and
+/// The commands that run in loops (`bind`, `unbind`, `mdev` create/remove, and `oci-hook` at
+/// every container start) are parsed against a tree holding only that command: clap builds every command and
 /// argument of the tree before it parses, which was 40% of a `bind`'s instructions. The
 /// small tree is made from the same definitions (the command's `Args`, [`Globals`], the same
 /// about texts), and `tests/cli.rs` checks that both trees parse, explain and refuse alike.
@@ -119,11 +121,14 @@ pub fn parse() -> Cli {
 /// The clap tree to parse a command line whose first argument is `first`: the whole tree, or
 /// for the hot commands a tree of that command alone.
 pub fn command_for(first: Option<&str>) -> clap::Command {
-    use clap::{Args, CommandFactory};
+    use clap::{Args, CommandFactory, Subcommand};
     let sub = match first {
         Some("bind") => bind::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT)),
         Some("unbind") => unbind::UnbindArgs::augment_args(clap::Command::new("unbind").about(UNBIND_ABOUT)),
         Some("oci-hook") => clap::Command::new("oci-hook").about(OCI_HOOK_ABOUT),
+        Some("mdev") => mdev::MdevCommand::augment_subcommands(clap::Command::new("mdev").about(MDEV_ABOUT))
+            .subcommand_required(true)
+            .arg_required_else_help(true),
         _ => return Cli::command(),
     };
     let top = clap::Command::new("gpupass")
@@ -255,9 +260,7 @@ pub enum Command {
     Recover(recover::RecoverArgs),
     /// Keep a binding across reboots (driverctl overrides; prints kernel/modprobe lines)
     Persist(persist::PersistArgs),
-    /// Mediated devices and NVIDIA vGPU: types, instances, create/remove, mdevctl-format
-    /// definitions (docs/mdev.md)
-    #[command(subcommand)]
+    #[command(subcommand, about = MDEV_ABOUT)]
     Mdev(mdev::MdevCommand),
     /// libvirt XML: hostdev elements or a complete q35 domain for passthrough
     #[command(subcommand)]
@@ -352,7 +355,7 @@ mod parse_tests {
     /// does: same help (short and long), same usage, same top-level texts.
     #[test]
     fn hot_command_trees_have_the_whole_trees_help() {
-        for name in ["bind", "unbind", "oci-hook"] {
+        for name in ["bind", "unbind", "oci-hook", "mdev"] {
             let mut full = Cli::command();
             full.build();
             let mut small = command_for(Some(name));
@@ -437,6 +440,66 @@ mod parse_tests {
             &["gpupass", "oci-hook"],
             &["gpupass", "oci-hook", "extra"],
             &["gpupass", "oci-hook", "--json"],
+            &[
+                "gpupass",
+                "mdev",
+                "create",
+                "-p",
+                "mbochs",
+                "-t",
+                "mbochs-small",
+                "-u",
+                "dddddddd-1111-4222-8333-444444444444",
+            ],
+            &[
+                "gpupass",
+                "mdev",
+                "create",
+                "--parent",
+                "mtty",
+                "--type",
+                "mtty-1",
+                "--count",
+                "2",
+                "--attr",
+                "a=1",
+                "--dry-run",
+                "--json",
+            ],
+            &[
+                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "-u", "1234",
+            ],
+            &["gpupass", "mdev", "create", "-p", "mbochs"],
+            &[
+                "gpupass",
+                "mdev",
+                "remove",
+                "dddddddd-1111-4222-8333-444444444444",
+                "-vv",
+                "--log-format",
+                "json",
+            ],
+            &["gpupass", "mdev", "remove", "0000:01:00.4", "--dry-run"],
+            &[
+                "gpupass", "mdev", "define", "-p", "mdpy", "-t", "mdpy-vga", "--auto", "--manual",
+            ],
+            &[
+                "gpupass",
+                "mdev",
+                "undefine",
+                "dddddddd-1111-4222-8333-444444444444",
+                "--root",
+                "/tmp/x",
+            ],
+            &["gpupass", "mdev", "start", "--auto-all", "--dry-run"],
+            &["gpupass", "mdev", "start"],
+            &["gpupass", "mdev", "stop", "dddddddd-1111-4222-8333-444444444444"],
+            &["gpupass", "mdev", "list", "--defined", "--json"],
+            &["gpupass", "mdev", "types", "-p", "mbochs"],
+            &["gpupass", "mdev"],
+            &["gpupass", "mdev", "bogus"],
+            &["gpupass", "mdev", "--help"],
+            &["gpupass", "mdev", "create", "--help"],
         ];
         for argv in cases {
             let full = parse_with(Cli::command(), argv);

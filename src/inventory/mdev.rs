@@ -41,19 +41,24 @@ pub(super) fn read_mdevs(host: &HostRoot, warnings: &mut Vec<String>) -> Vec<Mde
 }
 
 /// mdev parents under `sys/class/mdev_bus` that are not PCI functions of `devices` (the
-/// kernel's sample drivers mbochs/mdpy/mtty live under `sys/devices/virtual/<drv>/<drv>`).
+/// kernel's sample drivers mbochs/mdpy/mtty live under `sys/devices/virtual/<drv>/<drv>`);
+/// with `only`, that one (a name the class lists) without listing the class.
 pub(super) fn read_virtual_mdev_parents(
     host: &HostRoot,
     devices: &[PciDevice],
+    only: Option<&str>,
     warnings: &mut Vec<String>,
 ) -> Vec<MdevParent> {
     let class = host.mdev_bus_class();
-    let names = match dir_names(&class) {
-        Ok(n) => n,
-        Err(e) => {
-            warnings.push(format!("cannot list {}: {e}", host.display(&class)));
-            return Vec::new();
-        }
+    let names = match only {
+        Some(n) => vec![n.to_string()],
+        None => match dir_names(&class) {
+            Ok(n) => n,
+            Err(e) => {
+                warnings.push(format!("cannot list {}: {e}", host.display(&class)));
+                return Vec::new();
+            }
+        },
     };
     let mut out = Vec::new();
     for name in names {
@@ -63,9 +68,22 @@ pub(super) fn read_virtual_mdev_parents(
             }
         }
         let link = class.join(&name);
-        let sysfs_path = std::fs::canonicalize(&link).ok().and_then(|real| {
-            let root = std::fs::canonicalize(host.root()).ok()?;
-            real.strip_prefix(root).ok().map(|r| format!("/{}", r.display()))
+        // The class link, resolved lexically: one readlink, not one per path component.
+        let sysfs_path = std::fs::read_link(&link).ok().and_then(|t| {
+            let mut real = class.clone();
+            for c in t.components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        real.pop();
+                    }
+                    std::path::Component::Normal(n) => real.push(n),
+                    std::path::Component::RootDir => real = host.root().to_path_buf(),
+                    _ => {}
+                }
+            }
+            real.strip_prefix(host.root())
+                .ok()
+                .map(|r| format!("/{}", r.display()))
         });
         let tables = HostTables::default();
         let mut r = Reader::new(host, &tables, false);

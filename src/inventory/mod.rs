@@ -97,7 +97,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     sort_devices(&mut devices);
 
     let mdevs = read_mdevs(host, &mut warnings);
-    let mdev_parents = read_virtual_mdev_parents(host, &devices, &mut warnings);
+    let mdev_parents = read_virtual_mdev_parents(host, &devices, None, &mut warnings);
     let groups = read_groups(host, &devices, &mdevs, &mut warnings);
     let kernel = read_attr(&host.proc_osrelease()).ok();
     let mut inv = Inventory {
@@ -230,6 +230,104 @@ pub fn scan_groups(
     Ok(inv)
 }
 
+/// Read what a change to mdev instances needs, for `mdev create/remove/define/undefine/start/
+/// stop` (each runs as its own process, so this is their hot path): the active instances,
+/// every mdev parent with its types and available instances, and the NVIDIA vendor-VFIO vGPU
+/// functions with their physical functions. The parents are the same [`scan`] finds; what is
+/// left out is what no mdev plan or check looks at: the other PCI functions, the IOMMU group
+/// table, the platform facts (CPU address bits, NUMA, IOMMU widths) and the VFIO backend.
+///
+/// The PCI functions read (in full, as [`scan`] reads them) are those listed in
+/// `sys/class/mdev_bus` (mdev parents that are PCI functions), those with an `nvidia`
+/// directory (vendor-VFIO vGPU VFs and PFs) and their physical functions: one directory
+/// listing and one `stat` per function instead of a read of every attribute of every function.
+///
+/// `scope` narrows it further: [`MdevScope::Parent`] reads that one parent when
+/// `sys/class/mdev_bus` lists it (else, for a vGPU function or a name to suggest against,
+/// everything above); [`MdevScope::Instances`] reads only the active instances (`remove` and
+/// `stop` of a UUID look at nothing else).
+pub fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, InventoryError> {
+    let bus = host.sys_bus_pci_devices();
+    let mut warnings = Vec::new();
+    let mut inv = Inventory {
+        schema_version: SCHEMA_VERSION,
+        kernel: None,
+        devices: Vec::new(),
+        groups: Vec::new(),
+        mdevs: read_mdevs(host, &mut warnings),
+        mdev_parents: Vec::new(),
+        vfio_container_present: host.dev_vfio().join("vfio").exists(),
+        iommufd_present: host.dev().join("iommu").exists(),
+        iommufd: None,
+        cpu_phys_bits: None,
+        numa_nodes: Vec::new(),
+        iommu_addr_bits: None,
+        warnings: Vec::new(),
+    };
+    if scope == MdevScope::Instances {
+        inv.warnings = warnings;
+        return Ok(inv);
+    }
+    let class_dir = host.mdev_bus_class();
+    if let MdevScope::Parent(p) = scope {
+        let name = p
+            .parse::<PciAddress>()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| p.to_string());
+        let listed = !name.contains('/') && !name.starts_with('.') && class_dir.join(&name).exists();
+        if listed {
+            match name.parse::<PciAddress>() {
+                Ok(a) => inv.devices = read_devices(host, &[(a, None)], false, &mut warnings),
+                Err(_) => inv.mdev_parents = read_virtual_mdev_parents(host, &[], Some(&name), &mut warnings),
+            }
+            inv.warnings = warnings;
+            return Ok(inv);
+        }
+    }
+    let names = dir_names(&bus).map_err(|e| InventoryError::NoPciBus {
+        path: bus.clone(),
+        source: e,
+    })?;
+    let class: std::collections::HashSet<String> =
+        dir_names(&class_dir).unwrap_or_default().into_iter().collect();
+    let mut entries: Vec<(PciAddress, Option<PathBuf>)> = names
+        .iter()
+        .filter(|n| class.contains(*n) || bus.join(n).join("nvidia").exists())
+        .filter_map(|n| n.parse::<PciAddress>().ok())
+        .map(|a| (a, None))
+        .collect();
+    entries.sort();
+    let mut devices = read_devices(host, &entries, false, &mut warnings);
+    // The physical functions of vGPU VFs: a parent's name and description come from its PF.
+    let mut pfs: Vec<(PciAddress, Option<PathBuf>)> = devices
+        .iter()
+        .filter_map(|d| d.physfn)
+        .filter(|pf| !devices.iter().any(|d| d.address == *pf))
+        .map(|pf| (pf, None))
+        .collect();
+    pfs.sort();
+    pfs.dedup();
+    if !pfs.is_empty() {
+        devices.extend(read_devices(host, &pfs, false, &mut warnings));
+    }
+    sort_devices(&mut devices);
+    inv.mdev_parents = read_virtual_mdev_parents(host, &devices, None, &mut warnings);
+    inv.devices = devices;
+    inv.warnings = warnings;
+    Ok(inv)
+}
+
+/// What [`scan_mdev`] reads beyond the active instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MdevScope<'a> {
+    /// Every parent and vGPU function.
+    All,
+    /// The parent the user named (a name or a PCI address, short or full).
+    Parent(&'a str),
+    /// Nothing beyond the active instances.
+    Instances,
+}
+
 /// Load an inventory saved with `--json`.
 pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
     let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
@@ -259,6 +357,58 @@ pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `scan_mdev` finds the parents, types and instances `scan` finds, on every shipped
+    /// fixture host (virtual parents, a PCI mdev parent, NVIDIA vendor-VFIO vGPU VFs, hosts
+    /// without any); a named parent's scope finds that parent as the whole scan does; the
+    /// instances scope finds the instances and nothing else.
+    #[test]
+    fn the_mdev_scan_finds_what_the_whole_scan_finds() {
+        use crate::mdev::types::parents;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hosts");
+        let json = |v: &dyn erased::Ser| v.value();
+        let mut seen_parents = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let host = HostRoot::new(e.unwrap().path());
+            let full = scan(&host).unwrap();
+            let all = scan_mdev(&host, MdevScope::All).unwrap();
+            let want = parents(&full);
+            assert_eq!(json(&want), json(&parents(&all)), "{}", host.root().display());
+            assert_eq!(json(&full.mdevs), json(&all.mdevs), "{}", host.root().display());
+            for p in &want {
+                seen_parents += 1;
+                let one = scan_mdev(&host, MdevScope::Parent(&p.name)).unwrap();
+                let got = parents(&one);
+                let found = got.iter().find(|g| g.name == p.name);
+                assert_eq!(
+                    found.map(|g| json(g)),
+                    Some(json(p)),
+                    "{} {}",
+                    host.root().display(),
+                    p.name
+                );
+                assert_eq!(json(&full.mdevs), json(&one.mdevs));
+            }
+            let inst = scan_mdev(&host, MdevScope::Instances).unwrap();
+            assert_eq!(json(&full.mdevs), json(&inst.mdevs));
+            assert!(inst.devices.is_empty() && inst.mdev_parents.is_empty());
+        }
+        assert!(
+            seen_parents >= 6,
+            "the fixtures hold mdev and vGPU parents: {seen_parents}"
+        );
+    }
+
+    mod erased {
+        pub trait Ser {
+            fn value(&self) -> serde_json::Value;
+        }
+        impl<T: serde::Serialize> Ser for T {
+            fn value(&self) -> serde_json::Value {
+                serde_json::to_value(self).unwrap()
+            }
+        }
+    }
 
     #[test]
     fn iommu_widths() {
