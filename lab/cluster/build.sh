@@ -3,7 +3,7 @@
 # lab/cluster/go.mod, unmodified, into a cache entry keyed by those pins:
 #
 #   ${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}/cluster-<key>/bin/
-#     kube-apiserver kube-controller-manager kube-scheduler kubelet   (k8s.io/kubernetes)
+#     kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl   (k8s.io/kubernetes)
 #     etcd                                                            (go.etcd.io/etcd/server/v3)
 #     containerd containerd-shim-runc-v2 ctr                          (containerd/v2)
 #     runc                                                            (opencontainers/runc)
@@ -21,8 +21,8 @@
 # Exit status: 0 built or already cached, 1 a component failed to build (named), 2 setup.
 set -euo pipefail
 
-# Bumped when this script changes what it builds or how (part of the cache key).
-SCHEME=1
+# Bumped when this script changes what it builds or how (part of the cache key). 2: kubectl.
+SCHEME=2
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
@@ -93,10 +93,10 @@ major=${k8s#v}; minor=${major#*.}; major=${major%%.*}; minor=${minor%%.*}
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kv+=" -X $p.gitVersion=$k8s -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
 done
-step "kubernetes $k8s (kube-apiserver kube-controller-manager kube-scheduler kubelet)" \
+step "kubernetes $k8s (kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)" \
   env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w$kv" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
 
 # The package path ends in /v3, so go build would name the binary "server".
 step "etcd $etcd" env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags='-s -w' -o "$bin/etcd" go.etcd.io/etcd/server/v3
