@@ -291,6 +291,7 @@ tool (
 	github.com/containerd/containerd/v2/cmd/ctr
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 	github.com/containernetworking/plugins/plugins/main/bridge
+	github.com/containernetworking/plugins/plugins/main/host-device
 	github.com/containernetworking/plugins/plugins/main/loopback
 	github.com/containernetworking/plugins/plugins/meta/portmap
 	github.com/opencontainers/runc
