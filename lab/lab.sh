@@ -577,16 +577,19 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   for s in "$@"; do
     while IFS= read -r line; do append+=" $line"; done < <(scenario_decl "$s" append)
   done
-  # "# lab-mem: MiB": guest RAM, the largest any scenario of the boot asks for (default 1024).
-  local mem=1024 m
+  # "# lab-mem: MiB", "# lab-smp: N": guest RAM and vCPUs, the most any scenario of the boot
+  # asks for (default 1024 MiB, 1 vCPU; more vCPUs are more TCG threads on the host).
+  local mem=1024 smp=1 m
   for s in "$@"; do
     m=$(scenario_decl "$s" mem | head -1)
     [[ -z $m ]] || ((m <= mem)) || mem=$m
+    m=$(scenario_decl "$s" smp | head -1)
+    [[ -z $m ]] || ((m <= smp)) || smp=$m
   done
   # The big-BAR device's memory: a sparse file (no disk blocks until written).
   truncate -s 16G "$work/bigbar.img"
   # shellcheck disable=SC2054  # commas are QEMU's option syntax
-  QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m "$mem" -smp 1
+  QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m "$mem" -smp "$smp"
     -nodefaults -display none -no-reboot
     -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
     -append "console=ttyS0 panic=-1 quiet no_timer_check intel_iommu=on iommu=pt $append"

@@ -1,9 +1,10 @@
 # lab-about: a one-node Kubernetes built from the official modules (docs/cluster.md) inside the 6.12 guest: etcd, kube-apiserver, kube-controller-manager, kube-scheduler on loopback, kubelet + containerd 2.x + runc 1.5 + the reference CNI plugins (host-device, host-local, loopback); the node goes Ready by itself and the scheduler places a busybox Pod whose line the scenario reads back
 # lab-carry: cluster
 # lab-mem: 4096
+# lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 1800
+# lab-timeout: 3000
 # lab-steps: leg mount-bin versions node-network etcd containerd images-imported apiserver
 # lab-steps: controller-manager scheduler kubelet node-registered node-ready no-taints
 # lab-steps: default-serviceaccount pod-created pod-scheduled pod-succeeded pod-output pod-ip
@@ -33,7 +34,7 @@ lab_expect no-taints "" "$taints"
 
 # The pod needs the namespace's default ServiceAccount, which the controller manager makes.
 t=$(cl_t)
-cl_ready default-serviceaccount kube-controller-manager "$t" 300 kc get serviceaccount default
+cl_ready default-serviceaccount kube-controller-manager "$t" 600 kc get serviceaccount default
 
 # A Pod with no node named: the scheduler places it, the kubelet runs it through containerd
 # and runc, its eth0 the NIC the CNI host-device plugin moved in. It prints one line and its
@@ -57,7 +58,7 @@ spec:
 EOF
 t=$(cl_t)
 lab_check pod-created kc apply -f hello.yaml
-if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod hello -o jsonpath='{.spec.nodeName}' | grep -qx $CL_NODE"; then
+if cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod hello -o jsonpath='{.spec.nodeName}' | grep -qx $CL_NODE"; then
   lab_pass pod-scheduled "on $CL_NODE after $(cl_since "$t") s"
 else
   lab_fail pod-scheduled "$(kc get pod hello -o jsonpath='{.status.conditions}' 2>&1 | tail -1)"

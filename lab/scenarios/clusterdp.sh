@@ -2,9 +2,10 @@
 # lab-needs: gpupass
 # lab-carry: cluster
 # lab-mem: 4096
+# lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 2100
+# lab-timeout: 3300
 # lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
 # lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
 # lab-steps: unbind teardown
