@@ -386,8 +386,8 @@ l2_bzimage() {
 # carry_cluster ROOT: the cluster lab (docs/cluster.md). The binaries of lab/cluster/build.sh
 # (built here if not cached: ~20 min of CPU cold, an hour on a loaded 2-core machine; a build
 # already running, such as .ci/run's background one, is waited for) reach the guest read-only
-# over 9p (the entry, ~600 MB: kept out of the initramfs) at /opt/cluster; lab/cluster/prep.sh makes a fresh CA, certificates, kubeconfigs and the
-# two image archives into ROOT/lab/cluster.
+# over 9p (the entry, ~600 MB: kept out of the initramfs) at /opt/cluster; lab/cluster/prep.sh
+# makes a fresh CA, certificates, kubeconfigs and the two image archives into ROOT/lab/cluster.
 CLUSTER_DIR=
 carry_cluster() {
   local entry
