@@ -384,6 +384,21 @@ l2_bzimage() {
   echo "$img"
 }
 
+# carry_cluster ROOT: the cluster lab (docs/cluster.md). The binaries of lab/cluster/build.sh
+# (built here if not cached: ~20 min of CPU cold, an hour on a loaded 2-core machine; a build
+# already running, such as .ci/run's background one, is waited for) reach the guest read-only
+# over 9p (the entry, ~600 MB: kept out of the initramfs) at /opt/cluster; lab/cluster/prep.sh
+# makes a fresh CA, certificates, kubeconfigs and the two image archives into ROOT/lab/cluster.
+CLUSTER_DIR=
+carry_cluster() {
+  local entry
+  log "cluster binaries (lab/cluster/build.sh)"
+  "$LAB_DIR/cluster/build.sh" >&2 || die "could not build the cluster lab's binaries (lab/cluster/build.sh, above)"
+  entry=$("$LAB_DIR/cluster/build.sh" --print-dir)
+  CLUSTER_DIR=$entry
+  "$LAB_DIR/cluster/prep.sh" "$entry/bin" "$1/lab/cluster" || die "could not prepare the cluster lab's certificates and images (lab/cluster/prep.sh)"
+}
+
 # carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel), /lab/l2/initrd.gz (static
 # busybox + lab/guest/l2init), /lab/l2/lib.sh (lab/guest/l2lib.sh, the scenarios' helpers)
 # and /lab/l2/pciutils (lspci for L1) in the initramfs tree ROOT.
@@ -525,6 +540,12 @@ build_initramfs() { # WORK SCENARIOS...
     if scenario_decl "$s" carry | grep -qw kernel && [[ ! -f $root/lab/l2/bzImage ]]; then
       carry_l2_kernel "$root"
     fi
+    # "# lab-carry: cluster": Kubernetes, containerd, runc, etcd, CNI (docs/cluster.md) at
+    # /opt/cluster (bin/, versions) over 9p (mount tag "cluster"), certificates and images in
+    # /lab/cluster.
+    if scenario_decl "$s" carry | grep -qw cluster && [[ -z $CLUSTER_DIR ]]; then
+      carry_cluster "$root"
+    fi
     # "# lab-files: /usr/bin/x": host binaries a scenario runs in the guest, with their libraries.
     local f lib
     for f in $(scenario_decl "$s" files); do
@@ -567,10 +588,19 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   for s in "$@"; do
     while IFS= read -r line; do append+=" $line"; done < <(scenario_decl "$s" append)
   done
+  # "# lab-mem: MiB", "# lab-smp: N": guest RAM and vCPUs, the most any scenario of the boot
+  # asks for (default 1024 MiB, 1 vCPU; more vCPUs are more TCG threads on the host).
+  local mem=1024 smp=1 m
+  for s in "$@"; do
+    m=$(scenario_decl "$s" mem | head -1)
+    [[ -z $m ]] || ((m <= mem)) || mem=$m
+    m=$(scenario_decl "$s" smp | head -1)
+    [[ -z $m ]] || ((m <= smp)) || smp=$m
+  done
   # The big-BAR device's memory: a sparse file (no disk blocks until written).
   truncate -s 16G "$work/bigbar.img"
   # shellcheck disable=SC2054  # commas are QEMU's option syntax
-  QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m 1024 -smp 1
+  QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m "$mem" -smp "$smp"
     -nodefaults -display none -no-reboot
     -kernel "$KDIR/vmlinux" -initrd "$work/initramfs.cpio.gz"
     -append "console=ttyS0 panic=-1 quiet no_timer_check intel_iommu=on iommu=pt $append"
@@ -592,6 +622,17 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
     # MSI-X (5 vectors), MSI and INTx without a vendor driver: e1000e's ICS register
     # raises an interrupt cause on demand (docs/lab.md).  No netdev: a NIC with no peer.
     -device e1000e,bus=pcie.0,addr=0xd,mac=52:54:00:12:34:56)
+  # "# lab-carry: cluster": the cluster build's entry (bin/, versions) read-only over virtio-9p
+  # at 00:0e.0, and two virtio-net NICs without a peer (no network behind them: nothing leaves
+  # the guest), 00:11.0 the node's address, 00:12.0 the one the CNI host-device plugin moves
+  # into a pod. Only in such a boot; the device map of the others is unchanged.
+  if [[ -n $CLUSTER_DIR ]]; then
+    # shellcheck disable=SC2054
+    QEMU+=(-fsdev "local,id=clusterfs,path=$CLUSTER_DIR,security_model=none,readonly=on"
+      -device virtio-9p-pci,fsdev=clusterfs,mount_tag=cluster,bus=pcie.0,addr=0xe
+      -device virtio-net-pci,bus=pcie.0,addr=0x11,mac=52:54:00:c1:00:01
+      -device virtio-net-pci,bus=pcie.0,addr=0x12,mac=52:54:00:c1:00:02)
+  fi
   for s in "$@"; do
     while IFS= read -r line; do
       [[ -n $line ]] || continue

@@ -3,12 +3,12 @@
 # lab/cluster/go.mod, unmodified, into a cache entry keyed by those pins:
 #
 #   ${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}/cluster-<key>/bin/
-#     kube-apiserver kube-controller-manager kube-scheduler kubelet   (k8s.io/kubernetes)
+#     kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl   (k8s.io/kubernetes)
 #     etcd                                                            (go.etcd.io/etcd/server/v3)
 #     containerd containerd-shim-runc-v2 ctr                          (containerd/v2)
 #     runc                                                            (opencontainers/runc)
 #     crictl                                                          (sigs.k8s.io/cri-tools)
-#     cni/bridge cni/host-local cni/loopback cni/portmap              (containernetworking/plugins)
+#     cni/bridge cni/host-device cni/host-local cni/loopback cni/portmap (containernetworking/plugins)
 #     pause                 (k8s.io/kubernetes build/pause/linux/pause.c, gcc -static)
 #
 # Every binary is static (the lab guest has no libc): the Go ones with CGO_ENABLED=0, runc (whose
@@ -21,8 +21,9 @@
 # Exit status: 0 built or already cached, 1 a component failed to build (named), 2 setup.
 set -euo pipefail
 
-# Bumped when this script changes what it builds or how (part of the cache key).
-SCHEME=1
+# Bumped when this script changes what it builds or how (part of the cache key). 2: kubectl;
+# 3: the CNI host-device plugin (the cluster lab's pod network on the lab's 6.12 kernel).
+SCHEME=3
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
@@ -93,10 +94,10 @@ major=${k8s#v}; minor=${major#*.}; major=${major%%.*}; minor=${minor%%.*}
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kv+=" -X $p.gitVersion=$k8s -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
 done
-step "kubernetes $k8s (kube-apiserver kube-controller-manager kube-scheduler kubelet)" \
+step "kubernetes $k8s (kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)" \
   env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w$kv" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
 
 # The package path ends in /v3, so go build would name the binary "server".
 step "etcd $etcd" env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags='-s -w' -o "$bin/etcd" go.etcd.io/etcd/server/v3
@@ -122,10 +123,11 @@ step "cri-tools $critools (crictl)" \
   env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$critools" \
   -o "$bin/" sigs.k8s.io/cri-tools/cmd/crictl
 
-step "CNI plugins $cni (bridge host-local loopback portmap)" \
+step "CNI plugins $cni (bridge host-device host-local loopback portmap)" \
   env CGO_ENABLED=0 "$GO" build -p "$jobs" -trimpath -ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni" \
   -o "$bin/cni/" \
   github.com/containernetworking/plugins/plugins/main/bridge \
+  github.com/containernetworking/plugins/plugins/main/host-device \
   github.com/containernetworking/plugins/plugins/ipam/host-local \
   github.com/containernetworking/plugins/plugins/main/loopback \
   github.com/containernetworking/plugins/plugins/meta/portmap

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The host-side half of the cluster lab (docs/cluster.md): what the guest cannot make itself,
+# made fresh for every boot and carried in the initramfs at /lab/cluster/ (lab/lab.sh runs this
+# for a scenario that declares "# lab-carry: cluster"):
+#
+#   pki/      a CA of its own and every certificate and key the one-node cluster uses
+#             (openssl; ECDSA P-256), valid for two days, never reused
+#   *.kubeconfig   admin, kube-controller-manager, kube-scheduler, kubelet (the node "lab")
+#   images/   two OCI image archives for `ctr -n k8s.io images import`, built here from files
+#             of this machine, never pulled: the sandbox image registry.k8s.io/pause:<TAG>
+#             (Kubernetes' own pause, from the cluster build) and gpupass.dev/lab/busybox:<ver>
+#             (Debian's static busybox with its applet links)
+#   images.txt     "<archive> <image name>" per image
+#   lib.sh    lab/cluster/guest.sh: brings the cluster up and down in the guest
+#
+# Usage: lab/cluster/prep.sh BINDIR OUTDIR
+#   BINDIR  the cluster build's bin/ (lab/cluster/build.sh --print-dir + /bin)
+#   OUTDIR  created; what lands in the guest's /lab/cluster
+# Exit status: 0 done, 2 a tool or input is missing (named).
+set -euo pipefail
+die() { echo "cluster prep: $*" >&2; exit 2; }
+[ $# = 2 ] || die "usage: lab/cluster/prep.sh BINDIR OUTDIR"
+bin=$1 out=$2
+[ -x "$bin/pause" ] || die "no $bin/pause: run lab/cluster/build.sh first"
+command -v openssl >/dev/null || die "openssl is missing (Debian: apt-get install openssl)"
+[ -x /bin/busybox ] || die "/bin/busybox is missing (Debian: apt-get install busybox-static)"
+file -L /bin/busybox | grep -q 'statically linked' || die "/bin/busybox is not static (busybox-static)"
+
+# Where the guest sees these files.
+G=/lab/cluster
+mkdir -p "$out/pki" "$out/images"
+# The guest's half: /lab/cluster/lib.sh, sourced by the cluster scenarios.
+cp "$(dirname "$0")/guest.sh" "$out/lib.sh"
+pki=$out/pki
+
+# --- certificates -------------------------------------------------------------------------
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$pki/$1.key" 2>/dev/null; }
+key ca
+openssl req -x509 -new -key "$pki/ca.key" -days 2 -subj "/CN=gpupass-lab-cluster-ca" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+  -out "$pki/ca.crt" 2>/dev/null
+# cert NAME SUBJECT EXTKEYUSAGE [SAN]: a leaf signed by the CA.
+cert() {
+  local ext
+  key "$1"
+  ext=$(mktemp)
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$3"
+    [ -z "${4:-}" ] || echo "subjectAltName=$4"
+  } > "$ext"
+  openssl req -new -key "$pki/$1.key" -subj "$2" -out "$pki/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$pki/$1.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 2 -extfile "$ext" -out "$pki/$1.crt" 2>/dev/null
+  rm -f "$ext" "$pki/$1.csr"
+}
+# The API server listens on the guest's loopback only; 10.96.0.1 is the "kubernetes" Service's
+# address in --service-cluster-ip-range (inside the guest, never routed anywhere).
+cert apiserver "/CN=kube-apiserver" serverAuth \
+  "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1"
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
+cert admin "/O=system:masters/CN=lab-admin" clientAuth
+cert controller-manager "/CN=system:kube-controller-manager" clientAuth
+cert scheduler "/CN=system:kube-scheduler" clientAuth
+# The node authorizer and NodeRestriction know a kubelet by this name and group.
+cert kubelet "/O=system:nodes/CN=system:node:lab" clientAuth
+# The service-account token signer.
+key sa
+openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+rm -f "$pki/ca.srl"
+
+kubeconfig() { # NAME USER
+  cat > "$out/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: https://127.0.0.1:6443
+    certificate-authority: $G/pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $G/pki/$1.crt
+    client-key: $G/pki/$1.key
+contexts:
+- name: lab
+  context: {cluster: lab, user: $2}
+current-context: lab
+EOF
+}
+kubeconfig admin lab-admin
+kubeconfig controller-manager system:kube-controller-manager
+kubeconfig scheduler system:kube-scheduler
+kubeconfig kubelet system:node:lab
+
+# --- images ----------------------------------------------------------------------------------
+# oci_image ARCHIVE NAME ROOTDIR CONFIG: an OCI image layout (one uncompressed layer made of
+# ROOTDIR, owned by root, mtime 0) as a tar that `ctr images import` reads; NAME goes into the
+# index as io.containerd.image.name. CONFIG is the image config's "config" object.
+oci_image() {
+  local archive=$1 name=$2 root=$3 config=$4 lay d layer ldig lsize cfg cdig csize man mdig msize
+  lay=$(mktemp -d)
+  mkdir -p "$lay/blobs/sha256"
+  layer=$lay/layer.tar
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C "$root" -cf "$layer" .
+  ldig=$(sha256sum "$layer" | cut -d' ' -f1); lsize=$(stat -c %s "$layer")
+  mv "$layer" "$lay/blobs/sha256/$ldig"
+  cfg="{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":$config,\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[\"sha256:$ldig\"]}}"
+  printf '%s' "$cfg" > "$lay/cfg"
+  cdig=$(sha256sum "$lay/cfg" | cut -d' ' -f1); csize=$(stat -c %s "$lay/cfg")
+  mv "$lay/cfg" "$lay/blobs/sha256/$cdig"
+  man="{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"sha256:$cdig\",\"size\":$csize},\"layers\":[{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$ldig\",\"size\":$lsize}]}"
+  printf '%s' "$man" > "$lay/man"
+  mdig=$(sha256sum "$lay/man" | cut -d' ' -f1); msize=$(stat -c %s "$lay/man")
+  mv "$lay/man" "$lay/blobs/sha256/$mdig"
+  printf '%s' "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.index.v1+json\",\"manifests\":[{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"sha256:$mdig\",\"size\":$msize,\"platform\":{\"architecture\":\"amd64\",\"os\":\"linux\"},\"annotations\":{\"io.containerd.image.name\":\"$name\",\"org.opencontainers.image.ref.name\":\"${name##*:}\"}}]}" > "$lay/index.json"
+  printf '%s' '{"imageLayoutVersion":"1.0.0"}' > "$lay/oci-layout"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu -C "$lay" \
+    -cf "$archive" oci-layout index.json blobs
+  rm -rf "$lay"
+  echo "images/$(basename "$archive") $name" >> "$out/images.txt"
+}
+: > "$out/images.txt"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# pause: the TAG build.sh compiled it with (the entry's versions file: "pause <TAG>").
+ptag=$(awk '$1 == "pause" { print $2 }' "$bin/../versions" 2>/dev/null)
+[ -n "$ptag" ] || die "no pause version in $bin/../versions (an incomplete cluster build?)"
+mkdir -p "$tmp/pause"
+cp "$bin/pause" "$tmp/pause/pause"
+oci_image "$out/images/pause.tar" "registry.k8s.io/pause:$ptag" "$tmp/pause" \
+  '{"Entrypoint":["/pause"],"User":"65535:65535"}'
+echo "$ptag" > "$out/pause-tag"
+
+# busybox: the static binary, a link per applet, /etc/passwd and /etc/group for uid 0.
+bbver=$(/bin/busybox | head -1 | sed -n 's/^BusyBox v\([0-9.]*\).*/\1/p')
+[ -n "$bbver" ] || die "cannot read busybox's version"
+r=$tmp/busybox
+mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/proc" "$r/sys" "$r/dev"
+cp /bin/busybox "$r/bin/busybox"
+for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$r/bin/$a"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$r/etc/passwd"
+echo 'root:x:0:' > "$r/etc/group"
+oci_image "$out/images/busybox.tar" "gpupass.dev/lab/busybox:$bbver" "$r" \
+  '{"Cmd":["sh"],"Env":["PATH=/bin"]}'
+echo "gpupass.dev/lab/busybox:$bbver" > "$out/busybox-image"

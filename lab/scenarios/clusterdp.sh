@@ -1,0 +1,140 @@
+# lab-about: `gpupass device-plugin` against the real kubelet of the cluster lab (docs/cluster.md): it registers, the Node's allocatable shows the resource, a Pod asking for it is scheduled and its container opens the VFIO nodes it was given (legacy: the group node + /dev/vfio/vfio; iommufd: the cdev + /dev/iommu), a restarted plugin registers again and the second Pod gets the device the first one released
+# lab-needs: gpupass
+# lab-carry: cluster
+# lab-mem: 4096
+# lab-smp: 2
+# lab-modules: overlay
+# lab-modules: virtio_net
+# lab-timeout: 3300
+# lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
+# lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
+# lab-steps: unbind teardown
+#
+# Run alone (lab/lab.sh --kernel 6.12 run clusterdp) or after `cluster` in the same boot
+# (lab/lab.sh --kernel 6.12 run cluster clusterdp: the cluster stays up between them).
+if [ "$LAB_CGROUP" != v2 ]; then
+  lab_fail leg "the cluster lab runs on the 6.12 leg (cgroup v2): lab/lab.sh --kernel 6.12 run clusterdp"
+  exit 1
+fi
+lab_pass leg "kernel $(uname -r), cgroup v2"
+# shellcheck source=../cluster/guest.sh
+. /lab/cluster/lib.sh
+if ! cluster_up; then
+  cl_files
+  cluster_down
+  exit 1
+fi
+
+D=0000:00:07.0
+lab_check bind gpupass bind $D
+g=$(lab_group $D)
+cdev=$(ls /sys/bus/pci/devices/$D/vfio-dev 2> /dev/null)
+
+# plugin_start BACKEND: the plugin in the background, its log in $CL_LOG/device-plugin-BACKEND.log.
+plugin_start() {
+  cl_start "device-plugin-$1" gpupass device-plugin -v --backend "$1"
+}
+plugin_stop() {
+  _p=$(cat "$CL_RUN/device-plugin-$1.pid" 2> /dev/null) && kill "$_p" 2> /dev/null
+  for _i in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$_p" 2> /dev/null || return 0; sleep 1; done
+  return 1
+}
+# The extended resources the node reports (everything but cpu, memory, pods, storage, hugepages).
+extended() {
+  kc get node "$CL_NODE" -o jsonpath="{.status.$1}" | tr ',{}' '\n\n\n' |
+    grep -v -E '^"(cpu|memory|pods|ephemeral-storage|hugepages-[^"]*)":' | grep . | tr -d '"'
+}
+
+t=$(cl_t)
+plugin_start legacy
+lab_pass plugin-start "gpupass device-plugin -v --backend legacy"
+# The kubelet's device manager takes the registration and puts the resource in the Node's
+# capacity/allocatable at its next status update.
+if cl_wait 300 sh -c "[ -n \"\$(kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | tr ',{}' '\n\n\n' | grep -v -E '^\"(cpu|memory|pods|ephemeral-storage|hugepages-[^\"]*)\":' | grep . )\" ]"; then
+  res=$(extended allocatable | head -1)
+  lab_pass resource-allocatable "$res after $(cl_since "$t") s"
+else
+  lab_fail resource-allocatable "no extended resource on the node; plugin log: $(tail -1 "$CL_LOG/device-plugin-legacy.log")"
+  res=''
+fi
+name=${res%%:*}
+
+# pod NAME: a Pod asking for one $name that opens every VFIO/iommufd node it has, then exits.
+pod() {
+  cat > "$1.yaml" << EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  dnsPolicy: Default
+  containers:
+  - name: probe
+    image: $(cat "$CL/busybox-image")
+    imagePullPolicy: Never
+    resources:
+      limits: {"$name": 1}
+    command:
+    - /bin/sh
+    - -c
+    - |
+      for p in /dev/vfio/* /dev/vfio/devices/* /dev/iommu; do
+        [ -c "\$p" ] || continue
+        if (exec 3<>"\$p") 2>/dev/null; then echo "open OK \$p"; else echo "open FAILED \$p: \$( (exec 3<>"\$p") 2>&1)"; fi
+      done
+      env | grep '^PCI_RESOURCE' || echo "no PCI_RESOURCE env"
+EOF
+  kc apply -f "$1.yaml" > /dev/null
+}
+# run_pod NAME STEP: creates it, waits for Succeeded, leaves its log in $CL_LOG/NAME.txt.
+run_pod() {
+  _t=$(cl_t)
+  pod "$1"
+  if cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod $1 -o jsonpath='{.status.phase}' | grep -qx Succeeded"; then
+    lab_pass "$2" "after $(cl_since "$_t") s"
+  else
+    lab_fail "$2" "phase $(kc get pod "$1" -o jsonpath='{.status.phase} {.status.conditions} {.status.containerStatuses}' 2>&1 | tail -1)"
+  fi
+  kc logs "$1" > "$CL_LOG/$1.txt" 2>&1
+  cat "$CL_LOG/$1.txt"
+  kc get pod "$1" -o yaml > "$CL_LOG/$1.yaml" 2>&1
+  lab_file "$1.txt" "$CL_LOG/$1.txt"
+}
+
+run_pod vfio-legacy legacy-pod-succeeded
+if grep -qx "open OK /dev/vfio/$g" "$CL_LOG/vfio-legacy.txt" && grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/vfio-legacy.txt" &&
+  ! grep -q 'open FAILED' "$CL_LOG/vfio-legacy.txt"; then
+  lab_pass legacy-opens "/dev/vfio/$g and /dev/vfio/vfio open in the container"
+else
+  lab_fail legacy-opens "$(tr '\n' ';' < "$CL_LOG/vfio-legacy.txt")"
+fi
+lab_expect legacy-env "PCI_RESOURCE_$(echo "$name" | tr 'a-z./-' 'A-Z___')=$D" "$(grep '^PCI_RESOURCE' "$CL_LOG/vfio-legacy.txt")"
+kc delete pod vfio-legacy --wait=true --timeout=180s > /dev/null 2>&1
+
+# A restarted plugin registers again; now with the iommufd node set.
+t=$(cl_t)
+if plugin_stop legacy; then
+  plugin_start iommufd
+  if cl_wait 120 grep -q '^.*registered ' "$CL_LOG/device-plugin-iommufd.log"; then
+    lab_pass plugin-restart "registered again after $(cl_since "$t") s"
+  else
+    lab_fail plugin-restart "no registration in the new plugin's log: $(tail -1 "$CL_LOG/device-plugin-iommufd.log")"
+  fi
+else
+  lab_fail plugin-restart "the legacy plugin did not stop"
+fi
+run_pod vfio-iommufd iommufd-pod-succeeded
+if [ -n "$cdev" ] && grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/vfio-iommufd.txt" &&
+  grep -qx "open OK /dev/iommu" "$CL_LOG/vfio-iommufd.txt" && ! grep -q 'open FAILED' "$CL_LOG/vfio-iommufd.txt"; then
+  lab_pass iommufd-opens "/dev/vfio/devices/$cdev and /dev/iommu open in the container"
+else
+  lab_fail iommufd-opens "cdev '$cdev': $(tr '\n' ';' < "$CL_LOG/vfio-iommufd.txt")"
+fi
+kc delete pod vfio-iommufd --wait=true --timeout=180s > /dev/null 2>&1
+
+plugin_stop iommufd
+lab_check unbind gpupass unbind $D
+
+cl_files
+if cluster_last; then cluster_down; else lab_pass teardown "left up for the next cluster scenario"; fi
