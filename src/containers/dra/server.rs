@@ -149,15 +149,22 @@ impl Registration for Registrar {
 
 struct Plugin(std::sync::Arc<Shared>);
 
+/// The claims of a request, v1's or v1beta1's (the same three fields).
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                uid: c.uid,
+                name: c.name,
+            })
+            .collect::<Vec<ClaimRef>>()
+    };
+}
+
 fn refs_v1(claims: Vec<v1::Claim>) -> Vec<ClaimRef> {
-    claims
-        .into_iter()
-        .map(|c| ClaimRef {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        })
-        .collect()
+    claim_refs!(claims)
 }
 
 fn prepare_v1(r: PrepareReply) -> v1::NodePrepareResourcesResponse {
@@ -232,16 +239,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                uid: c.uid,
-                name: c.name,
-            })
-            .collect();
+        let claims = claim_refs!(req.into_inner().claims);
         let r = prepare_v1(self.0.prepare(claims).await?);
         Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
             claims: r
@@ -273,16 +271,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = req
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                uid: c.uid,
-                name: c.name,
-            })
-            .collect();
+        let claims = claim_refs!(req.into_inner().claims);
         let r = unprepare_v1(self.0.unprepare(claims).await?);
         Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
             claims: r
