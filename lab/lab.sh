@@ -84,6 +84,7 @@ HOST_PACKAGES=(
   "make make"
   "timeout coreutils"
   "lspci pciutils"
+  "openssl openssl"
 )
 # The 6.12 leg builds its kernel: Kbuild's host tools.
 KBUILD_PACKAGES=(
