@@ -390,14 +390,38 @@ l2_bzimage() {
 # already running, such as .ci/run's background one, is waited for) reach the guest read-only
 # over 9p (the entry, ~600 MB: kept out of the initramfs) at /opt/cluster; lab/cluster/prep.sh
 # makes a fresh CA, certificates, kubeconfigs and the two image archives into ROOT/lab/cluster.
-CLUSTER_DIR=
+# The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) runs on the
+# host's loopback (lab/cluster/host.sh, state in WORK/cluster-host), started here so that it is
+# up while the guest boots; the guest's kubelet reaches it over QEMU's user network (qemu_cmd).
+# cluster_host_down stops it after the boot (and the runner's EXIT trap, and host.sh's
+# watchdog if the runner is killed).
+CLUSTER_DIR= CLUSTER_HOST=
 carry_cluster() {
-  local entry
+  local entry api
   log "cluster binaries (lab/cluster/build.sh)"
   "$LAB_DIR/cluster/build.sh" >&2 || die "could not build the cluster lab's binaries (lab/cluster/build.sh, above)"
   entry=$("$LAB_DIR/cluster/build.sh" --print-dir)
   CLUSTER_DIR=$entry
-  "$LAB_DIR/cluster/prep.sh" "$entry/bin" "$1/lab/cluster" || die "could not prepare the cluster lab's certificates and images (lab/cluster/prep.sh)"
+  CLUSTER_HOST=$(dirname "$1")/cluster-host
+  "$LAB_DIR/cluster/host.sh" ports "$CLUSTER_HOST" || die "could not choose the control plane's loopback ports"
+  api=$(awk '$1 == "api" { print $2 }' "$CLUSTER_HOST/ports")
+  CL_SERVER=https://10.0.2.2:$api "$LAB_DIR/cluster/prep.sh" "$entry/bin" "$1/lab/cluster" ||
+    die "could not prepare the cluster lab's certificates and images (lab/cluster/prep.sh)"
+  cp "$CLUSTER_HOST/ports" "$1/lab/cluster/host-ports"
+  log "cluster control plane on the host's loopback (API server 127.0.0.1:$api, the guest's 10.0.2.2:$api)"
+  "$LAB_DIR/cluster/host.sh" up "$entry/bin" "$1/lab/cluster" "$CLUSTER_HOST" $$ ||
+    die "could not start the cluster's control plane (lab/cluster/host.sh)"
+}
+# cluster_host_down: the host's control plane stopped (its logs kept in CLUSTER_HOST/log);
+# writes CLUSTER_HOST/down.txt, "PASS ..." or "FAIL ...".
+cluster_host_down() {
+  [[ -n $CLUSTER_HOST && -d $CLUSTER_HOST/run && ! -f $CLUSTER_HOST/down.txt ]] || return 0
+  local msg
+  if msg=$("$LAB_DIR/cluster/host.sh" down "$CLUSTER_HOST" 2>&1); then
+    echo "PASS ${msg//$'\n'/; }" >"$CLUSTER_HOST/down.txt"
+  else
+    echo "FAIL ${msg//$'\n'/; }" >"$CLUSTER_HOST/down.txt"
+  fi
 }
 
 # carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel), /lab/l2/initrd.gz (static
@@ -627,11 +651,15 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   # at 00:0e.0, and two virtio-net NICs without a peer (no network behind them: nothing leaves
   # the guest), 00:11.0 the node's address, 00:12.0 the one the CNI host-device plugin moves
   # into a pod. Only in such a boot; the device map of the others is unchanged.
+  # The node's NIC (00:11.0) is on QEMU's user network: the guest is 10.0.2.15, and its
+  # connections to 10.0.2.2:PORT become the host's 127.0.0.1:PORT, where lab/cluster/host.sh's
+  # API server listens; no port of the guest is forwarded, no DHCP or DNS is used.
   if [[ -n $CLUSTER_DIR ]]; then
     # shellcheck disable=SC2054
     QEMU+=(-fsdev "local,id=clusterfs,path=$CLUSTER_DIR,security_model=none,readonly=on"
       -device virtio-9p-pci,fsdev=clusterfs,mount_tag=cluster,bus=pcie.0,addr=0xe
-      -device virtio-net-pci,bus=pcie.0,addr=0x11,mac=52:54:00:c1:00:01
+      -netdev user,id=clnode,net=10.0.2.0/24,host=10.0.2.2,ipv6=off
+      -device virtio-net-pci,netdev=clnode,bus=pcie.0,addr=0x11,mac=52:54:00:c1:00:01
       -device virtio-net-pci,bus=pcie.0,addr=0x12,mac=52:54:00:c1:00:02)
   fi
   for s in "$@"; do
@@ -678,7 +706,7 @@ cmd_run() { # [--update-fixture] SCENARIOS...
 
   mkdir -p "$REPO/target/lab/work" "$OUT_ROOT"
   WORK=$(mktemp -d "$REPO/target/lab/work/run.XXXXXX")
-  trap 'rm -rf "$WORK"' EXIT
+  trap 'cluster_host_down; rm -rf "$WORK"' EXIT
   local work=$WORK
   build_initramfs "$work" "${scen[@]}"
   log "initramfs $(du -h "$work/initramfs.cpio.gz" | cut -f1), prepared in $(elapsed "$t0") s"
@@ -719,6 +747,19 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     if [[ -s $work/hang-monitor.txt ]]; then cp "$work/hang-monitor.txt" "$OUT_ROOT/$a/"; fi
   done
   if [[ -s $work/hang-monitor.txt ]]; then log "out of time: L1's state 10 s before the limit in hang-monitor.txt"; fi
+  # The cluster's control plane on the host: stopped now, its logs and verdict beside each
+  # cluster scenario's results (read by lab/scenarios/cluster*.check).
+  if [[ -n $CLUSTER_HOST ]]; then
+    cluster_host_down
+    for a in "${scen[@]}"; do
+      scenario_decl "$a" carry | grep -qw cluster || continue
+      mkdir -p "$OUT_ROOT/$a/host"
+      cp "$CLUSTER_HOST/down.txt" "$CLUSTER_HOST/ports" "$OUT_ROOT/$a/host/" 2>/dev/null || true
+      for f in "$CLUSTER_HOST"/log/*.log; do
+        [[ -f $f ]] && tail -n 3000 "$f" >"$OUT_ROOT/$a/host/$(basename "$f")"
+      done
+    done
+  fi
   python3 "$LAB_DIR/tools/labtool.py" collect --data "$data" --out "$OUT_ROOT" -- "${scen[@]}" ||
     log "collect reported problems"
 

@@ -1,21 +1,24 @@
 # The guest side of the cluster lab (docs/cluster.md), sourced by the cluster scenarios
-# (busybox sh, after /lab/lib.sh): brings up the one-node Kubernetes inside the lab guest and
-# takes it down again. Everything listens on the guest's loopback, except the kubelet (on the
-# node's address, where the API server reaches it) and the pod (on its own NIC); nothing
-# leaves the guest: its two NICs have no peer in QEMU. lab/cluster/prep.sh made /lab/cluster/ on the host (certificates,
-# kubeconfigs, image archives); the binaries are the cluster build's bin/, over 9p.
+# (busybox sh, after /lab/lib.sh): the node half of a one-node Kubernetes (kubelet, containerd
+# 2.x, runc 1.5, the reference CNI plugins) inside the lab guest, joined to the control plane
+# that lab/cluster/host.sh runs on the host's loopback. The node's NIC is on QEMU's user network
+# (the guest 10.0.2.15; the host's 127.0.0.1:PORT is 10.0.2.2:PORT here); the pod's NIC has no
+# peer. lab/cluster/prep.sh made /lab/cluster/ on the host (certificates, kubeconfigs naming
+# https://10.0.2.2:PORT, image archives); the binaries are the cluster build's bin/, over 9p.
 CL_BIN=/opt/cluster/bin
 CL=/lab/cluster
 CL_RUN=/run/lab-cluster
 CL_LOG=/tmp/lab-cluster
 CL_NODE=lab
-# The node's address on the NIC lab.sh gives it (MAC 52:54:00:c1:00:01; the kubelet refuses a
-# loopback node IP), and the pod network: the CNI host-device plugin moves the second NIC
+# The node's address on the NIC lab.sh puts on QEMU's user network (MAC 52:54:00:c1:00:01;
+# 10.0.2.15 is the address QEMU's DHCP would give, set here without DHCP), the host as the
+# guest reaches it, and the pod network: the CNI host-device plugin moves the second NIC
 # (52:54:00:c1:00:02) into the pod's network namespace as eth0, host-local gives it an address.
 # (The lab's 6.12 kernel has neither BRIDGE nor VETH, so the bridge plugin cannot run there.)
 CL_NODE_NIC=node0
 CL_NODE_MAC=52:54:00:c1:00:01
-CL_NODE_IP=10.88.0.1
+CL_NODE_IP=10.0.2.15
+CL_HOST_IP=10.0.2.2
 CL_POD_NIC=pod0
 CL_POD_MAC=52:54:00:c1:00:02
 CL_SUBNET=10.88.1.0/24
@@ -26,6 +29,14 @@ cl_t() { cut -d' ' -f1 /proc/uptime; }
 # cl_since T0: seconds since T0 (a cl_t value), one decimal.
 cl_since() { awk -v a="$1" -v b="$(cl_t)" 'BEGIN { printf "%.1f", b - a }'; }
 kc() { kubectl --kubeconfig "$CL/admin.kubeconfig" "$@"; }
+# cl_logs POD: what the pod's containers printed, through the CRI (crictl logs; `kubectl logs`
+# would need the host's API server to reach the kubelet in the guest, which it cannot).
+cl_logs() {
+  for _cid in $(crictl --runtime-endpoint unix:///run/containerd/containerd.sock ps -a \
+    --label "io.kubernetes.pod.name=$1" -q 2> /dev/null); do
+    crictl --runtime-endpoint unix:///run/containerd/containerd.sock logs "$_cid" 2>&1
+  done
+}
 
 # cl_wait SECONDS CMD...: CMD until it succeeds, every 2 s; 1 when SECONDS passed.
 cl_wait() {
@@ -90,9 +101,8 @@ cluster_up() {
     lab_pass mount-bin "already mounted"
   fi
   {
-    for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
-      echo "$b: $("$CL_BIN/$b" --version 2>&1 | head -1)"
-    done
+    # The node's components (the control plane's run on the host: host/*.log).
+    echo "kubelet: $(kubelet --version 2>&1 | head -1)"
     echo "kubectl: $(kubectl version --client 2>&1 | head -1)"
     echo "containerd: $(containerd --version 2>&1 | head -1)"
     echo "runc: $(runc --version 2>&1 | head -1)"
@@ -132,21 +142,13 @@ cluster_up() {
   done
   if ip link show "$CL_NODE_NIC" > /dev/null 2>&1 && ip link show "$CL_POD_NIC" > /dev/null 2>&1 &&
     { ip -4 addr show dev "$CL_NODE_NIC" | grep -q "inet $CL_NODE_IP/" ||
-      ip addr add "$CL_NODE_IP/24" dev "$CL_NODE_NIC"; } && ip link set "$CL_NODE_NIC" up; then
-    lab_pass node-network "$CL_NODE_NIC $CL_NODE_IP/24, $CL_POD_NIC for the pod"
+      ip addr add "$CL_NODE_IP/24" dev "$CL_NODE_NIC"; } && ip link set "$CL_NODE_NIC" up &&
+    { ip route show default | grep -q . || ip route add default via "$CL_HOST_IP" dev "$CL_NODE_NIC"; }; then
+    lab_pass node-network "$CL_NODE_NIC $CL_NODE_IP/24 (QEMU user network, host $CL_HOST_IP), $CL_POD_NIC for the pod"
   else
     lab_fail node-network "no NICs with $CL_NODE_MAC and $CL_POD_MAC ($(ls /sys/class/net | tr '\n' ' '))"
     return 1
   fi
-
-  # etcd: one member, plain HTTP on loopback only.
-  t=$(cl_t)
-  cl_start etcd etcd --name "$CL_NODE" --data-dir /var/lib/etcd \
-    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster "$CL_NODE=http://127.0.0.1:2380" --log-level warn \
-    --heartbeat-interval=500 --election-timeout=5000
-  cl_ready etcd etcd "$t" 120 sh -c 'wget -q -O - http://127.0.0.1:2379/health | grep -q "\"health\":\"true\""' || return 1
 
   # containerd 2.x with runc 1.5 and the CNI plugins from the build. The guest's root is the
   # initramfs, where pivot_root is not possible: runc runs with --no-pivot (NoPivotRoot).
@@ -213,61 +215,17 @@ EOF
   lab_pass images-imported "$(awk '{ printf "%s ", $2 }' "$CL/images.txt")in $(cl_since "$t") s"
   echo "images $(cl_since "$t")" >> "$CL_LOG/timings.txt"
 
-  # kube-apiserver on 127.0.0.1:6443 with the certificates of this boot. Its post-start hook
-  # "start-service-ip-repair-controllers" gives its first check one minute (a constant in
-  # pkg/registry/core/rest/storage_core.go) and exits the process when that passes: under TCG on
-  # a loaded host it can. As a supervisor would (the kubelet does for kubeadm's static pods),
-  # start it again, at most three times; each exit is kept in the step's detail and its log.
+  # The control plane on the host (lab/cluster/host.sh, started before this boot): its API
+  # server's /readyz through kubectl with this boot's admin certificate, over QEMU's user
+  # network, checked against this boot's CA (the serving certificate names 10.0.2.2).
   t=$(cl_t)
-  _try=1 _exits=''
-  while :; do
-    cl_start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 \
-      --bind-address=127.0.0.1 --advertise-address="$CL_NODE_IP" --secure-port=6443 \
-      --cert-dir=/var/lib/kube-apiserver \
-      --tls-cert-file="$CL/pki/apiserver.crt" --tls-private-key-file="$CL/pki/apiserver.key" \
-      --client-ca-file="$CL/pki/ca.crt" \
-      --kubelet-client-certificate="$CL/pki/apiserver-kubelet-client.crt" \
-      --kubelet-client-key="$CL/pki/apiserver-kubelet-client.key" \
-      --service-account-issuer=https://kubernetes.default.svc \
-      --service-account-key-file="$CL/pki/sa.pub" --service-account-signing-key-file="$CL/pki/sa.key" \
-      --service-cluster-ip-range=10.96.0.0/24 --authorization-mode=Node,RBAC \
-      --allow-privileged=true --endpoint-reconciler-type=none --profiling=false \
-      --enable-priority-and-fairness=false
-    _w=$(( $(cut -d. -f1 /proc/uptime) + 1200 ))
-    while ! kc get --raw /readyz > /dev/null 2>&1 && cl_alive kube-apiserver &&
-      [ "$(cut -d. -f1 /proc/uptime)" -lt "$_w" ]; do sleep 2; done
-    cl_alive kube-apiserver && break
-    _why=$(grep '^F' "$CL_LOG/kube-apiserver.log" | tail -1 | cut -c1-160)
-    cp "$CL_LOG/kube-apiserver.log" "$CL_LOG/kube-apiserver-exit$_try.log"
-    _exits="$_exits; start $_try exited after $(cl_since "$t") s: ${_why:-$(tail -1 "$CL_LOG/kube-apiserver.log")}"
-    echo "kube-apiserver: start $_try exited: $_why"
-    [ $_try -lt 3 ] || break
-    _try=$((_try + 1))
-  done
-  if cl_alive kube-apiserver && kc get --raw /readyz > /dev/null 2>&1; then
-    lab_pass apiserver "kube-apiserver ready after $(cl_since "$t") s (start $_try of at most 3$_exits)"
-    echo "apiserver $(cl_since "$t") starts=$_try" >> "$CL_LOG/timings.txt"
+  if cl_wait 300 kc get --raw /readyz; then
+    lab_pass control-plane "the host's kube-apiserver ($(sed -n 's#^ *server: ##p' "$CL/admin.kubeconfig")) ready, waited $(cl_since "$t") s; $(kc version 2>&1 | grep -i '^server' | head -1)"
+    echo "control-plane $(cl_since "$t")" >> "$CL_LOG/timings.txt"
   else
-    lab_fail apiserver "kube-apiserver not ready (start $_try$_exits) :: $(tail -1 "$CL_LOG/kube-apiserver.log")"
+    lab_fail control-plane "no /readyz from $(sed -n 's#^ *server: ##p' "$CL/admin.kubeconfig") in 300 s :: $(kc get --raw /readyz 2>&1 | tail -1)"
     return 1
   fi
-
-  t=$(cl_t)
-  cl_start kube-controller-manager kube-controller-manager \
-    --kubeconfig="$CL/controller-manager.kubeconfig" \
-    --authentication-kubeconfig="$CL/controller-manager.kubeconfig" \
-    --authorization-kubeconfig="$CL/controller-manager.kubeconfig" \
-    --bind-address=127.0.0.1 --leader-elect=false --cert-dir=/var/lib/kube-controller-manager \
-    --service-account-private-key-file="$CL/pki/sa.key" --root-ca-file="$CL/pki/ca.crt" \
-    --cluster-signing-cert-file="$CL/pki/ca.crt" --cluster-signing-key-file="$CL/pki/ca.key" \
-    --profiling=false
-  cl_start kube-scheduler kube-scheduler --kubeconfig="$CL/scheduler.kubeconfig" \
-    --authentication-kubeconfig="$CL/scheduler.kubeconfig" \
-    --authorization-kubeconfig="$CL/scheduler.kubeconfig" \
-    --bind-address=127.0.0.1 --leader-elect=false --cert-dir=/var/lib/kube-scheduler --profiling=false
-  # Ready: their own /healthz (self-signed serving certificates, loopback only).
-  cl_ready controller-manager kube-controller-manager "$t" 600 sh -c 'wget -q -O - --no-check-certificate https://127.0.0.1:10257/healthz | grep -qx ok' || return 1
-  cl_ready scheduler kube-scheduler "$t" 600 sh -c 'wget -q -O - --no-check-certificate https://127.0.0.1:10259/healthz | grep -qx ok' || return 1
 
   # The kubelet: cgroup v2 through cgroupfs, containerd's CRI socket, x509 + webhook auth.
   mkdir -p /var/lib/kubelet
@@ -318,14 +276,14 @@ cluster_down() {
   if cl_alive containerd; then
     crictl --runtime-endpoint unix:///run/containerd/containerd.sock rmp -a -f > "$CL_LOG/rmp.txt" 2>&1
   fi
-  for _n in containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  for _n in containerd; do
     cl_alive $_n && kill "$(cat "$CL_RUN/$_n.pid")"
   done
-  # Up to 90 s: under TCG the API server's graceful shutdown alone takes a while.
+  # Up to 90 s (TCG). The host's control plane is stopped by lab.sh after the boot.
   _left='' _i=0
   while [ $_i -lt 90 ]; do
     _left=''
-    for _n in kubelet containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    for _n in kubelet containerd; do
       cl_alive $_n && _left="$_left $_n"
     done
     [ -z "$_left" ] && break

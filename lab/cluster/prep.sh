@@ -13,7 +13,7 @@
 #   images.txt     "<archive> <image name>" per image
 #   lib.sh    lab/cluster/guest.sh: brings the cluster up and down in the guest
 #
-# Usage: lab/cluster/prep.sh BINDIR OUTDIR
+# Usage: [CL_SERVER=https://10.0.2.2:PORT] lab/cluster/prep.sh BINDIR OUTDIR
 #   BINDIR  the cluster build's bin/ (lab/cluster/build.sh --print-dir + /bin)
 #   OUTDIR  created; what lands in the guest's /lab/cluster
 # Exit status: 0 done, 2 a tool or input is missing (named).
@@ -55,10 +55,11 @@ cert() {
     -days 2 -extfile "$ext" -out "$pki/$1.crt" 2>/dev/null
   rm -f "$ext" "$pki/$1.csr"
 }
-# The API server listens on the guest's loopback only; 10.96.0.1 is the "kubernetes" Service's
-# address in --service-cluster-ip-range (inside the guest, never routed anywhere).
+# The API server listens on the host's loopback only (lab/cluster/host.sh); the guest reaches it
+# as 10.0.2.2, QEMU's user-network address of the host. 10.96.0.1 is the "kubernetes" Service's
+# address in --service-cluster-ip-range (never routed anywhere).
 cert apiserver "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1"
+  "IP:127.0.0.1,IP:10.0.2.2,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1"
 cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 cert admin "/O=system:masters/CN=lab-admin" clientAuth
 cert controller-manager "/CN=system:kube-controller-manager" clientAuth
@@ -70,6 +71,9 @@ key sa
 openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 rm -f "$pki/ca.srl"
 
+# The guest's kubeconfigs name the API server as the guest reaches it (CL_SERVER, from lab.sh:
+# https://10.0.2.2:<port>); host.sh rewrites copies for the host's loopback.
+server=${CL_SERVER:-https://10.0.2.2:6443}
 kubeconfig() { # NAME USER
   cat > "$out/$1.kubeconfig" <<EOF
 apiVersion: v1
@@ -77,7 +81,7 @@ kind: Config
 clusters:
 - name: lab
   cluster:
-    server: https://127.0.0.1:6443
+    server: $server
     certificate-authority: $G/pki/ca.crt
 users:
 - name: $2

@@ -1,11 +1,11 @@
 # lab-about: `gpupass device-plugin` against the real kubelet of the cluster lab (docs/cluster.md): it registers, the Node's allocatable shows the resource, a Pod asking for it is scheduled and its container opens the VFIO nodes it was given (legacy: the group node + /dev/vfio/vfio; iommufd: the cdev + /dev/iommu), a restarted plugin registers again and the second Pod gets the device the first one released
 # lab-needs: gpupass
 # lab-carry: cluster
-# lab-mem: 4096
+# lab-mem: 2048
 # lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 3300
+# lab-timeout: 2400
 # lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
 # lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
 # lab-steps: unbind teardown
@@ -96,7 +96,7 @@ run_pod() {
   else
     lab_fail "$2" "phase $(kc get pod "$1" -o jsonpath='{.status.phase} {.status.conditions} {.status.containerStatuses}' 2>&1 | tail -1)"
   fi
-  kc logs "$1" > "$CL_LOG/$1.txt" 2>&1
+  cl_logs "$1" > "$CL_LOG/$1.txt"
   cat "$CL_LOG/$1.txt"
   kc get pod "$1" -o yaml > "$CL_LOG/$1.yaml" 2>&1
   lab_file "$1.txt" "$CL_LOG/$1.txt"
