@@ -128,6 +128,10 @@ cluster_up() {
   mkdir -p /etc /var/lib /var/log
   [ -e /var/run ] || ln -s /run /var/run
   printf '127.0.0.1 localhost\n::1 localhost\n' > /etc/hosts
+  # The kubelet's user-namespace manager looks the "kubelet" user up in /etc/passwd (its
+  # absence is fine, the file's is not: "kubelet mappings: open /etc/passwd").
+  [ -f /etc/passwd ] || printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > /etc/passwd
+  [ -f /etc/group ] || printf 'root:x:0:\nnogroup:x:65534:\n' > /etc/group
   : > /etc/resolv.conf
   echo "$CL_NODE" > /etc/hostname
   tr -d '-' < /proc/sys/kernel/random/uuid > /etc/machine-id

@@ -18,6 +18,7 @@
 #                                                prints "apiserver S", "controllers S" (seconds)
 #   lab/cluster/host.sh down STATE               stop every component, remove its state;
 #                                                prints what was left, exit 1 if anything was
+#   (lab/cluster/host.sh supervise STATE PID: started by `up`, in a session of its own)
 # Exit status: 0 done, 1 a component failed or did not stop (named), 2 usage or setup.
 set -euo pipefail
 die() { echo "cluster host: $*" >&2; exit 2; }
@@ -64,15 +65,15 @@ cmd_up() {
   [ -f "$cl/pki/ca.crt" ] || die "no $cl/pki (lab/cluster/prep.sh)"
   mkdir -p "$st/run" "$st/log" "$st/pki"
   cp "$cl"/pki/* "$st/pki/"
-  local api etcd peer kcm sched
+  local api etcd peer
   api=$(port api "$st") etcd=$(port etcd "$st") peer=$(port etcd-peer "$st")
-  kcm=$(port kcm "$st") sched=$(port sched "$st")
   # The host's kubeconfigs: the guest's, with this host's paths and the loopback address.
   for c in admin controller-manager scheduler; do
     sed "s#/lab/cluster/pki#$st/pki#g; s#server: https://[^ ]*#server: https://127.0.0.1:$api#" \
       "$cl/$c.kubeconfig" > "$st/$c.kubeconfig"
   done
   now > "$st/run/t0"
+  echo "$bin" > "$st/bin"
 
   start "$st" etcd "$bin/etcd" --name lab --data-dir "$st/etcd" \
     --listen-client-urls "http://127.0.0.1:$etcd" --advertise-client-urls "http://127.0.0.1:$etcd" \
@@ -91,7 +92,41 @@ cmd_up() {
     --service-account-key-file="$st/pki/sa.pub" --service-account-signing-key-file="$st/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/24 --authorization-mode=Node,RBAC \
     --allow-privileged=true --endpoint-reconciler-type=none --profiling=false
+  # The controller manager and the scheduler exit on their first API error at start
+  # ("unable to load configmap based request-header-client-ca-file: ... TLS handshake
+  # timeout"), so the supervisor below starts them once the API server is ready.
+  setsid "$0" supervise "$st" "$runner" < /dev/null > "$st/log/supervisor.log" 2>&1 &
+  echo $! > "$st/run/supervisor.pid"
+}
+
+# supervise STATE RUNNER: the controllers once the API server is ready, then the watchdog: when
+# the runner is gone (killed by a test's timeout, say), `down` (in its own session, so that the
+# end of the caller's process group does not end it).
+cmd_supervise() {
+  local st=$1 runner=$2 api
+  api=$(port api "$st")
+  until healthy "$st" "$api" /readyz; do
+    [ -f "$st/run/t0" ] && alive "$st" kube-apiserver && kill -0 "$runner" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ -f "$st/run/t0" ] && healthy "$st" "$api" /readyz; then
+    echo "kube-apiserver ready; starting the controller manager and the scheduler"
+    controllers "$st"
+  fi
+  while kill -0 "$runner" 2>/dev/null && [ -f "$st/run/t0" ]; do sleep 2; done
+  if [ -f "$st/run/t0" ]; then
+    echo "the runner (pid $runner) is gone; stopping the control plane"
+    rm -f "$st/run/supervisor.pid"
+    cmd_down "$st"
+  fi
+}
+
+controllers() { # STATE
+  local st=$1 kcm sched bin
+  bin=$(cat "$st/bin")
+  kcm=$(port kcm "$st") sched=$(port sched "$st")
   local k=$st/controller-manager.kubeconfig s=$st/scheduler.kubeconfig
+  now > "$st/run/t-controllers"
   start "$st" kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$k" \
     --authentication-kubeconfig="$k" --authorization-kubeconfig="$k" \
     --bind-address=127.0.0.1 --secure-port="$kcm" --leader-elect=false --cert-dir="$st/kcm" \
@@ -102,13 +137,6 @@ cmd_up() {
     --authentication-kubeconfig="$s" --authorization-kubeconfig="$s" \
     --bind-address=127.0.0.1 --secure-port="$sched" --leader-elect=false --cert-dir="$st/sched" \
     --profiling=false
-  # The watchdog: when the runner is gone (killed by a timeout, say), nothing stays up.
-  (
-    trap '' HUP
-    while kill -0 "$runner" 2>/dev/null && [ -f "$st/run/t0" ]; do sleep 2; done
-    [ -f "$st/run/t0" ] && exec "$0" down "$st" > "$st/log/watchdog.log" 2>&1
-  ) < /dev/null > /dev/null 2>&1 &
-  echo $! > "$st/run/watchdog.pid"
 }
 
 healthy() { # STATE PORT PATH [--cert]
@@ -131,7 +159,7 @@ cmd_wait() {
   echo "apiserver $(since "$t0")"
   until healthy "$st" "$(port kcm "$st")" /healthz && healthy "$st" "$(port sched "$st")" /healthz; do
     for c in kube-controller-manager kube-scheduler; do
-      alive "$st" "$c" || { echo "cluster host: $c exited: $(tail -1 "$st/log/$c.log")" >&2; return 1; }
+      [ ! -f "$st/run/$c.pid" ] || alive "$st" "$c" || { echo "cluster host: $c exited: $(tail -1 "$st/log/$c.log")" >&2; return 1; }
     done
     [ "$(date +%s)" -lt "$end" ] || { echo "cluster host: controller manager or scheduler not healthy after $lim s" >&2; return 1; }
     sleep 0.5
@@ -140,24 +168,27 @@ cmd_wait() {
 }
 
 cmd_down() {
-  local st=$1 c left='' i=0
+  local st=$1 c left=
   [ -d "$st/run" ] || { echo "cluster host: nothing was started in $st"; return 0; }
-  rm -f "$st/run/t0"   # the watchdog's signal to end
+  rm -f "$st/run/t0"   # the supervisor's signal to end
+  alive "$st" supervisor && kill -TERM "$(cat "$st/run/supervisor.pid")" 2>/dev/null || true
+  # In order, each given 30 s after SIGTERM: the clients first, etcd last (an API server whose
+  # etcd is gone drags its shutdown out).
+  local t0 n
+  t0=$(now)
   for c in $COMPONENTS; do
-    alive "$st" "$c" && kill -TERM "$(cat "$st/run/$c.pid")" 2>/dev/null || true
+    alive "$st" "$c" || continue
+    kill -TERM "$(cat "$st/run/$c.pid")" 2>/dev/null || true
+    n=0
+    while alive "$st" "$c" && [ $n -lt 60 ]; do sleep 0.5; n=$((n + 1)); done
+    if alive "$st" "$c"; then
+      kill -KILL "$(cat "$st/run/$c.pid")" 2>/dev/null || true
+      left="$left $c"
+    fi
   done
-  while [ $i -lt 60 ]; do
-    left=''
-    for c in $COMPONENTS; do alive "$st" "$c" && left="$left $c"; done
-    [ -z "$left" ] && break
-    sleep 0.5; i=$((i + 1))
-  done
-  if [ -n "$left" ]; then
-    for c in $left; do kill -KILL "$(cat "$st/run/$c.pid")" 2>/dev/null || true; done
-    echo "cluster host: still running 30 s after SIGTERM, killed:$left"
-  fi
+  [ -z "$left" ] || echo "cluster host: still running 30 s after SIGTERM, killed:$left"
   rm -rf "$st/etcd" "$st/apiserver" "$st/kcm" "$st/sched" "$st/pki"
-  echo "cluster host: stopped ($COMPONENTS) in $(awk -v i=$i 'BEGIN { printf "%.1f", i / 2 }') s"
+  echo "cluster host: stopped ($COMPONENTS) in $(since "$t0") s"
   [ -z "$left" ]
 }
 
@@ -166,5 +197,6 @@ case ${1:-} in
   up) [ $# = 5 ] || die "usage: host.sh up BINDIR CLDIR STATE PID"; cmd_up "$2" "$3" "$4" "$5" ;;
   wait) [ $# = 3 ] || die "usage: host.sh wait STATE SECONDS"; cmd_wait "$2" "$3" ;;
   down) [ $# = 2 ] || die "usage: host.sh down STATE"; cmd_down "$2" ;;
+  supervise) [ $# = 3 ] || die "usage: host.sh supervise STATE RUNNER"; cmd_supervise "$2" "$3" ;;
   *) die "usage: host.sh ports|up|wait|down ..." ;;
 esac
