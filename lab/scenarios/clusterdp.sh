@@ -8,7 +8,7 @@
 # lab-timeout: 2400
 # lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
 # lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
-# lab-steps: unbind teardown
+# lab-steps: cdi-spec cdi-plugin cdi-pod-succeeded cdi-opens unbind teardown
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterdp) or after `cluster` in the same boot
 # (lab/lab.sh --kernel 6.12 run cluster clusterdp: the cluster stays up between them).
@@ -133,7 +133,31 @@ else
 fi
 kc delete pod vfio-iommufd --wait=true --timeout=180s > /dev/null 2>&1
 
+# containerd's CDI with gpupass's own spec: the plugin (--cdi only) answers Allocate with the
+# CDI device name alone, no device node and no environment of its own; the kubelet passes the
+# name in the CRI's CDIDevices, and containerd (CDI on by default in 2.x, config's
+# cdi_spec_dirs) makes every edit from the spec `gpupass cdi generate --write` put in
+# /var/run/cdi: the nodes the container opens and its PCI_RESOURCE_* come from there.
+t=$(cl_t)
 plugin_stop iommufd
+lab_check cdi-spec gpupass cdi generate --write
+spec=$(ls /var/run/cdi/gpupass* 2> /dev/null | head -1)
+[ -n "$spec" ] && lab_file cdi-spec.json "$spec"
+cl_start device-plugin-cdi gpupass device-plugin -v --backend legacy --cdi only
+if cl_wait 120 grep -q '^.*registered ' "$CL_LOG/device-plugin-cdi.log"; then
+  lab_pass cdi-plugin "gpupass device-plugin --cdi only registered after $(cl_since "$t") s"
+else
+  lab_fail cdi-plugin "no registration: $(tail -1 "$CL_LOG/device-plugin-cdi.log")"
+fi
+run_pod vfio-cdi cdi-pod-succeeded
+if grep -qx "open OK /dev/vfio/$g" "$CL_LOG/vfio-cdi.txt" && grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/vfio-cdi.txt" &&
+  ! grep -q 'open FAILED' "$CL_LOG/vfio-cdi.txt" && grep -q "^PCI_RESOURCE_.*=$D\$" "$CL_LOG/vfio-cdi.txt"; then
+  lab_pass cdi-opens "/dev/vfio/$g, /dev/vfio/vfio and $(grep '^PCI_RESOURCE' "$CL_LOG/vfio-cdi.txt") from $spec through containerd's CDI"
+else
+  lab_fail cdi-opens "$(tr '\n' ';' < "$CL_LOG/vfio-cdi.txt")"
+fi
+kc delete pod vfio-cdi --wait=true --timeout=180s > /dev/null 2>&1
+plugin_stop cdi
 lab_check unbind gpupass unbind $D
 
 cl_files

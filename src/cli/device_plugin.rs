@@ -14,7 +14,8 @@ pub struct Args {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=10_000))]
     pub poll_ms: u64,
     /// Name CDI devices in Allocate replies: auto (when a gpupass spec exists in
-    /// /var/run/cdi or /etc/cdi), always, never
+    /// /var/run/cdi or /etc/cdi), always, never, only (the CDI names alone: the runtime makes
+    /// every edit from the spec; refused while there is no spec)
     #[arg(long, value_enum, default_value_t = crate::containers::deviceplugin::CdiMode::Auto)]
     pub cdi: crate::containers::deviceplugin::CdiMode,
     /// CDI kind of those names

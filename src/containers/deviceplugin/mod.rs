@@ -39,6 +39,19 @@ pub enum CdiMode {
     Auto,
     Always,
     Never,
+    /// Only the CDI device names: no device nodes or environment of the plugin's own, so the
+    /// runtime (containerd, CRI-O) makes every edit from the spec; refused while no gpupass
+    /// spec is in /var/run/cdi or /etc/cdi (`gpupass cdi generate --write`).
+    Only,
+}
+
+/// An Allocate reply for `--cdi only`: the CDI names stay, the plugin's own device nodes and
+/// environment go (the spec's container edits carry the same nodes and `PCI_RESOURCE_*`).
+pub fn cdi_only(mut r: proto::ContainerAllocateResponse) -> proto::ContainerAllocateResponse {
+    r.devices.clear();
+    r.envs.clear();
+    r.mounts.clear();
+    r
 }
 
 /// Settings of `gpupass device-plugin`.
@@ -444,6 +457,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--backend iommufd"), "{e}");
+        // --cdi only: the CDI name alone, nothing the runtime would not take from the spec.
+        let only = cdi_only(allocate(&inv, &res, &ids, Some(&kind), Policy::Legacy).unwrap());
+        assert!(only.devices.is_empty() && only.envs.is_empty() && only.mounts.is_empty());
+        assert_eq!(only.cdi_devices.len(), 1);
+        assert_eq!(only.cdi_devices[0].name, "gpupass.dev/pci=legacy-0000:17:00.0");
     }
 
     fn res(devs: &[(&str, Option<i64>)]) -> Resource {

@@ -205,6 +205,15 @@ impl DevicePlugin for PluginService {
                     return Err(e.to_status());
                 }
             }
+            let only = self.shared.cfg.cdi == CdiMode::Only;
+            if only && kind.is_none() {
+                return Err(Status::failed_precondition(format!(
+                    "--cdi only: no gpupass CDI spec ({}) in {} or {}; write one with `gpupass cdi generate --write`",
+                    crate::output::cdi::spec_file_name(&self.shared.cfg.cdi_kind),
+                    self.shared.cfg.host.cdi_dynamic_dir().display(),
+                    self.shared.cfg.host.cdi_static_dir().display()
+                )));
+            }
             let resp = allocate(
                 &inv,
                 &self.resource,
@@ -213,6 +222,7 @@ impl DevicePlugin for PluginService {
                 self.shared.cfg.backend,
             )
             .map_err(|e| e.to_status())?;
+            let resp = if only { super::cdi_only(resp) } else { resp };
             // The inventory may be one poll old: check the driver link of each function now.
             for id in &c.devices_ids {
                 if let Ok(a) = id.parse::<PciAddress>() {
@@ -439,7 +449,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
         let cdi = match shared.cfg.cdi {
             CdiMode::Always => true,
             CdiMode::Never => false,
-            CdiMode::Auto => cdi_spec_present(&shared.cfg),
+            CdiMode::Auto | CdiMode::Only => cdi_spec_present(&shared.cfg),
         };
         shared.cdi_on.store(cdi, Ordering::Relaxed);
         let now = resources(&shared.inventory());
