@@ -157,6 +157,8 @@ cluster_up() {
   # containerd 2.x with runc 1.5 and the CNI plugins from the build. The guest's root is the
   # initramfs, where pivot_root is not possible: runc runs with --no-pivot (NoPivotRoot).
   mkdir -p /etc/containerd /etc/cni/net.d
+  # crictl's endpoint (without it, every crictl call warns before its output).
+  echo 'runtime-endpoint: unix:///run/containerd/containerd.sock' > /etc/crictl.yaml
   cat > /etc/containerd/config.toml << EOF
 version = 3
 root = "/var/lib/containerd"
@@ -248,6 +250,10 @@ cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 resolvConf: ""
 failSwapOn: false
+# The lab's 6.12 kernel has no CONFIG_CFS_BANDWIDTH, so cgroup v2 has no cpu.max; with the CFS
+# quota on, the kubelet asks runc for a CPU period on every container ("openat2
+# .../cpu.max: no such file or directory"). CPU limits are not enforced in the lab.
+cpuCFSQuota: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
