@@ -83,6 +83,13 @@ APT=(-o Dir::Etc::sourcelist="$src" -o Dir::Etc::sourceparts="$state/parts"
   -o Dir::State::Lists="$state/lists" -o Dir::Cache="$state/cache"
   -o Dir::State::status="$status"
   -o APT::Sandbox::User=root -o Acquire::Retries=3)
+# What the sources offer, whatever this system has installed: a package installed at a version
+# no source carries (backports' 10.0 under the plain bookworm suite) is apt's candidate when the
+# real status is read, and then cannot be downloaded ("Can't find a source to download version
+# '1:10.0.2+ds-2+deb13u1~bpo12+1'"). Candidates and downloads are resolved against an empty
+# status; only the simulation (what an install would change here) reads the real one.
+: >"$state/empty-status"
+APT_SRC=("${APT[@]}" -o Dir::State::status="$state/empty-status")
 stamp=$state/lists/.updated-$suite
 if [[ ! -f $stamp || -n $(find "$stamp" -mmin +720 2>/dev/null) ]]; then
   apt-get "${APT[@]}" update -qq >&2 || {
@@ -121,7 +128,7 @@ plan() {
     elif [[ -n ${ver[$p]:-} ]]; then
       continue
     else
-      v=$(apt-cache "${APT[@]}" -o APT::Default-Release="$suite" policy "$p" |
+      v=$(apt-cache "${APT_SRC[@]}" -o APT::Default-Release="$suite" policy "$p" |
         awk '$1 == "Candidate:" {print $2; exit}')
       [[ -n $v && $v != "(none)" ]] || {
         echo "aptfetch: no candidate for $p in $codename or $suite" >&2
@@ -136,10 +143,11 @@ plan() {
 
 # Download PKG=VER... into the current directory; name each one that fails.
 fetch() {
-  apt-get "${APT[@]}" download -qq "$@" >&2 && return 0
+  apt-get "${APT_SRC[@]}" -o APT::Default-Release="$suite" download -qq "$@" >&2 && return 0
   local failed=() p
   for p in "$@"; do
-    compgen -G "${p%%=*}_*.deb" >/dev/null || apt-get "${APT[@]}" download -qq "$p" >&2 || failed+=("$p")
+    compgen -G "${p%%=*}_*.deb" >/dev/null ||
+      apt-get "${APT_SRC[@]}" -o APT::Default-Release="$suite" download -qq "$p" >&2 || failed+=("$p")
   done
   ((${#failed[@]} == 0)) && return 0
   echo "aptfetch: could not download ${failed[*]} from $mirror ($codename, $suite): apt's message is above" >&2

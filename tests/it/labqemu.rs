@@ -177,14 +177,21 @@ fn the_lab_qemu_never_loads_another_builds_modules() {
 
 /// aptfetch.sh against the real archive, in the lab cache's bookworm state: (success, stderr).
 fn aptfetch_bookworm(args: &[&str]) -> (bool, String) {
+    aptfetch_bookworm_over(None, args)
+}
+
+/// The same, with `status` as the dpkg status aptfetch reads (APTFETCH_STATUS).
+fn aptfetch_bookworm_over(status: Option<&Path>, args: &[&str]) -> (bool, String) {
     let cache = lab_cache();
-    let o = Command::new("bash")
-        .arg(manifest_dir().join("lab/tools/aptfetch.sh"))
+    let mut c = Command::new("bash");
+    c.arg(manifest_dir().join("lab/tools/aptfetch.sh"))
         .arg(Path::new(&cache).join("apt-bookworm"))
         .arg("bookworm")
-        .args(args)
-        .output()
-        .unwrap();
+        .args(args);
+    if let Some(s) = status {
+        c.env("APTFETCH_STATUS", s);
+    }
+    let o = c.output().unwrap();
     (
         o.status.success(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
@@ -234,4 +241,37 @@ fn aptfetch_names_the_package_apt_cannot_resolve() {
     let (ok, err) = aptfetch_bookworm(&["closure", dest.to_str().unwrap(), "gpupass-no-such-package"]);
     assert!(!ok, "{err}");
     assert!(err.contains("cannot resolve gpupass-no-such-package"), "{err}");
+}
+
+/// A package installed at a version no source of the suite carries (backports' build, with only
+/// bookworm in aptfetch's sources) is still fetched, at the suite's own version: the candidate
+/// comes from the sources, not from what is installed. Seen for real with backports' QEMU 10.0
+/// installed ("Can't find a source to download version '1:10.0.2+ds-2+deb13u1~bpo12+1' of
+/// 'qemu-system-common:amd64'"); here the installed version is a status stanza.
+#[test]
+fn aptfetch_fetches_from_the_suite_whatever_version_is_installed() {
+    let t = tempfile::tempdir().unwrap();
+    let status = t.path().join("status");
+    std::fs::write(
+        &status,
+        "Package: seabios\nStatus: install ok installed\nPriority: optional\nSection: misc\n\
+         Maintainer: Debian QEMU Team <pkg-qemu-devel@lists.alioth.debian.org>\nArchitecture: all\n\
+         Version: 1.16.3-2~bpo12+1\nDescription: legacy BIOS implementation\n\n",
+    )
+    .unwrap();
+    let dest = t.path().join("debs");
+    let (ok, err) = aptfetch_bookworm_over(Some(&status), &["download", dest.to_str().unwrap(), "seabios"]);
+    assert!(ok, "{err}");
+    let got: Vec<String> = std::fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].starts_with("seabios_") && !got[0].contains("bpo"),
+        "{got:?}"
+    );
+    // The plan of a named package apt would not install takes the suite's version too.
+    let (ok, err) = aptfetch_bookworm_over(Some(&status), &["plan", "seabios"]);
+    assert!(ok, "{err}");
 }
