@@ -180,6 +180,18 @@ state = "/run/containerd"
         BinaryName = "$CL_BIN/runc"
         NoPivotRoot = true
         SystemdCgroup = false
+    # The "gpupass" handler (RuntimeClass gpupass): runc 1.5 with gpupass oci-hook as the
+    # createRuntime hook of its base spec (prep.sh), and the Pod's gpupass.dev/* annotations
+    # passed into the OCI spec, where the hook reads which devices the container gets.
+    # (No backquotes in this unquoted here-document: they would run.)
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpupass]
+      runtime_type = "io.containerd.runc.v2"
+      base_runtime_spec = "$CL/gpupass-hook-spec.json"
+      pod_annotations = ["gpupass.dev/*"]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpupass.options]
+        BinaryName = "$CL_BIN/runc"
+        NoPivotRoot = true
+        SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["$CL_BIN/cni"]
     conf_dir = "/etc/cni/net.d"

@@ -99,6 +99,21 @@ kubeconfig controller-manager system:kube-controller-manager
 kubeconfig scheduler system:kube-scheduler
 kubeconfig kubelet system:node:lab
 
+# --- the gpupass runtime handler's base OCI spec ----------------------------------------------
+# containerd's own default spec (`ctr oci spec`, no daemon needed) with `gpupass oci-hook` as
+# its createRuntime hook: the base_runtime_spec of the "gpupass" runtime handler in the guest's
+# containerd config (lab/cluster/guest.sh), which a Pod picks with runtimeClassName: gpupass.
+"$bin/ctr" oci spec > "$out/oci-default.json" || die "ctr oci spec failed"
+python3 - "$out/oci-default.json" "$out/gpupass-hook-spec.json" <<'PY' || die "could not write the hook's base spec"
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec.setdefault("hooks", {})["createRuntime"] = [
+    {"path": "/bin/gpupass", "args": ["gpupass", "oci-hook"], "timeout": 20}
+]
+json.dump(spec, open(sys.argv[2], "w"), indent=2)
+PY
+rm -f "$out/oci-default.json"
+
 # --- images ----------------------------------------------------------------------------------
 # oci_image ARCHIVE NAME ROOTDIR CONFIG: an OCI image layout (one uncompressed layer made of
 # ROOTDIR, owned by root, mtime 0) as a tar that `ctr images import` reads; NAME goes into the
