@@ -181,7 +181,11 @@ fn change(
 ) -> Result<Applied, BindError> {
     let host = ops.root().clone();
     // A dry run takes no lock: it reads the journal as it is and changes nothing.
-    let mut session = if dry_run { None } else { Some(Session::lock(ops)?) };
+    let mut session = if dry_run {
+        None
+    } else {
+        Some(Session::lock(ops, crate::change::journal::lock_timeout())?)
+    };
     let replay = match &session {
         Some(s) => s.replay().clone(),
         None => crate::change::journal::read(&host)?,
