@@ -161,6 +161,67 @@ pub fn recheck(host: &HostRoot, inv: &Inventory, plan: &Plan) -> Result<(), Bind
     Ok(())
 }
 
+/// A bind or unbind planned under a [`Session`]'s lock for a caller that composes it into a
+/// plan of its own (the DRA plugin: a claim's prepare and unprepare, one plan each with the
+/// claim's files, owned by the claim). The view of the groups, the refusals (not forced:
+/// a device held by a host process is refused at once, naming the holder) and the
+/// unfinished plans are checked; the caller runs [`recheck`] just before it applies.
+#[derive(Debug)]
+pub struct Planned {
+    pub plan: Plan,
+    /// The host as the plan was made from it (the named groups).
+    pub inv: Inventory,
+    pub warnings: Vec<String>,
+}
+
+fn plan_in(
+    session: &Session<'_>,
+    scope: Scope,
+    need: facts::Need,
+    make: impl Fn(&Inventory, &HostFacts, &Replay) -> Plan,
+) -> Result<Planned, BindError> {
+    let host = session.ops().root().clone();
+    let (inv, facts) = view(&host, scope, need)?;
+    let plan = make(&inv, &facts, session.replay());
+    if !plan.blocking(false).is_empty() {
+        return Err(BindError::Refused(plan.refusal_text(false)));
+    }
+    check_unfinished(&session.replay().open, &plan)?;
+    Ok(Planned {
+        plan,
+        inv,
+        warnings: facts.warnings,
+    })
+}
+
+/// `gpupass bind`'s plan of `req`, under `session`'s lock (see [`Planned`]).
+pub fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<Planned, BindError> {
+    let scope = Scope::Groups {
+        addrs: &req.addresses,
+        groups: &[],
+    };
+    plan_in(session, scope, facts::Need::BIND, |inv, facts, _| {
+        plan_bind(inv, facts, req)
+    })
+}
+
+/// `gpupass unbind`'s plan of `req` (the drivers the journal recorded), under `session`'s
+/// lock (see [`Planned`]).
+pub fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Planned, BindError> {
+    let group = req.group.map(|g| vec![g]).unwrap_or_default();
+    let scope = if req.all {
+        Scope::All
+    } else {
+        Scope::Groups {
+            addrs: &req.addresses,
+            groups: &group,
+        }
+    };
+    plan_in(session, scope, facts::Need::UNBIND, |inv, facts, replay| {
+        plan_unbind(inv, facts, &replay.bound, req)
+    })
+}
+
 /// Result of a bind/unbind command.
 #[derive(Debug)]
 pub struct Applied {
@@ -181,7 +242,11 @@ fn change(
 ) -> Result<Applied, BindError> {
     let host = ops.root().clone();
     // A dry run takes no lock: it reads the journal as it is and changes nothing.
-    let mut session = if dry_run { None } else { Some(Session::lock(ops)?) };
+    let mut session = if dry_run {
+        None
+    } else {
+        Some(Session::lock(ops, crate::change::journal::lock_timeout())?)
+    };
     let replay = match &session {
         Some(s) => s.replay().clone(),
         None => crate::change::journal::read(&host)?,

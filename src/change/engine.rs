@@ -161,6 +161,10 @@ pub enum Cause {
         #[source]
         source: std::io::Error,
     },
+    /// The part [`Session::apply_then`] plans after the plan's writes could not be planned
+    /// (the domain's own error: a claim's backend the host cannot serve).
+    #[error(transparent)]
+    Then(Box<dyn std::error::Error + Send + Sync>),
     /// Restoring several objects: each one that failed, joined with "; ".
     #[error("{}", .0.iter().map(|e| ErrorChain(e).to_string()).collect::<Vec<_>>().join("; "))]
     Several(Vec<Cause>),
@@ -173,9 +177,12 @@ pub struct Failure {
     pub domain: String,
     /// `step K (the step as --dry-run prints it)`.
     pub what: String,
-    /// The step's index in [`Plan::steps`].
+    /// The step's index in [`Plan::steps`] (for [`Session::apply_then`], counting on into
+    /// the part that followed).
     pub index: usize,
-    pub step: Step,
+    /// `None` when what failed was planning the part [`Session::apply_then`] adds, not a
+    /// step.
+    pub step: Option<Step>,
     pub cause: Cause,
     /// The rollback's lines, or why it failed (the plan then stays open for `recover`).
     pub rollback: Result<Vec<String>, String>,
@@ -189,6 +196,7 @@ impl Failure {
     /// `rolled back, nothing changed: ...`, or that the rollback failed too.
     pub fn rollback_text(&self) -> String {
         match &self.rollback {
+            Ok(lines) if lines.is_empty() => "nothing changed".to_string(),
             Ok(lines) => format!("rolled back, nothing changed: {}", lines.join(", ")),
             Err(e) => {
                 format!("rollback failed too ({e}); the journal keeps the plan open: run `gpupass recover`")
@@ -532,10 +540,13 @@ pub struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    /// Take the lock (waiting up to `GPUPASS_LOCK_TIMEOUT`) and read the journal.
-    pub fn lock(ops: &'a dyn HostOps) -> Result<Session<'a>, ChangeError> {
+    /// Take the lock, waiting up to `wait` for another gpupass to finish, and read the
+    /// journal. The commands wait [`journal::lock_timeout`] (`GPUPASS_LOCK_TIMEOUT`, 30 s by
+    /// default); the DRA plugin waits a few seconds at most, never past the kubelet's
+    /// deadline.
+    pub fn lock(ops: &'a dyn HostOps, wait: Duration) -> Result<Session<'a>, ChangeError> {
         let host = ops.root();
-        let lock = journal::lock(host, journal::lock_timeout())?;
+        let lock = journal::lock(host, wait)?;
         tracing::debug!(faults = crate::minor_faults(), "lock held");
         let replay = journal::read(host)?;
         tracing::debug!(
@@ -580,19 +591,72 @@ impl<'a> Session<'a> {
         if plan.is_empty() {
             return Ok(Outcome::default());
         }
+        self.run_journaled(plan, None)
+    }
+
+    /// Apply `plan`, then, in the same transaction, the part `then` plans from the host as
+    /// `plan`'s writes left it: for a change whose later part depends on what the earlier one
+    /// did (the DRA plugin's prepare of a claim: the group bind, then the claim's CDI spec,
+    /// whose VFIO device nodes exist only once the functions are on vfio-pci). The part's
+    /// objects are journaled (an `extend` record of the same transaction) before its first
+    /// write, so a failure anywhere, `then`'s own included, rolls back both, and `gpupass
+    /// recover` undoes or finishes both. `plan` may be empty (nothing to bind); an empty
+    /// part from `then` ends the transaction as `plan` alone would.
+    pub fn apply_then(&mut self, plan: &Plan, then: Then<'_>) -> Result<Outcome, ChangeError> {
+        if let Some((t, key)) = self.conflict(plan) {
+            return Err(ChangeError::Unfinished {
+                open: Box::new(t.clone()),
+                key: key.replacen(':', " ", 1),
+            });
+        }
+        if plan.is_empty() {
+            // Nothing written before the part: it is the plan (a part already as wanted
+            // journals nothing, as an empty plan does).
+            return match then(self.ops.root()) {
+                Ok(part) => {
+                    let mut whole = plan.clone();
+                    whole.push(part);
+                    self.apply(&whole)
+                }
+                Err(e) => Err(ChangeError::Failed(Box::new(Failure {
+                    domain: "change".into(),
+                    what: "planning the part after step 0".into(),
+                    index: 0,
+                    step: None,
+                    cause: Cause::Then(e),
+                    rollback: Ok(Vec::new()),
+                }))),
+            };
+        }
+        self.run_journaled(plan, Some(then))
+    }
+
+    fn run_journaled(&mut self, plan: &Plan, then: Option<Then<'_>>) -> Result<Outcome, ChangeError> {
         let host = self.ops.root().clone();
         let mut j = Journal::open(&host, &self.lock, &self.replay)?;
-        let r = run(self.ops, plan, &mut j);
+        let r = run(self.ops, plan, then, &self.replay.open, &mut j);
         // The next plan of this session replays what this one wrote.
         self.replay = journal::read(&host)?;
         r
     }
 }
 
-/// The body of [`Session::apply`].
-fn run(ops: &dyn HostOps, plan: &Plan, j: &mut Journal) -> Result<Outcome, ChangeError> {
+/// What [`Session::apply_then`] calls after the plan's writes: the part that follows, planned
+/// from the host as it is then (its error rolls the plan back).
+pub type Then<'f> =
+    &'f mut dyn FnMut(&HostRoot) -> Result<super::Part, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The body of [`Session::apply`] and [`Session::apply_then`].
+fn run(
+    ops: &dyn HostOps,
+    plan: &Plan,
+    mut then: Option<Then<'_>>,
+    open: &[OpenChange],
+    j: &mut Journal,
+) -> Result<Outcome, ChangeError> {
     let (txn, time) = journal::new_txn();
-    let objects = plan.objects();
+    let mut objects = plan.objects();
+    let mut domain = plan.domain();
     j.append(Record::Change {
         txn: txn.clone(),
         time,
@@ -607,7 +671,8 @@ fn run(ops: &dyn HostOps, plan: &Plan, j: &mut Journal) -> Result<Outcome, Chang
         writes: plan.write_count(),
     })?;
     let mut out = Outcome::default();
-    let mut failure: Option<(usize, Step, Cause)> = None;
+    let mut failure: Option<(usize, Option<Step>, Cause)> = None;
+    let mut index = 0;
     {
         let mut w = Writer {
             ops,
@@ -616,10 +681,62 @@ fn run(ops: &dyn HostOps, plan: &Plan, j: &mut Journal) -> Result<Outcome, Chang
             n: 0,
             undo: false,
         };
-        for (i, step) in plan.steps().enumerate() {
+        for step in plan.steps() {
             if let Err(c) = w.step(step, &mut out) {
-                failure = Some((i, step.clone(), c));
+                failure = Some((index, Some(step.clone()), c));
                 break;
+            }
+            index += 1;
+        }
+        let then = then.as_mut().filter(|_| failure.is_none());
+        if let Some(then) = then {
+            match then(ops.root()) {
+                Err(e) => failure = Some((index, None, Cause::Then(e))),
+                Ok(part) if part.is_empty() => {}
+                Ok(part) => {
+                    let mine: Vec<String> = part.objects.iter().flat_map(Object::keys).collect();
+                    if let Some((t, key)) = open
+                        .iter()
+                        .find_map(|t| t.keys().into_iter().find(|k| mine.contains(k)).map(|k| (t, k)))
+                    {
+                        failure = Some((
+                            index,
+                            None,
+                            Cause::Journal(Box::new(ChangeError::Unfinished {
+                                open: Box::new(t.clone()),
+                                key: key.replacen(':', " ", 1),
+                            })),
+                        ));
+                    } else {
+                        let extend = Record::Extend {
+                            txn: txn.clone(),
+                            domain: part.domain.clone(),
+                            what: part.what.clone(),
+                            changes: serde_json::to_value(&part.objects).unwrap_or_default(),
+                            writes: part.steps.iter().filter(|s| s.is_write()).count(),
+                        };
+                        // Journaled before its first write: rollback and recover know it.
+                        objects.extend(part.objects.iter().cloned());
+                        if !domain.split('+').any(|d| d == part.domain) {
+                            domain = format!("{domain}+{}", part.domain);
+                        }
+                        match w.journal.as_deref_mut().map(|j| j.append(extend)) {
+                            Some(Err(e)) => {
+                                failure =
+                                    Some((index, part.steps.first().cloned(), Cause::Journal(Box::new(e))))
+                            }
+                            _ => {
+                                for step in &part.steps {
+                                    if let Err(c) = w.step(step, &mut out) {
+                                        failure = Some((index, Some(step.clone()), c));
+                                        break;
+                                    }
+                                    index += 1;
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -635,9 +752,13 @@ fn run(ops: &dyn HostOps, plan: &Plan, j: &mut Journal) -> Result<Outcome, Chang
         undo: true,
     };
     let rollback = restore_all(&mut w, &objects, false).map_err(|e| ErrorChain(&e).to_string());
+    let what = match &step {
+        Some(step) => format!("step {} ({})", index + 1, step.render()),
+        None => format!("planning the part after step {index}"),
+    };
     let f = Failure {
-        domain: plan.domain(),
-        what: format!("step {} ({})", index + 1, step.render()),
+        domain,
+        what,
         index,
         step,
         cause,
@@ -652,9 +773,10 @@ fn run(ops: &dyn HostOps, plan: &Plan, j: &mut Journal) -> Result<Outcome, Chang
     Err(ChangeError::Failed(Box::new(f)))
 }
 
-/// Apply `plan` in a session of its own: lock, journal, apply (see [`Session::apply`]).
+/// Apply `plan` in a session of its own: lock (waiting as the commands do,
+/// [`journal::lock_timeout`]), journal, apply (see [`Session::apply`]).
 pub fn apply(ops: &dyn HostOps, plan: &Plan) -> Result<Outcome, ChangeError> {
-    Session::lock(ops)?.apply(plan)
+    Session::lock(ops, journal::lock_timeout())?.apply(plan)
 }
 
 /// What `recover` did.
@@ -671,7 +793,7 @@ pub struct Recovered {
 /// whatever its domain.
 pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered, ChangeError> {
     let host = ops.root().clone();
-    let s = Session::lock(ops)?;
+    let s = Session::lock(ops, journal::lock_timeout())?;
     let mut out = Recovered::default();
     if s.replay.open.is_empty() {
         out.lines

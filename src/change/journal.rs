@@ -18,7 +18,9 @@
 //! plan's [`Object`]s (functions, mdev instances, vGPU types, files) with their state before
 //! and after, `owner` the plan's owner when it has one (a DRA claim UID). A transaction ends
 //! with `commit`, `rolled_back` (a failure undone) or `recovered` (`gpupass recover` restored
-//! `before`, or with `--continue` reached `after`). A `change` without an end is an unfinished
+//! `before`, or with `--continue` reached `after`). An `extend` record adds a part to an open
+//! transaction, planned after its earlier writes (the DRA plugin's claim files, whose VFIO
+//! nodes exist once the bind is done), journaled before its first write. A `change` without an end is an unfinished
 //! plan: the process died between two writes. Replaying the committed transactions gives the
 //! functions gpupass has bound and the driver each had before, which `unbind` restores. The
 //! journal lives under `/run` (tmpfs) on purpose: after a reboot the kernel's driver state is
@@ -93,6 +95,17 @@ pub enum Record {
         what: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner: Option<String>,
+        changes: serde_json::Value,
+        writes: usize,
+    },
+    /// More of transaction `txn`'s plan: a part planned after the plan's earlier writes
+    /// (`change::Session::apply_then`), its objects (`changes`) and its `writes`, journaled
+    /// before its first write; replay adds them to the open plan, so `recover` undoes or
+    /// finishes the whole of it.
+    Extend {
+        txn: String,
+        domain: String,
+        what: String,
         changes: serde_json::Value,
         writes: usize,
     },
@@ -270,6 +283,30 @@ pub fn replay(text: &str) -> Replay {
                     t.at_path = Some(path);
                 }
             }
+            Record::Extend {
+                txn,
+                domain,
+                what,
+                changes,
+                writes,
+            } => {
+                if let Some(t) = open.iter_mut().find(|t| t.txn == txn) {
+                    if let (Some(all), serde_json::Value::Array(more)) = (t.changes.as_array_mut(), changes) {
+                        all.extend(more);
+                    }
+                    if t.domain.is_empty() {
+                        t.domain = domain;
+                    } else if !t.domain.split('+').any(|d| d == domain) {
+                        t.domain = format!("{}+{domain}", t.domain);
+                    }
+                    t.what = if t.what.is_empty() {
+                        what
+                    } else {
+                        format!("{} + {what}", t.what)
+                    };
+                    t.writes += writes;
+                }
+            }
             Record::Undo { .. } => {}
             Record::Commit { txn } => {
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
@@ -404,7 +441,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, ChangeError> {
             return Err(ChangeError::Locked {
                 path: host.display(&path).into(),
                 holder: holder(&path),
-                waited_s: wait.as_secs(),
+                waited: wait,
             });
         }
         if !told {

@@ -24,7 +24,7 @@
 //! will make it (`tests.rs` builds and crashes exactly this):
 //!
 //! ```text
-//! let mut session = Session::lock(ops)?;            // plan from a view no one else changes
+//! let mut session = Session::lock(ops, wait)?;      // plan from a view no one else changes
 //! let bind = bind::plan_bind(&inv, &facts, &req);   // refusals checked by the caller
 //! let mut files = Part::new("dra", "claim 7f3a files");
 //! files.file(host, &spec_path, Some(spec_json), false)   // content before read now
@@ -481,6 +481,16 @@ impl Plan {
     }
 }
 
+/// A wait as the lock's error says it: whole seconds as `30`, a shorter or uneven wait as
+/// `0.2` (the DRA plugin waits what is left of the kubelet's deadline).
+fn seconds(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{:.1}", d.as_secs_f64())
+    }
+}
+
 /// Why a change could not be made, or failed. The messages are the ones bind and mdev have
 /// always given (docs/errors.md, E-BIND-10/11/12/16, E-CHANGE-*).
 #[derive(Debug, thiserror::Error)]
@@ -491,11 +501,12 @@ pub enum ChangeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {waited_s} s (lock {}); try again when it is done", .path.display())]
+    #[error("another gpupass (pid {holder}) is changing devices and did not finish within {} s (lock {}); try again when it is done", seconds(*.waited), .path.display())]
     Locked {
         path: PathBuf,
         holder: String,
-        waited_s: u64,
+        /// How long it waited ([`Session::lock`]'s `wait`).
+        waited: std::time::Duration,
     },
     #[error(transparent)]
     Inventory(#[from] crate::inventory::InventoryError),

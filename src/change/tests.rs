@@ -317,3 +317,81 @@ fn an_unfinished_plan_blocks_plans_that_share_an_object() {
     again.file(&h, &other, Some("{}\n".into()), false);
     assert!(again.is_empty());
 }
+
+/// The DRA plugin's shape: the bind, then a part planned from the host as the bind left it
+/// (here a file naming the driver 00:05.0 is on then), applied by
+/// [`Session::apply_then`] as one transaction: one `change` and one `extend` record, one
+/// commit; a crash after any of its writes is recovered to before; an error planning the
+/// part rolls the bind back.
+#[test]
+fn a_part_planned_after_the_bind_is_one_transaction_with_it() {
+    fn bind_only(h: &HostRoot) -> Plan {
+        let mut p = claim_plan(h);
+        p.parts.truncate(1);
+        p
+    }
+    fn then(h: &HostRoot) -> Result<Part, Box<dyn std::error::Error + Send + Sync>> {
+        let d = engine::current_driver(h, &"00:05.0".parse().unwrap()).unwrap_or_default();
+        let mut files = Part::new("dra", "claim 7f3a files");
+        files
+            .file(h, &spec_path(h), Some(format!("{{\"driver\":\"{d}\"}}\n")), false)
+            .file(h, &meta_path(h), Some(META.into()), false);
+        Ok(files)
+    }
+    let (_t, h) = lab_like();
+    let ops = FakeHost::new(h.clone());
+    let mut s = Session::lock(&ops, journal::lock_timeout()).unwrap();
+    s.apply_then(&bind_only(&h), &mut then).unwrap();
+    drop(s);
+    assert_eq!(
+        read_file_now(&h, &spec_path(&h)).as_deref(),
+        Some("{\"driver\":\"vfio-pci\"}\n"),
+        "planned after the bind"
+    );
+    let j = journal_text(&h);
+    for (op, n) in [("change", 1), ("extend", 1), ("step", 8), ("commit", 1)] {
+        assert_eq!(j.matches(&format!("\"op\":\"{op}\"")).count(), n, "{op}: {j}");
+    }
+    assert_eq!(journal::read(&h).unwrap().bound.len(), 2);
+
+    for n in 1..=8 {
+        let (_t, h) = lab_like();
+        let before = state(&h);
+        let host = Crashing {
+            inner: FakeHost::new(h.clone()),
+            n: AtomicUsize::new(0),
+            crash_after: n,
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut s = Session::lock(&host, journal::lock_timeout()).unwrap();
+            s.apply_then(&bind_only(&h), &mut then)
+        }));
+        assert!(r.is_err(), "write {n}: no crash");
+        let open = journal::read(&h).unwrap().open;
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].owner.as_deref(), Some(OWNER));
+        assert_eq!(open[0].writes, if n <= 6 { 6 } else { 8 }, "write {n}");
+        assert_eq!(
+            open[0].domain,
+            if n <= 6 { "bind" } else { "bind+dra" },
+            "write {n}"
+        );
+        recover(&FakeHost::new(h.clone()), false, false).unwrap();
+        assert_eq!(state(&h), before, "recover after write {n}");
+    }
+
+    let (_t, h) = lab_like();
+    let before = state(&h);
+    let ops = FakeHost::new(h.clone());
+    let mut s = Session::lock(&ops, journal::lock_timeout()).unwrap();
+    let mut fails = |_: &HostRoot| -> Result<Part, Box<dyn std::error::Error + Send + Sync>> {
+        Err("the claim's backend cannot be served".into())
+    };
+    let e = s.apply_then(&bind_only(&h), &mut fails).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("planning the part after step"), "{text}");
+    assert!(text.contains("the claim's backend cannot be served"), "{text}");
+    assert!(text.contains("rolled back, nothing changed"), "{text}");
+    assert_eq!(state(&h), before);
+    assert!(s.replay().open.is_empty());
+}

@@ -98,7 +98,7 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let session = if dry_run {
         None
     } else {
-        Some(change::Session::lock(ops)?)
+        Some(change::Session::lock(ops, change::journal::lock_timeout())?)
     };
     let host = ops.root();
     let inv = crate::inventory::scan(host)?;
@@ -275,6 +275,12 @@ fn read_recorded(host: &HostRoot, spec_name: &str) -> Option<cdi::Recorded> {
 /// [`refresh_plan`] made under the lock and applied by the change engine (a spec already
 /// right writes nothing; a host without a gpupass spec pays one directory listing).
 pub fn refresh(ops: &dyn HostOps) -> std::result::Result<(), Error> {
+    refresh_within(ops, change::journal::lock_timeout())
+}
+
+/// [`refresh`], waiting at most `wait` for the lock (the DRA plugin: what is left of the
+/// kubelet's deadline).
+pub fn refresh_within(ops: &dyn HostOps, wait: std::time::Duration) -> std::result::Result<(), Error> {
     let host = ops.root();
     // The common case, a host where gpupass never wrote a spec: two directory listings, no
     // lock.
@@ -288,7 +294,7 @@ pub fn refresh(ops: &dyn HostOps) -> std::result::Result<(), Error> {
     if !written {
         return Ok(());
     }
-    let mut s = change::Session::lock(ops)?;
+    let mut s = change::Session::lock(ops, wait)?;
     let plan = refresh_plan(ops.root())?;
     s.apply(&plan).map_err(write_error)?;
     Ok(())

@@ -43,7 +43,7 @@ pub fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
     let mut session = if args.dry_run {
         None
     } else {
-        Some(Session::lock(ops).map_err(BindError::from)?)
+        Some(Session::lock(ops, crate::change::journal::lock_timeout()).map_err(BindError::from)?)
     };
     let inv = crate::inventory::scan(host)?;
     let facts = facts::gather(host, &inv);

@@ -161,8 +161,8 @@ fn step_error(host: &HostRoot, plan: &MdevPlan, f: Failure) -> MdevError {
             _ => None,
         })
     };
-    match (&step, cause) {
-        (Step::Write { path, value, role }, Cause::Write { source, .. }) => match role {
+    match (step.as_ref(), cause) {
+        (Some(Step::Write { path, value, role }), Cause::Write { source, .. }) => match role {
             Role::Create { parent } if !host.mdev_bus_class().join(parent).exists() => {
                 MdevError::ParentGone {
                     parent: parent.clone(),
@@ -182,14 +182,18 @@ fn step_error(host: &HostRoot, plan: &MdevPlan, f: Failure) -> MdevError {
                 source,
             },
         },
-        (Step::WriteFile { path, .. } | Step::RemoveFile { path, .. }, Cause::WriteFile { source, .. })
-        | (Step::WriteFile { path, .. } | Step::RemoveFile { path, .. }, Cause::RemoveFile { source, .. }) => {
-            MdevError::DefIo {
-                path: disp(path),
-                source,
-            }
-        }
-        (Step::CheckPresent { path, present }, _) => {
+        (
+            Some(Step::WriteFile { path, .. } | Step::RemoveFile { path, .. }),
+            Cause::WriteFile { source, .. },
+        )
+        | (
+            Some(Step::WriteFile { path, .. } | Step::RemoveFile { path, .. }),
+            Cause::RemoveFile { source, .. },
+        ) => MdevError::DefIo {
+            path: disp(path),
+            source,
+        },
+        (Some(Step::CheckPresent { path, present }), _) => {
             let (wp, wv) = prev_write().unwrap_or_default();
             MdevError::NotCreated {
                 path: disp(&wp),
@@ -201,7 +205,7 @@ fn step_error(host: &HostRoot, plan: &MdevPlan, f: Failure) -> MdevError {
                 },
             }
         }
-        (Step::CheckReads { path, value }, cause) => {
+        (Some(Step::CheckReads { path, value }), cause) => {
             let now = match cause {
                 Cause::Reads { now, .. } => now,
                 _ => String::new(),

@@ -16,6 +16,7 @@ pub struct Failpoints<H> {
     count: AtomicUsize,
     fail_at: Option<usize>,
     crash_after: Option<usize>,
+    panic_after: Option<usize>,
 }
 
 impl<H: HostOps> Failpoints<H> {
@@ -26,6 +27,7 @@ impl<H: HostOps> Failpoints<H> {
             count: AtomicUsize::new(0),
             fail_at: None,
             crash_after: None,
+            panic_after: None,
         }
     }
 
@@ -42,6 +44,15 @@ impl<H: HostOps> Failpoints<H> {
         self
     }
 
+    /// Die right after the N-th write (1-based) by panicking: the in-process twin of
+    /// `crash_after` for unit tests (`std::panic::catch_unwind`), which the test process
+    /// survives. As the process's death would, the unwinding closes the lock's file; nothing
+    /// after the write runs (no journal record, no rollback).
+    pub fn panic_after(mut self, n: usize) -> Self {
+        self.panic_after = Some(n);
+        self
+    }
+
     /// One counted write: fail it when it is the N-th, abort right after it when it is the
     /// M-th.
     fn counted(&self, write: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
@@ -55,6 +66,9 @@ impl<H: HostOps> Failpoints<H> {
         if self.crash_after == Some(n) {
             eprintln!("gpupass: GPUPASS_CRASH_AFTER_WRITE={n}: aborting now");
             std::process::abort();
+        }
+        if self.panic_after == Some(n) {
+            panic!("crash after write {n}");
         }
         Ok(())
     }

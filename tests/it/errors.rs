@@ -685,6 +685,8 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("E-DRA-09", "unit: src/containers/dra/checkpoint.rs `round_trips_root_only`", "is not a checkpoint gpupass can read"),
     ("E-DRA-10", "unit: src/containers/dra/claim.rs `uids_and_request_names_that_could_leave_a_directory_are_refused`", "is not a Kubernetes name"),
     ("E-DRA-11", "integration: tests/it/dra.rs `the_plugin_needs_the_live_host_and_a_valid_driver_name`", "cannot read the boot id"),
+    ("E-DRA-12", "unit: src/containers/dra/prepare.rs `a_device_in_use_or_a_held_lock_fails_fast_naming_why`", "did not finish within"),
+    ("E-DRA-13", "unit: src/containers/dra/prepare.rs `a_device_in_use_or_a_held_lock_fails_fast_naming_why`", "is open by pid"),
 ];
 
 /// The ids of this file's `row!()` tests, in file order.

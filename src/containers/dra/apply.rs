@@ -1,115 +1,191 @@
-//! The one place the DRA plugin changes the host: [`apply`]. Everything else in
-//! `containers::dra` decides; this function does, through the existing journaled engine of
-//! [`crate::bind`] (lock, journal, re-check, verify, rollback, `gpupass recover`) for drivers
-//! and [`crate::host::write_atomic`] for files.
+//! The one place the DRA plugin changes the host: a claim's prepare and its unprepare, each
+//! ONE plan of the change engine ([`crate::change`]) owned by the claim ([`owner`]: the
+//! journal's `change` record carries the claim UID), applied under the one lock with the one
+//! journal, verified, rolled back on a failure (state-based: every object goes back to its
+//! state before), and finished or undone by `gpupass recover` after a crash.
 //!
-//! It is kept to one function over one small enum on purpose: the bind/mdev engine is being
-//! reshaped into one change engine (plans of typed steps under one lock and journal, with file
-//! writes as journaled steps, docs/ARCHITECTURE.md "Changes are plans..."); switching the DRA
-//! plugin to it means rewriting this file only.
+//! - [`prepare`]: the group bind of every allocated device (`bind::apply::plan_bind_in`: the
+//!   journaled IOMMU-group bind steps, the in-use refusals that name the holder), then, in
+//!   the same transaction, the claim's files (the per-claim CDI spec, the KEP-5304 metadata
+//!   file and its CDI spec) planned from the host as the bind left it
+//!   ([`Session::apply_then`](crate::change::Session::apply_then)): which VFIO nodes a claim
+//!   gets (the group node, or the device cdev that appears only once vfio-pci holds the
+//!   function) is known only after the bind.
+//! - [`unprepare`]: the undo of that plan as one plan of its own: the functions the claim
+//!   moved given back to the drivers the journal recorded (`bind::apply::plan_unbind_in`
+//!   with `only`: never a function that was on vfio-pci before gpupass touched it), the
+//!   files removed.
+//!
+//! The lock is waited for at most `wait` (the plugin's bound, never past the kubelet's
+//! deadline): a kubelet call must not hang behind another gpupass; it fails and is retried.
 
-use crate::bind::apply as bind_apply;
-use crate::bind::{BindRequest, UnbindRequest};
+use crate::bind::apply::{plan_bind_in, plan_unbind_in, recheck};
+use crate::bind::{BindError, BindRequest, UnbindRequest};
+use crate::change::engine::{current_driver, Then};
+use crate::change::{ChangeError, Part, Plan, Session};
 use crate::host::ops::HostOps;
-use crate::model::PciAddress;
+use crate::host::HostRoot;
+use crate::model::{is_vfio_driver, PciAddress};
+use std::time::Duration;
 
-/// A change the plugin asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change<'a> {
-    /// Move every listed function (a whole IOMMU group) to its VFIO driver: `gpupass bind`.
-    Bind(&'a [PciAddress]),
-    /// Give the listed functions back to the drivers gpupass took them from: `gpupass unbind
-    /// --only` of exactly these (never a function gpupass did not move).
-    Restore(&'a [PciAddress]),
-    /// Create or replace a file (host path, before the root) atomically.
-    Write { path: &'a str, contents: &'a str },
-    /// Remove a file; already absent is fine. Empty parent directories up to `stop_at` go too.
-    Remove { path: &'a str, stop_at: Option<&'a str> },
+/// The engine's domain of the claim's file part.
+pub const DOMAIN: &str = "dra";
+
+/// The owner tag of a claim's plans in the journal: `dra-claim:<uid>`.
+pub fn owner(uid: &str) -> String {
+    format!("dra-claim:{uid}")
 }
 
-/// Why a change failed: the engine's own message (a refusal names the holder and the fix).
+/// A file of a claim: its path (as on the host) and, for a write, its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct File {
+    pub path: String,
+    pub contents: Option<String>,
+}
+
+/// Why a claim's plan failed: the engine's or the bind planner's own message (a device in
+/// use names its holder and the fix; the lock names the other gpupass and the wait).
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error(transparent)]
-    Bind(#[from] crate::bind::BindError),
-    #[error("cannot write {path}")]
-    Write {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot remove {path}")]
-    Remove {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    Bind(#[from] BindError),
+    #[error(transparent)]
+    Change(#[from] ChangeError),
 }
 
-/// Make one change. Returns the functions whose driver changed.
-pub fn apply(ops: &dyn HostOps, change: &Change<'_>) -> Result<Vec<PciAddress>, ApplyError> {
+impl ApplyError {
+    /// Whether the host is as it was before the call: refused before the first write, or
+    /// failed and rolled back. (A rollback that failed too leaves the plan open for `gpupass
+    /// recover`.)
+    pub fn changed_nothing(&self) -> bool {
+        let change = match self {
+            ApplyError::Change(c) | ApplyError::Bind(BindError::Change(c)) => c,
+            ApplyError::Bind(_) => return true,
+        };
+        match change {
+            ChangeError::Failed(f) => f.rollback_ok(),
+            // The journal failed: perhaps after writes (the commit record).
+            ChangeError::Journal { .. } | ChangeError::RecoverFailed { .. } => false,
+            ChangeError::Locked { .. } | ChangeError::Inventory(_) | ChangeError::Unfinished { .. } => true,
+        }
+    }
+}
+
+/// What a claim's plan did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The functions whose driver the plan moved.
+    pub moved: Vec<PciAddress>,
+    /// Whether it wrote anything at all (a retry of a prepared claim writes nothing).
+    pub wrote: bool,
+}
+
+/// The metadata file sits in a directory of its own (`.../<ns>_<claim>/<request>/`): removing
+/// it removes that directory once empty.
+fn prune(path: &str) -> bool {
+    path.ends_with("/metadata.json")
+}
+
+/// The part of a claim's files, as they are wanted (`contents` `None`: absent); a file
+/// already as wanted adds nothing.
+fn files_part(host: &HostRoot, what: &str, files: &[File]) -> Part {
+    let mut part = Part::new(DOMAIN, what);
+    for f in files {
+        part.file(host, &f.path, f.contents.clone(), prune(&f.path));
+    }
+    part
+}
+
+/// The error `files` may give, boxed for the engine.
+pub type FilesError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Prepare a claim: under the one lock (waiting at most `wait`), one plan owned by
+/// `owner`: the bind of every listed function's IOMMU group (the members already on a VFIO
+/// driver are named too and left alone; with all on one, no bind), then the files `files`
+/// returns from the host as the bind left it. A refusal (a member in use by the host,
+/// naming the holder), a lock held past `wait`, a failed write or check, or an error of
+/// `files` fails it; what was written is rolled back.
+pub fn prepare(
+    ops: &dyn HostOps,
+    wait: Duration,
+    owner: &str,
+    what: &str,
+    members: &[PciAddress],
+    files: &mut dyn FnMut(&HostRoot) -> Result<Vec<File>, FilesError>,
+) -> Result<Applied, ApplyError> {
     let host = ops.root().clone();
-    match change {
-        Change::Bind(addrs) => {
-            let req = BindRequest {
-                addresses: addrs.to_vec(),
-                only: false,
-                driver: None,
-            };
-            let a = bind_apply::bind(ops, &req, false, false, &|_| {})?;
-            Ok(changed(&a))
-        }
-        Change::Restore(addrs) => {
-            if addrs.is_empty() {
-                return Ok(Vec::new());
-            }
-            let req = UnbindRequest {
-                addresses: addrs.to_vec(),
-                group: None,
-                all: false,
-                only: true,
-            };
-            let a = bind_apply::unbind(ops, &req, false, false, &|_| {})?;
-            Ok(changed(&a))
-        }
-        Change::Write { path, contents } => {
-            let p = host.path(path);
-            crate::host::write_atomic(&p, contents.as_bytes()).map_err(|e| ApplyError::Write {
-                path: path.to_string(),
-                source: e,
-            })?;
-            Ok(Vec::new())
-        }
-        Change::Remove { path, stop_at } => {
-            let p = host.path(path);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(ApplyError::Remove {
-                        path: path.to_string(),
-                        source: e,
-                    })
-                }
-            }
-            if let Some(stop) = stop_at {
-                let stop = host.path(stop);
-                let mut dir = p.parent().map(std::path::Path::to_path_buf);
-                while let Some(d) = dir {
-                    if d == stop || !d.starts_with(&stop) || std::fs::remove_dir(&d).is_err() {
-                        break;
-                    }
-                    dir = d.parent().map(std::path::Path::to_path_buf);
-                }
-            }
-            Ok(Vec::new())
-        }
+    let mut session = Session::lock(ops, wait)?;
+    let mut plan = Plan::default().owned_by(owner);
+    let mut moved = Vec::new();
+    let needs_bind = members
+        .iter()
+        .any(|a| !current_driver(&host, a).as_deref().is_some_and(is_vfio_driver));
+    if needs_bind {
+        let req = BindRequest {
+            addresses: members.to_vec(),
+            only: false,
+            driver: None,
+        };
+        let planned = plan_bind_in(&session, &req)?;
+        ops.before_apply();
+        recheck(&host, &planned.inv, &planned.plan)?;
+        moved = planned.plan.functions.iter().map(|f| f.address).collect();
+        plan.push(planned.plan.to_part());
     }
+    let mut wrote = !plan.is_empty();
+    let mut then = |h: &HostRoot| -> Result<Part, FilesError> {
+        let part = files_part(h, what, &files(h)?);
+        wrote |= !part.is_empty();
+        Ok(part)
+    };
+    let then: Then<'_> = &mut then;
+    session.apply_then(&plan, then)?;
+    Ok(Applied { moved, wrote })
 }
 
-fn changed(a: &bind_apply::Applied) -> Vec<PciAddress> {
-    if a.outcome.is_none() {
-        return Vec::new();
+/// Unprepare a claim: under the one lock (waiting at most `wait`), one plan owned by
+/// `owner`: `restore` (the functions the claim's prepare moved) given back to the drivers
+/// the journal recorded, and `files` removed. A function no longer on a VFIO driver is left
+/// as it is; a VFIO group still open by a process is refused, naming it.
+pub fn unprepare(
+    ops: &dyn HostOps,
+    wait: Duration,
+    owner: &str,
+    what: &str,
+    restore: &[PciAddress],
+    files: &[String],
+) -> Result<Applied, ApplyError> {
+    let host = ops.root().clone();
+    let mut session = Session::lock(ops, wait)?;
+    let mut plan = Plan::default().owned_by(owner);
+    let mut moved = Vec::new();
+    let to_restore: Vec<PciAddress> = restore
+        .iter()
+        .copied()
+        .filter(|a| current_driver(&host, a).as_deref().is_some_and(is_vfio_driver))
+        .collect();
+    if !to_restore.is_empty() {
+        let req = UnbindRequest {
+            addresses: to_restore,
+            group: None,
+            all: false,
+            only: true,
+        };
+        let planned = plan_unbind_in(&session, &req)?;
+        ops.before_apply();
+        recheck(&host, &planned.inv, &planned.plan)?;
+        moved = planned.plan.functions.iter().map(|f| f.address).collect();
+        plan.push(planned.plan.to_part());
     }
-    a.plan.functions.iter().map(|f| f.address).collect()
+    let gone: Vec<File> = files
+        .iter()
+        .map(|p| File {
+            path: p.clone(),
+            contents: None,
+        })
+        .collect();
+    plan.push(files_part(&host, what, &gone));
+    let wrote = !plan.is_empty();
+    session.apply(&plan)?;
+    Ok(Applied { moved, wrote })
 }

@@ -1,19 +1,31 @@
 //! Prepare, Unprepare, the start-up cleanup and device health: the checks of [`claim`], the
-//! checkpoint of [`checkpoint`] and the host changes of [`apply`], in order. One [`Engine`]
-//! per plugin, used from one thread at a time (the gRPC server hands it its calls one by one,
-//! so two claims for devices of one group are serialized; across processes the bind engine's
-//! lock serializes them).
+//! checkpoint of [`checkpoint`] and the host changes of [`apply`] (one plan of the change
+//! engine per Prepare and per Unprepare, owned by the claim), in order. One [`Engine`] per
+//! plugin, used from one thread at a time (the gRPC server hands it its calls one by one, so
+//! two claims for devices of one group are serialized; across processes the engine's lock
+//! serializes them, waited for at most [`Engine::lock_wait`] and never past the kubelet's
+//! deadline).
 
-use super::apply::{self, Change};
+use super::apply;
 use super::checkpoint::{self, Checkpoint, Entry, State};
-use super::claim::{self, ClaimRef, Identity, PreparedDevice};
+use super::claim::{self, ClaimRef, Identity, Prepared, PreparedDevice};
 use super::slices;
 use super::source::ClaimSource;
 use crate::host::ops::HostOps;
 use crate::inventory::backend::Policy;
-use crate::model::{is_vfio_driver, Inventory, PciAddress};
+use crate::model::{Inventory, PciAddress};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long Prepare and Unprepare wait for another gpupass holding the lock, at most: a few
+/// seconds, so a kubelet call fails and is retried instead of hanging (the commands wait
+/// `GPUPASS_LOCK_TIMEOUT`, 30 s).
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// Kept from the kubelet's deadline for the work after the lock (the scans, the writes, the
+/// reply).
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 
 /// Why Prepare or Unprepare failed: the message kubelet puts in the Pod's events.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +44,7 @@ pub enum PrepareError {
         device: String,
         holder: String,
     },
-    #[error("claim {claim}: {what}")]
+    #[error("claim {claim}: {what} failed")]
     Apply {
         claim: String,
         what: String,
@@ -62,10 +74,14 @@ pub struct Engine<'a> {
     /// Run after a change of drivers (the command layer refreshes the host's CDI spec:
     /// `containers` does not reach up into `cli`).
     after_change: Option<AfterChange>,
+    /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
+    /// shortens it.
+    pub lock_wait: Duration,
 }
 
-/// What the command layer runs after Prepare or Unprepare moved functions between drivers.
-pub type AfterChange = fn(&dyn HostOps) -> Result<(), String>;
+/// What the command layer runs after Prepare or Unprepare moved functions between drivers,
+/// with the longest it may wait for the lock.
+pub type AfterChange = fn(&dyn HostOps, Duration) -> Result<(), String>;
 
 /// One device's health.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +111,26 @@ impl<'a> Engine<'a> {
             checkpoint,
             known: BTreeSet::new(),
             after_change: None,
+            lock_wait: DEFAULT_LOCK_WAIT,
         })
+    }
+
+    /// Wait at most `wait` for the engine's lock.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// The lock wait of a call due by `deadline`: [`Engine::lock_wait`], or what is left of
+    /// the deadline less [`DEADLINE_MARGIN`] when that is shorter (none left: one try).
+    pub fn wait_for(&self, deadline: Option<Instant>) -> Duration {
+        match deadline {
+            Some(d) => self.lock_wait.min(
+                d.saturating_duration_since(Instant::now())
+                    .saturating_sub(DEADLINE_MARGIN),
+            ),
+            None => self.lock_wait,
+        }
     }
 
     /// Run `f` after each Prepare or Unprepare that moved functions between drivers.
@@ -104,9 +139,9 @@ impl<'a> Engine<'a> {
         self
     }
 
-    fn changed(&self) {
+    fn changed(&self, deadline: Option<Instant>) {
         if let Some(f) = self.after_change {
-            if let Err(e) = f(self.ops) {
+            if let Err(e) = f(self.ops, self.wait_for(deadline)) {
                 tracing::warn!("the CDI spec could not be refreshed: {e}");
             }
         }
@@ -124,10 +159,21 @@ impl<'a> Engine<'a> {
         Ok(crate::inventory::scan(self.ops.root())?)
     }
 
-    /// NodePrepareResources for one claim. Idempotent: a claim prepared in this boot returns
-    /// what it returned before without touching the host; one whose Prepare was interrupted
-    /// is prepared again (the bind is idempotent) keeping the drivers of the first attempt.
+    /// [`Engine::prepare_until`] without a deadline.
     pub fn prepare(&mut self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        self.prepare_until(c, None)
+    }
+
+    /// NodePrepareResources for one claim, due by `deadline` (the gRPC call's). Idempotent: a
+    /// claim prepared in this boot returns what it returned before without touching the
+    /// host; one whose Prepare was interrupted is prepared again (the bind is idempotent)
+    /// keeping the drivers of the first attempt. The host changes are one plan owned by the
+    /// claim ([`apply::prepare`]): a failure rolls all of it back.
+    pub fn prepare_until(
+        &mut self,
+        c: &ClaimRef,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         if let Some(e) = self.checkpoint.claims.get(&c.uid) {
             if e.boot_id == self.boot_id && e.state == State::Completed {
                 if let Some(p) = &e.prepared {
@@ -168,6 +214,7 @@ impl<'a> Engine<'a> {
                 (*a, earlier.get(a).cloned().unwrap_or(now))
             })
             .collect();
+        let previous = self.checkpoint.claims.get(&c.uid).cloned();
         self.checkpoint.claims.insert(
             c.uid.clone(),
             Entry {
@@ -180,88 +227,109 @@ impl<'a> Engine<'a> {
             },
         );
         self.save()?;
-        let apply = |change: Change<'_>, what: String| {
-            apply::apply(self.ops, &change).map_err(|e| PrepareError::Apply {
-                claim: label.clone(),
-                what,
-                source: Box::new(e),
-            })
+        let driver = self.me.driver.clone();
+        let mut prepared: Option<Prepared> = None;
+        let mut files = |h: &crate::host::HostRoot| -> Result<Vec<apply::File>, apply::FilesError> {
+            let after = crate::inventory::scan(h)?;
+            let backend = claim::choose_backend(&after, &checked)?;
+            let p = claim::result(&after, &driver, &checked, backend);
+            let files = p
+                .files
+                .iter()
+                .map(|f| apply::File {
+                    path: f.path.clone(),
+                    contents: Some(f.contents.clone()),
+                })
+                .collect();
+            prepared = Some(p);
+            Ok(files)
         };
-        let to_bind: Vec<PciAddress> = members
-            .iter()
-            .copied()
-            .filter(|a| {
-                !inv.device(a)
-                    .and_then(|d| d.driver.as_deref())
-                    .is_some_and(is_vfio_driver)
-            })
-            .collect();
-        if !to_bind.is_empty() {
-            // Every member is named, those already on VFIO too: the bind planner refuses a
-            // group member of another slot that was not named.
-            apply(
-                Change::Bind(&members),
-                "binding its IOMMU group(s) to vfio-pci".into(),
-            )?;
-        }
-        let after = self.scan()?;
-        let backend = claim::choose_backend(&after, &checked)?;
-        let prepared = claim::result(&after, &self.me.driver, &checked, backend);
-        for f in &prepared.files {
-            apply(
-                Change::Write {
-                    path: &f.path,
-                    contents: &f.contents,
-                },
-                format!("writing {}", f.path),
-            )?;
-        }
+        // Every member is named, those already on VFIO too: the bind planner refuses a group
+        // member of another slot that was not named.
+        let r = apply::prepare(
+            self.ops,
+            self.wait_for(deadline),
+            &apply::owner(&c.uid),
+            &format!("files of claim {label}"),
+            &members,
+            &mut files,
+        );
+        let applied = match r {
+            Ok(a) => a,
+            Err(e) => {
+                if e.changed_nothing() {
+                    // The host holds nothing of this attempt: neither does the checkpoint.
+                    match previous {
+                        Some(p) => self.checkpoint.claims.insert(c.uid.clone(), p),
+                        None => self.checkpoint.claims.remove(&c.uid),
+                    };
+                    self.save()?;
+                }
+                return Err(PrepareError::Apply {
+                    claim: label,
+                    what: "prepare".into(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        let prepared = prepared.expect("the engine planned the claim's files");
         let devices = prepared.devices.clone();
         if let Some(e) = self.checkpoint.claims.get_mut(&c.uid) {
             e.state = State::Completed;
             e.prepared = Some(prepared);
         }
         self.save()?;
-        if !to_bind.is_empty() {
-            self.changed();
+        if !applied.moved.is_empty() {
+            self.changed(deadline);
         }
         Ok(devices)
     }
 
-    /// NodeUnprepareResources for one claim: its files removed, the functions it moved given
-    /// back (only in the boot that moved them), its entry dropped. A claim the plugin does not
-    /// know is done already.
+    /// [`Engine::unprepare_until`] without a deadline.
     pub fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
+        self.unprepare_until(uid, None)
+    }
+
+    /// NodeUnprepareResources for one claim, due by `deadline`: the undo of its prepare as one
+    /// plan owned by the claim ([`apply::unprepare`]): its files removed, the functions it
+    /// moved given back to the drivers the journal recorded (only in the boot that moved them;
+    /// a function on vfio-pci before gpupass touched it stays there), its entry dropped. A
+    /// claim the plugin does not know is done already.
+    pub fn unprepare_until(&mut self, uid: &str, deadline: Option<Instant>) -> Result<(), PrepareError> {
         let Some(e) = self.checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
         let label = format!("{}/{} ({})", e.claim.namespace, e.claim.name, e.claim.uid);
-        let apply = |change: Change<'_>, what: String| {
-            apply::apply(self.ops, &change).map_err(|err| PrepareError::Apply {
-                claim: label.clone(),
-                what,
-                source: Box::new(err),
-            })
+        let moved = if e.boot_id == self.boot_id {
+            e.moved()
+        } else {
+            Vec::new()
         };
-        let stop = super::plugin_dir_logical(&self.me.driver);
-        for path in files_of(&self.me.driver, &e) {
-            apply(
-                Change::Remove {
-                    path: &path,
-                    stop_at: Some(&stop),
-                },
-                format!("removing {path}"),
-            )?;
-        }
-        if e.boot_id == self.boot_id {
-            let moved = e.moved();
-            if !moved.is_empty() {
-                apply(
-                    Change::Restore(&moved),
-                    "giving its functions back to their drivers".into(),
-                )?;
-                self.changed();
+        let files = files_of(&self.me.driver, &e);
+        let applied = apply::unprepare(
+            self.ops,
+            self.wait_for(deadline),
+            &apply::owner(uid),
+            &format!("files of claim {label}"),
+            &moved,
+            &files,
+        )
+        .map_err(|err| PrepareError::Apply {
+            claim: label.clone(),
+            what: "unprepare".into(),
+            source: Box::new(err),
+        })?;
+        // The claim's metadata directory (`<ns>_<claim>/`), empty once its requests' files
+        // and directories are gone (made by the writes' `create_dir_all`, not a file of the
+        // plan).
+        let host = self.ops.root();
+        for f in files.iter().filter(|f| f.ends_with("/metadata.json")) {
+            if let Some(claim_dir) = std::path::Path::new(f).parent().and_then(|d| d.parent()) {
+                let _ = std::fs::remove_dir(host.path(&claim_dir.to_string_lossy()));
             }
+        }
+        if !applied.moved.is_empty() {
+            self.changed(deadline);
         }
         self.checkpoint.claims.remove(uid);
         self.save()
@@ -393,11 +461,330 @@ mod tests {
     use crate::host::HostRoot;
     use crate::testkit::hostgen::{DevSpec, HostBuilder};
     use crate::testkit::FakeHost;
+    use std::time::{Duration, Instant};
 
     fn driver_of(root: &std::path::Path, a: &str) -> Option<String> {
         std::fs::read_link(root.join("sys/bus/pci/devices").join(a).join("driver"))
             .ok()
             .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+    }
+
+    const DRIVER: &str = "vfio.gpupass.dev";
+
+    fn node_a() -> Identity {
+        Identity {
+            driver: DRIVER.into(),
+            node: "node-a".into(),
+            pool: "node-a".into(),
+        }
+    }
+
+    fn gpu_claim() -> ClaimRef {
+        ClaimRef {
+            namespace: "default".into(),
+            uid: "u1".into(),
+            name: "gpu".into(),
+        }
+    }
+
+    /// The lab's IOMMU group 4 (a VGA function on bochs-drm and its audio companion on
+    /// snd_hda_intel, one DRA device `pci-0000-00-05-0`) and the claim default/gpu (UID u1)
+    /// allocated that device on node-a. Returns the scratch directory, the host root and the
+    /// claims directory.
+    fn lab_claim() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        lab_claim_with(|_| {})
+    }
+
+    /// [`lab_claim`], with `more` added to the host.
+    fn lab_claim_with(
+        more: impl FnOnce(&mut HostBuilder),
+    ) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("host");
+        let mut h = HostBuilder::new(&root).unwrap();
+        h.kernel("6.1.0-57-amd64", "intel_iommu=on", &["bochs", "snd_hda_intel"])
+            .unwrap();
+        h.add(
+            &DevSpec::new("00:05.0", 0x1234, 0x1111, 0x030000)
+                .group(4)
+                .driver("bochs-drm"),
+        )
+        .unwrap();
+        h.add(
+            &DevSpec::new("00:05.1", 0x8086, 0x293e, 0x040300)
+                .group(4)
+                .driver("snd_hda_intel"),
+        )
+        .unwrap();
+        h.file("dev/vfio/vfio", "").unwrap();
+        more(&mut h);
+        let claims = t.path().join("claims");
+        std::fs::create_dir_all(claims.join("default")).unwrap();
+        let c = serde_json::json!({
+            "metadata": {"name": "gpu", "namespace": "default", "uid": "u1"},
+            "status": {"allocation": {
+                "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+            }}
+        });
+        std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+        (t, root, claims)
+    }
+
+    fn engine<'a>(ops: &'a dyn HostOps, claims: &std::path::Path) -> Engine<'a> {
+        Engine::new(
+            ops,
+            Box::new(super::super::source::Dir {
+                dir: claims.to_path_buf(),
+            }),
+            node_a(),
+            Policy::Auto,
+            "b1".into(),
+        )
+        .unwrap()
+    }
+
+    /// What a claim's plan changes on the host: each function's driver and override, whether
+    /// the group's VFIO node exists, and every file (path and content) under the CDI spec
+    /// directory and the plugin's metadata directory. (Not the checkpoint, the journal, or
+    /// the fake kernel's own bookkeeping.)
+    fn state(root: &std::path::Path) -> BTreeMap<String, String> {
+        fn files(base: &std::path::Path, dir: &std::path::Path, out: &mut BTreeMap<String, String>) {
+            let Ok(rd) = std::fs::read_dir(dir) else { return };
+            for e in rd {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    files(base, &p, out);
+                } else {
+                    let rel = p.strip_prefix(base).unwrap().display().to_string();
+                    out.insert(rel, std::fs::read_to_string(&p).unwrap());
+                }
+            }
+        }
+        let mut m = BTreeMap::new();
+        for a in ["0000:00:05.0", "0000:00:05.1"] {
+            m.insert(format!("{a} driver"), driver_of(root, a).unwrap_or_default());
+            let ov =
+                std::fs::read_to_string(root.join("sys/bus/pci/devices").join(a).join("driver_override"))
+                    .unwrap_or_default();
+            m.insert(format!("{a} override"), ov.trim().to_string());
+        }
+        m.insert("dev/vfio/4".into(), root.join("dev/vfio/4").exists().to_string());
+        files(root, &root.join("var/run/cdi"), &mut m);
+        files(
+            root,
+            &root
+                .join("var/lib/kubelet/plugins")
+                .join(DRIVER)
+                .join("dra-device-metadata"),
+            &mut m,
+        );
+        m
+    }
+
+    fn journal(root: &std::path::Path) -> String {
+        std::fs::read_to_string(crate::change::journal::journal_path(&HostRoot::new(root)))
+            .unwrap_or_default()
+    }
+
+    /// Prepare is one plan of the change engine owned by the claim: one `change` record (the
+    /// group bind and the claim's three files, owner `dra-claim:u1`), one commit. A retry, in
+    /// this plugin or a restarted one (the checkpoint by claim UID), returns the same devices
+    /// and writes nothing; Unprepare is one plan too and gives the host back as it was.
+    #[test]
+    fn prepare_is_one_owned_plan_and_retries_write_nothing() {
+        let (_t, root, claims) = lab_claim();
+        let before = state(&root);
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let mut e = engine(&ops, &claims);
+        let devs = e.prepare(&gpu_claim()).unwrap();
+        assert_eq!(devs[0].device, "pci-0000-00-05-0");
+        let after = state(&root);
+        assert_eq!(after["0000:00:05.0 driver"], "vfio-pci");
+        assert_eq!(after["0000:00:05.1 driver"], "vfio-pci");
+        assert_eq!(
+            after.keys().filter(|k| k.ends_with(".json")).count(),
+            3,
+            "{after:?}"
+        );
+        let j = journal(&root);
+        assert_eq!(j.matches("\"op\":\"change\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"op\":\"extend\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"owner\":\"dra-claim:u1\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"op\":\"commit\"").count(), 1, "{j}");
+        // Six sysfs writes of the bind, three files.
+        assert_eq!(j.matches("\"op\":\"step\"").count(), 9, "{j}");
+        // kubelet retries: same answer, nothing written; a restarted plugin too.
+        assert_eq!(e.prepare(&gpu_claim()).unwrap(), devs);
+        let mut restarted = engine(&ops, &claims);
+        assert_eq!(restarted.prepare(&gpu_claim()).unwrap(), devs);
+        assert_eq!(journal(&root), j);
+        assert_eq!(state(&root), after);
+        // Unprepare: the plan's undo, one plan owned by the claim (the journal folded the
+        // committed prepare into its `state` record first).
+        restarted.unprepare("u1").unwrap();
+        assert_eq!(state(&root), before);
+        let j = journal(&root);
+        assert_eq!(j.matches("\"op\":\"change\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"owner\":\"dra-claim:u1\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"domain\":\"unbind+dra\"").count(), 1, "{j}");
+        assert_eq!(j.matches("\"op\":\"step\"").count(), 9, "{j}");
+        assert!(!root
+            .join("var/lib/kubelet/plugins")
+            .join(DRIVER)
+            .join("dra-device-metadata/default_gpu")
+            .exists());
+        assert!(restarted.checkpoint().claims.is_empty());
+    }
+
+    /// A failure at any write of the prepare plan rolls the whole plan back (the bind and the
+    /// files already written); the checkpoint holds nothing, and the retry prepares the claim.
+    #[test]
+    fn a_failure_at_every_write_of_a_prepare_rolls_it_all_back() {
+        for k in 1..=9 {
+            let (_t, root, claims) = lab_claim();
+            let before = state(&root);
+            let ops = crate::testkit::Failpoints::new(FakeHost::new(HostRoot::new(&root))).fail_at(k);
+            let mut e = engine(&ops, &claims);
+            let err = e.prepare(&gpu_claim()).unwrap_err();
+            let msg = crate::model::ErrorChain(&err).to_string();
+            assert!(msg.contains("rolled back, nothing changed"), "write {k}: {msg}");
+            assert!(msg.contains("injected failure"), "write {k}: {msg}");
+            assert_eq!(state(&root), before, "write {k}");
+            assert!(e.checkpoint().claims.is_empty(), "write {k}");
+            let r = crate::change::journal::read(&HostRoot::new(&root)).unwrap();
+            assert!(r.open.is_empty() && r.bound.is_empty(), "write {k}");
+            // The retry (the failpoint spent) prepares it.
+            let fresh = FakeHost::new(HostRoot::new(&root));
+            engine(&fresh, &claims).prepare(&gpu_claim()).unwrap();
+            assert_eq!(driver_of(&root, "0000:00:05.1").as_deref(), Some("vfio-pci"));
+        }
+    }
+
+    /// The plugin dying after each write of a prepare (the test kit's crash failpoint, as a
+    /// panic the test survives) leaves the claim's plan open in the journal, owned by the
+    /// claim; `gpupass recover` puts the host back as it was before the Prepare. `recover
+    /// --continue` after a write of the files makes it exactly what a Prepare without a crash
+    /// makes; after a write of the bind (the files not planned yet: they are planned from the
+    /// host the bind leaves) it finishes the bind and writes no file. After either, the
+    /// kubelet's retry (a restarted plugin, the checkpoint's `started` entry) prepares the
+    /// claim and Unprepare gives the host back.
+    #[test]
+    fn a_crash_after_every_write_of_a_prepare_is_recovered_to_before_or_prepared() {
+        let prepared = {
+            let (_t, root, claims) = lab_claim();
+            let ops = FakeHost::new(HostRoot::new(&root));
+            engine(&ops, &claims).prepare(&gpu_claim()).unwrap();
+            state(&root)
+        };
+        for n in 1..=9 {
+            for cont in [false, true] {
+                let (_t, root, claims) = lab_claim();
+                let host = HostRoot::new(&root);
+                let before = state(&root);
+                let crashing = crate::testkit::Failpoints::new(FakeHost::new(host.clone())).panic_after(n);
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    engine(&crashing, &claims).prepare(&gpu_claim())
+                }));
+                assert!(r.is_err(), "write {n}: no crash");
+                let open = crate::change::journal::read(&host).unwrap().open;
+                assert_eq!(open.len(), 1, "write {n}");
+                assert_eq!(open[0].owner.as_deref(), Some("dra-claim:u1"));
+                assert_eq!(
+                    (open[0].at, open[0].writes),
+                    (n, if n <= 6 { 6 } else { 9 }),
+                    "write {n}"
+                );
+                assert_ne!(state(&root), before, "write {n} changed nothing");
+                let ops = FakeHost::new(host.clone());
+                crate::change::recover(&ops, cont, false).unwrap();
+                assert!(crate::change::journal::read(&host).unwrap().open.is_empty());
+                if cont && n > 6 {
+                    assert_eq!(state(&root), prepared, "recover --continue after write {n}");
+                } else if cont {
+                    let bound: BTreeMap<String, String> = prepared
+                        .iter()
+                        .filter(|(k, _)| !k.ends_with(".json"))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    assert_eq!(state(&root), bound, "recover --continue after write {n}");
+                } else {
+                    assert_eq!(state(&root), before, "recover after write {n}");
+                }
+                // The kubelet retries with a restarted plugin: prepared; then unprepared.
+                let mut e = engine(&ops, &claims);
+                assert_eq!(e.checkpoint().claims["u1"].state, State::Started);
+                e.prepare(&gpu_claim()).unwrap();
+                assert_eq!(state(&root), prepared, "retry after write {n} (continue: {cont})");
+                e.unprepare("u1").unwrap();
+                assert_eq!(
+                    state(&root),
+                    before,
+                    "unprepare after write {n} (continue: {cont})"
+                );
+            }
+        }
+    }
+
+    /// A device held by a host process fails the Prepare at once, naming the holder, with
+    /// nothing changed and nothing held in the checkpoint (the kubelet retries); another
+    /// gpupass holding the lock fails it after the engine's bounded wait, not GPUPASS_LOCK_TIMEOUT's
+    /// 30 s, and a call's deadline shortens that wait.
+    #[test]
+    fn a_device_in_use_or_a_held_lock_fails_fast_naming_why() {
+        let (_t, root, claims) = lab_claim_with(|h| {
+            h.drm_node(&"0000:00:05.0".parse().unwrap(), "card0").unwrap();
+            h.open_fd(4321, "Xorg", 7, "/dev/dri/card0").unwrap();
+        });
+        let host = HostRoot::new(&root);
+        let before = state(&root);
+        let ops = FakeHost::new(host.clone());
+        let mut e = engine(&ops, &claims);
+        let t0 = Instant::now();
+        let err = crate::model::ErrorChain(&e.prepare(&gpu_claim()).unwrap_err()).to_string();
+        assert!(err.contains("is open by pid 4321 (Xorg)"), "{err}");
+        assert!(
+            err.starts_with("claim default/gpu (u1): prepare failed: "),
+            "{err}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(state(&root), before);
+        assert!(e.checkpoint().claims.is_empty());
+        std::fs::remove_dir_all(root.join("proc/4321")).unwrap();
+
+        // Another gpupass holds the lock.
+        let held = crate::change::journal::lock(&host, Duration::ZERO).unwrap();
+        let mut e = engine(&ops, &claims).with_lock_wait(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let err = crate::model::ErrorChain(&e.prepare(&gpu_claim()).unwrap_err()).to_string();
+        assert!(err.contains("did not finish within 0.3 s"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(e.checkpoint().claims.is_empty());
+        // A deadline sooner than the wait shortens it; one already past tries once.
+        let e = e.with_lock_wait(Duration::from_secs(30));
+        let soon = e.wait_for(Some(Instant::now() + Duration::from_secs(2)));
+        assert!(
+            soon <= Duration::from_millis(1500) && soon > Duration::from_millis(1000),
+            "{soon:?}"
+        );
+        assert_eq!(e.wait_for(Some(Instant::now())), Duration::ZERO);
+        assert_eq!(e.wait_for(None), Duration::from_secs(30));
+        let mut e = e;
+        let t0 = Instant::now();
+        let err = e
+            .prepare_until(&gpu_claim(), Some(Instant::now() + Duration::from_millis(700)))
+            .unwrap_err();
+        assert!(
+            crate::model::ErrorChain(&err)
+                .to_string()
+                .contains("did not finish within 0"),
+            "{err}"
+        );
+        assert!(t0.elapsed() < Duration::from_millis(1500), "{:?}", t0.elapsed());
+        drop(held);
+        assert_eq!(state(&root), before);
+        e.prepare(&gpu_claim()).unwrap();
+        assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("vfio-pci"));
     }
 
     /// A group of two GPUs in different slots, one of them bound to vfio-pci before gpupass

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::mpsc;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -81,8 +81,8 @@ type UnprepareReply = BTreeMap<String, Result<(), String>>;
 
 /// A call for the worker.
 enum Job {
-    Prepare(Vec<ClaimRef>, oneshot::Sender<PrepareReply>),
-    Unprepare(Vec<ClaimRef>, oneshot::Sender<UnprepareReply>),
+    Prepare(Vec<ClaimRef>, Option<Instant>, oneshot::Sender<PrepareReply>),
+    Unprepare(Vec<ClaimRef>, Option<Instant>, oneshot::Sender<UnprepareReply>),
     /// Something changed on the host: recompute health now.
     Wake,
     /// The servers stopped: end the worker.
@@ -105,16 +105,24 @@ impl Shared {
             .map_err(|_| Status::unavailable("the plugin is shutting down"))
     }
 
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> Result<PrepareReply, Status> {
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+        deadline: Option<Instant>,
+    ) -> Result<PrepareReply, Status> {
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Prepare(claims, tx))?;
+        self.send(Job::Prepare(claims, deadline, tx))?;
         rx.await
             .map_err(|_| Status::internal("the plugin's worker stopped"))
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Result<UnprepareReply, Status> {
+    async fn unprepare(
+        &self,
+        claims: Vec<ClaimRef>,
+        deadline: Option<Instant>,
+    ) -> Result<UnprepareReply, Status> {
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Unprepare(claims, tx))?;
+        self.send(Job::Unprepare(claims, deadline, tx))?;
         rx.await
             .map_err(|_| Status::internal("the plugin's worker stopped"))
     }
@@ -148,6 +156,34 @@ impl Registration for Registrar {
 }
 
 struct Plugin(std::sync::Arc<Shared>);
+
+/// A gRPC `grpc-timeout` header's value (`<at most 8 digits><unit>`, unit `H`, `M`, `S`, `m`,
+/// `u` or `n`: gRPC's PROTOCOL-HTTP2.md) as a duration; `None` when absent or malformed.
+pub fn grpc_timeout(v: &str) -> Option<Duration> {
+    if !v.is_ascii() {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// When a call is due: now plus its `grpc-timeout` (the kubelet sets one on every call).
+fn deadline<T>(req: &Request<T>) -> Option<Instant> {
+    let t = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    grpc_timeout(t).map(|d| Instant::now() + d)
+}
 
 /// The claims of a request, v1's or v1beta1's (the same three fields).
 macro_rules! claim_refs {
@@ -219,7 +255,8 @@ impl v1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let r = self.0.prepare(refs_v1(req.into_inner().claims)).await?;
+        let due = deadline(&req);
+        let r = self.0.prepare(refs_v1(req.into_inner().claims), due).await?;
         Ok(Response::new(prepare_v1(r)))
     }
 
@@ -227,7 +264,8 @@ impl v1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let r = self.0.unprepare(refs_v1(req.into_inner().claims)).await?;
+        let due = deadline(&req);
+        let r = self.0.unprepare(refs_v1(req.into_inner().claims), due).await?;
         Ok(Response::new(unprepare_v1(r)))
     }
 }
@@ -239,8 +277,9 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let due = deadline(&req);
         let claims = claim_refs!(req.into_inner().claims);
-        let r = prepare_v1(self.0.prepare(claims).await?);
+        let r = prepare_v1(self.0.prepare(claims, due).await?);
         Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
             claims: r
                 .claims
@@ -271,8 +310,9 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
         &self,
         req: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let due = deadline(&req);
         let claims = claim_refs!(req.into_inner().claims);
-        let r = unprepare_v1(self.0.unprepare(claims).await?);
+        let r = unprepare_v1(self.0.unprepare(claims, due).await?);
         Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
             claims: r
                 .claims
@@ -367,10 +407,10 @@ fn worker(
     refresh(&mut engine);
     loop {
         match jobs.recv_timeout(poll) {
-            Ok(Job::Prepare(claims, reply)) => {
+            Ok(Job::Prepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
-                    let r = engine.prepare(&c).map_err(|e| {
+                    let r = engine.prepare_until(&c, due).map_err(|e| {
                         let m = crate::model::ErrorChain(&e).to_string();
                         warn!("prepare {}/{}: {m}", c.namespace, c.name);
                         m
@@ -383,10 +423,10 @@ fn worker(
                 let _ = reply.send(out);
                 refresh(&mut engine);
             }
-            Ok(Job::Unprepare(claims, reply)) => {
+            Ok(Job::Unprepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
-                    let r = engine.unprepare(&c.uid).map_err(|e| {
+                    let r = engine.unprepare_until(&c.uid, due).map_err(|e| {
                         let m = crate::model::ErrorChain(&e).to_string();
                         warn!("unprepare {}/{}: {m}", c.namespace, c.name);
                         m
@@ -668,7 +708,9 @@ mod tests {
                     crate::inventory::backend::Policy::Auto,
                     "b0-boot".into(),
                 )
-                .unwrap();
+                .unwrap()
+                // Longer than the call's deadline below: the deadline bounds the wait.
+                .with_lock_wait(Duration::from_secs(30));
                 run(engine, &cfg, async {
                     let _ = stop_rx.await;
                 })
@@ -704,8 +746,23 @@ mod tests {
                 .into_inner();
             health_of(&mut health, GPU, HealthStatus::Healthy).await;
 
-            // Prepare: the whole group (GPU and its audio function) goes to vfio-pci.
+            // Another gpupass holds the lock: a Prepare due in 2 s waits for it only until
+            // its deadline (less the margin), fails naming the lock, and changes nothing.
             let mut dra = v1::dra_plugin_client::DraPluginClient::new(svc.clone());
+            let held = crate::change::journal::lock(&HostRoot::new(&root), Duration::ZERO).unwrap();
+            let mut req = Request::new(v1::NodePrepareResourcesRequest {
+                claims: vec![claim("u1", "gpu")],
+            });
+            req.set_timeout(Duration::from_secs(2));
+            let t0 = std::time::Instant::now();
+            let r = dra.node_prepare_resources(req).await.unwrap().into_inner();
+            assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+            let err = &r.claims["u1"].error;
+            assert!(err.contains("another gpupass") && err.contains("did not finish within 1."), "{err}");
+            assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("nvidia"));
+            drop(held);
+
+            // Prepare: the whole group (GPU and its audio function) goes to vfio-pci.
             let r = dra
                 .node_prepare_resources(v1::NodePrepareResourcesRequest {
                     claims: vec![claim("u1", "gpu")],
@@ -848,5 +905,18 @@ mod tests {
         assert!(!cfg.registration_socket("vfio.gpupass.dev").exists());
         assert!(!cfg.service_socket().exists());
         assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("nvidia"));
+    }
+
+    #[test]
+    fn grpc_timeouts_are_read_as_grpc_writes_them() {
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1999m"), Some(Duration::from_millis(1999)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("500u"), Some(Duration::from_micros(500)));
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "123456789S", "2s", "-1S", "1.5S", "2µ"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
     }
 }
