@@ -46,16 +46,26 @@ struct LabRun {
 }
 
 fn lab_run(leg: &'static str, cell: &'static OnceLock<LabRun>) -> &'static LabRun {
+    lab_boot(leg, leg, SCENARIOS, cell)
+}
+
+/// One boot of `scenarios` on `leg`, its results under `<out>/<out_name>/`.
+fn lab_boot(
+    leg: &str,
+    out_name: &str,
+    scenarios: &[&str],
+    cell: &'static OnceLock<LabRun>,
+) -> &'static LabRun {
     cell.get_or_init(|| {
         let repo = crate::util::manifest_dir();
         let out_root = match std::env::var_os("GPUPASS_LAB_OUT") {
-            Some(p) => PathBuf::from(p).join(leg),
-            None => repo.join("target/lab/test-out").join(leg),
+            Some(p) => PathBuf::from(p).join(out_name),
+            None => repo.join("target/lab/test-out").join(out_name),
         };
         let result = Command::new("bash")
             .arg(repo.join("lab/lab.sh"))
             .args(["--kernel", leg, "run"])
-            .args(SCENARIOS)
+            .args(scenarios)
             .current_dir(&repo)
             .env("GPUPASS_LAB_OUT", &out_root)
             // The console is kept in <out>/<scenario>/console.log; the report (printed on
@@ -372,3 +382,35 @@ leg!(
         selftest
     ]
 );
+
+/// The cluster lab (docs/cluster.md): a boot of its own on the 6.12 kernel (cgroup v2), with the
+/// control plane on the host's loopback (lab/cluster/host.sh) and the kubelet, containerd 2.x
+/// and runc 1.5 of the cluster build in the guest; `.ci/run` builds those binaries in the
+/// background (lab/cluster/build.sh; the boot waits on the build's lock).
+mod cluster_6_12 {
+    use super::*;
+    const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook"];
+    static RUN: OnceLock<LabRun> = OnceLock::new();
+
+    fn run() -> &'static LabRun {
+        lab_boot("6.12", "cluster-6.12", CLUSTER_SCENARIOS, &RUN)
+    }
+
+    /// The node goes Ready by itself and a Pod the scheduler placed runs through containerd.
+    #[test]
+    fn cluster() {
+        assert_scenario(run(), "6.12 (cluster)", "cluster");
+    }
+
+    /// gpupass device-plugin against the real kubelet: legacy, iommufd and CDI-only pods.
+    #[test]
+    fn clusterdp() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterdp");
+    }
+
+    /// gpupass oci-hook as the createRuntime hook of a containerd runtime handler, runc 1.5.
+    #[test]
+    fn clusterhook() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterhook");
+    }
+}
