@@ -86,6 +86,12 @@ cl_files() {
   [ -f "$CL_LOG/timings.txt" ] && lab_file timings.txt "$CL_LOG/timings.txt"
 }
 
+# cl_kubelet: the kubelet started (its configuration written by cluster_up).
+cl_kubelet() {
+  cl_start kubelet kubelet --config=/var/lib/kubelet/config.yaml \
+    --kubeconfig="$CL/kubelet.kubeconfig" --hostname-override="$CL_NODE" --node-ip="$CL_NODE_IP"
+}
+
 # cluster_up: the whole cluster, each stage a step; 0 when the node is Ready. Already up: 0.
 cluster_up() {
   [ -f "$CL_RUN/up" ] && return 0
@@ -271,8 +277,7 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}
 EOF
   t=$(cl_t)
-  cl_start kubelet kubelet --config=/var/lib/kubelet/config.yaml \
-    --kubeconfig="$CL/kubelet.kubeconfig" --hostname-override="$CL_NODE" --node-ip="$CL_NODE_IP"
+  cl_kubelet
   cl_ready kubelet kubelet "$t" 600 sh -c 'wget -q -O - http://127.0.0.1:10248/healthz | grep -qx ok' || return 1
   cl_ready node-registered kubelet "$t" 600 kc get node "$CL_NODE" || return 1
   # Ready for real: the kubelet says so once the runtime and its network (CNI) are ready;

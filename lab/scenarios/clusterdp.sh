@@ -8,6 +8,7 @@
 # lab-timeout: 2400
 # lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
 # lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
+# lab-steps: kubelet-restart restart-pod-succeeded restart-opens
 # lab-steps: cdi-spec cdi-plugin cdi-pod-succeeded cdi-opens unbind teardown
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterdp) or after `cluster` in the same boot
@@ -132,6 +133,31 @@ else
   lab_fail iommufd-opens "cdev '$cdev': $(tr '\n' ';' < "$CL_LOG/vfio-iommufd.txt")"
 fi
 kc delete pod vfio-iommufd --wait=true --timeout=180s > /dev/null 2>&1
+
+# The kubelet restarted, its device-plugins directory gone meanwhile (the kubelet empties it at
+# start; here the whole directory is removed): the plugin sees kubelet.sock come back and its
+# own socket gone, serves again and registers again; the Node shows the resource again and a
+# Pod still gets the device. Never a plugin that looks registered and is not.
+t=$(cl_t)
+before=$(grep -c 'registered ' "$CL_LOG/device-plugin-iommufd.log")
+kill "$(cat "$CL_RUN/kubelet.pid")"
+cl_wait 60 sh -c "! kill -0 $(cat "$CL_RUN/kubelet.pid") 2> /dev/null"
+rm -rf /var/lib/kubelet/device-plugins
+cp "$CL_LOG/kubelet.log" "$CL_LOG/kubelet-before-restart.log"
+cl_kubelet
+if cl_wait 300 sh -c "[ \$(grep -c 'registered ' $CL_LOG/device-plugin-iommufd.log) -gt $before ]" &&
+  cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | grep -q '$name'"; then
+  lab_pass kubelet-restart "registered again after $(cl_since "$t") s: $(grep -E 'was removed|recreated|registered ' "$CL_LOG/device-plugin-iommufd.log" | tail -3 | tr '\n' '|' | cut -c1-400)"
+else
+  lab_fail kubelet-restart "no new registration or no $name on the node: $(tail -2 "$CL_LOG/device-plugin-iommufd.log" | tr '\n' '|')"
+fi
+run_pod vfio-restarted restart-pod-succeeded
+if grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/vfio-restarted.txt" && ! grep -q 'open FAILED' "$CL_LOG/vfio-restarted.txt"; then
+  lab_pass restart-opens "/dev/vfio/devices/$cdev opens in a Pod after the kubelet's restart"
+else
+  lab_fail restart-opens "$(tr '\n' ';' < "$CL_LOG/vfio-restarted.txt")"
+fi
+kc delete pod vfio-restarted --wait=true --timeout=180s > /dev/null 2>&1
 
 # containerd's CDI with gpupass's own spec: the plugin (--cdi only) answers Allocate with the
 # CDI device name alone, no device node and no environment of its own; the kubelet passes the
