@@ -2770,7 +2770,7 @@ row!(
         code: 2,
         needles: &[
             "invalid value 'bogus' for '--cdi <CDI>'",
-            "[possible values: auto, always, never]"
+            "[possible values: auto, always, never, only]"
         ],
         ..Case::DEFAULT
     }
