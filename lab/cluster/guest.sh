@@ -327,6 +327,29 @@ cluster_down() {
   fi
 }
 
+# cluster_begin: how every cluster scenario starts: the 6.12 leg (cgroup v2), then the cluster
+# (already up when an earlier scenario of the boot brought it up); the scenario ends here when
+# either fails.
+cluster_begin() {
+  if [ "$LAB_CGROUP" != v2 ]; then
+    lab_fail leg "the cluster lab runs on the 6.12 leg (cgroup v2): lab/lab.sh --kernel 6.12 run $LAB_SCENARIO"
+    exit 1
+  fi
+  lab_pass leg "kernel $(uname -r), cgroup v2"
+  if ! cluster_up; then
+    cl_files
+    cluster_down
+    exit 1
+  fi
+}
+
+# cluster_end: how every cluster scenario ends: the logs shipped, the cluster torn down by the
+# boot's last cluster scenario (left up for the next one otherwise).
+cluster_end() {
+  cl_files
+  if cluster_last; then cluster_down; else lab_pass teardown "left up for the next cluster scenario"; fi
+}
+
 # cluster_last: 0 when no later scenario of this boot is a cluster one (it tears down).
 cluster_last() {
   _seen=0

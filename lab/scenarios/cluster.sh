@@ -14,19 +14,9 @@
 # (lab/cluster/host.sh, loopback only, started by lab.sh before the boot and stopped after it;
 # cluster.check reports that); the node half runs here (lab/cluster/guest.sh). lab/cluster/prep.sh
 # made this boot's CA, certificates and image archives on the host.
-if [ "$LAB_CGROUP" != v2 ]; then
-  lab_fail leg "the cluster lab runs on the 6.12 leg (cgroup v2): lab/lab.sh --kernel 6.12 run cluster"
-  exit 1
-fi
-lab_pass leg "kernel $(uname -r), cgroup v2"
 # shellcheck source=../cluster/guest.sh
 . /lab/cluster/lib.sh
-
-if ! cluster_up; then
-  cl_files
-  cluster_down
-  exit 1
-fi
+cluster_begin
 
 # No taint was lifted by hand: whatever the node carries now is the cluster's own doing, and
 # a Ready node carries none of the not-ready/unreachable ones.
@@ -104,5 +94,4 @@ for f in pod.yaml events.txt node.yaml; do
   [ -f "$CL_LOG/$f" ] && lab_file "$f" "$CL_LOG/$f"
 done
 
-cl_files
-if cluster_last; then cluster_down; else lab_pass teardown "left up for the next cluster scenario"; fi
+cluster_end

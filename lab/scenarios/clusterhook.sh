@@ -11,18 +11,9 @@
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterhook) or after the other cluster scenarios in
 # the same boot (the cluster stays up between them).
-if [ "$LAB_CGROUP" != v2 ]; then
-  lab_fail leg "the cluster lab runs on the 6.12 leg (cgroup v2): lab/lab.sh --kernel 6.12 run clusterhook"
-  exit 1
-fi
-lab_pass leg "kernel $(uname -r), cgroup v2"
 # shellcheck source=../cluster/guest.sh
 . /lab/cluster/lib.sh
-if ! cluster_up; then
-  cl_files
-  cluster_down
-  exit 1
-fi
+cluster_begin
 
 D=0000:00:07.0
 lab_check bind gpupass bind $D
@@ -131,5 +122,4 @@ fi
 kc delete pod refused --wait=true --timeout=180s > /dev/null 2>&1
 
 lab_check unbind gpupass unbind $D
-cl_files
-if cluster_last; then cluster_down; else lab_pass teardown "left up for the next cluster scenario"; fi
+cluster_end
