@@ -400,11 +400,14 @@ fn interrupt(r: &BootReport, index: u32) -> Verdict {
         _ => "MSI-X routes + irqfds",
     };
     let counted = format!("{}/{} delivered", fw.delivered, fw.expected);
-    let kvm_disagrees = counted_by_kvm.filter(|(n, delivered, timer)| *n != delivered + timer);
-    if let Some((n, delivered, timer)) = kvm_disagrees {
-        // KVM's own count of what it put into the vCPU is the ground truth the firmware's
-        // count is checked against: a delivery KVM did not inject (or an injection the
-        // firmware never took) means the firmware's count cannot be trusted.
+    // KVM's own count of what it put into the vCPU is the ground truth the firmware's count is
+    // checked against: a delivery KVM never injected means the firmware's count cannot be
+    // trusted. KVM can count one interrupt twice: when a VM exit interrupts an injected event's
+    // delivery (a nested page fault on the IDT or the stack, frequent under nesting and load),
+    // it re-injects the event and `irq_injections` goes up again (the vendor code's
+    // complete_interrupts re-queues it). So more injections than deliveries is said, not failed.
+    let kvm_short = counted_by_kvm.filter(|(n, delivered, timer)| *n < delivered + timer);
+    if let Some((n, delivered, timer)) = kvm_short {
         v(
             name,
             Outcome::Fail,
@@ -413,7 +416,18 @@ fn interrupt(r: &BootReport, index: u32) -> Verdict {
             ),
         )
     } else if fw.expected > 0 && fw.delivered == fw.expected && k.errors.is_empty() {
-        v(name, Outcome::Pass, format!("{counted} ({via}; {path}{kvm})"))
+        let again = match counted_by_kvm {
+            Some((n, delivered, timer)) if n > delivered + timer => format!(
+                " ({} more than counted: re-injections of interrupted deliveries)",
+                n - delivered - timer
+            ),
+            _ => String::new(),
+        };
+        v(
+            name,
+            Outcome::Pass,
+            format!("{counted} ({via}; {path}{kvm}{again})"),
+        )
     } else {
         v(
             name,
@@ -552,20 +566,24 @@ mod tests {
     }
 
     #[test]
-    fn interrupts_fail_when_kvm_counted_other_injections() {
-        // The firmware counted 1 delivery and 0 timer interrupts; KVM injected 2.
-        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(2)), false);
+    fn interrupts_fail_when_kvm_counted_fewer_injections() {
+        // The firmware counted 1 delivery and 0 timer interrupts; KVM injected none: the
+        // firmware's count cannot be trusted.
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(0)), false);
         let (o, why) = result(&c.verdicts, "msi-x");
         assert_eq!(o, Outcome::Fail, "{why}");
         assert!(
-            why.contains("KVM injected 2 interrupts") && why.contains("counted 1 deliveries"),
+            why.contains("KVM injected 0 interrupts") && why.contains("counted 1 deliveries"),
             "{why}"
         );
         assert!(!c.ok);
         assert_eq!(c.summary.fail, 1);
-        // ... and KVM having injected none of the one the firmware took fails it too.
-        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(0)), false);
-        assert_eq!(result(&c.verdicts, "msi-x").0, Outcome::Fail);
+        // KVM injected 2 for the 1 taken: a re-injection of an interrupted delivery (seen in
+        // the lab's nested 6.12 guest under load: 3 injections for 2 deliveries) is said.
+        let c = CheckReport::new(vfio_report("8086:10d3", true, Some(2)), false);
+        let (o, why) = result(&c.verdicts, "msi-x");
+        assert_eq!(o, Outcome::Pass, "{why}");
+        assert!(why.contains("1 more than counted: re-injections"), "{why}");
         // Where KVM has no statistics fd the deliveries stand, and the reason says unchecked.
         let c = CheckReport::new(vfio_report("8086:10d3", true, None), false);
         let (o, why) = result(&c.verdicts, "msi-x");

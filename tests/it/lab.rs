@@ -240,8 +240,8 @@ fn check_selftest(run: &LabRun, leg: &str) {
                 problems.push(format!("{report}: summary {} but {n} {word}", j["summary"]));
             }
         }
-        // KVM's own count: every interrupt it injected between the marks is a delivery the
-        // firmware counted or its timer.
+        // KVM's own count: every delivery the firmware counted (or its timer) was injected by
+        // KVM; KVM may count more (it re-injects an event whose delivery a VM exit interrupted).
         let boot = &j["boot"];
         let delivered: u64 = boot["firmware"]["irqs"]
             .as_array()
@@ -249,9 +249,9 @@ fn check_selftest(run: &LabRun, leg: &str) {
             .unwrap_or(0);
         let timer = boot["firmware"]["irq_timer"].as_u64().unwrap_or(0);
         if let Some(n) = boot["irq_kvm"]["delta"]["irq_injections"].as_u64() {
-            if n != delivered + timer {
+            if n < delivered + timer {
                 problems.push(format!(
-                    "{report}: KVM irq_injections {n} != {delivered} delivered + {timer} timer"
+                    "{report}: KVM irq_injections {n} < {delivered} delivered + {timer} timer"
                 ));
             }
         } else {
