@@ -19,6 +19,7 @@
 # Exit status: 0 done, 2 a tool or input is missing (named).
 set -euo pipefail
 die() { echo "cluster prep: $*" >&2; exit 2; }
+trap 'echo "cluster prep: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 [ $# = 2 ] || die "usage: lab/cluster/prep.sh BINDIR OUTDIR"
 bin=$1 out=$2
 [ -x "$bin/pause" ] || die "no $bin/pause: run lab/cluster/build.sh first"
@@ -155,7 +156,9 @@ oci_image "$out/images/pause.tar" "registry.k8s.io/pause:$ptag" "$tmp/pause" \
 echo "$ptag" > "$out/pause-tag"
 
 # busybox: the static binary, a link per applet, /etc/passwd and /etc/group for uid 0.
-bbver=$(/bin/busybox | head -1 | sed -n 's/^BusyBox v\([0-9.]*\).*/\1/p')
+# (sed reads all of busybox's output: with `| head -1` busybox could die of SIGPIPE and
+# pipefail end this script without a word, as it did under load.)
+bbver=$(/bin/busybox 2>&1 | sed -n '1s/^BusyBox v\([0-9.]*\).*/\1/p')
 [ -n "$bbver" ] || die "cannot read busybox's version"
 r=$tmp/busybox
 mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/proc" "$r/sys" "$r/dev"
