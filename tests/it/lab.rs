@@ -45,6 +45,29 @@ struct LabRun {
     out_root: PathBuf,
 }
 
+/// Where a boot's results go: `$GPUPASS_LAB_OUT/<name>`, else `target/lab/test-out/<name>`.
+fn out_root(name: &str) -> PathBuf {
+    match std::env::var_os("GPUPASS_LAB_OUT") {
+        Some(p) => PathBuf::from(p).join(name),
+        None => crate::util::manifest_dir().join("target/lab/test-out").join(name),
+    }
+}
+
+/// `lab/lab.sh --kernel LEG run SCENARIOS...`, its results under `out_root`.
+fn lab_command(leg: &str, scenarios: &[&str], out_root: &std::path::Path) -> Command {
+    let repo = crate::util::manifest_dir();
+    let mut c = Command::new("bash");
+    c.arg(repo.join("lab/lab.sh"))
+        .args(["--kernel", leg, "run"])
+        .args(scenarios)
+        .current_dir(&repo)
+        .env("GPUPASS_LAB_OUT", out_root)
+        // The console is kept in <out>/<scenario>/console.log; the report (printed on
+        // failure) is what a test log needs.
+        .env("GPUPASS_LAB_QUIET", "1");
+    c
+}
+
 fn lab_run(leg: &'static str, cell: &'static OnceLock<LabRun>) -> &'static LabRun {
     // The cluster boot needs the 6.12 kernel too: started here as well, as a process of its
     // own, it runs beside this leg's boot instead of holding a test thread while the kernel is
@@ -52,32 +75,9 @@ fn lab_run(leg: &'static str, cell: &'static OnceLock<LabRun>) -> &'static LabRu
     if leg == "6.12" {
         cluster_6_12::spawn();
     }
-    lab_boot(leg, leg, SCENARIOS, cell)
-}
-
-/// One boot of `scenarios` on `leg`, its results under `<out>/<out_name>/`.
-fn lab_boot(
-    leg: &str,
-    out_name: &str,
-    scenarios: &[&str],
-    cell: &'static OnceLock<LabRun>,
-) -> &'static LabRun {
     cell.get_or_init(|| {
-        let repo = crate::util::manifest_dir();
-        let out_root = match std::env::var_os("GPUPASS_LAB_OUT") {
-            Some(p) => PathBuf::from(p).join(out_name),
-            None => repo.join("target/lab/test-out").join(out_name),
-        };
-        let result = Command::new("bash")
-            .arg(repo.join("lab/lab.sh"))
-            .args(["--kernel", leg, "run"])
-            .args(scenarios)
-            .current_dir(&repo)
-            .env("GPUPASS_LAB_OUT", &out_root)
-            // The console is kept in <out>/<scenario>/console.log; the report (printed on
-            // failure) is what a test log needs.
-            .env("GPUPASS_LAB_QUIET", "1")
-            .output();
+        let out_root = out_root(leg);
+        let result = lab_command(leg, SCENARIOS, &out_root).output();
         match result {
             Ok(o) => LabRun {
                 status: o.status.code(),
@@ -411,23 +411,13 @@ mod cluster_6_12 {
         if c.is_some() || RUN.get().is_some() {
             return;
         }
-        let repo = crate::util::manifest_dir();
-        let out_root = match std::env::var_os("GPUPASS_LAB_OUT") {
-            Some(p) => PathBuf::from(p).join("cluster-6.12"),
-            None => repo.join("target/lab/test-out/cluster-6.12"),
-        };
-        let log = repo.join("target/lab/test-out/cluster-6.12.log");
+        let out_root = out_root("cluster-6.12");
+        let log = crate::util::manifest_dir().join("target/lab/test-out/cluster-6.12.log");
         let child = std::fs::create_dir_all(log.parent().unwrap())
             .and_then(|_| std::fs::File::create(&log))
             .and_then(|f| {
                 let e = f.try_clone()?;
-                Command::new("bash")
-                    .arg(repo.join("lab/lab.sh"))
-                    .args(["--kernel", "6.12", "run"])
-                    .args(CLUSTER_SCENARIOS)
-                    .current_dir(&repo)
-                    .env("GPUPASS_LAB_OUT", &out_root)
-                    .env("GPUPASS_LAB_QUIET", "1")
+                lab_command("6.12", CLUSTER_SCENARIOS, &out_root)
                     .stdin(Stdio::null())
                     .stdout(f)
                     .stderr(e)
