@@ -476,9 +476,10 @@ build_gpupass() {
   local profile=${GPUPASS_LAB_PROFILE:-lab} dir
   case $profile in dev) dir=debug ;; *) dir=$profile ;; esac
   local bin=$REPO/target/lab/$TARGET_TRIPLE/$dir/gpupass
-  # --features testkit: the crash scenarios (bind.sh: GPUPASS_FAIL_WRITE,
+  # --features dra: `gpupass dra-plugin` for clusterdra (kube-rs, k8s-openapi: ~1.5 min more of
+  # a first build). --features testkit: the crash scenarios (bind.sh: GPUPASS_FAIL_WRITE,
   # GPUPASS_CRASH_AFTER_WRITE) need the failpoints, which a release build leaves out.
-  local cargo=(cargo build --profile "$profile" --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass --features testkit)
+  local cargo=(cargo build --profile "$profile" --target "$TARGET_TRIPLE" --target-dir target/lab --bin gpupass --features testkit,dra)
   local rustflags="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static"
   local t0 s0=$SECONDS ok=0; t0=$(now)
   if [[ -x $bin ]]; then

@@ -12,6 +12,7 @@
 #             (Debian's static busybox with its applet links)
 #   images.txt     "<archive> <image name>" per image
 #   lib.sh    lab/cluster/guest.sh: brings the cluster up and down in the guest
+#   dra/      the repo's contrib/dra/*.yaml (DeviceClasses, claim examples), applied as shipped
 #
 # Usage: [CL_SERVER=https://10.0.2.2:PORT] lab/cluster/prep.sh BINDIR OUTDIR
 #   BINDIR  the cluster build's bin/ (lab/cluster/build.sh --print-dir + /bin)
@@ -32,6 +33,9 @@ G=/lab/cluster
 mkdir -p "$out/pki" "$out/images"
 # The guest's half: /lab/cluster/lib.sh, sourced by the cluster scenarios.
 cp "$(dirname "$0")/guest.sh" "$out/lib.sh"
+# The DRA manifests gpupass ships, for clusterdra to apply unchanged.
+mkdir -p "$out/dra"
+cp "$(dirname "$0")/../../contrib/dra/"*.yaml "$out/dra/"
 pki=$out/pki
 
 # --- certificates -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
-use crate::containers::dra::{self, claim::Identity, prepare::Engine, server, slices, source};
+use crate::containers::dra::{self, api, claim::Identity, prepare::Engine, server, slices, source};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,12 +34,13 @@ pub struct Args {
     /// API server (tests, nodes without one)
     #[arg(long, value_name = "DIR")]
     pub claims_dir: Option<PathBuf>,
-    /// kubectl used to read ResourceClaims from the API server
-    #[arg(long, value_name = "PATH", default_value = "kubectl")]
-    pub kubectl: PathBuf,
-    /// kubeconfig for kubectl [default: kubectl's own rules, KUBECONFIG]
-    #[arg(long, value_name = "PATH")]
+    /// kubeconfig of the API server the plugin reads claims from and publishes this node's
+    /// ResourceSlices to [default: KUBECONFIG, ~/.kube/config, or the Pod's service account]
+    #[arg(long, value_name = "PATH", conflicts_with = "claims_dir")]
     pub kubeconfig: Option<PathBuf>,
+    /// The longest one API server call may take, in seconds
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
+    pub api_timeout_s: u64,
 }
 
 /// A DRA driver name: a DNS subdomain of at most 63 characters (`DriverNameMaxLength`).
@@ -85,13 +86,21 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     })?;
     // The host first: a wrong --root must not leave sockets or directories behind.
     crate::inventory::scan(&ctx.host)?;
-    let src: Box<dyn source::ClaimSource> = match args.claims_dir {
-        Some(dir) => Box::new(source::Dir { dir }),
-        None => Box::new(source::Kubectl {
-            kubectl: args.kubectl,
-            kubeconfig: args.kubeconfig,
-            timeout: std::time::Duration::from_secs(10),
-        }),
+    // Claims from a directory (no API server, no slices published), or from the API server,
+    // which also gets this node's ResourceSlices.
+    let (src, publisher): (Box<dyn source::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
+        Some(dir) => (Box::new(source::Dir { dir }), None),
+        None => {
+            let kube = api::Kube::connect(
+                args.kubeconfig.as_deref(),
+                std::time::Duration::from_secs(args.api_timeout_s),
+            )
+            .map_err(Error::usage)?;
+            (
+                Box::new(api::Claims(kube.clone())),
+                Some(api::Publisher::new(kube, node.clone(), args.driver.clone())),
+            )
+        }
     };
     let me = Identity {
         driver: args.driver.clone(),
@@ -108,7 +117,13 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
             .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
         poll: std::time::Duration::from_millis(args.poll_ms),
     };
-    server::run(engine, &cfg, shutdown()).map_err(Error::host)?;
+    server::run(
+        engine,
+        &cfg,
+        publisher.map(|p| Box::new(p) as Box<dyn server::Publish>),
+        shutdown(),
+    )
+    .map_err(Error::host)?;
     Ok(Exit::SUCCESS)
 }
 

@@ -397,7 +397,7 @@ mod cluster_6_12 {
     use super::*;
     use std::process::{Child, Stdio};
     use std::sync::Mutex;
-    const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook"];
+    const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
     static RUN: OnceLock<LabRun> = OnceLock::new();
     /// The boot once started: its process and where its output goes (a file, so that a
     /// process nobody reads yet never blocks on a full pipe).
@@ -469,5 +469,12 @@ mod cluster_6_12 {
     #[test]
     fn clusterhook() {
         assert_scenario(run(), "6.12 (cluster)", "clusterhook");
+    }
+
+    /// gpupass dra-plugin against the real kubelet, scheduler and API server: slices published,
+    /// the VGA+audio group allocated by CEL, prepared (legacy, iommufd) and given back.
+    #[test]
+    fn clusterdra() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterdra");
     }
 }

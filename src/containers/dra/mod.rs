@@ -11,9 +11,11 @@
 //! - [`prepare`]: Prepare / Unprepare / health, composed from the above (what the gRPC
 //!   handlers call).
 //! - [`source`]: where a claim is read from ([`source::ClaimSource`]).
+//! - [`api`]: the API server through kube-rs: claims, and this node's ResourceSlices published.
 //! - [`server`]: the kubelet plugin registration, `DRAPlugin` v1 and v1beta1 and DRA health
 //!   v1 over unix sockets (tonic).
 
+pub mod api;
 pub mod apply;
 pub mod checkpoint;
 pub mod claim;

@@ -367,6 +367,26 @@ impl<'a> Engine<'a> {
         out
     }
 
+    /// The inventory as this node's ResourceSlices describe it: the functions a claim of this
+    /// boot moved to vfio-pci carry the driver they had before (a Prepare does not change
+    /// what the node offers, so it does not republish the pool).
+    pub fn as_offered(&self, inv: &Inventory) -> Inventory {
+        let mut v = inv.clone();
+        for e in self
+            .checkpoint
+            .claims
+            .values()
+            .filter(|e| e.boot_id == self.boot_id)
+        {
+            for (a, before) in &e.drivers_before {
+                if let Some(d) = v.devices.iter_mut().find(|d| d.address == *a) {
+                    d.driver = before.clone();
+                }
+            }
+        }
+        v
+    }
+
     /// Every device's health now: published devices, and devices prepared in this boot
     /// (whose members must still be on a VFIO driver in a viable group); a device reported
     /// before and gone now is unhealthy.
@@ -635,6 +655,29 @@ mod tests {
             .join("dra-device-metadata/default_gpu")
             .exists());
         assert!(restarted.checkpoint().claims.is_empty());
+    }
+
+    /// A prepared claim does not change what the node offers: the slices rendered from the
+    /// host while the group is on vfio-pci equal the ones from before the Prepare (the
+    /// `driver` attribute keeps the driver the function had), so the pool is not republished.
+    #[test]
+    fn a_prepared_group_is_offered_as_it_was_before() {
+        let (_t, root, claims) = lab_claim();
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let host = HostRoot::new(&root);
+        let before = super::super::slices::devices(&crate::inventory::scan(&host).unwrap());
+        let mut e = engine(&ops, &claims);
+        e.prepare(&gpu_claim()).unwrap();
+        let now = crate::inventory::scan(&host).unwrap();
+        assert_ne!(
+            super::super::slices::devices(&now),
+            before,
+            "the bind changed the driver attribute"
+        );
+        assert_eq!(super::super::slices::devices(&e.as_offered(&now)), before);
+        e.unprepare("u1").unwrap();
+        let after = crate::inventory::scan(&host).unwrap();
+        assert_eq!(super::super::slices::devices(&e.as_offered(&after)), before);
     }
 
     /// A failure at any write of the prepare plan rolls the whole plan back (the bind and the

@@ -375,15 +375,32 @@ impl DraResourceHealth for HealthService {
     }
 }
 
-/// The worker: runs the engine's calls one by one and keeps the health current.
+/// What the worker hands each fresh inventory to: the API server's ResourceSlices
+/// ([`super::api::Publisher`]) in the plugin, nothing in tests without an API server.
+pub trait Publish: Send {
+    fn publish(&mut self, inv: &crate::model::Inventory);
+}
+
+impl Publish for super::api::Publisher {
+    fn publish(&mut self, inv: &crate::model::Inventory) {
+        super::api::Publisher::publish(self, inv)
+    }
+}
+
+/// The worker: runs the engine's calls one by one, keeps the health current and the node's
+/// ResourceSlices published.
 fn worker(
     mut engine: Engine<'_>,
     jobs: mpsc::Receiver<Job>,
     health: watch::Sender<Vec<Health>>,
     poll: Duration,
+    mut publisher: Option<Box<dyn Publish + '_>>,
 ) {
-    let refresh = |engine: &mut Engine<'_>| match crate::inventory::scan(engine.ops.root()) {
+    let mut refresh = |engine: &mut Engine<'_>| match crate::inventory::scan(engine.ops.root()) {
         Ok(inv) => {
+            if let Some(p) = publisher.as_mut() {
+                p.publish(&engine.as_offered(&inv));
+            }
             let h = engine.health(&inv);
             health.send_if_modified(|old| {
                 if *old != h {
@@ -472,9 +489,10 @@ fn make_dir(path: &Path, mode: Option<u32>) -> Result<(), ServerError> {
 
 /// Serve until `shutdown` completes: the cleanup of claims left from before, then the
 /// sockets. Blocks (it runs its own runtime).
-pub fn run(
-    engine: Engine<'_>,
+pub fn run<'a>(
+    engine: Engine<'a>,
     cfg: &Config,
+    publisher: Option<Box<dyn Publish + 'a>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let mut engine = engine;
@@ -503,7 +521,7 @@ pub fn run(
     });
     let poll = cfg.poll;
     std::thread::scope(|scope| {
-        scope.spawn(move || worker(engine, job_rx, health_tx, poll));
+        scope.spawn(move || worker(engine, job_rx, health_tx, poll, publisher));
         if live {
             // Kernel uevents wake the health refresh at once; the poll stays as the fallback.
             match crate::host::uevents::UeventSocket::open() {
@@ -711,7 +729,7 @@ mod tests {
                 .unwrap()
                 // Longer than the call's deadline below: the deadline bounds the wait.
                 .with_lock_wait(Duration::from_secs(30));
-                run(engine, &cfg, async {
+                run(engine, &cfg, None, async {
                     let _ = stop_rx.await;
                 })
                 .unwrap();

@@ -2,17 +2,13 @@
 //! UID only; the allocation (which devices, which node, which config) is in the claim object,
 //! so the plugin must read it, and then checks it ([`super::claim::check`]).
 //!
-//! Two sources today:
-//! - [`Kubectl`]: `kubectl get resourceclaims.v1.resource.k8s.io -n NS NAME -o json`, with the
-//!   plugin's kubeconfig: the API server's own answer, parsed into k8s-openapi's
-//!   `resource.k8s.io/v1` types. kube-rs is not compiled in (docs/dra.md, "Why not kube-rs
-//!   yet"); a `kube::Api<ResourceClaim>` source is one more implementation of this trait.
+//! Two sources:
+//! - [`super::api::Claims`]: the API server, through kube-rs (`resource.k8s.io/v1`).
 //! - [`Dir`]: `<dir>/<namespace>/<name>.json`, a claim as `kubectl get -o json` prints it; for
 //!   tests and for nodes driven without an API server.
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Why a claim could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +58,7 @@ fn parse(namespace: &str, name: &str, text: &str) -> Result<ResourceClaim, Sourc
     })
 }
 
-fn checked_names(namespace: &str, name: &str) -> Result<(), SourceError> {
+pub(crate) fn checked_names(namespace: &str, name: &str) -> Result<(), SourceError> {
     if valid_name(namespace) && valid_name(name) {
         Ok(())
     } else {
@@ -99,62 +95,6 @@ impl ClaimSource for Dir {
     }
 }
 
-/// Claims from the API server through `kubectl`.
-#[derive(Debug, Clone)]
-pub struct Kubectl {
-    pub kubectl: PathBuf,
-    pub kubeconfig: Option<PathBuf>,
-    /// The longest a read may take (kubelet's Prepare has a deadline of its own).
-    pub timeout: Duration,
-}
-
-impl ClaimSource for Kubectl {
-    fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError> {
-        checked_names(namespace, name)?;
-        let mut c = std::process::Command::new(&self.kubectl);
-        if let Some(k) = &self.kubeconfig {
-            c.arg("--kubeconfig").arg(k);
-        }
-        c.arg(format!("--request-timeout={}s", self.timeout.as_secs().max(1)))
-            .args([
-                "get",
-                "resourceclaims.v1.resource.k8s.io",
-                "-n",
-                namespace,
-                name,
-                "-o",
-                "json",
-            ]);
-        let out = c.output().map_err(|e| SourceError::Failed {
-            namespace: namespace.into(),
-            name: name.into(),
-            detail: format!("cannot run {}: {e}", self.kubectl.display()),
-        })?;
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if !out.status.success() {
-            let detail = if stderr.is_empty() {
-                format!("kubectl exited with {}", out.status)
-            } else {
-                stderr
-            };
-            return Err(if detail.contains("NotFound") || detail.contains("not found") {
-                SourceError::NotFound {
-                    namespace: namespace.into(),
-                    name: name.into(),
-                    detail,
-                }
-            } else {
-                SourceError::Failed {
-                    namespace: namespace.into(),
-                    name: name.into(),
-                    detail,
-                }
-            });
-        }
-        parse(namespace, name, &String::from_utf8_lossy(&out.stdout))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,16 +127,5 @@ mod tests {
             d.get("default", "gpu"),
             Err(SourceError::Malformed { .. })
         ));
-    }
-
-    #[test]
-    fn kubectl_failures_say_what_kubectl_said() {
-        let k = Kubectl {
-            kubectl: "/nonexistent/kubectl".into(),
-            kubeconfig: None,
-            timeout: Duration::from_secs(1),
-        };
-        let e = k.get("default", "gpu").unwrap_err();
-        assert!(e.to_string().contains("cannot run /nonexistent/kubectl"), "{e}");
     }
 }

@@ -1,0 +1,293 @@
+# lab-about: `gpupass dra-plugin` against the real kubelet, scheduler, controller manager and API server of the cluster lab (docs/dra.md): the plugin publishes this node's ResourceSlices through kube-rs, the kubelet registers it, contrib/dra's DeviceClass and claim templates apply unchanged, the scheduler allocates the VGA+audio group 00:05.0+00:05.1 by a CEL selector on gpupass's attributes, the kubelet prepares it (both functions on vfio-pci while the Pod runs; its container opens the group's nodes, legacy and iommufd) and unprepares it (both back on their drivers); a claim with a bad opaque config fails its Prepare with gpupass's reason in the Pod's events and touches nothing
+# lab-needs: gpupass
+# lab-carry: cluster
+# lab-mem: 2048
+# lab-smp: 2
+# lab-modules: overlay
+# lab-modules: virtio_net
+# lab-timeout: 2400
+# lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
+# lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
+# lab-steps: legacy-opens legacy-metadata legacy-pod-deleted legacy-group-restored
+# lab-steps: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
+# lab-steps: iommufd-group-restored bad-config-event bad-config-untouched
+# lab-steps: api-down-said api-back-republished api-back-node-ready
+# lab-steps: checkpoint-empty journal-empty plugin-stop teardown
+#
+# Run alone (lab/lab.sh --kernel 6.12 run clusterdra) or after other cluster scenarios in the
+# same boot. The group is the lab's 00:05.0 (bochs-drm) + 00:05.1 (snd_hda_intel): what a GPU
+# with its HDMI audio function is, and what the NVIDIA driver's PassthroughSupport rebinds one
+# function of.
+# shellcheck source=../cluster/guest.sh
+. /lab/cluster/lib.sh
+cluster_begin
+
+VGA=0000:00:05.0
+AUD=0000:00:05.1
+DEV=pci-0000-00-05-0
+DRIVER=vfio.gpupass.dev
+PDIR=/var/lib/kubelet/plugins/$DRIVER
+drv() { basename "$(readlink "/sys/bus/pci/devices/$1/driver" 2> /dev/null)" 2> /dev/null || echo none; }
+g=$(lab_group $VGA)
+before_vga=$(drv $VGA) before_aud=$(drv $AUD)
+if [ "$before_vga" != vfio-pci ] && [ "$before_aud" != vfio-pci ] && [ -n "$g" ]; then
+  lab_pass drivers-before "$VGA $before_vga, $AUD $before_aud, group $g"
+else
+  lab_fail drivers-before "$VGA $before_vga, $AUD $before_aud, group '$g': the group must start on its own drivers"
+fi
+# group_drivers: "VGA-driver AUD-driver".
+group_drivers() { echo "$(drv $VGA) $(drv $AUD)"; }
+
+t=$(cl_t)
+cl_start dra-plugin gpupass dra-plugin -v --node "$CL_NODE" --kubeconfig "$CL/admin.kubeconfig"
+if cl_wait 120 test -S "$PDIR/dra.sock"; then
+  lab_pass plugin-start "serving $PDIR/dra.sock after $(cl_since "$t") s"
+else
+  lab_fail plugin-start "no $PDIR/dra.sock: $(tail -2 "$CL_LOG/dra-plugin.log" | tr '\n' '|')"
+fi
+# The kubelet's plugin watcher finds the registration socket and calls back.
+if cl_wait 180 grep -q "the kubelet registered $DRIVER" "$CL_LOG/dra-plugin.log"; then
+  lab_pass plugin-registered "the kubelet registered $DRIVER after $(cl_since "$t") s"
+else
+  lab_fail plugin-registered "no registration: $(grep -i dra "$CL_LOG/kubelet.log" | tail -2 | tr '\n' '|')"
+fi
+
+# The plugin's own slices, on the API server (not `dra slices | kubectl apply`).
+slices_json() { kc get resourceslices.v1.resource.k8s.io --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o json; }
+if cl_wait 180 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices --field-selector spec.nodeName=$CL_NODE,spec.driver=$DRIVER -o jsonpath='{.items[*].spec.devices[*].name}' | grep -qw $DEV"; then
+  slices_json > "$CL_LOG/slices.json"
+  lab_file slices.json "$CL_LOG/slices.json"
+  lab_pass slices-published "$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath='{range .items[*]}{.metadata.name} gen {.spec.pool.generation}: {.spec.devices[*].name}; {end}') after $(cl_since "$t") s; $(grep 'published the ResourceSlices' "$CL_LOG/dra-plugin.log" | tail -1 | sed 's/.*published/published/')"
+else
+  lab_fail slices-published "no $DEV in this node's slices: $(grep -E 'ResourceSlices|WARN' "$CL_LOG/dra-plugin.log" | tail -2 | tr '\n' '|')"
+fi
+# What gpupass does not offer is absent from the slices, and `dra slices --explain` says why.
+gpupass dra slices --explain > "$CL_LOG/explain.txt" 2>&1
+lab_file explain.txt "$CL_LOG/explain.txt"
+refused=$(grep -c 'not published:' "$CL_LOG/explain.txt")
+published=$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath='{.items[*].spec.devices[*].name}' | wc -w)
+offered=$(grep -cE '^[0-9]+ +pci-' "$CL_LOG/explain.txt")
+if [ "$refused" -gt 0 ] && [ "$published" = "$offered" ]; then
+  lab_pass refused-not-published "$offered groups offered = $published devices on the API server; $refused not published, each with its reason (explain.txt): $(grep 'not published:' "$CL_LOG/explain.txt" | head -1 | sed 's/^ *//')"
+else
+  lab_fail refused-not-published "explain: $offered offered, $refused refused; the API server has $published devices"
+fi
+
+# contrib/dra as shipped: the API server's own validation (CEL compiled, names, configs).
+if kc apply -f "$CL/dra/deviceclass.yaml" > "$CL_LOG/apply.txt" 2>&1 &&
+  kc apply -f "$CL/dra/claim-examples.yaml" >> "$CL_LOG/apply.txt" 2>&1; then
+  lab_pass manifests-applied "$(tr '\n' ';' < "$CL_LOG/apply.txt")"
+else
+  lab_fail manifests-applied "$(tr '\n' ';' < "$CL_LOG/apply.txt")"
+fi
+
+# pod NAME TEMPLATE: a Pod with one claim from TEMPLATE that opens every VFIO/iommufd node it
+# has, prints the KEP-5304 metadata it can see, says READY and waits to be deleted.
+pod() {
+  cat > "$1.yaml" << EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  dnsPolicy: Default
+  terminationGracePeriodSeconds: 5
+  resourceClaims:
+  - name: vfio
+    resourceClaimTemplateName: $2
+  containers:
+  - name: probe
+    image: $(cat "$CL/busybox-image")
+    imagePullPolicy: Never
+    resources:
+      claims: [{name: vfio}]
+    command:
+    - /bin/sh
+    - -c
+    - |
+      for p in /dev/vfio/* /dev/vfio/devices/* /dev/iommu; do
+        [ -c "\$p" ] || continue
+        if (exec 3<>"\$p") 2>/dev/null; then echo "open OK \$p"; else echo "open FAILED \$p"; fi
+      done
+      find /var/run/kubernetes.io/dra-device-attributes -name '*.json' -exec sh -c 'echo "metadata \$1"; cat "\$1"; echo' _ {} \; 2>/dev/null
+      echo READY
+      trap 'exit 0' TERM
+      sleep 3600 & wait
+EOF
+  kc apply -f "$1.yaml" > /dev/null
+}
+claim_of() { kc get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
+# run_claim PREFIX NAME TEMPLATE: the claim allocated, the Pod running with the group on
+# vfio-pci, its log in $CL_LOG/NAME.txt.
+run_claim() {
+  _t=$(cl_t)
+  pod "$2" "$3"
+  if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim \$(kubectl --kubeconfig $CL/admin.kubeconfig get pod $2 -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}') -o jsonpath='{.status.allocation.devices.results[*].device}' | grep -qx $DEV"; then
+    _c=$(claim_of "$2")
+    lab_pass "$1-claim-allocated" "claim $_c: $(kc get resourceclaim "$_c" -o jsonpath='{range .status.allocation.devices.results[*]}{.driver}/{.pool}/{.device} (request {.request}){end}') by the scheduler after $(cl_since "$_t") s"
+  else
+    lab_fail "$1-claim-allocated" "$(kc get resourceclaims -o jsonpath='{range .items[*]}{.metadata.name}: {.status}; {end}' 2>&1 | tail -1 | cut -c1-400)"
+  fi
+  if cl_wait 600 sh -c "crictl ps -a --label io.kubernetes.pod.name=$2 -q | grep -q . && crictl logs \$(crictl ps -a --label io.kubernetes.pod.name=$2 -q | head -1) 2>&1 | grep -qx READY"; then
+    lab_pass "$1-pod-running" "after $(cl_since "$_t") s"
+  else
+    lab_fail "$1-pod-running" "$(kc get events --field-selector involvedObject.name="$2" -o jsonpath='{range .items[*]}{.reason}: {.message}; {end}' 2>&1 | tail -1 | cut -c1-600)"
+  fi
+  cl_logs "$2" > "$CL_LOG/$2.txt"
+  lab_file "$2.txt" "$CL_LOG/$2.txt"
+  kc get resourceclaim "$(claim_of "$2")" -o yaml > "$CL_LOG/$2-claim.yaml" 2>&1
+  lab_file "$2-claim.yaml" "$CL_LOG/$2-claim.yaml"
+}
+# end_claim PREFIX NAME: the Pod deleted, the kubelet's Unprepare puts the group back.
+end_claim() {
+  _t=$(cl_t)
+  _c=$(claim_of "$2")
+  if kc delete pod "$2" --wait=true --timeout=300s > /dev/null 2>&1; then
+    lab_pass "$1-pod-deleted" "after $(cl_since "$_t") s"
+  else
+    lab_fail "$1-pod-deleted" "$(kc get pod "$2" -o jsonpath='{.status.phase}' 2>&1)"
+  fi
+  if cl_wait 300 sh -c "[ \"\$(basename \$(readlink /sys/bus/pci/devices/$VGA/driver) 2>/dev/null) \$(basename \$(readlink /sys/bus/pci/devices/$AUD/driver) 2>/dev/null)\" = \"$before_vga $before_aud\" ]"; then
+    lab_pass "$1-group-restored" "$VGA $before_vga, $AUD $before_aud again after $(cl_since "$_t") s; $(grep "unprepare\|Unprepare" "$CL_LOG/dra-plugin.log" | tail -1 | cut -c1-200)"
+  else
+    lab_fail "$1-group-restored" "drivers now $(group_drivers), expected $before_vga $before_aud; $(grep -E 'WARN|ERROR' "$CL_LOG/dra-plugin.log" | tail -1)"
+  fi
+  cl_wait 120 sh -c "! kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim $_c" || true
+}
+
+# 1. The shipped lab-vga template: the scheduler matches 1234:1111 with groupSize 2 (CEL),
+# backendPolicy legacy from its opaque config.
+run_claim legacy dra-legacy lab-vga
+lab_expect legacy-group-on-vfio "vfio-pci vfio-pci" "$(group_drivers)"
+if grep -qx "open OK /dev/vfio/$g" "$CL_LOG/dra-legacy.txt" && grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-legacy.txt" &&
+  ! grep -q 'open FAILED' "$CL_LOG/dra-legacy.txt" && ! grep -q '^open OK /dev/iommu' "$CL_LOG/dra-legacy.txt"; then
+  lab_pass legacy-opens "/dev/vfio/$g and /dev/vfio/vfio open in the container, no /dev/iommu (one backend)"
+else
+  lab_fail legacy-opens "$(tr '\n' ';' < "$CL_LOG/dra-legacy.txt" | cut -c1-600)"
+fi
+# KEP-5304: the device's metadata file in the container names the PCI address.
+if grep -q '"pciBusID"' "$CL_LOG/dra-legacy.txt" && grep -q "$VGA" "$CL_LOG/dra-legacy.txt"; then
+  lab_pass legacy-metadata "$(grep '^metadata ' "$CL_LOG/dra-legacy.txt" | head -2 | tr '\n' ' ')"
+else
+  lab_fail legacy-metadata "no metadata file with pciBusID $VGA in the container: $(ls -R $PDIR 2>&1 | head -20 | tr '\n' ' ')"
+fi
+end_claim legacy dra-legacy
+
+# 2. A template of our own with no config: the plugin's --backend auto, iommufd on 6.12.
+cat > iommufd-template.yaml << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: lab-vga-auto, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA" && device.attributes["gpupass.dev"].members == "$VGA,$AUD"
+EOF
+kc apply -f iommufd-template.yaml > /dev/null
+run_claim iommufd dra-iommufd lab-vga-auto
+cdev=$(ls /sys/bus/pci/devices/$VGA/vfio-dev 2> /dev/null)
+if [ -n "$cdev" ] && grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/dra-iommufd.txt" &&
+  grep -qx "open OK /dev/iommu" "$CL_LOG/dra-iommufd.txt" && ! grep -q 'open FAILED' "$CL_LOG/dra-iommufd.txt" &&
+  ! grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-iommufd.txt"; then
+  lab_pass iommufd-opens "/dev/vfio/devices/$cdev and /dev/iommu open, no /dev/vfio/vfio (one backend); drivers $(group_drivers)"
+else
+  lab_fail iommufd-opens "cdev '$cdev', drivers $(group_drivers): $(tr '\n' ';' < "$CL_LOG/dra-iommufd.txt" | cut -c1-600)"
+fi
+end_claim iommufd dra-iommufd
+
+# 3. A claim whose opaque config has a value gpupass does not know: Prepare refuses with the
+# reason, the kubelet reports it in the Pod's events, the group is not touched.
+cat > bad-template.yaml << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: lab-vga-bad, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
+      config:
+      - requests: ["vfio"]
+        opaque:
+          driver: $DRIVER
+          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: fastest}
+EOF
+kc apply -f bad-template.yaml > /dev/null
+t=$(cl_t)
+pod dra-bad lab-vga-bad
+if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get events --field-selector involvedObject.name=dra-bad -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}' | grep -q fastest"; then
+  lab_pass bad-config-event "after $(cl_since "$t") s: $(kc get events --field-selector involvedObject.name=dra-bad -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | grep fastest | head -1 | cut -c1-400)"
+else
+  lab_fail bad-config-event "$(kc get events --field-selector involvedObject.name=dra-bad -o jsonpath='{range .items[*]}{.reason}: {.message}; {end}' 2>&1 | cut -c1-600)"
+fi
+lab_expect bad-config-untouched "$before_vga $before_aud" "$(group_drivers)"
+kc delete pod dra-bad --wait=true --timeout=300s > /dev/null 2>&1
+
+# 4. The API server unreachable: the node's routes to the host removed for a while. A host
+# change meanwhile (00:07.0 bound: its driver attribute changes) cannot be published; the
+# plugin says so and retries; with the routes back the slices show the change, and the node
+# is Ready again (nothing restarted).
+TD=0000:00:07.0
+TDEV=pci-0000-00-07-0
+drv_attr() { kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath="{.items[*].spec.devices[?(@.name==\"$1\")].attributes['gpupass.dev/driver'].string}"; }
+attr_is() { [ "$(drv_attr "$1")" = "$2" ]; }
+t=$(cl_t)
+warns=$(grep -c 'cannot publish the ResourceSlices' "$CL_LOG/dra-plugin.log")
+ip route del default 2> /dev/null
+ip route del 10.0.2.0/24 dev "$CL_NODE_NIC" 2> /dev/null
+gpupass bind "$TD" > "$CL_LOG/td-bind.txt" 2>&1
+if cl_wait 90 sh -c "[ \$(grep -c 'cannot publish the ResourceSlices' $CL_LOG/dra-plugin.log) -gt $warns ]"; then
+  lab_pass api-down-said "after $(cl_since "$t") s: $(grep 'cannot publish the ResourceSlices' "$CL_LOG/dra-plugin.log" | tail -1 | sed 's/.*cannot publish/cannot publish/' | cut -c1-300)"
+else
+  lab_fail api-down-said "no warning in 90 s; bind: $(tail -1 "$CL_LOG/td-bind.txt"); plugin: $(tail -1 "$CL_LOG/dra-plugin.log")"
+fi
+sleep 5
+ip route add 10.0.2.0/24 dev "$CL_NODE_NIC" src "$CL_NODE_IP" 2> /dev/null
+ip route add default via "$CL_HOST_IP" dev "$CL_NODE_NIC" 2> /dev/null
+t=$(cl_t)
+if cl_wait 180 attr_is "$TDEV" vfio-pci; then
+  lab_pass api-back-republished "$TDEV's driver attribute vfio-pci on the API server $(cl_since "$t") s after the routes came back; $(grep 'published the ResourceSlices' "$CL_LOG/dra-plugin.log" | tail -1 | sed 's/.*published/published/')"
+else
+  lab_fail api-back-republished "$TDEV's driver attribute '$(drv_attr "$TDEV")'; plugin: $(tail -1 "$CL_LOG/dra-plugin.log")"
+fi
+if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"; then
+  lab_pass api-back-node-ready "$CL_NODE Ready $(cl_since "$t") s after the routes came back"
+else
+  lab_fail api-back-node-ready "$(kc get node "$CL_NODE" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}; {end}' 2>&1 | tail -1)"
+fi
+gpupass unbind "$TD" > "$CL_LOG/td-unbind.txt" 2>&1 || lab_fail api-back-unbind "$(tail -1 "$CL_LOG/td-unbind.txt")"
+
+# Nothing left: no claim in the checkpoint, no unfinished plan in the journal.
+if cl_wait 60 sh -c "! grep -q '\"uid\"' $PDIR/checkpoint.json 2>/dev/null"; then
+  lab_pass checkpoint-empty "$(cat "$PDIR/checkpoint.json" 2> /dev/null | tr -d '\n' | cut -c1-200)"
+else
+  lab_fail checkpoint-empty "$(cat "$PDIR/checkpoint.json" | tr -d '\n' | cut -c1-400)"
+fi
+gpupass recover --dry-run > "$CL_LOG/recover.txt" 2>&1
+if grep -q 'nothing to recover' "$CL_LOG/recover.txt"; then
+  lab_pass journal-empty "$(tr '\n' ' ' < "$CL_LOG/recover.txt")"
+else
+  lab_fail journal-empty "$(tr '\n' ' ' < "$CL_LOG/recover.txt" | cut -c1-400)"
+fi
+
+t=$(cl_t)
+_p=$(cat "$CL_RUN/dra-plugin.pid")
+kill "$_p"
+if cl_wait 30 sh -c "! kill -0 $_p"; then
+  lab_pass plugin-stop "stopped on SIGTERM in $(cl_since "$t") s, sockets removed: $(ls $PDIR /var/lib/kubelet/plugins_registry 2>&1 | tr '\n' ' ')"
+else
+  lab_fail plugin-stop "still running 30 s after SIGTERM"
+fi
+cluster_end
