@@ -1,4 +1,6 @@
-//! `gpupass attach` / `detach` through the libvirt API (cargo feature `libvirt`).
+//! `gpupass attach` / `detach`: their clap arguments and run functions, and the libvirt API
+//! calls behind them (cargo feature `libvirt`; without it both commands fail with
+//! [`VmOutError::NoLibvirt`]).
 //!
 //! libvirt facts encoded here:
 //! - virDomainAttachDeviceFlags / virDomainDetachDeviceFlags take one device element and
@@ -16,9 +18,104 @@
 //! After every change gpupass reads the domain XML back and checks that the hostdevs are (or
 //! are no longer) there.
 
-use super::VmOutError;
+use super::{print_notes, select, LibvirtDeviceArgs, VmOutError};
+use crate::cli::ctx::Ctx;
+use crate::cli::error::{Error, Exit};
+use crate::model::{Inventory, PciAddress};
+use crate::output::libvirt;
 #[cfg(not(feature = "libvirt"))]
 use crate::output::libvirt::HostdevXml;
+use crate::output::selection::{self, Consumer, DeviceArg, SelectOptions};
+use clap::Args;
+use std::io::Write;
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// libvirt connection URI (qemu:///system, test:///default, ...)
+    #[arg(long, env = "LIBVIRT_DEFAULT_URI", value_name = "URI")]
+    pub connect: String,
+    /// Domain name
+    #[arg(long, value_name = "NAME")]
+    pub domain: String,
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Change the running domain (default: the running domain if it runs, plus the persistent
+    /// definition if it has one)
+    #[arg(long)]
+    pub live: bool,
+    /// Change the persistent definition (takes effect at next boot)
+    #[arg(long)]
+    pub config: bool,
+    /// Guest PCI address (one device or one multifunction slot), as for `xml hostdev`
+    #[arg(long, value_name = "ADDRESS")]
+    pub guest_address: Option<PciAddress>,
+    #[command(flatten)]
+    pub dev: LibvirtDeviceArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// libvirt connection URI (qemu:///system, test:///default, ...)
+    #[arg(long, env = "LIBVIRT_DEFAULT_URI", value_name = "URI")]
+    pub connect: String,
+    /// Domain name
+    #[arg(long, value_name = "NAME")]
+    pub domain: String,
+    /// PCI addresses (0000:01:00.0, 01:00.0) or mdev UUIDs
+    #[arg(required = true, value_name = "ADDRESS|UUID")]
+    pub devices: Vec<DeviceArg>,
+    /// Only the devices named, not the other endpoints of their IOMMU groups
+    #[arg(long)]
+    pub only: bool,
+    /// Change the running domain
+    #[arg(long)]
+    pub live: bool,
+    /// Change the persistent definition
+    #[arg(long)]
+    pub config: bool,
+}
+
+/// `gpupass attach`.
+fn attach_cmd(inv: &Inventory, a: &AttachArgs, out: &mut dyn Write) -> Result<Exit, VmOutError> {
+    let sel = select(inv, &a.devices, a.dev.only, a.dev.consumer())?;
+    let opts = a.dev.hostdev_options();
+    print_notes(&libvirt::check_display(&sel, &opts)?);
+    let devs = libvirt::hostdevs(&sel, &opts, a.guest_address)?;
+    let scope = Scope::from_flags(a.live, a.config);
+    let msg = attach(&a.connect, &a.domain, &devs, scope)?;
+    writeln!(out, "{msg}")?;
+    Ok(Exit::SUCCESS)
+}
+
+/// `gpupass detach`.
+fn detach_cmd(inv: &Inventory, a: &DetachArgs, out: &mut dyn Write) -> Result<Exit, VmOutError> {
+    // Detaching needs no driver check (the functions are the guest's now), and the notes
+    // about group viability do not apply.
+    let sel = selection::select(
+        inv,
+        &a.devices,
+        SelectOptions {
+            only: a.only,
+            consumer: Consumer::LibvirtManaged,
+        },
+    )?;
+    let devs = libvirt::hostdevs(&sel, &libvirt::HostdevOptions::default(), None)?;
+    let scope = Scope::from_flags(a.live, a.config);
+    let msg = detach(&a.connect, &a.domain, &devs, scope)?;
+    writeln!(out, "{msg}")?;
+    Ok(Exit::SUCCESS)
+}
+
+/// `gpupass attach`.
+pub fn run_attach(ctx: &Ctx, a: AttachArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(attach_cmd(&ctx.inventory()?, &a, out)?)
+}
+
+/// `gpupass detach`.
+pub fn run_detach(ctx: &Ctx, a: DetachArgs, out: &mut dyn Write) -> Result<Exit, Error> {
+    Ok(detach_cmd(&ctx.inventory()?, &a, out)?)
+}
 
 /// Which definition of the domain to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,8 @@
 //!   (`VFIO_DEVICE_BIND_IOMMUFD`) is done by the VMM on the inherited descriptor.
 
 use super::{select, VmOutError};
-use crate::cli::{Ctx, Error, Exit};
+use crate::cli::ctx::Ctx;
+use crate::cli::error::{Error, Exit};
 use crate::host::HostRoot;
 use crate::inventory::backend::{self, Policy};
 use crate::model::Inventory;
