@@ -49,7 +49,12 @@ fi
 if cl_wait 180 grep -q "the kubelet registered $DRIVER" "$CL_LOG/dra-plugin.log"; then
   lab_pass plugin-registered "the kubelet registered $DRIVER after $(cl_since "$t") s"
 else
-  lab_fail plugin-registered "no registration: $(grep -i dra "$CL_LOG/kubelet.log" | tail -2 | tr '\n' '|')"
+  lab_fail plugin-registered "no registration: kubelet: $(grep -E "$DRIVER|plugin_watcher|pluginwatcher|reconciler" "$CL_LOG/kubelet.log" | tail -3 | tr '\n' '|' | cut -c1-600); plugin: $(tail -3 "$CL_LOG/dra-plugin.log" | tr '\n' '|' | cut -c1-400)"
+  # Nothing after this can work: ship the logs and end.
+  ls -la /var/lib/kubelet/plugins_registry "$PDIR" > "$CL_LOG/sockets.txt" 2>&1
+  lab_file sockets.txt "$CL_LOG/sockets.txt"
+  cluster_end
+  exit 1
 fi
 
 # The plugin's own slices, on the API server (not `dra slices | kubectl apply`).

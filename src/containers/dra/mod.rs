@@ -11,12 +11,15 @@
 //! - [`prepare`]: Prepare / Unprepare / health, composed from the above (what the gRPC
 //!   handlers call).
 //! - [`source`]: where a claim is read from ([`source::ClaimSource`]).
+//! - [`authority`]: the registration socket's HTTP/2 `:authority` repair (the kubelet's plugin
+//!   watcher sends the socket's path, which tonic's h2 refuses).
 //! - [`api`]: the API server through kube-rs: claims, and this node's ResourceSlices published.
 //! - [`server`]: the kubelet plugin registration, `DRAPlugin` v1 and v1beta1 and DRA health
 //!   v1 over unix sockets (tonic).
 
 pub mod api;
 pub mod apply;
+pub mod authority;
 pub mod checkpoint;
 pub mod claim;
 pub mod prepare;
@@ -61,7 +64,9 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// The registration type the kubelet's plugin watcher routes to its DRA manager.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// The service versions this plugin serves (`PluginInfo.supported_versions`).
-pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The health service is listed too: the kubelet opens the health stream only for a plugin
+/// that names it (k8s.io/kubernetes v1.37.2 `pkg/kubelet/cm/dra/plugin`, `pickHealthService`).
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"];
 
 /// `var/lib/kubelet/plugins_registry`: where the kubelet watches for registration sockets.
 pub fn registry_dir(host: &HostRoot) -> PathBuf {

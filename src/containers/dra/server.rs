@@ -133,6 +133,7 @@ struct Registrar(std::sync::Arc<Shared>);
 #[tonic::async_trait]
 impl Registration for Registrar {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        info!("the kubelet asked for the plugin's registration info");
         Ok(Response::new(PluginInfo {
             r#type: PLUGIN_TYPE.into(),
             name: self.0.driver.clone(),
@@ -562,10 +563,23 @@ pub fn run<'a>(
                     tokio_stream::wrappers::UnixListenerStream::new(svc),
                     stopped(stop_rx.clone()),
                 );
+            // The registration socket through the `:authority` repair (super::authority: the
+            // kubelet's plugin watcher sends the socket's path, which h2 refuses).
+            let (conn_tx, conn_rx) =
+                tokio::sync::mpsc::channel::<std::io::Result<tokio::io::DuplexStream>>(4);
+            let accept = tokio::spawn(async move {
+                while let Ok((c, _)) = reg.accept().await {
+                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    if conn_tx.send(Ok(theirs)).await.is_err() {
+                        break;
+                    }
+                    tokio::spawn(super::authority::relay(c, ours));
+                }
+            });
             let s2 = tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(Registrar(shared.clone())))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(reg),
+                    tokio_stream::wrappers::ReceiverStream::new(conn_rx),
                     stopped(stop_rx),
                 );
             let t1 = tokio::spawn(s1);
@@ -577,6 +591,7 @@ pub fn run<'a>(
                 reg_path.display()
             );
             shutdown.await;
+            accept.abort();
             // The worker first: it drops the health sender, which ends every health stream
             // (a graceful shutdown waits for open streams, and the kubelet keeps that one open).
             let _ = shared.send(Job::Stop);
@@ -749,7 +764,10 @@ mod tests {
                 .into_inner();
             assert_eq!(info.r#type, "DRAPlugin");
             assert_eq!(info.name, "vfio.gpupass.dev");
-            assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+            assert_eq!(
+                info.supported_versions,
+                ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
+            );
             assert_eq!(PathBuf::from(&info.endpoint), cfg.service_socket());
             for p in [&reg, &cfg.service_socket()] {
                 assert_eq!(std::fs::metadata(p).unwrap().permissions().mode() & 0o777, 0o600, "{}", p.display());
