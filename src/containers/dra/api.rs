@@ -191,12 +191,7 @@ pub fn reconcile(
     for s in &mut want {
         s.metadata.owner_references = owner.map(|o| vec![o.clone()]);
     }
-    let current: Vec<ResourceSlice> = existing
-        .iter()
-        .filter(|s| Some(s.spec.pool.generation) == newest)
-        .cloned()
-        .collect();
-    let same = current.len() == existing.len()
+    let same = existing.iter().all(|s| Some(s.spec.pool.generation) == newest)
         && existing.len() == want.len()
         && existing
             .iter()
