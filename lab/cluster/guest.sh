@@ -23,6 +23,15 @@ CL_POD_NIC=pod0
 CL_POD_MAC=52:54:00:c1:00:02
 CL_SUBNET=10.88.1.0/24
 export PATH=$CL_BIN:$PATH
+# Every kubectl call is bounded: kubectl's own --request-timeout is 0 (none), and one call that
+# stalls (the API server behind QEMU's user network, a connection left half open by the
+# API-outage step) would hold a scenario until the boot's limit. A `--wait=true` delete has its
+# own --timeout and a watch that must outlive any request limit.
+mkdir -p "$CL_RUN/bin"
+printf '#!/bin/sh\ncase " $* " in *" --wait=true "*) exec %s/kubectl "$@" ;; esac\nexec %s/kubectl --request-timeout=60s "$@"\n' \
+  "$CL_BIN" "$CL_BIN" > "$CL_RUN/bin/kubectl"
+chmod +x "$CL_RUN/bin/kubectl"
+export PATH=$CL_RUN/bin:$PATH
 
 # cl_t: seconds since boot, with hundredths (busybox: no subshell-free clock in ms).
 cl_t() { cut -d' ' -f1 /proc/uptime; }

@@ -4,7 +4,7 @@
 # lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 1800
+# lab-timeout: 900
 # lab-steps: leg mount-bin versions node-network containerd images-imported control-plane
 # lab-steps: kubelet node-registered node-ready no-taints
 # lab-steps: default-serviceaccount pod-created pod-scheduled pod-succeeded pod-output pod-ip

@@ -5,10 +5,11 @@
 # lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 2400
+# lab-timeout: 600
 # lab-steps: leg bind plugin-start resource-allocatable legacy-pod-succeeded legacy-opens
 # lab-steps: legacy-env plugin-restart iommufd-pod-succeeded iommufd-opens
 # lab-steps: kubelet-restart restart-pod-succeeded restart-opens
+# lab-steps: midreg-failed-said midreg-registered midreg-pod-succeeded midreg-opens
 # lab-steps: cdi-spec cdi-plugin cdi-pod-succeeded cdi-opens unbind teardown
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterdp) or after `cluster` in the same boot
@@ -150,13 +151,52 @@ else
 fi
 kc delete pod vfio-restarted --wait=true --timeout=180s > /dev/null 2>&1
 
+# The kubelet restarted *during* a registration: the kubelet frozen (SIGSTOP), a restarted
+# plugin's Register call gets no answer (the connection is accepted by the kernel, the
+# kubelet never reads it); the kubelet then killed, so the answer never comes, and started
+# again with its device-plugins directory gone. The plugin must say its call failed, serve and
+# register again; the Node shows the resource again and a Pod gets the device. Never a plugin
+# that believes it registered.
+kpid=$(cat "$CL_RUN/kubelet.pid")
+plugin_stop iommufd
+kill -STOP "$kpid"
+t=$(cl_t)
+cl_start device-plugin-midreg gpupass device-plugin -v --backend iommufd
+# The plugin's own socket is there before it registers; then its call is in flight.
+cl_wait 60 sh -c "ls /var/lib/kubelet/device-plugins | grep -q gpupass" || true
+sleep 4
+kill -KILL "$kpid"
+cl_wait 60 sh -c "! kill -0 $kpid 2> /dev/null"
+if cl_wait 60 grep -q 'retrying in' "$CL_LOG/device-plugin-midreg.log" && ! grep -q 'registered ' "$CL_LOG/device-plugin-midreg.log"; then
+  lab_pass midreg-failed-said "$(grep 'retrying in' "$CL_LOG/device-plugin-midreg.log" | head -1 | sed 's/.*WARN[^:]*: //' | cut -c1-300)"
+else
+  lab_fail midreg-failed-said "$(tail -3 "$CL_LOG/device-plugin-midreg.log" | tr '\n' '|' | cut -c1-400)"
+fi
+rm -rf /var/lib/kubelet/device-plugins
+cp "$CL_LOG/kubelet.log" "$CL_LOG/kubelet-before-midreg.log"
+t=$(cl_t)
+cl_kubelet
+if cl_wait 300 grep -q 'registered ' "$CL_LOG/device-plugin-midreg.log" &&
+  cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | grep -q '$name'"; then
+  lab_pass midreg-registered "registered $(cl_since "$t") s after the kubelet's start: $(grep -E 'was removed|recreated|registered ' "$CL_LOG/device-plugin-midreg.log" | tail -3 | tr '\n' '|' | cut -c1-400)"
+else
+  lab_fail midreg-registered "$(tail -3 "$CL_LOG/device-plugin-midreg.log" | tr '\n' '|' | cut -c1-400)"
+fi
+run_pod vfio-midreg midreg-pod-succeeded
+if grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/vfio-midreg.txt" && ! grep -q 'open FAILED' "$CL_LOG/vfio-midreg.txt"; then
+  lab_pass midreg-opens "/dev/vfio/devices/$cdev opens in a Pod after the interrupted registration"
+else
+  lab_fail midreg-opens "$(tr '\n' ';' < "$CL_LOG/vfio-midreg.txt")"
+fi
+kc delete pod vfio-midreg --wait=true --timeout=180s > /dev/null 2>&1
+
 # containerd's CDI with gpupass's own spec: the plugin (--cdi only) answers Allocate with the
 # CDI device name alone, no device node and no environment of its own; the kubelet passes the
 # name in the CRI's CDIDevices, and containerd (CDI on by default in 2.x, config's
 # cdi_spec_dirs) makes every edit from the spec `gpupass cdi generate --write` put in
 # /var/run/cdi: the nodes the container opens and its PCI_RESOURCE_* come from there.
 t=$(cl_t)
-plugin_stop iommufd
+plugin_stop midreg
 lab_check cdi-spec gpupass cdi generate --write
 spec=$(ls /var/run/cdi/gpupass* 2> /dev/null | head -1)
 [ -n "$spec" ] && lab_file cdi-spec.json "$spec"

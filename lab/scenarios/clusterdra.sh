@@ -5,13 +5,15 @@
 # lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 2400
+# lab-timeout: 900
 # lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
 # lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
 # lab-steps: legacy-opens legacy-metadata legacy-pod-deleted legacy-group-restored
 # lab-steps: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
 # lab-steps: iommufd-group-restored bad-config-event bad-config-untouched
 # lab-steps: api-down-said api-back-republished api-back-node-ready
+# lab-steps: crash-plugin-died crash-left-open crash-undone crash-retry-running crash-pod-deleted
+# lab-steps: crash-group-restored
 # lab-steps: checkpoint-empty journal-empty plugin-stop teardown
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterdra) or after other cluster scenarios in the
@@ -274,6 +276,47 @@ else
 fi
 gpupass unbind "$TD" > "$CL_LOG/td-unbind.txt" 2>&1 || lab_fail api-back-unbind "$(tail -1 "$CL_LOG/td-unbind.txt")"
 
+# 5. The plugin dies inside a Prepare (the test kit's GPUPASS_CRASH_AFTER_WRITE=3: abort()
+# after the third sysfs write of the group's bind, as kill -9 or a power cut would): the
+# journal holds the claim's unfinished plan. The plugin started again undoes it before it
+# serves (the group as it was), the kubelet registers it again and retries the Prepare, which
+# now succeeds (an unfinished plan on those functions would refuse it); the Pod runs and its
+# deletion gives the group back.
+plugin_args="dra-plugin -v --node $CL_NODE --kubeconfig $CL/admin.kubeconfig"
+_p=$(cat "$CL_RUN/dra-plugin.pid")
+kill "$_p"
+cl_wait 30 sh -c "! kill -0 $_p" || true
+# shellcheck disable=SC2086 # plugin_args is words
+cl_start dra-plugin-crash env GPUPASS_CRASH_AFTER_WRITE=3 gpupass $plugin_args
+cl_wait 180 grep -q "the kubelet registered $DRIVER" "$CL_LOG/dra-plugin-crash.log" || true
+t=$(cl_t)
+pod dra-crash lab-vga
+if cl_wait 300 sh -c "grep -q 'GPUPASS_CRASH_AFTER_WRITE=3: aborting now' $CL_LOG/dra-plugin-crash.log && ! kill -0 $(cat "$CL_RUN/dra-plugin-crash.pid")"; then
+  lab_pass crash-plugin-died "in the Prepare of claim $(claim_of dra-crash), $(cl_since "$t") s after the Pod was created; drivers then $(group_drivers)"
+else
+  lab_fail crash-plugin-died "$(tail -2 "$CL_LOG/dra-plugin-crash.log" | tr '\n' '|' | cut -c1-400)"
+fi
+gpupass recover --dry-run > "$CL_LOG/crash-recover.txt" 2>&1
+if grep -q "for dra-claim:$(kc get resourceclaim "$(claim_of dra-crash)" -o jsonpath='{.metadata.uid}')" "$CL_LOG/crash-recover.txt"; then
+  lab_pass crash-left-open "$(grep 'unfinished' "$CL_LOG/crash-recover.txt" | head -1 | cut -c1-300)"
+else
+  lab_fail crash-left-open "$(tr '\n' ' ' < "$CL_LOG/crash-recover.txt" | cut -c1-400)"
+fi
+t=$(cl_t)
+# shellcheck disable=SC2086
+cl_start dra-plugin-restarted gpupass $plugin_args
+if cl_wait 120 grep -q "interrupted before this start was undone" "$CL_LOG/dra-plugin-restarted.log"; then
+  lab_pass crash-undone "$(grep -A3 'interrupted before this start was undone' "$CL_LOG/dra-plugin-restarted.log" | sed 's/.*INFO[^:]*: //' | tr '\n' ' ' | cut -c1-400)"
+else
+  lab_fail crash-undone "$(tail -3 "$CL_LOG/dra-plugin-restarted.log" | tr '\n' '|' | cut -c1-400)"
+fi
+if cl_wait 600 sh -c "crictl ps -a --label io.kubernetes.pod.name=dra-crash -q | grep -q . && crictl logs \$(crictl ps -a --label io.kubernetes.pod.name=dra-crash -q | head -1) 2>&1 | grep -qx READY"; then
+  lab_pass crash-retry-running "the kubelet's retry prepared the claim; the Pod runs $(cl_since "$t") s after the restart, drivers $(group_drivers)"
+else
+  lab_fail crash-retry-running "$(kc get events --field-selector involvedObject.name=dra-crash -o jsonpath='{range .items[*]}{.reason}: {.message}; {end}' 2>&1 | tail -1 | cut -c1-600)"
+fi
+end_claim crash dra-crash
+
 # Nothing left: no claim in the checkpoint, no unfinished plan in the journal.
 if cl_wait 60 sh -c "! grep -q '\"uid\"' $PDIR/checkpoint.json 2>/dev/null"; then
   lab_pass checkpoint-empty "$(cat "$PDIR/checkpoint.json" 2> /dev/null | tr -d '\n' | cut -c1-200)"
@@ -288,7 +331,7 @@ else
 fi
 
 t=$(cl_t)
-_p=$(cat "$CL_RUN/dra-plugin.pid")
+_p=$(cat "$CL_RUN/dra-plugin-restarted.pid")
 kill "$_p"
 if cl_wait 30 sh -c "! kill -0 $_p"; then
   lab_pass plugin-stop "stopped on SIGTERM in $(cl_since "$t") s, sockets removed: $(ls $PDIR /var/lib/kubelet/plugins_registry 2>&1 | tr '\n' ' ')"

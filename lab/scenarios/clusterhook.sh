@@ -5,7 +5,7 @@
 # lab-smp: 2
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 1800
+# lab-timeout: 300
 # lab-steps: leg bind runtimeclass hook-pod-succeeded hook-runc hook-nodes hook-not-requested
 # lab-steps: hook-cgroup-v2 refused-pod refused-reason unbind teardown
 #

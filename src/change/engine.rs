@@ -792,10 +792,24 @@ pub struct Recovered {
 /// `gpupass recover`: restore (or with `cont`, complete) every unfinished plan, newest first,
 /// whatever its domain.
 pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered, ChangeError> {
+    recover_where(ops, cont, dry_run, journal::lock_timeout(), &|_| true)
+}
+
+/// [`recover`] of the unfinished plans `mine` selects (the DRA plugin at start: the plans its
+/// claims own), waiting at most `wait` for the lock; the others stay open, for `gpupass
+/// recover`. Plans are open only when their process is gone (a live one holds the lock).
+pub fn recover_where(
+    ops: &dyn HostOps,
+    cont: bool,
+    dry_run: bool,
+    wait: std::time::Duration,
+    mine: &dyn Fn(&journal::OpenChange) -> bool,
+) -> Result<Recovered, ChangeError> {
     let host = ops.root().clone();
-    let s = Session::lock(ops, journal::lock_timeout())?;
+    let s = Session::lock(ops, wait)?;
+    let open: Vec<&journal::OpenChange> = s.replay.open.iter().filter(|t| mine(t)).collect();
     let mut out = Recovered::default();
-    if s.replay.open.is_empty() {
+    if open.is_empty() {
         out.lines
             .push("nothing to recover: the journal has no unfinished plan".to_string());
         return Ok(out);
@@ -805,7 +819,7 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered
     } else {
         Some(Journal::open(&host, &s.lock, &s.replay)?)
     };
-    for t in s.replay.open.iter().rev() {
+    for t in open.iter().rev() {
         let objects = t.objects().ok_or_else(|| ChangeError::RecoverFailed {
             txn: t.txn.clone(),
             detail: "the journal holds an object this gpupass does not know (a newer version wrote it)"
@@ -874,7 +888,7 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered
         }
     }
     if cont && !dry_run {
-        for t in &s.replay.open {
+        for t in &open {
             let mut groups: Vec<u32> = t
                 .objects()
                 .unwrap_or_default()

@@ -143,8 +143,11 @@ impl OpenChange {
         format!(
             "{}{} (txn {}, pid {}) stopped at write {} of {}{}",
             self.what,
+            // The plan's `what` names its owner already (Plan::describe); older journals'
+            // do not.
             self.owner
                 .as_ref()
+                .filter(|o| !self.what.contains(&format!("(for {o})")))
                 .map(|o| format!(" for {o}"))
                 .unwrap_or_default(),
             self.txn,

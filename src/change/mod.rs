@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-pub use engine::{apply, recover, Outcome, Recovered, Session};
+pub use engine::{apply, recover, recover_where, Outcome, Recovered, Session};
 
 /// What a move of drivers does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,15 +6,16 @@
 //!   device cdev, the unified cgroup v2 hierarchy only), as current distributions run.
 //!
 //! All scenarios of a leg share one boot (`lab/lab.sh --kernel LEG run SCENARIOS...`); each
-//! `#[test]` then asserts its own scenario's verdict. The two legs boot in parallel when the
-//! test harness has two threads. The lab fetches its QEMU and kernels with apt (into its cache;
+//! `#[test]` then asserts its own scenario's verdict. Every boot (both legs and the cluster lab)
+//! starts at the first lab test, as a process of its own (`BOOTS`). The lab fetches its QEMU
+//! and kernels with apt (into its cache;
 //! nothing is installed but the build tools) and builds the 6.12 kernel once (~25 min on two
 //! cores, then cached). When that is impossible the tests FAIL with the runner's message: this
 //! tier never passes or skips silently.
 
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, Once, OnceLock};
 
 /// Every scenario the tests below assert on, run in one boot per leg, in this order.
 const SCENARIOS: &[&str] = &[
@@ -68,33 +69,190 @@ fn lab_command(leg: &str, scenarios: &[&str], out_root: &std::path::Path) -> Com
     c
 }
 
-fn lab_run(leg: &'static str, cell: &'static OnceLock<LabRun>) -> &'static LabRun {
-    // The cluster boot needs the 6.12 kernel too: started here as well, as a process of its
-    // own, it runs beside this leg's boot instead of holding a test thread while the kernel is
-    // still being built (which would leave one thread for everything else).
-    if leg == "6.12" {
-        cluster_6_12::spawn();
-    }
-    cell.get_or_init(|| {
-        let out_root = out_root(leg);
-        let result = lab_command(leg, SCENARIOS, &out_root).output();
-        match result {
-            Ok(o) => LabRun {
-                status: o.status.code(),
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-                out_root,
-            },
-            Err(e) => LabRun {
-                status: None,
-                output: format!("cannot run bash lab/lab.sh: {e}"),
-                out_root,
-            },
+/// One boot of the lab: a leg's kernel and the scenarios it runs, started as a process of its
+/// own and awaited by the tests that assert on it.
+struct Boot {
+    /// Its results directory under `out_root`, and its output file's name.
+    name: &'static str,
+    leg: &'static str,
+    scenarios: &'static [&'static str],
+    /// The process once started (or why it could not start).
+    child: Mutex<Option<Result<Child, String>>>,
+    run: OnceLock<LabRun>,
+}
+
+impl Boot {
+    const fn new(name: &'static str, leg: &'static str, scenarios: &'static [&'static str]) -> Boot {
+        Boot {
+            name,
+            leg,
+            scenarios,
+            child: Mutex::new(None),
+            run: OnceLock::new(),
         }
-    })
+    }
+
+    fn log(&self) -> PathBuf {
+        crate::util::manifest_dir()
+            .join("target/lab/test-out")
+            .join(format!("{}.log", self.name))
+    }
+
+    /// Starts the boot; its output goes to a file, so that a process nobody reads yet never
+    /// blocks on a full pipe.
+    fn spawn(&self) {
+        let log = self.log();
+        let child = std::fs::create_dir_all(log.parent().unwrap())
+            .and_then(|_| std::fs::File::create(&log))
+            .and_then(|f| {
+                let e = f.try_clone()?;
+                lab_command(self.leg, self.scenarios, &out_root(self.name))
+                    .stdin(Stdio::null())
+                    .stdout(f)
+                    .stderr(e)
+                    .spawn()
+            })
+            .map_err(|e| format!("cannot run bash lab/lab.sh: {e}"));
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+    }
+
+    /// The boot's result, waiting for it to end (every boot is started first).
+    fn run(&'static self) -> &'static LabRun {
+        start_all();
+        self.run.get_or_init(|| {
+            let out_root = out_root(self.name);
+            let taken = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
+            // Not started when start_all read the selection differently from the harness.
+            let child = taken.unwrap_or_else(|| {
+                self.spawn();
+                let started = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
+                started.expect("spawn sets it")
+            });
+            let status = match child {
+                Ok(mut c) => c.wait().ok().and_then(|s| s.code()),
+                Err(output) => {
+                    return LabRun {
+                        status: None,
+                        output,
+                        out_root,
+                    }
+                }
+            };
+            LabRun {
+                status,
+                output: std::fs::read_to_string(self.log()).unwrap_or_default(),
+                out_root,
+            }
+        })
+    }
+}
+
+/// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
+const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
+
+/// Every boot the tests assert on. All are started at the first lab test, as processes: a test
+/// waiting for one holds a test thread, and with two threads (two cores) waiting in turn the
+/// boots would run one after another (the cluster's tests sort first and would hold both
+/// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
+/// 6.1 leg runs at once (Debian's kernel); the 6.12 leg and the cluster wait for the 6.12
+/// kernel (lab/lab.sh takes the cache's lock) and then run side by side.
+static BOOTS: [Boot; 3] = [
+    Boot::new("6.1", "6.1", SCENARIOS),
+    Boot::new("6.12", "6.12", SCENARIOS),
+    Boot::new("cluster-6.12", "6.12", CLUSTER_SCENARIOS),
+];
+
+/// Starts every boot that a selected test asserts on (all of them under a plain `cargo test`).
+fn start_all() {
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        let (filters, skips, exact) = test_selection(std::env::args().skip(1));
+        let selected = |name: &str| {
+            let hit = |f: &String| {
+                if exact {
+                    name == f
+                } else {
+                    name.contains(f.as_str())
+                }
+            };
+            (filters.is_empty() || filters.iter().any(hit)) && !skips.iter().any(hit)
+        };
+        for b in &BOOTS {
+            let module = match b.name {
+                "6.1" => "leg_6_1",
+                "6.12" => "leg_6_12",
+                _ => "cluster_6_12",
+            };
+            let mut tests: Vec<String> = b
+                .scenarios
+                .iter()
+                .map(|s| format!("lab::{module}::{s}"))
+                .collect();
+            if b.scenarios == SCENARIOS {
+                // A leg's selftest_verdicts test waits on its boot too.
+                tests.push(format!("lab::{module}::selftest_verdicts"));
+            }
+            if tests.iter().any(|t| selected(t)) {
+                b.spawn();
+            }
+        }
+    });
+}
+
+/// The test harness's filters, `--skip` patterns and `--exact`, from its command line.
+fn test_selection(args: impl Iterator<Item = String>) -> (Vec<String>, Vec<String>, bool) {
+    let (mut filters, mut skips, mut exact) = (Vec::new(), Vec::new(), false);
+    let mut args = args.peekable();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--exact" => exact = true,
+            "--skip" => skips.extend(args.next()),
+            // Options of libtest that take a value as the next word.
+            "--test-threads" | "--logfile" | "--format" | "--color" | "-Z" | "--shuffle-seed" => {
+                args.next();
+            }
+            _ if a.starts_with("--skip=") => skips.push(a["--skip=".len()..].to_string()),
+            _ if a.starts_with('-') => {}
+            _ => filters.push(a),
+        }
+    }
+    (filters, skips, exact)
+}
+
+/// The selection is read as libtest reads it, so that `cargo test --test it lab::leg_6_1::`
+/// boots one leg and not the cluster.
+#[test]
+fn the_harness_selection_is_read_from_its_arguments() {
+    let args = |a: &[&str]| test_selection(a.iter().map(|s| s.to_string()));
+    let none: Vec<String> = Vec::new();
+    assert_eq!(args(&[]), (none.clone(), none.clone(), false));
+    assert_eq!(
+        args(&[
+            "--test-threads",
+            "2",
+            "lab::leg_6_1::",
+            "--skip",
+            "cluster",
+            "--nocapture"
+        ]),
+        (
+            vec!["lab::leg_6_1::".to_string()],
+            vec!["cluster".to_string()],
+            false
+        )
+    );
+    assert_eq!(
+        args(&["--exact", "--skip=x", "--format", "terse", "lab::leg_6_12::smoke"]),
+        (
+            vec!["lab::leg_6_12::smoke".to_string()],
+            vec!["x".to_string()],
+            true
+        )
+    );
+}
+
+fn lab_boot(leg: &str) -> &'static Boot {
+    BOOTS.iter().find(|b| b.name == leg).expect("a boot of that name")
 }
 
 /// Passes iff the leg's shared lab boot ran and `scenario` passed in it.
@@ -312,7 +470,6 @@ macro_rules! leg {
     ($module:ident, $leg:literal, #[$attr:meta], [$($scenario:ident),* $(,)?]) => {
         mod $module {
             use super::*;
-            static RUN: OnceLock<LabRun> = OnceLock::new();
             #[test]
             fn every_scenario_has_a_test() {
                 let mine = [$(stringify!($scenario)),*];
@@ -322,7 +479,7 @@ macro_rules! leg {
                 #[test]
                 #[$attr]
                 fn $scenario() {
-                    assert_scenario(lab_run($leg, &RUN), $leg, stringify!($scenario));
+                    assert_scenario(lab_boot($leg).run(), $leg, stringify!($scenario));
                 }
             )*
             /// The selftest scenario's `boot --check` reports, judged here against each
@@ -330,7 +487,7 @@ macro_rules! leg {
             #[test]
             #[$attr]
             fn selftest_verdicts() {
-                check_selftest(lab_run($leg, &RUN), $leg);
+                check_selftest(lab_boot($leg).run(), $leg);
             }
         }
     };
@@ -395,62 +552,8 @@ leg!(
 /// background (lab/cluster/build.sh; the boot waits on the build's lock).
 mod cluster_6_12 {
     use super::*;
-    use std::process::{Child, Stdio};
-    use std::sync::Mutex;
-    const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
-    static RUN: OnceLock<LabRun> = OnceLock::new();
-    /// The boot once started: its process and where its output goes (a file, so that a
-    /// process nobody reads yet never blocks on a full pipe).
-    static CHILD: Mutex<Option<Started>> = Mutex::new(None);
-    /// The process (or why it could not start), its results directory, its output file.
-    type Started = (Result<Child, String>, PathBuf, PathBuf);
-
-    /// Starts the cluster boot unless it was started already.
-    pub(super) fn spawn() {
-        let mut c = CHILD.lock().unwrap_or_else(|e| e.into_inner());
-        if c.is_some() || RUN.get().is_some() {
-            return;
-        }
-        let out_root = out_root("cluster-6.12");
-        let log = crate::util::manifest_dir().join("target/lab/test-out/cluster-6.12.log");
-        let child = std::fs::create_dir_all(log.parent().unwrap())
-            .and_then(|_| std::fs::File::create(&log))
-            .and_then(|f| {
-                let e = f.try_clone()?;
-                lab_command("6.12", CLUSTER_SCENARIOS, &out_root)
-                    .stdin(Stdio::null())
-                    .stdout(f)
-                    .stderr(e)
-                    .spawn()
-            })
-            .map_err(|e| format!("cannot run bash lab/lab.sh: {e}"));
-        *c = Some((child, out_root, log));
-    }
-
     fn run() -> &'static LabRun {
-        RUN.get_or_init(|| {
-            spawn();
-            let (child, out_root, log) = CHILD
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .expect("spawned above");
-            let status = match child {
-                Ok(mut c) => c.wait().ok().and_then(|s| s.code()),
-                Err(e) => {
-                    return LabRun {
-                        status: None,
-                        output: e,
-                        out_root,
-                    }
-                }
-            };
-            LabRun {
-                status,
-                output: std::fs::read_to_string(&log).unwrap_or_default(),
-                out_root,
-            }
-        })
+        lab_boot("cluster-6.12").run()
     }
 
     /// The node goes Ready by itself and a Pod the scheduler placed runs through containerd.

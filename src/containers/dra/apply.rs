@@ -33,7 +33,16 @@ pub const DOMAIN: &str = "dra";
 
 /// The owner tag of a claim's plans in the journal: `dra-claim:<uid>`.
 pub fn owner(uid: &str) -> String {
-    format!("dra-claim:{uid}")
+    format!("{OWNER_PREFIX}{uid}")
+}
+
+/// What every claim's owner tag begins with.
+pub const OWNER_PREFIX: &str = "dra-claim:";
+
+/// Whether an unfinished plan of the journal is a claim's (a Prepare or Unprepare of this
+/// plugin that never ended).
+pub fn is_claims(t: &crate::change::journal::OpenChange) -> bool {
+    t.owner.as_deref().is_some_and(|o| o.starts_with(OWNER_PREFIX))
 }
 
 /// A file of a claim: its path (as on the host) and, for a write, its content.

@@ -335,11 +335,15 @@ impl<'a> Engine<'a> {
         self.save()
     }
 
-    /// At start: claims of an earlier boot lose their files (their binds went with that
-    /// kernel), and claims the API server no longer has (deleted while the plugin was down)
-    /// are unprepared. Returns what was cleaned, one line each.
+    /// At start: first the plugin's own unfinished plans (a Prepare or Unprepare the plugin
+    /// died in, left open in the journal: every later plan on those functions would be
+    /// refused until `gpupass recover`) are undone, so the host is as it was before that call
+    /// and the kubelet's retry starts clean; plans of other owners (a `gpupass bind` that
+    /// died) stay for `gpupass recover`. Then claims of an earlier boot lose their files
+    /// (their binds went with that kernel), and claims the API server no longer has (deleted
+    /// while the plugin was down) are unprepared. Returns what was done, one line each.
     pub fn cleanup_at_start(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.undo_own_unfinished();
         let entries: Vec<Entry> = self.checkpoint.claims.values().cloned().collect();
         for e in entries {
             let gone = if e.boot_id != self.boot_id {
@@ -365,6 +369,24 @@ impl<'a> Engine<'a> {
             }
         }
         out
+    }
+
+    /// Undo the unfinished plans owned by claims ([`apply::is_claims`]), newest first.
+    fn undo_own_unfinished(&mut self) -> Vec<String> {
+        match crate::change::recover_where(self.ops, false, false, self.lock_wait, &apply::is_claims) {
+            Ok(r) if r.changed => {
+                self.changed(None);
+                let mut out =
+                    vec!["a Prepare or Unprepare interrupted before this start was undone:".to_string()];
+                out.extend(r.lines);
+                out
+            }
+            Ok(_) => Vec::new(),
+            Err(e) => vec![format!(
+                "the unfinished plans of claims could not be undone (gpupass recover can): {}",
+                crate::model::ErrorChain(&e)
+            )],
+        }
     }
 
     /// The inventory as this node's ResourceSlices describe it: the functions a claim of this
@@ -766,6 +788,68 @@ mod tests {
                     "unprepare after write {n} (continue: {cont})"
                 );
             }
+        }
+    }
+
+    /// The plugin dying after each write of a prepare, then starting again: before anything
+    /// else it undoes its own unfinished plan (the host as before the Prepare, the journal
+    /// closed), so the kubelet's retry prepares the claim instead of being refused for an
+    /// unfinished plan; a `gpupass bind` that died beside it (another owner) stays open for
+    /// `gpupass recover`, its function untouched.
+    #[test]
+    fn a_restarted_plugin_undoes_its_own_unfinished_prepare_and_nothing_else() {
+        for n in 1..=9 {
+            let (_t, root, claims) = lab_claim_with(|h| {
+                h.add(
+                    &DevSpec::new("00:07.0", 0x8086, 0x10d3, 0x020000)
+                        .group(6)
+                        .driver("e1000e"),
+                )
+                .unwrap();
+            });
+            let host = HostRoot::new(&root);
+            let before = state(&root);
+            // A human's bind of 00:07.0 dies after its first write.
+            let crashing = crate::testkit::Failpoints::new(FakeHost::new(host.clone())).panic_after(1);
+            let req = crate::bind::BindRequest {
+                addresses: vec!["0000:00:07.0".parse().unwrap()],
+                only: false,
+                driver: None,
+            };
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::bind::apply::bind(&crashing, &req, false, false, &|_| {})
+            }));
+            assert!(r.is_err(), "the bind did not crash");
+            let bind_state = state(&root);
+            let crashing = crate::testkit::Failpoints::new(FakeHost::new(host.clone())).panic_after(n);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                engine(&crashing, &claims).prepare(&gpu_claim())
+            }));
+            assert!(r.is_err(), "write {n}: no crash");
+            assert_eq!(crate::change::journal::read(&host).unwrap().open.len(), 2);
+            let ops = FakeHost::new(host.clone());
+            let mut e = engine(&ops, &claims);
+            let lines = e.cleanup_at_start();
+            assert!(
+                lines[0].contains("interrupted before this start was undone"),
+                "{lines:?}"
+            );
+            assert!(lines.iter().any(|l| l.contains("for dra-claim:u1")), "{lines:?}");
+            assert_eq!(
+                state(&root),
+                bind_state,
+                "write {n}: the host as before the Prepare"
+            );
+            let open = crate::change::journal::read(&host).unwrap().open;
+            assert_eq!(open.len(), 1, "write {n}");
+            assert_eq!(open[0].owner, None, "write {n}: the bind's plan stays");
+            // The kubelet's retry is not refused: the claim's functions have no open plan.
+            e.prepare(&gpu_claim()).unwrap();
+            assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("vfio-pci"));
+            e.unprepare("u1").unwrap();
+            // `gpupass recover` then takes the bind's plan back.
+            crate::change::recover(&ops, false, false).unwrap();
+            assert_eq!(state(&root), before, "write {n}");
         }
     }
 
