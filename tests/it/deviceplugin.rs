@@ -567,3 +567,56 @@ async fn a_refused_registration_is_retried_with_backoff() {
     kubelet.expect(&[L40S], Duration::from_secs(8)).await;
     kubelet.stop();
 }
+
+/// A kubelet that goes away in the middle of a Register call (it took the call and never
+/// answered: the cluster lab's `midreg` steps do it to the real kubelet) is said as that, not
+/// as a refusal by the kubelet.
+#[test]
+fn a_kubelet_gone_during_the_call_is_no_answer_not_a_refusal() {
+    use gpupass::containers::deviceplugin::server::{register, RegisterError};
+    struct Hangs(std::sync::mpsc::Sender<()>);
+    #[tonic::async_trait]
+    impl Registration for Hangs {
+        async fn register(
+            &self,
+            _: tonic::Request<RegisterRequest>,
+        ) -> Result<tonic::Response<Empty>, tonic::Status> {
+            let _ = self.0.send(());
+            std::future::pending().await
+        }
+    }
+    let d = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let kubelet = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let l = {
+        let _g = kubelet.enter();
+        tokio::net::UnixListener::bind(d.path().join("kubelet.sock")).unwrap()
+    };
+    kubelet.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(Hangs(tx)))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l))
+            .await
+            .unwrap();
+    });
+    let dir = d.path().to_path_buf();
+    let call = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(register(&dir, "p.sock", "example.com/r"))
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the call reached the kubelet");
+    // The kubelet dies with the call unanswered: its tasks and sockets go with its runtime.
+    kubelet.shutdown_background();
+    let e = call.join().unwrap().unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, RegisterError::NoAnswer { .. }), "{msg}");
+    assert!(msg.contains("got no answer"), "{msg}");
+}

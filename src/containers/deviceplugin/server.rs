@@ -338,9 +338,7 @@ pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), 
             options: Some(options()),
         })
         .await
-        .map_err(|s| RegisterError::Refused {
-            message: s.message().to_string(),
-        })?;
+        .map_err(RegisterError::from_status)?;
     Ok(())
 }
 
@@ -351,6 +349,30 @@ pub enum RegisterError {
     Connect(#[source] tonic::transport::Error),
     #[error("the kubelet refused the registration: {message}")]
     Refused { message: String },
+    /// The call was made and no answer came: the kubelet went away (or stalled past the
+    /// call's 30 s) in the middle of it.
+    #[error(
+        "the registration call got no answer ({code}: {message}): the kubelet went away or stalled during it"
+    )]
+    NoAnswer { code: String, message: String },
+}
+
+impl RegisterError {
+    /// The kubelet answers a registration it refuses with a status of its own (the 1.37
+    /// device manager: code Unknown and its message); a status tonic made from a transport
+    /// failure carries that failure as its source, and means no answer came.
+    fn from_status(s: tonic::Status) -> RegisterError {
+        if std::error::Error::source(&s).is_some() {
+            RegisterError::NoAnswer {
+                code: format!("{:?}", s.code()),
+                message: s.message().to_string(),
+            }
+        } else {
+            RegisterError::Refused {
+                message: s.message().to_string(),
+            }
+        }
+    }
 }
 
 /// A gRPC channel over a unix socket (the authority sent is `localhost`).
