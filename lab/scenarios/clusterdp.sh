@@ -126,41 +126,51 @@ else
 fi
 kc delete pod vfio-iommufd --wait=true --timeout=180s > /dev/null 2>&1
 
-# The kubelet restarted, its device-plugins directory gone meanwhile (the kubelet empties it at
-# start; here the whole directory is removed): the plugin sees kubelet.sock come back and its
+# kubelet_back STEP LOG BEFORE T0: the kubelet started again with its device-plugins directory
+# removed (the kubelet empties it at start; here the whole directory goes); STEP passes when the
+# plugin logging to LOG registered again (more than BEFORE "registered" lines) and the Node's
+# allocatable shows $name again.
+kubelet_back() {
+  rm -rf /var/lib/kubelet/device-plugins
+  cp "$CL_LOG/kubelet.log" "$CL_LOG/kubelet-before-$1.log"
+  cl_kubelet
+  if cl_wait 300 sh -c "[ \$(grep -c 'registered ' $2) -gt $3 ]" &&
+    cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | grep -q '$name'"; then
+    lab_pass "$1" "registered again after $(cl_since "$4") s: $(grep -E 'was removed|recreated|registered ' "$2" | tail -3 | tr '\n' '|' | cut -c1-400)"
+  else
+    lab_fail "$1" "no new registration or no $name on the node: $(tail -3 "$2" | tr '\n' '|' | cut -c1-400)"
+  fi
+}
+# pod_opens_cdev NAME PREFIX WHEN: a Pod (PREFIX-pod-succeeded) that opens the iommufd cdev
+# (PREFIX-opens), then deleted.
+pod_opens_cdev() {
+  run_pod "$1" "$2-pod-succeeded"
+  if grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/$1.txt" && ! grep -q 'open FAILED' "$CL_LOG/$1.txt"; then
+    lab_pass "$2-opens" "/dev/vfio/devices/$cdev opens in a Pod $3"
+  else
+    lab_fail "$2-opens" "$(tr '\n' ';' < "$CL_LOG/$1.txt")"
+  fi
+  kc delete pod "$1" --wait=true --timeout=180s > /dev/null 2>&1
+}
+
+# The kubelet restarted between registrations: the plugin sees kubelet.sock come back and its
 # own socket gone, serves again and registers again; the Node shows the resource again and a
 # Pod still gets the device. Never a plugin that looks registered and is not.
 t=$(cl_t)
 before=$(grep -c 'registered ' "$CL_LOG/device-plugin-iommufd.log")
 kill "$(cat "$CL_RUN/kubelet.pid")"
 cl_wait 60 sh -c "! kill -0 $(cat "$CL_RUN/kubelet.pid") 2> /dev/null"
-rm -rf /var/lib/kubelet/device-plugins
-cp "$CL_LOG/kubelet.log" "$CL_LOG/kubelet-before-restart.log"
-cl_kubelet
-if cl_wait 300 sh -c "[ \$(grep -c 'registered ' $CL_LOG/device-plugin-iommufd.log) -gt $before ]" &&
-  cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | grep -q '$name'"; then
-  lab_pass kubelet-restart "registered again after $(cl_since "$t") s: $(grep -E 'was removed|recreated|registered ' "$CL_LOG/device-plugin-iommufd.log" | tail -3 | tr '\n' '|' | cut -c1-400)"
-else
-  lab_fail kubelet-restart "no new registration or no $name on the node: $(tail -2 "$CL_LOG/device-plugin-iommufd.log" | tr '\n' '|')"
-fi
-run_pod vfio-restarted restart-pod-succeeded
-if grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/vfio-restarted.txt" && ! grep -q 'open FAILED' "$CL_LOG/vfio-restarted.txt"; then
-  lab_pass restart-opens "/dev/vfio/devices/$cdev opens in a Pod after the kubelet's restart"
-else
-  lab_fail restart-opens "$(tr '\n' ';' < "$CL_LOG/vfio-restarted.txt")"
-fi
-kc delete pod vfio-restarted --wait=true --timeout=180s > /dev/null 2>&1
+kubelet_back kubelet-restart "$CL_LOG/device-plugin-iommufd.log" "$before" "$t"
+pod_opens_cdev vfio-restarted restart "after the kubelet's restart"
 
 # The kubelet restarted *during* a registration: the kubelet frozen (SIGSTOP), a restarted
 # plugin's Register call gets no answer (the connection is accepted by the kernel, the
 # kubelet never reads it); the kubelet then killed, so the answer never comes, and started
-# again with its device-plugins directory gone. The plugin must say its call failed, serve and
-# register again; the Node shows the resource again and a Pod gets the device. Never a plugin
-# that believes it registered.
+# again. The plugin must say its call got no answer, serve and register again; the Node shows
+# the resource again and a Pod gets the device. Never a plugin that believes it registered.
 kpid=$(cat "$CL_RUN/kubelet.pid")
 plugin_stop iommufd
 kill -STOP "$kpid"
-t=$(cl_t)
 cl_start device-plugin-midreg gpupass device-plugin -v --backend iommufd
 # The plugin's own socket is there before it registers; then its call is in flight.
 cl_wait 60 sh -c "ls /var/lib/kubelet/device-plugins | grep -q gpupass" || true
@@ -172,23 +182,8 @@ if cl_wait 60 grep -q 'retrying in' "$CL_LOG/device-plugin-midreg.log" && ! grep
 else
   lab_fail midreg-failed-said "$(tail -3 "$CL_LOG/device-plugin-midreg.log" | tr '\n' '|' | cut -c1-400)"
 fi
-rm -rf /var/lib/kubelet/device-plugins
-cp "$CL_LOG/kubelet.log" "$CL_LOG/kubelet-before-midreg.log"
-t=$(cl_t)
-cl_kubelet
-if cl_wait 300 grep -q 'registered ' "$CL_LOG/device-plugin-midreg.log" &&
-  cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node $CL_NODE -o jsonpath='{.status.allocatable}' | grep -q '$name'"; then
-  lab_pass midreg-registered "registered $(cl_since "$t") s after the kubelet's start: $(grep -E 'was removed|recreated|registered ' "$CL_LOG/device-plugin-midreg.log" | tail -3 | tr '\n' '|' | cut -c1-400)"
-else
-  lab_fail midreg-registered "$(tail -3 "$CL_LOG/device-plugin-midreg.log" | tr '\n' '|' | cut -c1-400)"
-fi
-run_pod vfio-midreg midreg-pod-succeeded
-if grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/vfio-midreg.txt" && ! grep -q 'open FAILED' "$CL_LOG/vfio-midreg.txt"; then
-  lab_pass midreg-opens "/dev/vfio/devices/$cdev opens in a Pod after the interrupted registration"
-else
-  lab_fail midreg-opens "$(tr '\n' ';' < "$CL_LOG/vfio-midreg.txt")"
-fi
-kc delete pod vfio-midreg --wait=true --timeout=180s > /dev/null 2>&1
+kubelet_back midreg-registered "$CL_LOG/device-plugin-midreg.log" 0 "$(cl_t)"
+pod_opens_cdev vfio-midreg midreg "after the interrupted registration"
 
 # containerd's CDI with gpupass's own spec: the plugin (--cdi only) answers Allocate with the
 # CDI device name alone, no device node and no environment of its own; the kubelet passes the

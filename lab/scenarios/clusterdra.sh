@@ -88,42 +88,8 @@ else
   lab_fail manifests-applied "$(tr '\n' ';' < "$CL_LOG/apply.txt")"
 fi
 
-# pod NAME TEMPLATE: a Pod with one claim from TEMPLATE that opens every VFIO/iommufd node it
-# has, prints the KEP-5304 metadata it can see, says READY and waits to be deleted.
-pod() {
-  cat > "$1.yaml" << EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  dnsPolicy: Default
-  terminationGracePeriodSeconds: 5
-  resourceClaims:
-  - name: vfio
-    resourceClaimTemplateName: $2
-  containers:
-  - name: probe
-    image: $(cat "$CL/busybox-image")
-    imagePullPolicy: Never
-    resources:
-      claims: [{name: vfio}]
-    command:
-    - /bin/sh
-    - -c
-    - |
-      for p in /dev/vfio/* /dev/vfio/devices/* /dev/iommu; do
-        [ -c "\$p" ] || continue
-        if (exec 3<>"\$p") 2>/dev/null; then echo "open OK \$p"; else echo "open FAILED \$p"; fi
-      done
-      find /var/run/kubernetes.io/dra-device-attributes -name '*.json' -exec sh -c 'echo "metadata \$1"; cat "\$1"; echo' _ {} \; 2>/dev/null
-      echo READY
-      trap 'exit 0' TERM
-      sleep 3600 & wait
-EOF
-  kc apply -f "$1.yaml" > /dev/null
-}
+# pod NAME TEMPLATE: cl_claim_pod (lab/cluster/guest.sh).
+pod() { cl_claim_pod "$@"; }
 claim_of() { kc get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
 # run_claim PREFIX NAME TEMPLATE: the claim allocated, the Pod running with the group on
 # vfio-pci, its log in $CL_LOG/NAME.txt.

@@ -428,13 +428,21 @@ fn worker(
             Ok(Job::Prepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
+                    let t0 = Instant::now();
                     let r = engine.prepare_until(&c, due).map_err(|e| {
                         let m = crate::model::ErrorChain(&e).to_string();
                         warn!("prepare {}/{}: {m}", c.namespace, c.name);
                         m
                     });
                     if r.is_ok() {
-                        info!("prepared claim {}/{} ({})", c.namespace, c.name, c.uid);
+                        // The duration is what lab/scenarios/drabench.sh reads.
+                        info!(
+                            "prepared claim {}/{} ({}) in {} us",
+                            c.namespace,
+                            c.name,
+                            c.uid,
+                            t0.elapsed().as_micros()
+                        );
                     }
                     out.insert(c.uid, r);
                 }
@@ -444,11 +452,21 @@ fn worker(
             Ok(Job::Unprepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
+                    let t0 = Instant::now();
                     let r = engine.unprepare_until(&c.uid, due).map_err(|e| {
                         let m = crate::model::ErrorChain(&e).to_string();
                         warn!("unprepare {}/{}: {m}", c.namespace, c.name);
                         m
                     });
+                    if r.is_ok() {
+                        info!(
+                            "unprepared claim {}/{} ({}) in {} us",
+                            c.namespace,
+                            c.name,
+                            c.uid,
+                            t0.elapsed().as_micros()
+                        );
+                    }
                     out.insert(c.uid, r);
                 }
                 let _ = reply.send(out);
