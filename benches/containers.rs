@@ -35,13 +35,8 @@ fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpupass")))
 }
 
-/// Point `addr`'s driver link at `driver` (absolute link; gpupass reads only its last component).
 fn rebind(root: &Path, addr: &str, driver: &str) {
-    let dev = std::fs::canonicalize(root.join("sys/bus/pci/devices").join(addr)).unwrap();
-    let d = root.join("sys/bus/pci/drivers").join(driver);
-    std::fs::create_dir_all(&d).unwrap();
-    let _ = std::fs::remove_file(dev.join("driver"));
-    std::os::unix::fs::symlink(&d, dev.join("driver")).unwrap();
+    gpupass::testkit::fixtures::point_driver(root, addr, driver).unwrap();
 }
 
 fn synthetic(root: &Path) -> Vec<String> {

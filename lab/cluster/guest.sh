@@ -406,3 +406,34 @@ spec:
 EOF
   kc apply -f "$1.yaml" > /dev/null
 }
+
+# cl_resource_pod NAME RESOURCE: a Pod (namespace default) asking for one RESOURCE (a device
+# plugin's extended resource) that opens every VFIO/iommufd node it has, prints the
+# PCI_RESOURCE_* environment the plugin gave, and exits.
+cl_resource_pod() {
+  cat > "$1.yaml" << EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: default}
+spec:
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  dnsPolicy: Default
+  containers:
+  - name: probe
+    image: $(cat "$CL/busybox-image")
+    imagePullPolicy: Never
+    resources:
+      limits: {"$2": 1}
+    command:
+    - /bin/sh
+    - -c
+    - |
+      for p in /dev/vfio/* /dev/vfio/devices/* /dev/iommu; do
+        [ -c "\$p" ] || continue
+        if (exec 3<>"\$p") 2>/dev/null; then echo "open OK \$p"; else echo "open FAILED \$p: \$( (exec 3<>"\$p") 2>&1)"; fi
+      done
+      env | grep '^PCI_RESOURCE' || echo "no PCI_RESOURCE env"
+EOF
+  kc apply -f "$1.yaml" > /dev/null
+}

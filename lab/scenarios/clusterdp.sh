@@ -52,34 +52,8 @@ else
 fi
 name=${res%%:*}
 
-# pod NAME: a Pod asking for one $name that opens every VFIO/iommufd node it has, then exits.
-pod() {
-  cat > "$1.yaml" << EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: default}
-spec:
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  dnsPolicy: Default
-  containers:
-  - name: probe
-    image: $(cat "$CL/busybox-image")
-    imagePullPolicy: Never
-    resources:
-      limits: {"$name": 1}
-    command:
-    - /bin/sh
-    - -c
-    - |
-      for p in /dev/vfio/* /dev/vfio/devices/* /dev/iommu; do
-        [ -c "\$p" ] || continue
-        if (exec 3<>"\$p") 2>/dev/null; then echo "open OK \$p"; else echo "open FAILED \$p: \$( (exec 3<>"\$p") 2>&1)"; fi
-      done
-      env | grep '^PCI_RESOURCE' || echo "no PCI_RESOURCE env"
-EOF
-  kc apply -f "$1.yaml" > /dev/null
-}
+# pod NAME: cl_resource_pod (lab/cluster/guest.sh) asking for one $name.
+pod() { cl_resource_pod "$1" "$name"; }
 # run_pod NAME STEP: creates it, waits for Succeeded, leaves its log in $CL_LOG/NAME.txt.
 run_pod() {
   _t=$(cl_t)

@@ -768,6 +768,20 @@ fn vfio_numa(root: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Points `addr`'s driver link in a generated host at `driver` (an absolute link; gpupass
+/// reads only its last component), making the driver's directory if needed: a bind as the
+/// benches see it, without a kernel.
+pub fn point_driver(root: &Path, addr: &str, driver: &str) -> io::Result<()> {
+    let dev = std::fs::canonicalize(root.join("sys/bus/pci/devices").join(addr))?;
+    let d = root.join("sys/bus/pci/drivers").join(driver);
+    std::fs::create_dir_all(&d)?;
+    match std::fs::remove_file(dev.join("driver")) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::os::unix::fs::symlink(&d, dev.join("driver"))
+}
+
 /// A large synthetic host for benchmarks: `gpus` GPUs each with an HDMI audio function behind
 /// their own root port, plus NICs with many functions, until `total` functions exist.
 pub fn synthetic(root: &Path, total: usize, gpus: usize) -> io::Result<()> {

@@ -267,9 +267,10 @@ impl Publisher {
                 return;
             }
         }
+        let t0 = Instant::now();
         match self.sync(inv) {
             Ok(summary) => {
-                info!("{summary}");
+                info!("{summary} in {} ms", t0.elapsed().as_millis());
                 self.published = Some(devices);
                 self.retry = None;
             }
@@ -287,7 +288,12 @@ impl Publisher {
         }
     }
 
-    fn sync(&self, inv: &Inventory) -> Result<String, CallError> {
+    /// One reconcile of the API server's slices of this node with `inv` (list, then create,
+    /// replace and delete what differs), whether or not they may differ: what [`publish`]
+    /// does when they may, without its retry pacing (benches/dra.rs times it).
+    ///
+    /// [`publish`]: Publisher::publish
+    pub fn sync(&self, inv: &Inventory) -> Result<String, CallError> {
         let node = self.node.clone();
         let owner = self
             .api
