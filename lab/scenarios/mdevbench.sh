@@ -1,8 +1,8 @@
 # lab-about: benchmark: mdev create+remove of an mbochs-small instance, gpupass vs Debian's mdevctl start+stop, interleaved round by round, microsecond clock
 # lab-needs: gpupass
 # lab-files: /usr/bin/mdevctl
-# lab-timeout: 300
-# lab-steps: parent gpupass mdevctl ratio end-clean
+# lab-timeout: 600
+# lab-steps: parent gpupass mdevctl ratio def-gpupass def-mdevctl def-ratio end-clean
 # Not a timed test: it reports figures (LAB-RESULT ... PASS <numbers>) for docs/performance.md.
 #
 # One pair: create the mdev (sysfs `create` on mbochs's mbochs-small type) and remove it, one
@@ -13,6 +13,12 @@
 # round to round). Clock: busybox adjtimex (microseconds; reading it costs a process, the same
 # for both). Figures: ms per pair per round, the medians, and their ratio. Everything runs
 # under QEMU TCG: absolute figures are far above hardware, the ratio is the result.
+#
+# Then the persistent path the same way (steps def-*), one cycle per process per step:
+#   gpupass   mdev define --parent mbochs --type mbochs-small --uuid U; mdev start U; mdev stop U;
+#             mdev undefine U
+#   mdevctl   define --uuid U --parent mbochs --type mbochs-small; start --uuid U; stop --uuid U;
+#             undefine --uuid U
 ROUNDS=${BENCH_ROUNDS:-5}
 N=${BENCH_N:-10}
 U=dddddddd-1111-4222-8333-444444444444
@@ -73,4 +79,49 @@ else
   lab_fail mdevctl "mdevctl is not in the guest (lab-files)"
   lab_fail ratio "no mdevctl"
 fi
-lab_check end-clean test ! -e /sys/bus/mdev/devices/$U
+# The persistent path: define + start + stop (+ undefine, so that the next cycle can define).
+: > gp.err; : > mc.err
+pairs_gpupass() {
+  i=0
+  while [ $i -lt $N ]; do
+    gpupass mdev define --parent mbochs --type mbochs-small --uuid $U > /dev/null 2>> gp.err || echo "define failed (cycle $i)" >> gp.err
+    gpupass mdev start $U > /dev/null 2>> gp.err || echo "start failed (cycle $i)" >> gp.err
+    gpupass mdev stop $U > /dev/null 2>> gp.err || echo "stop failed (cycle $i)" >> gp.err
+    gpupass mdev undefine $U > /dev/null 2>> gp.err || echo "undefine failed (cycle $i)" >> gp.err
+    i=$((i + 1))
+  done
+}
+pairs_mdevctl() {
+  i=0
+  while [ $i -lt $N ]; do
+    mdevctl define --uuid $U --parent mbochs --type mbochs-small > /dev/null 2>> mc.err || echo "define failed (cycle $i)" >> mc.err
+    mdevctl start --uuid $U > /dev/null 2>> mc.err || echo "start failed (cycle $i)" >> mc.err
+    mdevctl stop --uuid $U > /dev/null 2>> mc.err || echo "stop failed (cycle $i)" >> mc.err
+    mdevctl undefine --uuid $U > /dev/null 2>> mc.err || echo "undefine failed (cycle $i)" >> mc.err
+    i=$((i + 1))
+  done
+}
+gp='' mc='' r=1
+while [ $r -le $ROUNDS ] && [ $have_mdevctl = 1 ]; do
+  if [ $((r % 2)) = 1 ]; then order="pairs_gpupass pairs_mdevctl"; else order="pairs_mdevctl pairs_gpupass"; fi
+  for f in $order; do
+    time_pairs $f
+    case $f in pairs_gpupass) gp="$gp $((P / 1000))" ;; *) mc="$mc $((P / 1000))" ;; esac
+  done
+  r=$((r + 1))
+done
+if [ $have_mdevctl = 1 ]; then
+  gm=$(echo $gp | median) mm=$(echo $mc | median)
+  if [ ! -s gp.err ]; then lab_pass def-gpupass "median $gm ms per define+start+stop+undefine (rounds:$gp) N=$N"; else lab_fail def-gpupass "$(head -3 gp.err | tr '\n' ' ') (rounds:$gp)"; fi
+  if [ ! -s mc.err ]; then lab_pass def-mdevctl "median $mm ms per define+start+stop+undefine (rounds:$mc) N=$N"; else lab_fail def-mdevctl "$(head -3 mc.err | tr '\n' ' ') (rounds:$mc)"; fi
+  if [ ! -s gp.err ] && [ ! -s mc.err ]; then
+    lab_pass def-ratio "gpupass/mdevctl = $gm/$mm = $(awk "BEGIN {printf \"%.2f\", $gm / $mm}")x"
+  else
+    lab_fail def-ratio "a contender failed: no ratio"
+  fi
+else
+  lab_fail def-gpupass "no mdevctl to compare with"
+  lab_fail def-mdevctl "mdevctl is not in the guest (lab-files)"
+  lab_fail def-ratio "no mdevctl"
+fi
+lab_check end-clean sh -c "! test -e /sys/bus/mdev/devices/$U && ! ls /etc/mdevctl.d/*/$U 2> /dev/null | grep -q ."
