@@ -6,8 +6,8 @@
 //!   device cdev, the unified cgroup v2 hierarchy only), as current distributions run.
 //!
 //! All scenarios of a leg share one boot (`lab/lab.sh --kernel LEG run SCENARIOS...`); each
-//! `#[test]` then asserts its own scenario's verdict. Every boot (both legs and the cluster lab)
-//! starts at the first lab test, as a process of its own (`BOOTS`). The lab fetches its QEMU
+//! `#[test]` then asserts its own scenario's verdict. Every boot (both legs, the cluster lab and
+//! `l2linux` on each leg) starts at the first lab test, as a process of its own (`BOOTS`). The lab fetches its QEMU
 //! and kernels with apt (into its cache;
 //! nothing is installed but the build tools) and builds the 6.12 kernel once (~25 min on two
 //! cores, then cached). When that is impossible the tests FAIL with the runner's message: this
@@ -150,16 +150,25 @@ impl Boot {
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
 const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
 
+/// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`": an L2 Linux started inside the guest from
+/// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg:
+/// the runs that cleared it for the tests were each a boot of their own (docs/testing.md,
+/// "`l2linux`, run after run"), and an L2 boot of several minutes under TCG would hold a leg's
+/// shared boot that long.
+const L2_SCENARIOS: &[&str] = &["l2linux"];
+
 /// Every boot the tests assert on. All are started at the first lab test, as processes: a test
 /// waiting for one holds a test thread, and with two threads (two cores) waiting in turn the
 /// boots would run one after another (the cluster's tests sort first and would hold both
 /// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
 /// 6.1 leg runs at once (Debian's kernel); the 6.12 leg and the cluster wait for the 6.12
 /// kernel (lab/lab.sh takes the cache's lock) and then run side by side.
-static BOOTS: [Boot; 3] = [
+static BOOTS: [Boot; 5] = [
     Boot::new("6.1", "6.1", SCENARIOS),
     Boot::new("6.12", "6.12", SCENARIOS),
     Boot::new("cluster-6.12", "6.12", CLUSTER_SCENARIOS),
+    Boot::new("l2-6.1", "6.1", L2_SCENARIOS),
+    Boot::new("l2-6.12", "6.12", L2_SCENARIOS),
 ];
 
 /// Starts every boot that a selected test asserts on (all of them under a plain `cargo test`).
@@ -181,6 +190,8 @@ fn start_all() {
             let module = match b.name {
                 "6.1" => "leg_6_1",
                 "6.12" => "leg_6_12",
+                "l2-6.1" => "l2_6_1",
+                "l2-6.12" => "l2_6_12",
                 _ => "cluster_6_12",
             };
             let mut tests: Vec<String> = b
@@ -581,3 +592,21 @@ mod cluster_6_12 {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
     }
 }
+
+/// The "Booted" proof on each leg (`lab/scenarios/l2linux.sh`): Linux in an L2 VM under nested
+/// KVM, started from `gpupass qemu-args 0000:00:03.0 0000:00:0c.0` as printed, lists both
+/// functions with every BAR assigned inside its host bridge's windows (its `/proc/iomem`,
+/// `lspci -vv`), the 16 GiB BAR above 4 GiB in the window gpupass sized, and reads through them.
+macro_rules! l2_leg {
+    ($module:ident, $boot:literal, $leg:literal) => {
+        mod $module {
+            use super::*;
+            #[test]
+            fn l2linux() {
+                assert_scenario(lab_boot($boot).run(), $leg, "l2linux");
+            }
+        }
+    };
+}
+l2_leg!(l2_6_1, "l2-6.1", "6.1");
+l2_leg!(l2_6_12, "l2-6.12", "6.12");
