@@ -7,6 +7,7 @@
 # lab-qemu: -device ivshmem-plain,memdev=lab-hugebar,bus=pcie.0,addr=0xf
 # lab-steps: qemu-version dev-kvm huge-l1-bar bind bind-driver huge-bind huge-bind-driver
 # lab-steps: big-mmap big-nommap huge-mmap huge-nommap unbind restored huge-unbind huge-restored duration
+# lab-steps-6.12: big-iommufd huge-iommufd
 #
 # Users with 80-128 GiB BARs (H100/H200 BAR1) report VMs that take minutes to start: QEMU
 # mmaps each BAR of the VFIO device and maps it into the IOMMU for peer-to-peer DMA when the
@@ -19,6 +20,8 @@
 #   nommap   the same plus `x-no-mmap=on` on the device: no mmap, no DMA map of the BAR, every
 #            guest access to it trapped and forwarded by QEMU (unusable for a GPU's BAR1, but
 #            the start without the stall).
+#   iommufd  (6.12) `gpupass qemu-args --backend iommufd`: the BAR mmap'ed, but a kernel before
+#            6.19 cannot map VFIO BAR memory into an iommufd IOAS, so QEMU skips the P2P map.
 #
 # Each L2 run is timed from QEMU's exec to the end of SeaBIOS's PCI setup (its debug console,
 # "PCI: ... primary VGA" / "No VGA devices found"), then killed. When the firmware is quiet for
@@ -106,7 +109,7 @@ lab_expect bind-driver vfio-pci "$(lab_driver $BIG)"
 lab_run huge-bind huge-bind.txt gpupass bind $HUGE
 lab_expect huge-bind-driver vfio-pci "$(lab_driver $HUGE)"
 # --cpu none: the L2 keeps QEMU's default CPU (as nested does); --backend legacy: one backend
-# on both legs, so the legs differ only by their kernel's type1 (iommufd maps the same range).
+# on both legs, so the legs differ only by their kernel's type1; iommufd is timed on 6.12 after.
 gpupass qemu-args --cpu none --backend legacy $BIG > big-args.txt
 gpupass qemu-args --cpu none --backend legacy $HUGE > huge-args.txt
 lab_file big-args.txt big-args.txt
@@ -119,6 +122,16 @@ timed big-nommap big-nommap $BIG $(sed "s/^\(-device vfio-pci,.*\)$/\1,x-no-mmap
 timed huge-mmap huge-mmap $HUGE $(cat huge-args.txt)
 # shellcheck disable=SC2046
 timed huge-nommap huge-nommap $HUGE $(sed "s/^\(-device vfio-pci,.*\)$/\1,x-no-mmap=on/" huge-args.txt)
+if [ "$LAB_KERNEL" = 6.12 ]; then
+  gpupass qemu-args --cpu none --qemu $Q --backend iommufd $BIG > big-iommufd-args.txt
+  gpupass qemu-args --cpu none --qemu $Q --backend iommufd $HUGE > huge-iommufd-args.txt
+  lab_file big-iommufd-args.txt big-iommufd-args.txt
+  lab_file huge-iommufd-args.txt huge-iommufd-args.txt
+  # shellcheck disable=SC2046
+  timed big-iommufd big-iommufd $BIG $(cat big-iommufd-args.txt)
+  # shellcheck disable=SC2046
+  timed huge-iommufd huge-iommufd $HUGE $(cat huge-iommufd-args.txt)
+fi
 lab_file times.txt times.txt
 
 lab_run unbind unbind.txt gpupass unbind $BIG
