@@ -754,6 +754,11 @@ pub struct Inventory {
     /// a guest's physical address space can reach with `host-phys-bits` (docs/vm-outputs.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_phys_bits: Option<u8>,
+    /// The host CPU's vendor (`proc/cpuinfo`, "vendor_id": `AuthenticAMD`, `GenuineIntel`),
+    /// which a guest with the host's CPU model gets: QEMU lays out an AMD guest's RAM
+    /// differently once it reaches the HyperTransport hole (docs/vm-outputs.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_vendor: Option<String>,
     /// The host's NUMA nodes (`sys/devices/system/node/node<N>`): CPUs and hugepage pools, for
     /// guest placement and `--hugepages` (docs/vm-outputs.md); empty where sysfs has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -32,7 +32,7 @@ pub use parse::{
 };
 #[cfg(test)]
 use platform::*;
-pub use platform::{read_cpu_phys_bits, read_iommu_addr_bits, read_numa_nodes};
+pub use platform::{read_cpu_phys_bits, read_cpu_vendor, read_iommu_addr_bits, read_numa_nodes};
 use reader::*;
 
 use crate::host::{self, dir_names, link_name, parse_hex, read_attr, HostRoot};
@@ -111,6 +111,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
         iommufd_present: host.dev().join("iommu").exists(),
         iommufd: None,
         cpu_phys_bits: read_cpu_phys_bits(host),
+        cpu_vendor: read_cpu_vendor(host),
         numa_nodes: read_numa_nodes(host),
         iommu_addr_bits: read_iommu_addr_bits(host),
         warnings,
@@ -222,6 +223,7 @@ pub fn scan_groups(
         // The host facts only the VM layouts use are not read here: this scan runs on every
         // container start (the OCI hook) and in every bind, which need none of them.
         cpu_phys_bits: None,
+        cpu_vendor: None,
         numa_nodes: Vec::new(),
         iommu_addr_bits: None,
         warnings,
@@ -260,6 +262,7 @@ pub fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, Inv
         iommufd_present: host.dev().join("iommu").exists(),
         iommufd: None,
         cpu_phys_bits: None,
+        cpu_vendor: None,
         numa_nodes: Vec::new(),
         iommu_addr_bits: None,
         warnings: Vec::new(),
@@ -433,6 +436,19 @@ mod tests {
         );
         assert_eq!(parse_phys_bits("processor : 0\n"), None);
         assert_eq!(parse_phys_bits("address sizes : many bits physical"), None);
+    }
+
+    #[test]
+    fn cpu_vendor_from_cpuinfo() {
+        let c = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n";
+        assert_eq!(parse_vendor(c).as_deref(), Some("AuthenticAMD"));
+        assert_eq!(
+            parse_vendor("vendor_id : GenuineIntel").as_deref(),
+            Some("GenuineIntel")
+        );
+        assert_eq!(parse_vendor("processor : 0\n"), None);
+        assert_eq!(parse_vendor("vendor_id : \n"), None);
+        assert_eq!(parse_vendor("vendor_id : ../../etc\n"), None);
     }
 
     #[test]

@@ -86,6 +86,19 @@ pub fn read_cpu_phys_bits(host: &HostRoot) -> Option<u8> {
     parse_phys_bits(&text)
 }
 
+/// The CPU's vendor from `proc/cpuinfo` ("vendor_id : AuthenticAMD"), the first CPU's line.
+pub fn read_cpu_vendor(host: &HostRoot) -> Option<String> {
+    let text = crate::host::read_bounded(&host.proc_cpuinfo(), 1 << 20).ok()?;
+    parse_vendor(&text)
+}
+
+pub(super) fn parse_vendor(cpuinfo: &str) -> Option<String> {
+    let line = cpuinfo.lines().find(|l| l.starts_with("vendor_id"))?;
+    let (_, v) = line.split_once(':')?;
+    let v = v.trim();
+    (!v.is_empty() && v.len() <= 16 && v.chars().all(|c| c.is_ascii_alphanumeric())).then(|| v.to_string())
+}
+
 pub(super) fn parse_phys_bits(cpuinfo: &str) -> Option<u8> {
     let line = cpuinfo.lines().find(|l| l.starts_with("address sizes"))?;
     let (_, v) = line.split_once(':')?;

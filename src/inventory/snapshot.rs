@@ -337,10 +337,16 @@ pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotEr
     // The kernel config: `/proc/config.gz` by presence (gpupass does not inflate it), and
     // `/boot/config-<release>` cut to the VFIO/iommufd options the backend facts read.
     c.copy_if_exists_empty(&rel(src.proc_config_gz()))?;
-    // The CPU's address sizes (the 64-bit window check), cut to that line.
+    // The CPU's vendor and address sizes (the 64-bit window check), cut to those lines of the
+    // first CPU.
     if let Ok(text) = crate::host::read_bounded(&src.proc_cpuinfo(), 1 << 20) {
-        if let Some(l) = text.lines().find(|l| l.starts_with("address sizes")) {
-            c.write(&rel(src.proc_cpuinfo()), format!("{l}\n").as_bytes())?;
+        let kept: String = ["vendor_id", "address sizes"]
+            .iter()
+            .filter_map(|k| text.lines().find(|l| l.starts_with(k)))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if !kept.is_empty() {
+            c.write(&rel(src.proc_cpuinfo()), kept.as_bytes())?;
         }
     }
     if let Ok(release) = crate::host::read_attr(&src.proc_osrelease()) {

@@ -145,12 +145,35 @@ pub fn q35_ram_top(ram: Option<u64>) -> u64 {
     }
 }
 
+/// Where AMD's HyperTransport hole starts (1012 GiB; it ends at 1 TiB).
+pub const AMD_HT_START: u64 = 0xfd_0000_0000;
+/// Where QEMU puts an AMD guest's RAM above 4 GiB when the layout would reach the hole.
+pub const AMD_ABOVE_1TB_START: u64 = 1 << 40;
+
+/// The top of guest RAM as QEMU lays it out, and whether it moved the RAM above 4 GiB to
+/// 1 TiB: for an AMD guest CPU (`-cpu host` on an AMD host) QEMU (hw/i386/pc.c,
+/// `pc_memory_init`, machine types 7.1+) relocates that RAM to start at 1 TiB when the highest
+/// address it would use, the 64-bit window's end (`pci-hole64-size` above the RAM, aligned to
+/// 1 GiB), reaches the HyperTransport hole at 1012 GiB; its own start check then refuses the
+/// layout with "phys-bits too low" when the moved window ends past the CPU's width.
+pub fn qemu_ram_top(ram: Option<u64>, window: u64, amd: bool) -> (u64, bool) {
+    let top = q35_ram_top(ram);
+    if amd && align_up(top, GIB).saturating_add(window).saturating_sub(1) >= AMD_HT_START {
+        (top - 4 * GIB + AMD_ABOVE_1TB_START, true)
+    } else {
+        (top, false)
+    }
+}
+
 /// Where the firmware puts the 64-bit window: `[base, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placement {
     pub ram_top: u64,
     pub base: u64,
     pub end: u64,
+    /// QEMU moved the RAM above 4 GiB to 1 TiB (an AMD guest CPU whose layout reached the
+    /// HyperTransport hole): `ram_top` is above 1 TiB.
+    pub relocated: bool,
 }
 
 impl Placement {
@@ -181,8 +204,10 @@ pub fn bits_for(end: u64) -> u32 {
 ///   aligned to 1 GiB, size `window`) in its ACPI tables, so the later end of the two counts.
 ///   `slots` is each guest slot's 64-bit BARs: (sum, largest); each root port's window is the
 ///   sum rounded up to the largest.
-pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u64)]) -> Placement {
-    let ram_top = q35_ram_top(ram);
+///
+/// `amd`: the guest CPU is AMD's, whose RAM QEMU may move to 1 TiB first ([`qemu_ram_top`]).
+pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u64)], amd: bool) -> Placement {
+    let (ram_top, relocated) = qemu_ram_top(ram, window, amd);
     match fw {
         GuestFirmware::Ovmf => {
             let size = align_up(window, GIB);
@@ -196,6 +221,7 @@ pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u6
                 ram_top,
                 base,
                 end: base.saturating_add(size),
+                relocated,
             }
         }
         GuestFirmware::SeaBios => {
@@ -211,6 +237,7 @@ pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u6
                 ram_top,
                 base: base.min(qemu_base),
                 end: bars_end.max(qemu_end),
+                relocated,
             }
         }
     }
@@ -234,8 +261,9 @@ pub fn slot_bars(sel: &Selection) -> Vec<(u64, u64)> {
 
 /// The most guest RAM with which the window still ends within `bits` (`None`: not even with
 /// none).
-pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)]) -> Option<u64> {
-    let fits = |r: u64| place(fw, Some(r), window, slots).end <= 1u64.checked_shl(bits).unwrap_or(u64::MAX);
+pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)], amd: bool) -> Option<u64> {
+    let fits =
+        |r: u64| place(fw, Some(r), window, slots, amd).end <= 1u64.checked_shl(bits).unwrap_or(u64::MAX);
     if !fits(0) {
         return None;
     }
@@ -253,12 +281,18 @@ pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)]) 
 }
 
 /// The largest power-of-two window (1 GiB or more) that ends within `bits` over `ram`.
-pub fn max_window(fw: GuestFirmware, ram: Option<u64>, bits: u32, slots: &[(u64, u64)]) -> Option<u64> {
+pub fn max_window(
+    fw: GuestFirmware,
+    ram: Option<u64>,
+    bits: u32,
+    slots: &[(u64, u64)],
+    amd: bool,
+) -> Option<u64> {
     let limit = 1u64.checked_shl(bits).unwrap_or(u64::MAX);
     (30..63u32)
         .rev()
         .map(|k| 1u64 << k)
-        .find(|w| place(fw, ram, *w, slots).end <= limit)
+        .find(|w| place(fw, ram, *w, slots, amd).end <= limit)
 }
 
 /// A VM layout that cannot work on this host, with the numbers and the fix (exit status 1;
@@ -318,6 +352,10 @@ pub struct Widths {
     pub iommu: Option<u32>,
     /// `--phys-bits N`.
     pub phys_bits: Option<u32>,
+    /// The guest CPU is AMD's (the host's vendor, which `host-phys-bits`/host-passthrough
+    /// guests get): QEMU may move its RAM above 4 GiB to 1 TiB ([`qemu_ram_top`]), which moves
+    /// the window too.
+    pub amd: bool,
 }
 
 impl Widths {
@@ -415,9 +453,19 @@ impl std::fmt::Display for WindowRefusal {
             Some(r) => format!("{} of guest RAM", amount(r)),
             None => "QEMU's default guest RAM (no --memory)".to_string(),
         };
+        let moved = if fit.place.relocated {
+            format!(
+                " (QEMU put the RAM above 4 GiB at 1T-{}: an AMD guest CPU whose layout reaches the HyperTransport hole at 1012G)",
+                size_suffix(fit.place.ram_top)
+            )
+        } else {
+            String::new()
+        };
         let how = match fit.fw {
-            GuestFirmware::Ovmf => "above guest RAM, aligned to its own size",
-            GuestFirmware::SeaBios => "above guest RAM, the BARs packed from the largest one's alignment",
+            GuestFirmware::Ovmf => format!("above guest RAM{moved}, aligned to its own size"),
+            GuestFirmware::SeaBios => {
+                format!("above guest RAM{moved}, the BARs packed from the largest one's alignment")
+            }
         };
         write!(
             f,
@@ -486,7 +534,7 @@ pub fn fit_window(
     slots: &[(u64, u64)],
     widths: Widths,
 ) -> Result<WindowFit, WindowRefusal> {
-    let place = place(fw, ram, mmio.window, slots);
+    let place = place(fw, ram, mmio.window, slots, widths.amd);
     let limit = widths.narrowest();
     let fit = WindowFit {
         fw,
@@ -495,8 +543,8 @@ pub fn fit_window(
         place,
         widths,
         limit,
-        max_ram: limit.and_then(|(b, _)| max_ram(fw, b, mmio.window, slots)),
-        max_window: limit.and_then(|(b, _)| max_window(fw, ram, b, slots)),
+        max_ram: limit.and_then(|(b, _)| max_ram(fw, b, mmio.window, slots, widths.amd)),
+        max_window: limit.and_then(|(b, _)| max_window(fw, ram, b, slots, widths.amd)),
     };
     match limit {
         Some((bits, source)) if place.bits() > bits => Err(WindowRefusal {
@@ -919,7 +967,7 @@ mod tests {
     fn ovmf_places_the_window_above_ram_aligned_to_its_size() {
         const T: u64 = 1 << 40;
         let g = |n: u64| n << 30;
-        let ovmf = |ram: Option<u64>, w: u64| place(GuestFirmware::Ovmf, ram, w, &[]);
+        let ovmf = |ram: Option<u64>, w: u64| place(GuestFirmware::Ovmf, ram, w, &[], false);
         // (RAM, window, base, end, bits)
         let table: &[(Option<u64>, u64, u64, u64, u32)] = &[
             (Some(g(64)), 2 * T, 2 * T, 4 * T, 42),
@@ -954,6 +1002,7 @@ mod tests {
             Some(g(8)),
             g(32),
             &[(g(16) + (16 << 20), g(16))],
+            false,
         );
         assert_eq!((p.base, p.end), (g(10), g(48)));
         // Four 128 GiB BARs over 1 TiB of RAM: top 1026 GiB, base 1152 GiB (128 GiB aligned),
@@ -963,6 +1012,7 @@ mod tests {
             Some(g(1024)),
             g(64),
             &[(g(128), g(128)); 4],
+            false,
         );
         assert_eq!(p.end, g(1664));
     }
@@ -971,19 +1021,81 @@ mod tests {
     fn limits_invert_the_placement() {
         let g = |n: u64| n << 30;
         // 42 bits: a 2 TiB window fits over at most 2046 GiB of RAM.
-        assert_eq!(max_ram(GuestFirmware::Ovmf, 42, 2 << 40, &[]), Some(g(2046)));
-        assert_eq!(max_ram(GuestFirmware::Ovmf, 41, 2 << 40, &[]), None);
-        // 36 bits, small RAM: 32 GiB at 32 GiB is the largest.
-        assert_eq!(max_window(GuestFirmware::Ovmf, None, 36, &[]), Some(g(32)));
         assert_eq!(
-            max_window(GuestFirmware::Ovmf, Some(g(64)), 40, &[]),
+            max_ram(GuestFirmware::Ovmf, 42, 2 << 40, &[], false),
+            Some(g(2046))
+        );
+        assert_eq!(max_ram(GuestFirmware::Ovmf, 41, 2 << 40, &[], false), None);
+        // 36 bits, small RAM: 32 GiB at 32 GiB is the largest.
+        assert_eq!(max_window(GuestFirmware::Ovmf, None, 36, &[], false), Some(g(32)));
+        assert_eq!(
+            max_window(GuestFirmware::Ovmf, Some(g(64)), 40, &[], false),
             Some(g(512))
         );
         for (ram, bits) in [(g(64), 40), (g(1000), 42), (g(3), 36)] {
-            let w = max_window(GuestFirmware::Ovmf, Some(ram), bits, &[]).unwrap();
-            assert!(place(GuestFirmware::Ovmf, Some(ram), w, &[]).end <= 1 << bits);
-            assert!(place(GuestFirmware::Ovmf, Some(ram), w * 2, &[]).end > 1 << bits);
+            let w = max_window(GuestFirmware::Ovmf, Some(ram), bits, &[], false).unwrap();
+            assert!(place(GuestFirmware::Ovmf, Some(ram), w, &[], false).end <= 1 << bits);
+            assert!(place(GuestFirmware::Ovmf, Some(ram), w * 2, &[], false).end > 1 << bits);
         }
+    }
+
+    /// QEMU moves an AMD guest's RAM above 4 GiB to 1 TiB once the layout reaches the
+    /// HyperTransport hole (hw/i386/pc.c): the window then lies above 1 TiB + RAM. Worked by
+    /// hand; the boundaries are QEMU 10.0's own start check's (tests/it/vm_outputs.rs).
+    #[test]
+    fn an_amd_guest_s_ram_moves_to_1t_and_the_window_with_it() {
+        const T: u64 = 1 << 40;
+        let g = |n: u64| n << 30;
+        // 1000 GiB under a 32 GiB window: QEMU's end 1002G + 32G passes 1012G, so the 998 GiB
+        // above 4 GiB start at 1 TiB (top 2022 GiB) and OVMF's window is 2048-2080 GiB.
+        let amd = place(GuestFirmware::Ovmf, Some(g(1000)), g(32), &[], true);
+        assert_eq!(
+            (amd.ram_top, amd.base, amd.end, amd.relocated),
+            (T + g(998), g(2048), g(2080), true)
+        );
+        let intel = place(GuestFirmware::Ovmf, Some(g(1000)), g(32), &[], false);
+        assert_eq!(
+            (intel.base, intel.end, intel.relocated),
+            (g(1024), g(1056), false)
+        );
+        // Small layouts do not move: 64 GiB under 32 GiB ends far below the hole.
+        let small = place(GuestFirmware::Ovmf, Some(g(64)), g(32), &[], true);
+        assert_eq!((small.base, small.relocated), (g(96), false));
+        // A 2 TiB window always reaches the hole: 42 bits hold 1026 GiB of RAM, not 2046.
+        assert_eq!(max_ram(GuestFirmware::Ovmf, 42, 2 * T, &[], true), Some(g(1026)));
+        assert_eq!(max_ram(GuestFirmware::Ovmf, 42, 2 * T, &[], false), Some(g(2046)));
+        // SeaBIOS sees the same moved RAM.
+        let sb = place(
+            GuestFirmware::SeaBios,
+            Some(g(1000)),
+            g(32),
+            &[(g(16), g(16))],
+            true,
+        );
+        assert!(sb.relocated && sb.base >= T + g(998), "{sb:?}");
+        let fit = fit_window(
+            GuestFirmware::Ovmf,
+            Some(g(1027)),
+            Mmio64 {
+                bars: 4 * g(128),
+                count: 4,
+                window: 2 * T,
+            },
+            &[],
+            Widths {
+                cpu: Some(42),
+                iommu: None,
+                phys_bits: None,
+                amd: true,
+            },
+        )
+        .unwrap_err();
+        let m = fit.to_string();
+        assert!(
+            m.contains("QEMU put the RAM above 4 GiB at 1T-2049G: an AMD guest CPU"),
+            "{m}"
+        );
+        assert!(m.contains("--memory 1026G or less"), "{m}");
     }
 
     /// The check follows the firmware's rule (docs/cluster-and-dra.md, "The guest firmware
@@ -1004,6 +1116,7 @@ mod tests {
             cpu: Some(cpu),
             iommu: Some(iommu),
             phys_bits: None,
+            amd: false,
         };
         use GuestFirmware::{Ovmf, SeaBios};
         // (firmware, RAM, window, slots, CPU, IOMMU) -> end, bits, refusal code

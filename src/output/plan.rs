@@ -158,6 +158,8 @@ pub fn plan(inv: &Inventory, sel: &Selection, req: &VmRequest) -> Result<VmPlan,
         cpu: inv.cpu_phys_bits.map(u32::from),
         iommu: inv.iommu_addr_bits.map(u32::from),
         phys_bits: req.phys_bits,
+        // The guest gets the host's CPU vendor (`-cpu host`, host-passthrough).
+        amd: inv.cpu_vendor.as_deref() == Some("AuthenticAMD"),
     };
     let mmio = layout::mmio64(sel, req.hole64);
     let fit = match mmio {

@@ -1624,6 +1624,50 @@ fn the_address_width_check_follows_the_guest_ram() {
     // The largest RAM the refusal names passes, one GiB more does not.
     assert_eq!(qemu("2046G", &[]).status.code(), Some(0));
     assert_eq!(qemu("2047G", &[]).status.code(), Some(1));
+    // QEMU draws the same line: its own start check ("phys-bits too low") passes 2046 GiB of
+    // RAM under a 2T window on a 42-bit Intel guest CPU and refuses 2047 GiB, so gpupass
+    // refuses, with the numbers and the fix, exactly what would not start. The RAM is a sparse file
+    // (nothing is allocated: QEMU stops at the vfio-pci device, which this host does not have,
+    // after the check).
+    let ram = tempfile::tempdir().unwrap();
+    let qemu_start = |mem: &str, vendor: &str| {
+        let file = ram.path().join(format!("ram-{mem}"));
+        let f = std::fs::File::create(&file).unwrap();
+        let bytes = mem.trim_end_matches('G').parse::<u64>().unwrap() << 30;
+        f.set_len(bytes).unwrap();
+        let backend = format!(
+            "memory-backend-file,id=ram,size={mem},mem-path={},share=on",
+            file.display()
+        );
+        let o = tool("qemu-system-x86_64")
+            .args([
+                "-machine",
+                "q35,accel=tcg,memory-backend=ram",
+                "-object",
+                &backend,
+                "-m",
+                mem,
+            ])
+            .args(["-cpu", &format!("qemu64,phys-bits=42,vendor={vendor}")])
+            .args(["-nodefaults", "-display", "none", "-S"])
+            .args(["-monitor", "none", "-serial", "none"])
+            .args(["-global", "q35-pcihost.pci-hole64-size=2T"])
+            .args([
+                "-device",
+                "pcie-root-port,id=rp1,chassis=1,bus=pcie.0,addr=0x10.0",
+            ])
+            .args([
+                "-device",
+                "vfio-pci,host=0000:03:00.0,id=hostdev1,bus=rp1,addr=0x0.0",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let fits = qemu_start("2046G", "GenuineIntel");
+    assert!(fits.contains(": vfio ") && !fits.contains("phys-bits"), "{fits}");
+    let over = qemu_start("2047G", "GenuineIntel");
+    assert!(over.contains("phys-bits too low (42)"), "{over}");
     // The window it names fits over 2 TiB.
     assert_eq!(qemu("2T", &["--pci-hole64", "1T"]).status.code(), Some(0));
     // SeaBIOS: QEMU's 2 TiB window from the top of RAM (2050 GiB) ends past 4 TiB as well.
@@ -1633,6 +1677,29 @@ fn the_address_width_check_follows_the_guest_ram() {
         &["SeaBIOS places it above guest RAM, the BARs packed from the largest one's alignment, at 2050G-4098G, so it needs 43 physical address bits"],
     );
     assert_eq!(qemu("64G", &["--firmware", "bios"]).status.code(), Some(0));
+    // An AMD guest CPU (the host's, under -cpu host): QEMU moves the RAM above 4 GiB to 1 TiB
+    // once the layout reaches the HyperTransport hole, which a 2 TiB window always does, so
+    // 42 bits hold 1026 GiB and not 2046: gpupass, reading the host's vendor, draws that line.
+    std::fs::write(
+        hgx.path().join("proc/cpuinfo"),
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\naddress sizes\t: 42 bits physical, 48 bits virtual\n",
+    )
+    .unwrap();
+    assert_eq!(qemu("1026G", &[]).status.code(), Some(0));
+    fails(
+        &qemu("1027G", &[]),
+        1,
+        &[
+            "QEMU put the RAM above 4 GiB at 1T-2049G: an AMD guest CPU whose layout reaches the HyperTransport hole at 1012G",
+            "--memory 1026G or less",
+        ],
+    );
+    let fits = qemu_start("1026G", "AuthenticAMD");
+    assert!(fits.contains(": vfio ") && !fits.contains("phys-bits"), "{fits}");
+    let over = qemu_start("1027G", "AuthenticAMD");
+    assert!(over.contains("phys-bits too low (42)"), "{over}");
+    let moved = qemu_start("2046G", "AuthenticAMD");
+    assert!(moved.contains("phys-bits too low (42)"), "{moved}");
 }
 
 /// The guest's physical address bits in every output: `qemu-args` sets `-cpu
