@@ -17,8 +17,8 @@
 # QEMU 10.0.2 (TCG, running L1) now and then stops delivering L1's interrupts while L2 runs
 # (L1 halted at `sti; hlt` with its LAPIC timer vector pending and deliverable, for good: 2 of
 # 6 runs on 2026-12-04; docs/lab.md, "The L2 hang: L1's lost interrupt"). Without nested SVM
-# there is no such state to lose; VFIO, the IOMMU and the BARs are the same. SeaBIOS sizes its own 64-bit window and always
-# places the 16 GiB BAR, so this is the positive case only; the failure gpupass's window
+# there is no such state to lose; VFIO, the IOMMU and the BARs are the same. SeaBIOS sizes its
+# own 64-bit window and always places the 16 GiB BAR, so this is the positive case only; the failure gpupass's window
 # prevents needs OVMF, which l2ovmf runs (slow: OVMF cannot run under nested KVM here).
 # docs/lab.md ("l2linux, l2ovmf") has the details and the timings.
 

@@ -6,15 +6,16 @@
 //!   device cdev, the unified cgroup v2 hierarchy only), as current distributions run.
 //!
 //! All scenarios of a leg share one boot (`lab/lab.sh --kernel LEG run SCENARIOS...`); each
-//! `#[test]` then asserts its own scenario's verdict. Every boot (both legs, the cluster lab and
-//! `l2linux` on each leg) starts at the first lab test, as a process of its own (`BOOTS`). The lab fetches its QEMU
-//! and kernels with apt (into its cache;
+//! `#[test]` then asserts its own scenario's verdict. Both legs and the cluster lab start at the
+//! first lab test, each as a process of its own (`BOOTS`); `l2linux`'s boot of each leg starts
+//! when that leg's shared boot has ended (`Boot::after`). The lab fetches its QEMU and kernels with apt (into its cache;
 //! nothing is installed but the build tools) and builds the 6.12 kernel once (~25 min on two
 //! cores, then cached). When that is impossible the tests FAIL with the runner's message: this
 //! tier never passes or skips silently.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
 /// Every scenario the tests below assert on, run in one boot per leg, in this order.
@@ -81,6 +82,9 @@ struct Boot {
     after: Option<&'static str>,
     /// The process once started (or why it could not start).
     child: Mutex<Option<Result<Child, String>>>,
+    /// Set by `spawn`: the boot was started (it may be running, or have ended). Not derivable
+    /// from `child` and `run`: a waiting test has taken the child before `run` is set.
+    spawned: AtomicBool,
     run: OnceLock<LabRun>,
 }
 
@@ -92,6 +96,7 @@ impl Boot {
             scenarios,
             after: None,
             child: Mutex::new(None),
+            spawned: AtomicBool::new(false),
             run: OnceLock::new(),
         }
     }
@@ -110,7 +115,7 @@ impl Boot {
 
     /// Whether the boot was started (it may have ended).
     fn started(&self) -> bool {
-        self.run.get().is_some() || self.child.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.spawned.load(Ordering::SeqCst)
     }
 
     fn log(&self) -> PathBuf {
@@ -122,6 +127,7 @@ impl Boot {
     /// Starts the boot; its output goes to a file, so that a process nobody reads yet never
     /// blocks on a full pipe.
     fn spawn(&self) {
+        self.spawned.store(true, Ordering::SeqCst);
         let log = self.log();
         let child = std::fs::create_dir_all(log.parent().unwrap())
             .and_then(|_| std::fs::File::create(&log))
