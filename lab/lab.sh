@@ -597,8 +597,15 @@ build_initramfs() { # WORK SCENARIOS...
     echo "LAB_HAVE_GPUPASS=$([[ -n $GPUPASS_BIN ]] && echo 1 || echo 0)"
     echo "LAB_KERNEL=$LEG"
     # 6.12: the unified hierarchy only, as current distributions boot;
-    # 6.1: cgroup v1 with the devices controller (the legacy container path).
-    echo "LAB_CGROUP=$([[ $LEG == 6.12 ]] && echo v2 || echo v1)"
+    # 6.1: cgroup v1 with the devices controller (the legacy container path), unless a
+    # scenario of the boot declares "# lab-cgroup: v2" (the cluster lab: kubelet 1.37 refuses
+    # cgroup v1), as Debian 12 itself boots 6.1 (systemd's unified hierarchy).
+    local cg=v1
+    [[ $LEG == 6.12 ]] && cg=v2
+    for s in "$@"; do
+      scenario_decl "$s" cgroup | grep -qx v2 && cg=v2
+    done
+    echo "LAB_CGROUP=$cg"
   } >"$root/lab/config"
   (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --quiet -R 0:0) |
     gzip -1 >"$work/initramfs.cpio.gz"

@@ -336,12 +336,12 @@ cluster_down() {
   fi
 }
 
-# cluster_begin: how every cluster scenario starts: the 6.12 leg (cgroup v2), then the cluster
+# cluster_begin: how every cluster scenario starts: cgroup v2 (either leg), then the cluster
 # (already up when an earlier scenario of the boot brought it up); the scenario ends here when
 # either fails.
 cluster_begin() {
   if [ "$LAB_CGROUP" != v2 ]; then
-    lab_fail leg "the cluster lab runs on the 6.12 leg (cgroup v2): lab/lab.sh --kernel 6.12 run $LAB_SCENARIO"
+    lab_fail leg "the cluster lab needs the unified cgroup hierarchy (kubelet 1.37 refuses v1): declare '# lab-cgroup: v2' in $LAB_SCENARIO.sh"
     exit 1
   fi
   lab_pass leg "kernel $(uname -r), cgroup v2"

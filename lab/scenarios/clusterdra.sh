@@ -3,21 +3,29 @@
 # lab-carry: cluster
 # lab-mem: 2048
 # lab-smp: 2
+# lab-cgroup: v2
+# lab-modules: 9pnet_virtio
+# lab-modules: 9p
 # lab-modules: overlay
 # lab-modules: virtio_net
 # lab-timeout: 900
 # lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
 # lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
 # lab-steps: legacy-opens legacy-metadata legacy-pod-deleted legacy-group-restored
-# lab-steps: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
-# lab-steps: iommufd-group-restored bad-config-event bad-config-untouched
+# lab-steps-6.12: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
+# lab-steps-6.12: iommufd-group-restored
+# lab-steps-6.1: auto-claim-allocated auto-pod-running auto-opens auto-pod-deleted
+# lab-steps-6.1: auto-group-restored require-iommufd-event require-iommufd-untouched
+# lab-steps: bad-config-event bad-config-untouched
 # lab-steps: api-down-said api-back-republished api-back-node-ready
 # lab-steps: crash-plugin-died crash-left-open crash-undone crash-retry-running crash-pod-deleted
 # lab-steps: crash-group-restored
 # lab-steps: checkpoint-empty journal-empty plugin-stop teardown
 #
 # Run alone (lab/lab.sh --kernel 6.12 run clusterdra) or after other cluster scenarios in the
-# same boot. The group is the lab's 00:05.0 (bochs-drm) + 00:05.1 (snd_hda_intel): what a GPU
+# same boot. On the 6.1 leg (lab/lab.sh --kernel 6.1 run clusterdra: the unified cgroup
+# hierarchy, as Debian 12 boots it) the kernel has no iommufd: the plugin's default gives
+# legacy claims, and a claim that requires iommufd is refused before anything is written. The group is the lab's 00:05.0 (bochs-drm) + 00:05.1 (snd_hda_intel): what a GPU
 # with its HDMI audio function is, and what the NVIDIA driver's PassthroughSupport rebinds one
 # function of.
 # shellcheck source=../cluster/guest.sh
@@ -147,8 +155,9 @@ else
 fi
 end_claim legacy dra-legacy
 
-# 2. A template of our own with no config: the plugin's --backend auto, iommufd on 6.12.
-cat > iommufd-template.yaml << EOF
+# 2. A template of our own with no config: the plugin's --backend auto, iommufd on 6.12;
+# legacy on 6.1, whose kernel has no iommufd (one backend for the node: no /dev/iommu, no cdev).
+cat > auto-template.yaml << EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: lab-vga-auto, namespace: default}
@@ -163,17 +172,85 @@ spec:
           - cel:
               expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA" && device.attributes["gpupass.dev"].members == "$VGA,$AUD"
 EOF
-kc apply -f iommufd-template.yaml > /dev/null
-run_claim iommufd dra-iommufd lab-vga-auto
-cdev=$(ls /sys/bus/pci/devices/$VGA/vfio-dev 2> /dev/null)
-if [ -n "$cdev" ] && grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/dra-iommufd.txt" &&
-  grep -qx "open OK /dev/iommu" "$CL_LOG/dra-iommufd.txt" && ! grep -q 'open FAILED' "$CL_LOG/dra-iommufd.txt" &&
-  ! grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-iommufd.txt"; then
-  lab_pass iommufd-opens "/dev/vfio/devices/$cdev and /dev/iommu open, no /dev/vfio/vfio (one backend); drivers $(group_drivers)"
+kc apply -f auto-template.yaml > /dev/null
+if [ "$LAB_KERNEL" = 6.12 ]; then
+  run_claim iommufd dra-iommufd lab-vga-auto
+  cdev=$(ls /sys/bus/pci/devices/$VGA/vfio-dev 2> /dev/null)
+  if [ -n "$cdev" ] && grep -qx "open OK /dev/vfio/devices/$cdev" "$CL_LOG/dra-iommufd.txt" &&
+    grep -qx "open OK /dev/iommu" "$CL_LOG/dra-iommufd.txt" && ! grep -q 'open FAILED' "$CL_LOG/dra-iommufd.txt" &&
+    ! grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-iommufd.txt"; then
+    lab_pass iommufd-opens "/dev/vfio/devices/$cdev and /dev/iommu open, no /dev/vfio/vfio (one backend); drivers $(group_drivers)"
+  else
+    lab_fail iommufd-opens "cdev '$cdev', drivers $(group_drivers): $(tr '\n' ';' < "$CL_LOG/dra-iommufd.txt" | cut -c1-600)"
+  fi
+  end_claim iommufd dra-iommufd
 else
-  lab_fail iommufd-opens "cdev '$cdev', drivers $(group_drivers): $(tr '\n' ';' < "$CL_LOG/dra-iommufd.txt" | cut -c1-600)"
+  run_claim auto dra-auto lab-vga-auto
+  backend=$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath="{.items[*].spec.devices[?(@.name=='$DEV')].attributes.gpupass\.dev/backend.string}")
+  if [ "$backend" = legacy ] && grep -qx "open OK /dev/vfio/$g" "$CL_LOG/dra-auto.txt" && grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-auto.txt" &&
+    ! grep -q 'open FAILED' "$CL_LOG/dra-auto.txt" && ! grep -q '^open OK /dev/iommu' "$CL_LOG/dra-auto.txt" &&
+    ! grep -q '^open OK /dev/vfio/devices/' "$CL_LOG/dra-auto.txt"; then
+    lab_pass auto-opens "kernel $(uname -r): the slice says backend $backend; /dev/vfio/$g and /dev/vfio/vfio open, no /dev/iommu, no cdev; drivers $(group_drivers)"
+  else
+    lab_fail auto-opens "slice backend '$backend', drivers $(group_drivers): $(tr '\n' ';' < "$CL_LOG/dra-auto.txt" | cut -c1-600)"
+  fi
+  end_claim auto dra-auto
+  # 2b. require-iommufd on this kernel: Prepare refuses before the first write, with the
+  # kernel's reason in the Pod's events; the group never leaves its drivers (sampled every 2 s
+  # while the kubelet retries) and the journal holds nothing.
+  cat > iommufd-template.yaml << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: lab-vga-iommufd, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
+      config:
+      - requests: ["vfio"]
+        opaque:
+          driver: $DRIVER
+          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: require-iommufd}
+EOF
+  kc apply -f iommufd-template.yaml > /dev/null
+  t=$(cl_t)
+  pod dra-require lab-vga-iommufd
+  ev() { kc get events --field-selector involvedObject.name=dra-require -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2> /dev/null; }
+  seen="" i=0
+  while [ $i -lt 150 ] && ! ev | grep -q 'require-iommufd'; do
+    seen="$seen $(group_drivers | tr ' ' '+')"
+    sleep 2
+    i=$((i + 1))
+  done
+  if ev | grep -q 'require-iommufd'; then
+    lab_pass require-iommufd-event "after $(cl_since "$t") s: $(ev | grep 'require-iommufd' | head -1 | cut -c1-400)"
+  else
+    lab_fail require-iommufd-event "$(ev | tr '\n' ';' | cut -c1-600)"
+  fi
+  # The kubelet's retries go on: sample them for 10 s more.
+  i=0
+  while [ $i -lt 5 ]; do
+    seen="$seen $(group_drivers | tr ' ' '+')"
+    sleep 2
+    i=$((i + 1))
+  done
+  moved=$(echo "$seen" | tr ' ' '\n' | grep -v '^$' | grep -cvx "$before_vga+$before_aud")
+  uid=$(kc get resourceclaim "$(claim_of dra-require)" -o jsonpath='{.metadata.uid}')
+  gpupass recover --dry-run > "$CL_LOG/require-recover.txt" 2>&1
+  if [ "$moved" = 0 ] && [ "$(group_drivers)" = "$before_vga $before_aud" ] && grep -q 'nothing to recover' "$CL_LOG/require-recover.txt" &&
+    [ -n "$uid" ] && ! grep -q "$uid" "$PDIR/checkpoint.json" 2> /dev/null; then
+    lab_pass require-iommufd-untouched "$(echo "$seen" | wc -w) samples of the group's drivers while the kubelet retried, all '$before_vga $before_aud'; claim $uid not in the checkpoint; journal: $(head -1 "$CL_LOG/require-recover.txt")"
+  else
+    lab_fail require-iommufd-untouched "uid '$uid'; drivers sampled:$seen; now $(group_drivers); recover: $(tr '\n' ' ' < "$CL_LOG/require-recover.txt" | cut -c1-200)"
+  fi
+  kc delete pod dra-require --wait=true --timeout=300s > /dev/null 2>&1
 fi
-end_claim iommufd dra-iommufd
 
 # 3. A claim whose opaque config has a value gpupass does not know: Prepare refuses with the
 # reason, the kubelet reports it in the Pod's events, the group is not touched.

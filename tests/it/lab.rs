@@ -8,7 +8,8 @@
 //! All scenarios of a leg share one boot (`lab/lab.sh --kernel LEG run SCENARIOS...`); each
 //! `#[test]` then asserts its own scenario's verdict. Both legs and the cluster lab start at the
 //! first lab test, each as a process of its own (`BOOTS`); `l2linux`'s boot of each leg starts
-//! when that leg's shared boot has ended (`Boot::after`). The lab fetches its QEMU and kernels with apt (into its cache;
+//! when that leg's shared boot has ended, and the 6.1 cluster boot when the 6.12 one has
+//! (`Boot::after`). The lab fetches its QEMU and kernels with apt (into its cache;
 //! nothing is installed but the build tools) and builds the 6.12 kernel once (~25 min on two
 //! cores, then cached). When that is impossible the tests FAIL with the runner's message: this
 //! tier never passes or skips silently.
@@ -190,18 +191,26 @@ const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clu
 /// second vCPU lost its timer interrupt for good on 2026-12-04: docs/lab.md).
 const L2_SCENARIOS: &[&str] = &["l2linux"];
 
+/// The DRA plugin on the 6.1 kernel (docs/dra.md, "Legacy-only nodes"): Debian 12's kernel,
+/// booted with the unified cgroup hierarchy as Debian boots it (kubelet 1.37 refuses v1), no
+/// iommufd: claims get the legacy container, a `require-iommufd` claim is refused before any
+/// write. A boot of its own, started when the 6.12 cluster boot has ended (one cluster, two
+/// vCPUs, at a time).
+const CLUSTER_6_1_SCENARIOS: &[&str] = &["clusterdra"];
+
 /// Every boot the tests assert on. All are started at the first lab test, as processes: a test
 /// waiting for one holds a test thread, and with two threads (two cores) waiting in turn the
 /// boots would run one after another (the cluster's tests sort first and would hold both
 /// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
 /// 6.1 leg runs at once (Debian's kernel); the 6.12 leg and the cluster wait for the 6.12
 /// kernel (lab/lab.sh takes the cache's lock) and then run side by side.
-static BOOTS: [Boot; 5] = [
+static BOOTS: [Boot; 6] = [
     Boot::new("6.1", "6.1", SCENARIOS),
     Boot::new("6.12", "6.12", SCENARIOS),
     Boot::new("cluster-6.12", "6.12", CLUSTER_SCENARIOS),
     Boot::after("l2-6.1", "6.1", L2_SCENARIOS, "6.1"),
     Boot::after("l2-6.12", "6.12", L2_SCENARIOS, "6.12"),
+    Boot::after("cluster-6.1", "6.1", CLUSTER_6_1_SCENARIOS, "cluster-6.12"),
 ];
 
 /// Starts every boot that a selected test asserts on (all of them under a plain `cargo test`).
@@ -621,6 +630,20 @@ mod cluster_6_12 {
     #[test]
     fn clusterdra() {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
+    }
+}
+
+/// The cluster lab on the 6.1 kernel: `clusterdra` where the kernel has no iommufd.
+mod cluster_6_1 {
+    use super::*;
+
+    /// gpupass dra-plugin on a legacy-only node: the same real kubelet, scheduler and API
+    /// server; the default claim gets the legacy container (the slices say `backend: legacy`),
+    /// a `require-iommufd` claim fails its Prepare with the kernel's reason and never moves
+    /// the group.
+    #[test]
+    fn clusterdra() {
+        assert_scenario(lab_boot("cluster-6.1").run(), "6.1 (cluster)", "clusterdra");
     }
 }
 

@@ -489,6 +489,24 @@ pub fn metadata_container_path(driver: &str, checked: &Checked, request: &str) -
     }
 }
 
+/// Before anything is written: a `require-iommufd` claim on a node whose kernel cannot serve
+/// iommufd at all (no `/dev/iommu`, no VFIO device cdev: 6.1, or a kernel built without them)
+/// is refused now, with the kernel's reason. What depends on the bind itself (a function's
+/// cdev, its group's viability) is judged after it, by [`choose_backend`].
+pub fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimError> {
+    if checked.policy != BackendPolicy::RequireIommufd {
+        return Ok(());
+    }
+    match (backend::iommufd_ready(inv), checked.devices.first()) {
+        (Err(why), Some(d)) => Err(ClaimError::IommufdRequired {
+            claim: claim_label(&checked.claim),
+            address: d.lead,
+            reason: why.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The backend of the whole claim, from the inventory read after the bind.
 pub fn choose_backend(inv: &Inventory, checked: &Checked) -> Result<Backend, ClaimError> {
     let label = claim_label(&checked.claim);

@@ -186,6 +186,7 @@ impl<'a> Engine<'a> {
         let inv = self.scan()?;
         let offered = slices::publishable(&inv);
         let checked = claim::check(c, &obj, &self.me, &offered, self.default)?;
+        claim::precheck_backend(&inv, &checked)?;
         for d in &checked.devices {
             if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
                 return Err(PrepareError::Held {
@@ -677,6 +678,43 @@ mod tests {
             .join("dra-device-metadata/default_gpu")
             .exists());
         assert!(restarted.checkpoint().claims.is_empty());
+    }
+
+    /// A `require-iommufd` claim on a node whose kernel has no iommufd (this 6.1 host: no
+    /// `/dev/iommu`, no VFIO device cdev) is refused before the first write, with the
+    /// kernel's reason: no journal record, no checkpoint entry, the group on its drivers, and
+    /// every kubelet retry refused the same way without binding and rolling back.
+    #[test]
+    fn require_iommufd_on_a_kernel_without_it_is_refused_before_any_write() {
+        let (_t, root, claims) = lab_claim();
+        let c = serde_json::json!({
+            "metadata": {"name": "gpu", "namespace": "default", "uid": "u1"},
+            "status": {"allocation": {
+                "devices": {
+                    "results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}],
+                    "config": [{"source": "FromClaim", "requests": ["vfio"], "opaque": {"driver": DRIVER, "parameters": {
+                        "apiVersion": claim::CONFIG_API_VERSION, "kind": claim::CONFIG_KIND, "backendPolicy": "require-iommufd"}}}]
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+            }}
+        });
+        std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+        let before = state(&root);
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let mut e = engine(&ops, &claims);
+        for attempt in 0..2 {
+            let err = e.prepare(&gpu_claim()).unwrap_err();
+            let msg = crate::model::ErrorChain(&err).to_string();
+            assert!(msg.contains("require-iommufd"), "attempt {attempt}: {msg}");
+            assert!(msg.contains("0000:00:05.0"), "attempt {attempt}: {msg}");
+            assert!(
+                msg.contains("use prefer-iommufd or legacy"),
+                "attempt {attempt}: {msg}"
+            );
+            assert_eq!(state(&root), before, "attempt {attempt}");
+            assert_eq!(journal(&root), "", "attempt {attempt}: nothing journaled");
+            assert!(e.checkpoint().claims.is_empty(), "attempt {attempt}");
+        }
     }
 
     /// A prepared claim does not change what the node offers: the slices rendered from the
