@@ -187,6 +187,19 @@ fn resolve_type<'a>(
 }
 
 impl MdevCommand {
+    /// Whether the subcommand only prints its plan (`--dry-run`).
+    fn dry_run(&self) -> bool {
+        match self {
+            MdevCommand::Types { .. } | MdevCommand::List { .. } => false,
+            MdevCommand::Create { dry_run, .. }
+            | MdevCommand::Remove { dry_run, .. }
+            | MdevCommand::Define { dry_run, .. }
+            | MdevCommand::Undefine { dry_run, .. }
+            | MdevCommand::Start { dry_run, .. }
+            | MdevCommand::Stop { dry_run, .. } => *dry_run,
+        }
+    }
+
     /// The subcommand as the user typed it, for messages (`mdev create`).
     fn name(&self) -> &'static str {
         match self {
@@ -215,6 +228,13 @@ pub fn after_change(ops: &dyn HostOps) {
     }
 }
 
+/// The session a change took in [`exec`].
+fn locked<'s, 'a>(session: &'s mut Option<crate::change::Session<'a>>) -> &'s mut crate::change::Session<'a> {
+    session
+        .as_mut()
+        .expect("a change that is not a dry run holds the lock")
+}
+
 /// Run one `gpupass mdev` subcommand. The read subcommands work from `--from-json` too; the
 /// others change the host and pass the live-host guard first.
 pub fn run(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
@@ -234,6 +254,19 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
     if mutating {
         ctx.live(name)?;
     }
+    // A change takes the one lock before it reads anything: the parent's available instances,
+    // the active instances, the definitions and the open files it plans from cannot change
+    // under it (two `define`s of one UUID, or two creates on the last free instance, are
+    // serialized, and the second is planned from what the first left). Released before the
+    // CDI refresh, which is a plan of its own. A dry run reads without it.
+    let mut session = if mutating && !cmd.dry_run() {
+        Some(crate::change::Session::lock(
+            ctx.live(name)?,
+            crate::change::journal::lock_timeout(),
+        )?)
+    } else {
+        None
+    };
     // A change reads only what mdev plans and checks look at; `types` and `list` read all.
     let inv = if mutating {
         use crate::inventory::MdevScope;
@@ -328,8 +361,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 print_plan(out, json, &plan)?;
                 return Ok(Exit::SUCCESS);
             }
-            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            crate::mdev::plan::execute_in(locked(&mut session), &plan)?;
             tracing::debug!("applied");
+            drop(session.take());
             after_change(ctx.live(name)?);
             tracing::debug!("CDI refresh done");
             if json {
@@ -361,8 +395,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 print_plan(out, json, &plan)?;
                 return Ok(Exit::SUCCESS);
             }
-            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            crate::mdev::plan::execute_in(locked(&mut session), &plan)?;
             tracing::debug!("applied");
+            drop(session.take());
             after_change(ctx.live(name)?);
             tracing::debug!("CDI refresh done");
             let name = match &instance {
@@ -461,7 +496,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 print_plan(out, json, &plan)?;
                 return Ok(Exit::SUCCESS);
             }
-            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            crate::mdev::plan::execute_in(locked(&mut session), &plan)?;
             if json {
                 json_out(out, &json!({ "defined": d }))?;
             } else {
@@ -481,7 +516,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 print_plan(out, json, &plan)?;
                 return Ok(Exit::SUCCESS);
             }
-            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            crate::mdev::plan::execute_in(locked(&mut session), &plan)?;
             if json {
                 json_out(out, &json!({ "undefined": d }))?;
             } else {
@@ -517,7 +552,6 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
             };
             let mut started = Vec::new();
             let mut failed = Vec::new();
-            let host_ops = ctx.live(name)?;
             let mut plans = Vec::new();
             for d in &todo {
                 let r = (|| {
@@ -532,7 +566,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                         plans.push(plan);
                         return Ok(());
                     }
-                    crate::mdev::plan::execute(host_ops, &plan)
+                    crate::mdev::plan::execute_in(locked(&mut session), &plan)
                 })();
                 match r {
                     Ok(_) => started.push(d.clone()),
@@ -560,6 +594,7 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 return Ok(Exit::failure_if(!failed.is_empty()));
             }
             if !started.is_empty() {
+                drop(session.take());
                 after_change(ctx.live(name)?);
             }
             if json {
@@ -591,8 +626,9 @@ fn exec(ctx: &Ctx, cmd: MdevCommand, json: bool, out: &mut dyn Write) -> Result<
                 print_plan(out, json, &plan)?;
                 return Ok(Exit::SUCCESS);
             }
-            crate::mdev::plan::execute(ctx.live(name)?, &plan)?;
+            crate::mdev::plan::execute_in(locked(&mut session), &plan)?;
             tracing::debug!("applied");
+            drop(session.take());
             after_change(ctx.live(name)?);
             tracing::debug!("CDI refresh done");
             if json {

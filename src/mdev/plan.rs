@@ -132,6 +132,16 @@ pub fn execute(ops: &dyn HostOps, plan: &MdevPlan) -> Result<(), MdevError> {
     }
 }
 
+/// [`execute`] in a session that holds the lock already: the command read the host and made
+/// `plan` under it, so no other gpupass changed what the plan was made from in between.
+pub fn execute_in(session: &mut crate::change::Session<'_>, plan: &MdevPlan) -> Result<(), MdevError> {
+    let host = session.ops().root().clone();
+    session
+        .apply(plan)
+        .map(|_| ())
+        .map_err(|e| mdev_error(&host, plan, e))
+}
+
 /// The engine's error in the words the mdev commands have always used.
 pub fn mdev_error(host: &HostRoot, plan: &MdevPlan, e: ChangeError) -> MdevError {
     match e {

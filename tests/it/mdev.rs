@@ -959,3 +959,39 @@ fn mdev_dry_run_prints_the_steps_and_changes_nothing() {
     );
     assert!(r.join("sys/bus/mdev/devices").join(u).exists());
 }
+
+/// A change reads the host under the one lock: `mdev define -u U` started while another
+/// gpupass holds the lock waits, and when U was defined meanwhile (by the lock's holder) it
+/// refuses with "already defined" and leaves that definition as it is; it does not plan
+/// from what it would have read before the wait and overwrite it.
+#[test]
+fn an_mdev_change_plans_from_the_host_as_it_is_once_the_lock_is_held() {
+    let t = scratch_host("mdev-lab");
+    let r = t.path();
+    let u = "0b5b6c1e-7d2a-4f3e-9a8b-1c2d3e4f5a6b";
+    let host = gpupass::host::HostRoot::new(r);
+    let lock = gpupass::change::journal::lock(&host, std::time::Duration::ZERO).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_gpupass"))
+        .arg("--root")
+        .arg(r)
+        .args(["mdev", "define", "-p", "mdpy", "-t", "mdpy-vga", "-u", u])
+        .env_remove("GPUPASS_ROOT")
+        .env("GPUPASS_FAKE_KERNEL", "1")
+        .env("GPUPASS_LOCK_TIMEOUT", "30")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until it says it waits, it has not read the definitions: it waits before any read.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let theirs = "{\n  \"mdev_type\": \"mdpy-xga\",\n  \"start\": \"manual\",\n  \"attrs\": []\n}";
+    std::fs::create_dir_all(r.join("etc/mdevctl.d/mdpy")).unwrap();
+    std::fs::write(r.join(format!("etc/mdevctl.d/mdpy/{u}")), theirs).unwrap();
+    drop(lock);
+    let o = child.wait_with_output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("waiting for another gpupass"), "{e}");
+    assert!(e.contains("already defined"), "{e}");
+    assert_eq!(read(r, &format!("etc/mdevctl.d/mdpy/{u}")), theirs);
+}
