@@ -137,28 +137,20 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
         }
     }
     writeln!(out, "mdev definitions with start=auto:")?;
-    if dry_run {
-        let (defs, _) = crate::mdev::defs::read_all(host);
-        for d in defs
-            .iter()
-            .filter(|d| d.start == crate::mdev::defs::StartMode::Auto)
-        {
-            writeln!(out, "  would start {} ({} on {})", d.uuid, d.mdev_type, d.parent)?;
-        }
-    } else {
-        let cmd = super::mdev::MdevCommand::Start {
-            uuid: None,
-            parent: None,
-            auto_all: true,
-            dry_run: false,
-        };
-        match super::mdev::run_plain(ctx, cmd, out) {
-            Ok(Exit::SUCCESS) => {}
-            Ok(_) => failed = true,
-            Err(e) => {
-                messages::error("gpupass startup", &e);
-                failed = true;
-            }
+    // `mdev start --auto-all`, its plans printed with --dry-run (the exact writes and checks
+    // of each definition, as the binds above print theirs).
+    let cmd = super::mdev::MdevCommand::Start {
+        uuid: None,
+        parent: None,
+        auto_all: true,
+        dry_run,
+    };
+    match super::mdev::run_plain(ctx, cmd, out) {
+        Ok(Exit::SUCCESS) => {}
+        Ok(_) => failed = true,
+        Err(e) => {
+            messages::error("gpupass startup", &e);
+            failed = true;
         }
     }
     Ok(Exit::failure_if(failed))
