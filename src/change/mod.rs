@@ -296,20 +296,9 @@ impl Object {
     }
 }
 
-/// The logical path of an mdev type's `create` on `parent`.
-pub fn mdev_create_path(parent: &str, ty: &str) -> String {
-    format!("/sys/class/mdev_bus/{parent}/mdev_supported_types/{ty}/create")
-}
-
-/// The logical path of an mdev instance.
-pub fn mdev_instance_path(uuid: &str) -> String {
-    format!("/sys/bus/mdev/devices/{uuid}")
-}
-
-/// The logical path of a VF's vGPU type.
-pub fn vgpu_type_path(vf: &PciAddress) -> String {
-    format!("/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type")
-}
+/// The logical paths of the mdev and vGPU steps, built where every host path is
+/// ([`crate::host::logical`]).
+pub use crate::host::logical::{mdev_create_path, mdev_instance_path, vgpu_type_path};
 
 /// One domain's share of a plan: what it is for people, the objects it changes and the
 /// ordered steps that change them.

@@ -10,8 +10,9 @@
 
 pub mod ops;
 
-/// Host paths as the kernel names them, before the root: what a bind plan records, prints in
-/// `--dry-run` and journals (`HostRoot::path` maps one under the root when it is written).
+/// Host paths as the kernel names them, before the root: what a change plan (bind, unbind,
+/// mdev, vGPU type) records, prints in `--dry-run` and journals (`HostRoot::path` maps one
+/// under the root when it is written).
 pub mod logical {
     use crate::model::PciAddress;
 
@@ -27,6 +28,21 @@ pub mod logical {
 
     pub fn unbind_path(driver: &str) -> String {
         format!("/sys/bus/pci/drivers/{driver}/unbind")
+    }
+
+    /// An mdev type's `create` on `parent`.
+    pub fn mdev_create_path(parent: &str, ty: &str) -> String {
+        format!("/sys/class/mdev_bus/{parent}/mdev_supported_types/{ty}/create")
+    }
+
+    /// An mdev instance's directory.
+    pub fn mdev_instance_path(uuid: &str) -> String {
+        format!("/sys/bus/mdev/devices/{uuid}")
+    }
+
+    /// A VF's vGPU type (NVIDIA vendor-specific VFIO).
+    pub fn vgpu_type_path(vf: &PciAddress) -> String {
+        format!("/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type")
     }
 }
 pub mod uevents;

@@ -1,9 +1,9 @@
 //! Changing the host: the one small trait every write goes through.
 //!
-//! [`RealHost`] writes sysfs files and runs `modprobe`. The command context chooses the host
-//! operations once per process (`cli::ctx::host_ops_for_process`: the real host, or in a
-//! `testkit` build the test kit's) and passes them to every command that changes the host;
-//! this module does not know the test kit.
+//! [`RealHost`] writes sysfs files and runs `modprobe`. The command context (`cli::ctx`)
+//! chooses the host operations once per process (the real host, or in a `testkit` build the
+//! test kit's) and passes them to every command that changes the host; this module does not
+//! know the test kit.
 //!
 //! The test machinery (the test kit) is compiled only with the `testkit` cargo
 //! feature (on for `cargo test` and the QEMU lab's guest binary, never for `cargo build
