@@ -377,6 +377,18 @@ impl Widths {
             (None, g) => g,
         }
     }
+
+    /// Why the guest's address bits are limited to `limit`, for the notes.
+    pub fn limit_reason(&self, limit: u32) -> String {
+        match (self.phys_bits, self.iommu) {
+            (Some(p), _) if p == limit => "--phys-bits".to_string(),
+            (_, Some(i)) if i == limit => format!(
+                "this host's IOMMU translates {i} bits{}",
+                self.cpu.map(|c| format!(", its CPU has {c}")).unwrap_or_default()
+            ),
+            _ => "--phys-bits".to_string(),
+        }
+    }
 }
 
 /// The limit on the guest CPU's physical address bits that the outputs set

@@ -471,6 +471,25 @@ impl<'a> FromPlan<'a> {
             cliques: &plan.cliques,
         }
     }
+
+    /// The `pcie-expander-bus`es, one per host node, when the devices span several.
+    fn expanders(&self) -> Option<&'a crate::output::layout::Expanders> {
+        match self.numa {
+            GuestNuma::Expanders(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The guest's NUMA cells (empty: one flat node).
+    fn cells(&self) -> &'a [crate::output::layout::Cell] {
+        self.expanders().map_or(&[], |x| x.cells.as_slice())
+    }
+
+    /// The controller index of target `i`'s root port: the expanders first (1..=k), then one
+    /// root port per target.
+    fn port_index(&self, i: usize) -> usize {
+        self.expanders().map_or(0, |x| x.nodes.len()) + i + 1
+    }
 }
 
 /// `<maxphysaddr mode='passthrough'/>`, with `limit` (libvirt 9.3+).
@@ -502,343 +521,395 @@ pub fn domain(sel: &Selection, spec: &DomainSpec, plan: &VmPlan) -> Result<Strin
     let lay = FromPlan::new(spec, plan);
     let mut w = new_writer();
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-    let uses_display = spec.hostdev.display && sel.mdevs().any(|m| m.display_capable());
-    let expanders = match &lay.numa {
-        GuestNuma::Expanders(x) => Some(x),
-        _ => None,
-    };
-    let cells: &[crate::output::layout::Cell] = expanders.map_or(&[], |x| x.cells.as_slice());
-    // Controller indices: the expanders first (1..=k), then one root port per target.
-    let pxbs = expanders.map_or(0, |x| x.nodes.len());
-    let port_index = |i: usize| pxbs + i + 1;
-    let mut root = w.create_element("domain").with_attribute(("type", "kvm"));
     // OVMF's aperture goes on QEMU's command line: libvirt's QEMU driver refuses `opt/ovmf/`
     // names in `<sysinfo type='fwcfg'>` ("That firmware name is reserved", libvirt 9.0).
     let fw_cfg = match (&lay.hole64, spec.firmware) {
         (Some(h), Firmware::Efi) => Some(format!("name=opt/ovmf/X-PciMmio64Mb,string={}", h.window >> 20)),
         _ => None,
     };
+    let mut root = w.create_element("domain").with_attribute(("type", "kvm"));
     if !lay.cliques.is_empty() || fw_cfg.is_some() {
         root = root.with_attribute(("xmlns:qemu", QEMU_NS));
     }
-    let mut aliases: Vec<(String, u8)> = Vec::new();
     root.write_inner_content(|w| {
         text_element(w, "name", &[], &spec.name)?;
-        text_element(w, "memory", &[("unit", "KiB")], &spec.memory_kib.to_string())?;
-        text_element(
-            w,
-            "currentMemory",
-            &[("unit", "KiB")],
-            &spec.memory_kib.to_string(),
-        )?;
-        if spec.locked || lay.hugepages.kib().is_some() {
-            w.create_element("memoryBacking").write_inner_content(|w| {
-                if let Some(kib) = lay.hugepages.kib() {
-                    w.create_element("hugepages").write_inner_content(|w| {
-                        empty(w, "page", &[("size", &kib.to_string()), ("unit", "KiB")])
-                    })?;
-                }
-                if spec.locked {
-                    empty(w, "locked", &[])?;
-                }
-                Ok(())
-            })?;
-        }
-        if let Some(kib) = lay.memtune_kib {
-            w.create_element("memtune").write_inner_content(|w| {
-                text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string())
-            })?;
-        }
-        match &lay.numa {
-            GuestNuma::Pinned { cpus: Some(cpus), .. } => text_element(
-                w,
-                "vcpu",
-                &[("placement", "static"), ("cpuset", cpus)],
-                &spec.vcpus.to_string(),
-            )?,
-            _ => text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?,
-        }
-        if cells.iter().any(|c| c.host_cpus.is_some()) {
-            // Each vCPU on the CPUs of its cell's host node.
-            w.create_element("cputune").write_inner_content(|w| {
-                for c in cells {
-                    if let Some(cpus) = &c.host_cpus {
-                        for v in c.vcpus.0..=c.vcpus.1 {
-                            empty(w, "vcpupin", &[("vcpu", &v.to_string()), ("cpuset", cpus)])?;
-                        }
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        match &lay.numa {
-            GuestNuma::Pinned { node, .. } => {
-                w.create_element("numatune").write_inner_content(|w| {
-                    empty(w, "memory", &[("mode", "strict"), ("nodeset", &node.to_string())])
-                })?;
-            }
-            GuestNuma::Expanders(x) if !cells.is_empty() => {
-                let all = x
-                    .nodes
-                    .iter()
-                    .map(|n| n.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                w.create_element("numatune").write_inner_content(|w| {
-                    empty(w, "memory", &[("mode", "strict"), ("nodeset", &all)])?;
-                    for (i, c) in cells.iter().enumerate() {
-                        empty(
-                            w,
-                            "memnode",
-                            &[
-                                ("cellid", &i.to_string()),
-                                ("mode", "strict"),
-                                ("nodeset", &c.host_node.to_string()),
-                            ],
-                        )?;
-                    }
-                    Ok(())
-                })?;
-            }
-            _ => {}
-        }
+        write_memory(w, spec, &lay)?;
+        write_placement(w, spec, &lay)?;
         if spec.iommufd_domain {
             empty(w, "iommufd", &[("enabled", "yes")])?;
         }
-        let mut os = w.create_element("os");
-        if spec.firmware == Firmware::Efi {
-            os = os.with_attribute(("firmware", "efi"));
-        }
-        os.write_inner_content(|w| {
-            text_element(w, "type", &[("arch", "x86_64"), ("machine", "q35")], "hvm")?;
-            empty(w, "boot", &[("dev", "hd")])
-        })?;
-        w.create_element("features").write_inner_content(|w| {
-            empty(w, "acpi", &[])?;
-            empty(w, "apic", &[])?;
-            if spec.viommu {
-                // Interrupt remapping in the vIOMMU needs the split (QEMU) I/O APIC.
-                empty(w, "ioapic", &[("driver", "qemu")])?;
-            }
-            Ok(())
-        })?;
-        let cpu = w
-            .create_element("cpu")
-            .with_attribute(("mode", "host-passthrough"))
-            .with_attribute(("check", "none"));
-        if lay.maxphysaddr.is_some() || !cells.is_empty() {
-            cpu.write_inner_content(|w| {
-                if let Some(m) = &lay.maxphysaddr {
-                    // The window lies above RAM: the guest's address width must reach its end,
-                    // and stay within the IOMMU's.
-                    let limit = m.limit.map(|n| n.to_string());
-                    match &limit {
-                        Some(n) => empty(
-                            w,
-                            "maxphysaddr",
-                            &[("mode", "passthrough"), ("limit", n.as_str())],
-                        )?,
-                        None => empty(w, "maxphysaddr", &[("mode", "passthrough")])?,
-                    }
-                }
-                if !cells.is_empty() {
-                    w.create_element("numa").write_inner_content(|w| {
-                        for (i, c) in cells.iter().enumerate() {
-                            empty(
-                                w,
-                                "cell",
-                                &[
-                                    ("id", &i.to_string()),
-                                    ("cpus", &c.vcpu_list()),
-                                    ("memory", &c.memory_kib.to_string()),
-                                    ("unit", "KiB"),
-                                ],
-                            )?;
-                        }
-                        Ok(())
-                    })?;
-                }
-                Ok(())
-            })?;
-        } else {
-            cpu.write_empty()?;
-        }
+        write_os_features(w, spec)?;
+        write_cpu(w, &lay)?;
         empty(w, "clock", &[("offset", "utc")])?;
         text_element(w, "on_poweroff", &[], "destroy")?;
         text_element(w, "on_reboot", &[], "restart")?;
         text_element(w, "on_crash", &[], "destroy")?;
+        let mut aliases = Vec::new();
         w.create_element("devices").write_inner_content(|w| {
-            let root = w
-                .create_element("controller")
-                .with_attribute(("type", "pci"))
-                .with_attribute(("index", "0"))
-                .with_attribute(("model", "pcie-root"));
-            match &lay.hole64 {
-                Some(h) => {
-                    root.write_inner_content(|w| {
-                        text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
-                    })?;
-                }
-                None => {
-                    root.write_empty()?;
-                }
+            aliases = write_devices(w, sel, spec, &lay)?;
+            Ok(())
+        })?;
+        write_qemu_namespace(w, fw_cfg.as_deref(), &aliases)
+    })?;
+    Ok(finish(w))
+}
+
+/// `<memory>`, `<currentMemory>`, `<memoryBacking>` (hugepages, locked) and `<memtune>`.
+fn write_memory(w: &mut W, spec: &DomainSpec, lay: &FromPlan) -> io::Result<()> {
+    text_element(w, "memory", &[("unit", "KiB")], &spec.memory_kib.to_string())?;
+    text_element(
+        w,
+        "currentMemory",
+        &[("unit", "KiB")],
+        &spec.memory_kib.to_string(),
+    )?;
+    if spec.locked || lay.hugepages.kib().is_some() {
+        w.create_element("memoryBacking").write_inner_content(|w| {
+            if let Some(kib) = lay.hugepages.kib() {
+                w.create_element("hugepages").write_inner_content(|w| {
+                    empty(w, "page", &[("size", &kib.to_string()), ("unit", "KiB")])
+                })?;
             }
-            if let Some(x) = expanders {
-                // One pcie-expander-bus per host node; libvirt picks each one's busNr.
-                for i in 0..x.nodes.len() {
-                    let c = w.create_element("controller").with_attributes([
-                        ("type", "pci"),
-                        ("index", (i + 1).to_string().as_str()),
-                        ("model", "pcie-expander-bus"),
-                    ]);
-                    if cells.is_empty() {
-                        c.write_empty()?;
-                    } else {
-                        c.write_inner_content(|w| {
-                            w.create_element("target")
-                                .write_inner_content(|w| text_element(w, "node", &[], &i.to_string()))?;
-                            Ok(())
-                        })?;
-                    }
-                }
-            }
-            let mut on_pxb = vec![0usize; pxbs];
-            for i in 0..sel.targets.len() {
-                let idx = port_index(i).to_string();
-                let attrs = [
-                    ("type", "pci"),
-                    ("index", idx.as_str()),
-                    ("model", "pcie-root-port"),
-                ];
-                match expanders.and_then(|x| x.target_node[i]) {
-                    Some(n) => {
-                        // Behind the expander of its node, one port per slot.
-                        let slot = on_pxb[n];
-                        on_pxb[n] += 1;
-                        w.create_element("controller")
-                            .with_attributes(attrs)
-                            .write_inner_content(|w| {
-                                empty(
-                                    w,
-                                    "address",
-                                    &[
-                                        ("type", "pci"),
-                                        ("domain", "0x0000"),
-                                        ("bus", &format!("{:#04x}", n + 1)),
-                                        ("slot", &format!("{slot:#04x}")),
-                                        ("function", "0x0"),
-                                    ],
-                                )
-                            })?;
-                    }
-                    None => empty(w, "controller", &attrs)?,
-                }
-            }
-            if let Some(path) = &spec.disk {
-                let fmt = if path.ends_with(".qcow2") { "qcow2" } else { "raw" };
-                w.create_element("disk")
-                    .with_attribute(("type", "file"))
-                    .with_attribute(("device", "disk"))
-                    .write_inner_content(|w| {
-                        empty(w, "driver", &[("name", "qemu"), ("type", fmt)])?;
-                        empty(w, "source", &[("file", path)])?;
-                        empty(w, "target", &[("dev", "vda"), ("bus", "virtio")])
-                    })?;
-            }
-            let mut n = 0;
-            for (i, t) in sel.targets.iter().enumerate() {
-                // Root port i provides guest bus port_index(i); bus numbers past 0xff cannot exist.
-                let bus =
-                    u8::try_from(port_index(i)).map_err(|_| io::Error::other("more than 255 guest slots"))?;
-                match t {
-                    Target::Slot(g) => {
-                        for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
-                            n += 1;
-                            let clique = lay.cliques.iter().find(|(a, _)| *a == f.device.address);
-                            let alias = clique.map(|(_, c)| {
-                                // User aliases start with "ua-"; QEMU's device id is the alias.
-                                let a = format!("ua-gpupass-hostdev{n}");
-                                aliases.push((a.clone(), *c));
-                                a
-                            });
-                            write_pci_hostdev(
-                                w,
-                                &f.device.address,
-                                f.requested,
-                                &spec.hostdev,
-                                Some(ga),
-                                alias.as_deref(),
-                            )?;
-                        }
-                    }
-                    Target::Mdev(m) => {
-                        let ga = GuestPci {
-                            domain: 0,
-                            bus,
-                            slot: 0,
-                            function: 0,
-                            multifunction: false,
-                        };
-                        write_mdev_hostdev(w, m, &spec.hostdev, Some(ga))?;
-                    }
-                }
-            }
-            if uses_display {
-                // display='on' needs a graphics device; the vGPU is the guest's display.
-                w.create_element("graphics")
-                    .with_attribute(("type", "vnc"))
-                    .with_attribute(("autoport", "yes"))
-                    .write_inner_content(|w| {
-                        empty(w, "listen", &[("type", "address"), ("address", "127.0.0.1")])
-                    })?;
-                w.create_element("video")
-                    .write_inner_content(|w| empty(w, "model", &[("type", "none")]))?;
-            }
-            w.create_element("console")
-                .with_attribute(("type", "pty"))
-                .write_inner_content(|w| empty(w, "target", &[("type", "serial"), ("port", "0")]))?;
-            // Guest RAM is pinned for VFIO DMA: a balloon cannot give any of it back.
-            empty(w, "memballoon", &[("model", "none")])?;
-            if spec.viommu {
-                w.create_element("iommu")
-                    .with_attribute(("model", "intel"))
-                    .write_inner_content(|w| {
-                        empty(w, "driver", &[("intremap", "on"), ("caching_mode", "on")])
-                    })?;
+            if spec.locked {
+                empty(w, "locked", &[])?;
             }
             Ok(())
         })?;
-        if let Some(v) = &fw_cfg {
-            w.create_element("qemu:commandline").write_inner_content(|w| {
-                empty(w, "qemu:arg", &[("value", "-fw_cfg")])?;
-                empty(w, "qemu:arg", &[("value", v)])
+    }
+    if let Some(kib) = lay.memtune_kib {
+        w.create_element("memtune")
+            .write_inner_content(|w| text_element(w, "hard_limit", &[("unit", "KiB")], &kib.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The NUMA placement: `<vcpu>` (on one node's CPUs), `<cputune>` (each vCPU on its cell's
+/// host node) and `<numatune>` (memory bound to the node, or each cell to its own).
+fn write_placement(w: &mut W, spec: &DomainSpec, lay: &FromPlan) -> io::Result<()> {
+    let cells = lay.cells();
+    match lay.numa {
+        GuestNuma::Pinned { cpus: Some(cpus), .. } => text_element(
+            w,
+            "vcpu",
+            &[("placement", "static"), ("cpuset", cpus)],
+            &spec.vcpus.to_string(),
+        )?,
+        _ => text_element(w, "vcpu", &[("placement", "static")], &spec.vcpus.to_string())?,
+    }
+    if cells.iter().any(|c| c.host_cpus.is_some()) {
+        // Each vCPU on the CPUs of its cell's host node.
+        w.create_element("cputune").write_inner_content(|w| {
+            for c in cells {
+                if let Some(cpus) = &c.host_cpus {
+                    for v in c.vcpus.0..=c.vcpus.1 {
+                        empty(w, "vcpupin", &[("vcpu", &v.to_string()), ("cpuset", cpus)])?;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+    }
+    match lay.numa {
+        GuestNuma::Pinned { node, .. } => {
+            w.create_element("numatune").write_inner_content(|w| {
+                empty(w, "memory", &[("mode", "strict"), ("nodeset", &node.to_string())])
             })?;
         }
-        if !aliases.is_empty() {
-            // libvirt has no element for the clique: set the property on the QEMU device.
-            w.create_element("qemu:override").write_inner_content(|w| {
-                for (alias, clique) in &aliases {
-                    w.create_element("qemu:device")
-                        .with_attribute(("alias", alias.as_str()))
-                        .write_inner_content(|w| {
-                            w.create_element("qemu:frontend").write_inner_content(|w| {
-                                empty(
-                                    w,
-                                    "qemu:property",
-                                    &[
-                                        ("name", "x-nv-gpudirect-clique"),
-                                        ("type", "unsigned"),
-                                        ("value", &clique.to_string()),
-                                    ],
-                                )
-                            })?;
-                            Ok(())
-                        })?;
+        GuestNuma::Expanders(x) if !cells.is_empty() => {
+            let all = x
+                .nodes
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            w.create_element("numatune").write_inner_content(|w| {
+                empty(w, "memory", &[("mode", "strict"), ("nodeset", &all)])?;
+                for (i, c) in cells.iter().enumerate() {
+                    empty(
+                        w,
+                        "memnode",
+                        &[
+                            ("cellid", &i.to_string()),
+                            ("mode", "strict"),
+                            ("nodeset", &c.host_node.to_string()),
+                        ],
+                    )?;
+                }
+                Ok(())
+            })?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `<os>` (q35, OVMF when EFI) and `<features>` (the split I/O APIC with a vIOMMU).
+fn write_os_features(w: &mut W, spec: &DomainSpec) -> io::Result<()> {
+    let mut os = w.create_element("os");
+    if spec.firmware == Firmware::Efi {
+        os = os.with_attribute(("firmware", "efi"));
+    }
+    os.write_inner_content(|w| {
+        text_element(w, "type", &[("arch", "x86_64"), ("machine", "q35")], "hvm")?;
+        empty(w, "boot", &[("dev", "hd")])
+    })?;
+    w.create_element("features").write_inner_content(|w| {
+        empty(w, "acpi", &[])?;
+        empty(w, "apic", &[])?;
+        if spec.viommu {
+            // Interrupt remapping in the vIOMMU needs the split (QEMU) I/O APIC.
+            empty(w, "ioapic", &[("driver", "qemu")])?;
+        }
+        Ok(())
+    })?;
+    Ok(())
+}
+
+/// `<cpu mode='host-passthrough'>` with `<maxphysaddr>` and the guest's NUMA cells.
+fn write_cpu(w: &mut W, lay: &FromPlan) -> io::Result<()> {
+    let cells = lay.cells();
+    let cpu = w
+        .create_element("cpu")
+        .with_attribute(("mode", "host-passthrough"))
+        .with_attribute(("check", "none"));
+    if lay.maxphysaddr.is_none() && cells.is_empty() {
+        cpu.write_empty()?;
+        return Ok(());
+    }
+    cpu.write_inner_content(|w| {
+        if let Some(m) = &lay.maxphysaddr {
+            // The window lies above RAM: the guest's address width must reach its end,
+            // and stay within the IOMMU's.
+            let limit = m.limit.map(|n| n.to_string());
+            match &limit {
+                Some(n) => empty(
+                    w,
+                    "maxphysaddr",
+                    &[("mode", "passthrough"), ("limit", n.as_str())],
+                )?,
+                None => empty(w, "maxphysaddr", &[("mode", "passthrough")])?,
+            }
+        }
+        if !cells.is_empty() {
+            w.create_element("numa").write_inner_content(|w| {
+                for (i, c) in cells.iter().enumerate() {
+                    empty(
+                        w,
+                        "cell",
+                        &[
+                            ("id", &i.to_string()),
+                            ("cpus", &c.vcpu_list()),
+                            ("memory", &c.memory_kib.to_string()),
+                            ("unit", "KiB"),
+                        ],
+                    )?;
                 }
                 Ok(())
             })?;
         }
         Ok(())
     })?;
-    Ok(finish(w))
+    Ok(())
+}
+
+/// The inside of `<devices>`; returns the aliases of the hostdevs in a P2P clique, with their
+/// clique, for `<qemu:override>`.
+fn write_devices(
+    w: &mut W,
+    sel: &Selection,
+    spec: &DomainSpec,
+    lay: &FromPlan,
+) -> io::Result<Vec<(String, u8)>> {
+    write_controllers(w, sel, lay)?;
+    if let Some(path) = &spec.disk {
+        let fmt = if path.ends_with(".qcow2") { "qcow2" } else { "raw" };
+        w.create_element("disk")
+            .with_attribute(("type", "file"))
+            .with_attribute(("device", "disk"))
+            .write_inner_content(|w| {
+                empty(w, "driver", &[("name", "qemu"), ("type", fmt)])?;
+                empty(w, "source", &[("file", path)])?;
+                empty(w, "target", &[("dev", "vda"), ("bus", "virtio")])
+            })?;
+    }
+    let aliases = write_domain_hostdevs(w, sel, spec, lay)?;
+    if spec.hostdev.display && sel.mdevs().any(|m| m.display_capable()) {
+        // display='on' needs a graphics device; the vGPU is the guest's display.
+        w.create_element("graphics")
+            .with_attribute(("type", "vnc"))
+            .with_attribute(("autoport", "yes"))
+            .write_inner_content(|w| empty(w, "listen", &[("type", "address"), ("address", "127.0.0.1")]))?;
+        w.create_element("video")
+            .write_inner_content(|w| empty(w, "model", &[("type", "none")]))?;
+    }
+    w.create_element("console")
+        .with_attribute(("type", "pty"))
+        .write_inner_content(|w| empty(w, "target", &[("type", "serial"), ("port", "0")]))?;
+    // Guest RAM is pinned for VFIO DMA: a balloon cannot give any of it back.
+    empty(w, "memballoon", &[("model", "none")])?;
+    if spec.viommu {
+        w.create_element("iommu")
+            .with_attribute(("model", "intel"))
+            .write_inner_content(|w| empty(w, "driver", &[("intremap", "on"), ("caching_mode", "on")]))?;
+    }
+    Ok(aliases)
+}
+
+/// The PCI controllers: `pcie-root` (with the 64-bit window), one `pcie-expander-bus` per host
+/// node, and one `pcie-root-port` per target (behind its node's expander, or on `pcie-root`).
+fn write_controllers(w: &mut W, sel: &Selection, lay: &FromPlan) -> io::Result<()> {
+    let root = w
+        .create_element("controller")
+        .with_attribute(("type", "pci"))
+        .with_attribute(("index", "0"))
+        .with_attribute(("model", "pcie-root"));
+    match &lay.hole64 {
+        Some(h) => {
+            root.write_inner_content(|w| {
+                text_element(w, "pcihole64", &[("unit", "KiB")], &(h.window >> 10).to_string())
+            })?;
+        }
+        None => {
+            root.write_empty()?;
+        }
+    }
+    let expanders = lay.expanders();
+    if let Some(x) = expanders {
+        // One pcie-expander-bus per host node; libvirt picks each one's busNr.
+        for i in 0..x.nodes.len() {
+            let c = w.create_element("controller").with_attributes([
+                ("type", "pci"),
+                ("index", (i + 1).to_string().as_str()),
+                ("model", "pcie-expander-bus"),
+            ]);
+            if lay.cells().is_empty() {
+                c.write_empty()?;
+            } else {
+                c.write_inner_content(|w| {
+                    w.create_element("target")
+                        .write_inner_content(|w| text_element(w, "node", &[], &i.to_string()))?;
+                    Ok(())
+                })?;
+            }
+        }
+    }
+    let mut on_pxb = vec![0usize; expanders.map_or(0, |x| x.nodes.len())];
+    for i in 0..sel.targets.len() {
+        let idx = lay.port_index(i).to_string();
+        let attrs = [
+            ("type", "pci"),
+            ("index", idx.as_str()),
+            ("model", "pcie-root-port"),
+        ];
+        match expanders.and_then(|x| x.target_node[i]) {
+            Some(n) => {
+                // Behind the expander of its node, one port per slot.
+                let slot = on_pxb[n];
+                on_pxb[n] += 1;
+                w.create_element("controller")
+                    .with_attributes(attrs)
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "address",
+                            &[
+                                ("type", "pci"),
+                                ("domain", "0x0000"),
+                                ("bus", &format!("{:#04x}", n + 1)),
+                                ("slot", &format!("{slot:#04x}")),
+                                ("function", "0x0"),
+                            ],
+                        )
+                    })?;
+            }
+            None => empty(w, "controller", &attrs)?,
+        }
+    }
+    Ok(())
+}
+
+/// The hostdevs, each on its root port's bus, slot 0; returns the aliases given to the
+/// functions in a P2P clique, with their clique.
+fn write_domain_hostdevs(
+    w: &mut W,
+    sel: &Selection,
+    spec: &DomainSpec,
+    lay: &FromPlan,
+) -> io::Result<Vec<(String, u8)>> {
+    let mut aliases = Vec::new();
+    let mut n = 0;
+    for (i, t) in sel.targets.iter().enumerate() {
+        // Root port i provides guest bus port_index(i); bus numbers past 0xff cannot exist.
+        let bus =
+            u8::try_from(lay.port_index(i)).map_err(|_| io::Error::other("more than 255 guest slots"))?;
+        match t {
+            Target::Slot(g) => {
+                for (f, ga) in g.functions.iter().zip(slot_guest_addresses(g, 0, bus, 0)) {
+                    n += 1;
+                    let clique = lay.cliques.iter().find(|(a, _)| *a == f.device.address);
+                    let alias = clique.map(|(_, c)| {
+                        // User aliases start with "ua-"; QEMU's device id is the alias.
+                        let a = format!("ua-gpupass-hostdev{n}");
+                        aliases.push((a.clone(), *c));
+                        a
+                    });
+                    write_pci_hostdev(
+                        w,
+                        &f.device.address,
+                        f.requested,
+                        &spec.hostdev,
+                        Some(ga),
+                        alias.as_deref(),
+                    )?;
+                }
+            }
+            Target::Mdev(m) => {
+                let ga = GuestPci {
+                    domain: 0,
+                    bus,
+                    slot: 0,
+                    function: 0,
+                    multifunction: false,
+                };
+                write_mdev_hostdev(w, m, &spec.hostdev, Some(ga))?;
+            }
+        }
+    }
+    Ok(aliases)
+}
+
+/// `<qemu:commandline>` (OVMF's aperture, `fw_cfg`) and `<qemu:override>` (the P2P clique of
+/// each aliased hostdev: libvirt has no element for it).
+fn write_qemu_namespace(w: &mut W, fw_cfg: Option<&str>, aliases: &[(String, u8)]) -> io::Result<()> {
+    if let Some(v) = fw_cfg {
+        w.create_element("qemu:commandline").write_inner_content(|w| {
+            empty(w, "qemu:arg", &[("value", "-fw_cfg")])?;
+            empty(w, "qemu:arg", &[("value", v)])
+        })?;
+    }
+    if !aliases.is_empty() {
+        // libvirt has no element for the clique: set the property on the QEMU device.
+        w.create_element("qemu:override").write_inner_content(|w| {
+            for (alias, clique) in aliases {
+                w.create_element("qemu:device")
+                    .with_attribute(("alias", alias.as_str()))
+                    .write_inner_content(|w| {
+                        w.create_element("qemu:frontend").write_inner_content(|w| {
+                            empty(
+                                w,
+                                "qemu:property",
+                                &[
+                                    ("name", "x-nv-gpudirect-clique"),
+                                    ("type", "unsigned"),
+                                    ("value", &clique.to_string()),
+                                ],
+                            )
+                        })?;
+                        Ok(())
+                    })?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
 }

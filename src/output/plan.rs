@@ -1,11 +1,11 @@
 //! The VM outputs' plan (docs/vm-outputs.md): a typed request ([`VmRequest`]: memory, vCPUs,
-//! firmware, window, address bits, NUMA, hugepages) turned into a [`VmPlan`] by one pure
-//! function over the inventory and the selection ([`plan`]): the 64-bit window and where the
-//! firmware puts it, the guest's address-bit limit, the NUMA placement, the hugepage check, the
-//! P2P cliques, what VFIO pins, and the notes to print, as data. A layout that cannot work is
-//! a typed [`Refusal`], decided before anything is printed or written. The commands
-//! (`cli/vmout`) build the request from their options, print the notes and hand the plan to the
-//! renderers (`output::libvirt`, `output::qemu`).
+//! firmware, window, address bits, NUMA, hugepages, QEMU's `-cpu`) turned into a [`VmPlan`] by
+//! one pure function over the inventory and the selection ([`plan`]): the 64-bit window and
+//! where the firmware puts it, the guest's address-bit limit and the CPU that carries it, the
+//! NUMA placement, the hugepage check, the P2P cliques, what VFIO pins, and the notes to print,
+//! as data. A layout that cannot work is a typed [`Refusal`], decided before anything is printed
+//! or written. The commands (`cli/vmout`) build the request from their options, print the notes
+//! and hand the plan to the renderers (`output::libvirt`, `output::qemu`).
 
 use crate::model::{Inventory, PciAddress};
 use crate::output::layout::{
@@ -51,6 +51,29 @@ pub struct VmRequest {
     pub viommu: bool,
     /// `<memtune><hard_limit>` is set to what VFIO pins (libvirt).
     pub memtune: bool,
+    /// QEMU: the `-cpu` model and flags the guest gets when the plan sets its address bits
+    /// (`none`: the caller's own `-cpu`, to which a note says what to add); `None`: no `-cpu`
+    /// (libvirt, whose `<cpu>` the domain writes).
+    pub cpu: Option<String>,
+}
+
+/// The guest CPU `qemu-args` sets: the user's model and flags (`host` by default) with the host
+/// CPU's physical address bits, at most `limit` ([`crate::output::layout::phys_bits_limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestCpu {
+    pub model: String,
+    pub limit: Option<u32>,
+}
+
+impl GuestCpu {
+    /// The `-cpu` value.
+    pub fn value(&self) -> String {
+        let mut v = format!("{},host-phys-bits=on", self.model);
+        if let Some(n) = self.limit {
+            v.push_str(&format!(",host-phys-bits-limit={n}"));
+        }
+        v
+    }
 }
 
 /// What the plan decided, to be said on stderr (`note: ...`), in order.
@@ -73,6 +96,8 @@ pub enum Note {
     Cliques { gpus: usize, renderer: Renderer },
     /// QEMU: its memlock limit must cover guest RAM.
     QemuMemlock,
+    /// QEMU: what `-cpu` gives the guest, and how to keep it with a `-cpu` of one's own.
+    Cpu { cpu: GuestCpu, widths: Widths },
 }
 
 /// The plan the renderers take.
@@ -94,6 +119,8 @@ pub struct VmPlan {
     pub cliques: Vec<(PciAddress, u8)>,
     /// What VFIO pins, in bytes (libvirt; `None` for QEMU, whose RAM may be unknown).
     pub memlock_bytes: Option<u64>,
+    /// QEMU: the guest CPU when the plan sets its address bits ([`VmRequest::cpu`]).
+    pub cpu: Option<GuestCpu>,
     pub notes: Vec<Note>,
 }
 
@@ -112,6 +139,7 @@ impl Default for VmPlan {
             hugepages: HugePages::Off,
             cliques: Vec::new(),
             memlock_bytes: None,
+            cpu: None,
             notes: Vec::new(),
         }
     }
@@ -190,6 +218,15 @@ pub fn plan(inv: &Inventory, sel: &Selection, req: &VmRequest) -> Result<VmPlan,
         )),
         _ => None,
     };
+    let phys_limit = layout::phys_bits_limit(&widths);
+    let cpu = req
+        .cpu
+        .clone()
+        .filter(|_| mmio.is_some() || phys_limit.is_some())
+        .map(|model| GuestCpu {
+            model,
+            limit: phys_limit,
+        });
     let mut notes = Vec::new();
     if let Some(bytes) = memlock_bytes {
         notes.push(Note::Memlock {
@@ -217,18 +254,25 @@ pub fn plan(inv: &Inventory, sel: &Selection, req: &VmRequest) -> Result<VmPlan,
     if req.renderer == Renderer::Qemu && !sel.targets.is_empty() {
         notes.push(Note::QemuMemlock);
     }
+    if let Some(cpu) = &cpu {
+        notes.push(Note::Cpu {
+            cpu: cpu.clone(),
+            widths,
+        });
+    }
     notes.retain(|n| !n.is_silent());
     Ok(VmPlan {
         mmio,
         fit,
         widths,
-        phys_limit: layout::phys_bits_limit(&widths),
+        phys_limit,
         numa,
         memory_kib: req.memory_kib,
         vcpus: req.vcpus,
         hugepages: req.hugepages,
         cliques,
         memlock_bytes,
+        cpu,
         notes,
     })
 }
@@ -384,6 +428,31 @@ impl std::fmt::Display for Note {
                 f,
                 "VFIO pins all guest RAM: QEMU's RLIMIT_MEMLOCK must cover guest RAM + 1 GiB (ulimit -l, or LimitMEMLOCK= in its unit) unless it runs as root"
             ),
+            Note::Cpu { cpu, widths } => {
+                let props = match cpu.limit {
+                    Some(n) => format!("host-phys-bits=on,host-phys-bits-limit={n}"),
+                    None => "host-phys-bits=on".to_string(),
+                };
+                let why = match cpu.limit {
+                    Some(n) => format!(
+                        "the host CPU's physical address bits, at most {n} ({})",
+                        widths.limit_reason(n)
+                    ),
+                    None => "the host CPU's physical address bits".to_string(),
+                };
+                if cpu.model == "none" {
+                    write!(
+                        f,
+                        "--cpu none: add {props} to your -cpu, so the guest gets {why} and the firmware can place the 64-bit window above RAM"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "-cpu {}: the guest gets {why}, so the firmware can place the 64-bit window above RAM; QEMU takes only the last -cpu, so pass your own model and flags as --cpu MODEL,FLAGS (or --cpu none and add {props} to yours)",
+                        cpu.value()
+                    )
+                }
+            }
         }
     }
 }
@@ -427,6 +496,7 @@ mod tests {
             hugepages: HugePages::Off,
             viommu: false,
             memtune: true,
+            cpu: None,
         }
     }
 
@@ -462,6 +532,7 @@ mod tests {
                 Note::Hugepages { .. } => "hugepages",
                 Note::Cliques { .. } => "cliques",
                 Note::QemuMemlock => "qemu-memlock",
+                Note::Cpu { .. } => "cpu",
             })
             .collect();
         assert_eq!(kinds, ["memlock", "window", "numa", "cliques"]);
@@ -483,6 +554,35 @@ mod tests {
         .unwrap();
         assert_eq!(q.memlock_bytes, None);
         assert_eq!(q.notes.last(), Some(&Note::QemuMemlock));
+
+        // A `-cpu` model: the guest CPU with the IOMMU's limit, its note last, as data.
+        let c = plan(
+            &inv,
+            &sel,
+            &VmRequest {
+                renderer: Renderer::Qemu,
+                memory_kib: None,
+                vcpus: None,
+                cpu: Some("host".into()),
+                ..request(0)
+            },
+        )
+        .unwrap();
+        let cpu = GuestCpu {
+            model: "host".into(),
+            limit: Some(48),
+        };
+        assert_eq!(c.cpu.as_ref(), Some(&cpu));
+        assert_eq!(
+            c.notes.last(),
+            Some(&Note::Cpu {
+                cpu,
+                widths: c.widths
+            })
+        );
+        assert!(c.notes.last().unwrap().to_string().starts_with(
+            "-cpu host,host-phys-bits=on,host-phys-bits-limit=48: the guest gets the host CPU's physical address bits, at most 48 (this host's IOMMU translates 48 bits, its CPU has 52)"
+        ));
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //!   ignores the file). See [`crate::output::layout`].
 
 use crate::output::layout::{GuestNuma, HugePages};
+pub use crate::output::plan::GuestCpu;
 use crate::output::plan::VmPlan;
 use crate::output::selection::{Selection, Target};
 
@@ -133,25 +134,6 @@ pub struct QemuOptions {
     /// `-m`, `-smp` and the memory backends from the plan's RAM and vCPUs; `false`: the caller
     /// sets them (`gpupass launch`: the VMM's own `-m`).
     pub guest_memory: bool,
-}
-
-/// The guest CPU `qemu-args` sets: the user's model and flags (`host` by default) with the host
-/// CPU's physical address bits, at most `limit` ([`crate::output::layout::phys_bits_limit`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GuestCpu {
-    pub model: String,
-    pub limit: Option<u32>,
-}
-
-impl GuestCpu {
-    /// The `-cpu` value.
-    pub fn value(&self) -> String {
-        let mut v = format!("{},host-phys-bits=on", self.model);
-        if let Some(n) = self.limit {
-            v.push_str(&format!(",host-phys-bits-limit={n}"));
-        }
-        v
-    }
 }
 
 /// The first bus number of expander `i` (`pxb-pcie,bus_nr=`): 0x80, 0x90, ... so each gets 16

@@ -17,12 +17,13 @@
 //! - A cdev opened before `exec` stays usable by the new program: the binding to an iommufd
 //!   (`VFIO_DEVICE_BIND_IOMMUFD`) is done by the VMM on the inherited descriptor.
 
-use super::{select, VmOutError};
+use super::{select, LaunchError, VmOutError};
 use crate::cli::ctx::Ctx;
 use crate::cli::error::{Error, Exit};
 use crate::host::HostRoot;
 use crate::inventory::backend::{self, Policy};
 use crate::model::Inventory;
+use crate::output::plan::Note;
 use crate::output::qemu::{self, PassedFds, QemuOptions};
 use crate::output::selection::{Consumer, DeviceArg};
 use clap::Args;
@@ -99,43 +100,6 @@ fn parse_memlock(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {s:?}: expected a number with K, M, G or T, or `unlimited`"))
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    #[error("gpupass launch opens the live host's /dev/iommu and VFIO cdevs for the VMM; it cannot run against --root {} (drop --root)", root.display())]
-    NotLive { root: PathBuf },
-    #[error("cannot open {node}; gpupass launch opens the VFIO nodes itself and must run as root")]
-    Open {
-        /// As the user knows it (`HostRoot::display`).
-        node: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot switch {node} to per-process memlock accounting (IOMMU_OPTION_RLIMIT_MODE); it needs CAP_SYS_RESOURCE (run as root), or pass --keep-user-accounting")]
-    RlimitMode {
-        node: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot set RLIMIT_MEMLOCK to {value}")]
-    Memlock {
-        value: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot keep descriptor {fd} open across exec")]
-    Inherit {
-        fd: i32,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot run {}", program.display())]
-    Exec {
-        program: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 fn open_rw(host: &HostRoot, node: &Path) -> Result<File, LaunchError> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -197,18 +161,16 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
             hugepages: crate::output::layout::HugePages::Off,
             viommu: false,
             memtune: false,
+            // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's
+            // own command has a `-cpu` (QEMU takes only the last one); then a note says what
+            // to add.
+            cpu: Some(match &a.cpu {
+                Some(m) => m.clone(),
+                None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
+                None => "host".to_string(),
+            }),
         },
     )?;
-    // The guest's address bits: `-cpu host,host-phys-bits=on[,...]` unless the VMM's own
-    // command has a `-cpu` (QEMU takes only the last one); then a note says what to add.
-    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
-        model: match &a.cpu {
-            Some(m) => m.clone(),
-            None if a.command.iter().any(|c| c == "-cpu") => "none".to_string(),
-            None => "host".to_string(),
-        },
-        limit: plan.phys_limit,
-    });
 
     let iommu_node = host.dev_iommu();
     let iommu = open_rw(host, &iommu_node)?;
@@ -244,13 +206,14 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
         first_slot: a.first_slot,
         iommufd: true,
         fds: Some(fds),
-        cpu: cpu.as_ref().map(|c| c.model.clone()).filter(|m| m != "none"),
+        cpu: plan.cpu.as_ref().map(|c| c.model.clone()).filter(|m| m != "none"),
         // The VMM's own `-m` sets the RAM the plan placed the window above.
         guest_memory: false,
         ..QemuOptions::default()
     };
-    if let Some(c) = &cpu {
-        super::cpu_note(c, &plan.widths);
+    // Of the plan's notes, launch says only what `-cpu` gives the guest.
+    for n in plan.notes.iter().filter(|n| matches!(n, Note::Cpu { .. })) {
+        crate::messages::note(n);
     }
     let extra = qemu::args(&sel, &opts, &plan)?;
     if let Some(limit) = a.memlock {

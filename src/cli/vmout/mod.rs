@@ -9,8 +9,9 @@
 //! One file per command, with its clap arguments and its run function: [`xml`] (`xml hostdev`,
 //! `xml domain`), [`qemu_args`], [`kubevirt`], [`attach`] (`attach`, `detach` and their
 //! libvirt API calls), [`launch`]; [`domxml`] reads and edits domain XML for `attach`. This
-//! file holds what they share: the error, the option groups and value parsers, device
-//! selection and the notes.
+//! file holds what they share: the errors (`launch`'s [`LaunchError`] too, so that
+//! `cli/error.rs`, which converts them, names no command file), the option groups and value
+//! parsers, device selection and the notes.
 
 pub mod attach;
 pub mod domxml;
@@ -67,7 +68,45 @@ pub enum VmOutError {
     #[error(transparent)]
     Backend(#[from] crate::inventory::backend::BackendError),
     #[error(transparent)]
-    Launch(#[from] launch::LaunchError),
+    Launch(#[from] LaunchError),
+}
+
+/// Why `gpupass launch` failed on the live host.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("gpupass launch opens the live host's /dev/iommu and VFIO cdevs for the VMM; it cannot run against --root {} (drop --root)", root.display())]
+    NotLive { root: PathBuf },
+    #[error("cannot open {node}; gpupass launch opens the VFIO nodes itself and must run as root")]
+    Open {
+        /// As the user knows it (`HostRoot::display`).
+        node: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot switch {node} to per-process memlock accounting (IOMMU_OPTION_RLIMIT_MODE); it needs CAP_SYS_RESOURCE (run as root), or pass --keep-user-accounting")]
+    RlimitMode {
+        node: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set RLIMIT_MEMLOCK to {value}")]
+    Memlock {
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot keep descriptor {fd} open across exec")]
+    Inherit {
+        fd: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run {}", program.display())]
+    Exec {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl VmOutError {
@@ -325,43 +364,6 @@ fn select(
     let sel = selection::select(inv, devices, SelectOptions { only, consumer })?;
     print_notes(&sel.notes);
     Ok(sel)
-}
-
-/// Why the guest's address bits are limited, for the notes.
-fn limit_reason(w: &crate::output::layout::Widths, limit: u32) -> String {
-    match (w.phys_bits, w.iommu) {
-        (Some(p), _) if p == limit => "--phys-bits".to_string(),
-        (_, Some(i)) if i == limit => format!(
-            "this host's IOMMU translates {i} bits{}",
-            w.cpu.map(|c| format!(", its CPU has {c}")).unwrap_or_default()
-        ),
-        _ => "--phys-bits".to_string(),
-    }
-}
-
-/// Say what `-cpu` gives the guest, and how to keep it with a `-cpu` of your own.
-pub(crate) fn cpu_note(c: &qemu::GuestCpu, w: &crate::output::layout::Widths) {
-    let props = match c.limit {
-        Some(n) => format!("host-phys-bits=on,host-phys-bits-limit={n}"),
-        None => "host-phys-bits=on".to_string(),
-    };
-    let why = match c.limit {
-        Some(n) => format!(
-            "the host CPU's physical address bits, at most {n} ({})",
-            limit_reason(w, n)
-        ),
-        None => "the host CPU's physical address bits".to_string(),
-    };
-    if c.model == "none" {
-        messages::note(format_args!(
-            "--cpu none: add {props} to your -cpu, so the guest gets {why} and the firmware can place the 64-bit window above RAM"
-        ));
-    } else {
-        messages::note(format_args!(
-            "-cpu {}: the guest gets {why}, so the firmware can place the 64-bit window above RAM; QEMU takes only the last -cpu, so pass your own model and flags as --cpu MODEL,FLAGS (or --cpu none and add {props} to yours)",
-            c.value()
-        ));
-    }
 }
 
 fn json_out(out: &mut dyn Write, v: &serde_json::Value) -> Result<(), VmOutError> {

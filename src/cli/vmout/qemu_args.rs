@@ -2,8 +2,8 @@
 //! version probe that decides whether they use iommufd.
 
 use super::{
-    cpu_note, json_out, parse_cpu, parse_memory_kib, parse_slot, print_notes, select, FirmwareArg, NumaArg,
-    OnOff, VmOutError,
+    json_out, parse_cpu, parse_memory_kib, parse_slot, print_notes, select, FirmwareArg, NumaArg, OnOff,
+    VmOutError,
 };
 use crate::cli::ctx::Ctx;
 use crate::cli::error::{Error, Exit};
@@ -219,12 +219,9 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
             hugepages: a.hugepages,
             viommu: false,
             memtune: false,
+            cpu: Some(a.cpu.clone()),
         },
     )?;
-    let cpu = plan.sets_address_bits().then(|| qemu::GuestCpu {
-        model: a.cpu.clone(),
-        limit: plan.phys_limit,
-    });
     let opts = qemu::QemuOptions {
         rom_bar: a.rom_bar.map(OnOff::bool),
         rom_file: a.rom_file.as_ref().map(|p| p.display().to_string()),
@@ -236,9 +233,6 @@ fn qemu(inv: &Inventory, a: &QemuArgsArgs, json: bool, out: &mut dyn Write) -> R
         guest_memory: true,
     };
     print_notes(&plan.notes);
-    if let Some(c) = &cpu {
-        cpu_note(c, &plan.widths);
-    }
     if opts.iommufd && sel.mdevs().next().is_some() {
         messages::note(format_args!(
             "mdevs stay on the legacy group and container (sysfsdev=); only the PCI functions use iommufd"

@@ -3,8 +3,8 @@
 //! target libvirt.
 
 use super::{
-    installed_libvirt, json_out, limit_reason, parse_domain_name, parse_memory_kib, print_notes, select,
-    FirmwareArg, LibvirtDeviceArgs, NumaArg, OnOff, VmOutError, XmlBackendArgs,
+    installed_libvirt, json_out, parse_domain_name, parse_memory_kib, print_notes, select, FirmwareArg,
+    LibvirtDeviceArgs, NumaArg, OnOff, VmOutError, XmlBackendArgs,
 };
 use crate::cli::ctx::Ctx;
 use crate::cli::error::{Error, Exit};
@@ -164,13 +164,13 @@ fn xml_maxphysaddr_limit(plan: &crate::output::plan::VmPlan, a: &XmlBackendArgs)
     if target >= libvirt::LibvirtVersion::MAXPHYSADDR_LIMIT {
         messages::note(format_args!(
             "<maxphysaddr mode='passthrough' limit='{n}'/>: the guest gets the host CPU's physical address bits, at most {n} ({})",
-            limit_reason(&w, n)
+            w.limit_reason(n)
         ));
         return true;
     }
     messages::note(format_args!(
         "the guest's physical address bits should be at most {n} ({}), but the target libvirt {target} ({source}) has no limit on <maxphysaddr> (9.3+): the guest gets all of the host CPU's, and OVMF may place BARs where the IOMMU cannot map them; name a libvirt 9.3 or newer with --libvirt-version",
-        limit_reason(&w, n)
+        w.limit_reason(n)
     ));
     false
 }
@@ -238,6 +238,7 @@ fn xml(inv: &Inventory, cmd: &XmlCommand, json: bool, out: &mut dyn Write) -> Re
                     hugepages: a.hugepages,
                     viommu: a.viommu,
                     memtune: a.memtune.bool(),
+                    cpu: None,
                 },
             )?;
             print_notes(&plan.notes);
