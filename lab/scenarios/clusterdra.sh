@@ -155,6 +155,32 @@ else
 fi
 end_claim legacy dra-legacy
 
+# policy_template NAME POLICY: a claim template for the VGA function whose opaque config sets
+# backendPolicy POLICY (a value gpupass may not know), applied.
+policy_template() {
+  cat > "$1.yaml" << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
+      config:
+      - requests: ["vfio"]
+        opaque:
+          driver: $DRIVER
+          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: $2}
+EOF
+  kc apply -f "$1.yaml" > /dev/null
+}
+
 # 2. A template of our own with no config: the plugin's --backend auto, iommufd on 6.12;
 # legacy on 6.1, whose kernel has no iommufd (one backend for the node: no /dev/iommu, no cdev).
 cat > auto-template.yaml << EOF
@@ -198,27 +224,7 @@ else
   # 2b. require-iommufd on this kernel: Prepare refuses before the first write, with the
   # kernel's reason in the Pod's events; the group never leaves its drivers (sampled every 2 s
   # while the kubelet retries) and the journal holds nothing.
-  cat > iommufd-template.yaml << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: lab-vga-iommufd, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
-      config:
-      - requests: ["vfio"]
-        opaque:
-          driver: $DRIVER
-          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: require-iommufd}
-EOF
-  kc apply -f iommufd-template.yaml > /dev/null
+  policy_template lab-vga-iommufd require-iommufd
   t=$(cl_t)
   pod dra-require lab-vga-iommufd
   ev() { kc get events --field-selector involvedObject.name=dra-require -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2> /dev/null; }
@@ -254,27 +260,7 @@ fi
 
 # 3. A claim whose opaque config has a value gpupass does not know: Prepare refuses with the
 # reason, the kubelet reports it in the Pod's events, the group is not touched.
-cat > bad-template.yaml << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: lab-vga-bad, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
-      config:
-      - requests: ["vfio"]
-        opaque:
-          driver: $DRIVER
-          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: fastest}
-EOF
-kc apply -f bad-template.yaml > /dev/null
+policy_template lab-vga-bad fastest
 t=$(cl_t)
 pod dra-bad lab-vga-bad
 if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get events --field-selector involvedObject.name=dra-bad -o jsonpath='{range .items[*]}{.message}{\"\\n\"}{end}' | grep -q fastest"; then

@@ -541,33 +541,20 @@ mod tests {
             .contains("OVMF places it at 2T-4T, within 48 address bits (the IOMMU's)"));
 
         // QEMU: no memlock figure (its RAM may be unknown), its own memlock note last.
-        let q = plan(
-            &inv,
-            &sel,
-            &VmRequest {
-                renderer: Renderer::Qemu,
-                memory_kib: None,
-                vcpus: None,
-                ..request(0)
-            },
-        )
-        .unwrap();
+        // For QEMU, RAM and vCPUs may be unknown.
+        let qemu = |cpu: Option<&str>| VmRequest {
+            renderer: Renderer::Qemu,
+            memory_kib: None,
+            vcpus: None,
+            cpu: cpu.map(str::to_string),
+            ..request(0)
+        };
+        let q = plan(&inv, &sel, &qemu(None)).unwrap();
         assert_eq!(q.memlock_bytes, None);
         assert_eq!(q.notes.last(), Some(&Note::QemuMemlock));
 
         // A `-cpu` model: the guest CPU with the IOMMU's limit, its note last, as data.
-        let c = plan(
-            &inv,
-            &sel,
-            &VmRequest {
-                renderer: Renderer::Qemu,
-                memory_kib: None,
-                vcpus: None,
-                cpu: Some("host".into()),
-                ..request(0)
-            },
-        )
-        .unwrap();
+        let c = plan(&inv, &sel, &qemu(Some("host"))).unwrap();
         let cpu = GuestCpu {
             model: "host".into(),
             limit: Some(48),
