@@ -829,6 +829,50 @@ mod tests {
         }
     }
 
+    /// The plugin dying after each write of an Unprepare (six sysfs writes of the restore,
+    /// three file removals), then starting again: its start undoes the unfinished plan (the
+    /// claim prepared as it was, the journal closed), the checkpoint still holds the claim, and
+    /// the kubelet's retry of the Unprepare gives the host back as it was before the Prepare.
+    #[test]
+    fn a_crash_after_every_write_of_an_unprepare_is_undone_at_start_and_the_retry_finishes() {
+        for n in 1..=9 {
+            let (_t, root, claims) = lab_claim();
+            let host = HostRoot::new(&root);
+            let before = state(&root);
+            let ops = FakeHost::new(host.clone());
+            engine(&ops, &claims).prepare(&gpu_claim()).unwrap();
+            let prepared = state(&root);
+            let crashing = crate::testkit::Failpoints::new(FakeHost::new(host.clone())).panic_after(n);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                engine(&crashing, &claims).unprepare("u1")
+            }));
+            assert!(r.is_err(), "write {n}: no crash");
+            let open = crate::change::journal::read(&host).unwrap().open;
+            assert_eq!(open.len(), 1, "write {n}");
+            assert_eq!(open[0].owner.as_deref(), Some("dra-claim:u1"));
+            assert_eq!((open[0].at, open[0].writes), (n, 9), "write {n}");
+            assert_ne!(state(&root), prepared, "write {n} changed nothing");
+            // The restarted plugin: its own unfinished plan undone before it serves.
+            let mut e = engine(&ops, &claims);
+            let said = e.cleanup_at_start();
+            assert!(
+                said.iter()
+                    .any(|l| l.contains("interrupted before this start was undone")),
+                "write {n}: {said:?}"
+            );
+            assert!(
+                crate::change::journal::read(&host).unwrap().open.is_empty(),
+                "write {n}"
+            );
+            assert_eq!(state(&root), prepared, "undone after write {n}");
+            assert_eq!(e.checkpoint().claims["u1"].state, State::Completed, "write {n}");
+            // The kubelet retries the Unprepare.
+            e.unprepare("u1").unwrap();
+            assert_eq!(state(&root), before, "retried unprepare after write {n}");
+            assert!(e.checkpoint().claims.is_empty(), "write {n}");
+        }
+    }
+
     /// The plugin dying after each write of a prepare, then starting again: before anything
     /// else it undoes its own unfinished plan (the host as before the Prepare, the journal
     /// closed), so the kubelet's retry prepares the claim instead of being refused for an
