@@ -336,12 +336,12 @@ cluster_down() {
   fi
 }
 
-# cluster_begin: how every cluster scenario starts: cgroup v2 (either leg), then the cluster
-# (already up when an earlier scenario of the boot brought it up); the scenario ends here when
-# either fails.
+# cluster_begin: how every cluster scenario starts: cgroup v2 (6.12; 6.1 for the scenarios that
+# declare it), then the cluster (already up when an earlier scenario of the boot brought it up);
+# the scenario ends here when either fails.
 cluster_begin() {
   if [ "$LAB_CGROUP" != v2 ]; then
-    lab_fail leg "the cluster lab needs the unified cgroup hierarchy (kubelet 1.37 refuses v1): declare '# lab-cgroup: v2' in $LAB_SCENARIO.sh"
+    lab_fail leg "the cluster lab needs the unified cgroup hierarchy (kubelet 1.37 refuses v1): $LAB_SCENARIO runs on the 6.12 leg (lab/lab.sh --kernel 6.12 run $LAB_SCENARIO); cluster and clusterdra also on 6.1, where they declare '# lab-cgroup: v2'"
     exit 1
   fi
   lab_pass leg "kernel $(uname -r), cgroup v2"

@@ -3,9 +3,6 @@
 # lab-carry: cluster
 # lab-mem: 2048
 # lab-smp: 2
-# lab-cgroup: v2
-# lab-modules: 9pnet_virtio
-# lab-modules: 9p
 # lab-modules: overlay
 # lab-modules: virtio_net
 # lab-timeout: 2400

@@ -1,6 +1,6 @@
 //! The checks and the plans of creating and removing instances: every refusal is decided
 //! here, then the plan ([`super::plan`]) is applied by the change engine
-//! ([`super::plan::execute`]) under the lock and the journal, verified, rolled back when a
+//! ([`super::plan::execute_in`]) under the lock and the journal, verified, rolled back when a
 //! later step fails and recoverable after a crash.
 //!
 //! Every check that can be made before the first write is made before it (parent, type,
