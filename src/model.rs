@@ -712,6 +712,9 @@ pub struct MdevInstance {
     pub type_id: Option<String>,
     pub iommu_group: Option<u32>,
     pub driver: Option<String>,
+    /// Its VFIO device cdev (`vfio-dev/vfioN` with a `dev` attribute: 6.6+), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio_cdev: Option<String>,
 }
 
 /// An mdev parent that is not a PCI function (listed under `sys/class/mdev_bus` but living

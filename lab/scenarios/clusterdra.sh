@@ -1,4 +1,4 @@
-# lab-about: `gpupass dra-plugin` against the real kubelet, scheduler, controller manager and API server of the cluster lab (docs/dra.md): the plugin publishes this node's ResourceSlices through kube-rs, the kubelet registers it, contrib/dra's DeviceClass and claim templates apply unchanged, the scheduler allocates the VGA+audio group 00:05.0+00:05.1 by a CEL selector on gpupass's attributes, the kubelet prepares it (both functions on vfio-pci while the Pod runs; its container opens the group's nodes, legacy and iommufd) and unprepares it (both back on their drivers); a claim with a bad opaque config fails its Prepare with gpupass's reason in the Pod's events and touches nothing
+# lab-about: `gpupass dra-plugin` against the real kubelet, scheduler, controller manager and API server of the cluster lab (docs/dra.md): the plugin publishes this node's ResourceSlices through kube-rs, the kubelet registers it, contrib/dra's DeviceClass and claim templates apply unchanged, the scheduler allocates the VGA+audio group 00:05.0+00:05.1 by a CEL selector on gpupass's attributes, the kubelet prepares it (both functions on vfio-pci while the Pod runs; its container opens the group's nodes, legacy and iommufd) and unprepares it (both back on their drivers); an mtty-2 mdev slot (KEP-4815 counters) is allocated, its instance created for the Pod (nodes opened, mdevUUID in the metadata) and removed after; a claim with a bad opaque config fails its Prepare with gpupass's reason in the Pod's events and touches nothing
 # lab-needs: gpupass
 # lab-carry: cluster
 # lab-mem: 2048
@@ -12,6 +12,8 @@
 # lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
 # lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
 # lab-steps: legacy-opens legacy-metadata legacy-pod-deleted legacy-group-restored
+# lab-steps: mdev-counters-published mdev-claim-allocated mdev-pod-running mdev-instance-created
+# lab-steps: mdev-opens mdev-metadata mdev-pod-deleted mdev-instance-removed
 # lab-steps-6.12: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
 # lab-steps-6.12: iommufd-group-restored
 # lab-steps-6.1: auto-claim-allocated auto-pod-running auto-opens auto-pod-deleted
@@ -81,11 +83,14 @@ gpupass dra slices --explain > "$CL_LOG/explain.txt" 2>&1
 lab_file explain.txt "$CL_LOG/explain.txt"
 refused=$(grep -c 'not published:' "$CL_LOG/explain.txt")
 published=$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath='{.items[*].spec.devices[*].name}' | wc -w)
-offered=$(grep -cE '^[0-9]+ +pci-' "$CL_LOG/explain.txt")
+groups=$(grep -cE '^[0-9]+ +pci-' "$CL_LOG/explain.txt")
+# The mdev types' slots: the table after "MDEV PARENT", third column.
+slots=$(awk '/^MDEV PARENT/ {m=1; next} m && NF == 3 && $3 ~ /^[0-9]+$/ {s += $3} END {print s + 0}' "$CL_LOG/explain.txt")
+offered=$((groups + slots))
 if [ "$refused" -gt 0 ] && [ "$published" = "$offered" ]; then
-  lab_pass refused-not-published "$offered groups offered = $published devices on the API server; $refused not published, each with its reason (explain.txt): $(grep 'not published:' "$CL_LOG/explain.txt" | head -1 | sed 's/^ *//')"
+  lab_pass refused-not-published "$groups groups + $slots mdev slots offered = $published devices on the API server; $refused not published, each with its reason (explain.txt): $(grep 'not published:' "$CL_LOG/explain.txt" | head -1 | sed 's/^ *//')"
 else
-  lab_fail refused-not-published "explain: $offered offered, $refused refused; the API server has $published devices"
+  lab_fail refused-not-published "explain: $groups groups + $slots mdev slots offered, $refused refused; the API server has $published devices"
 fi
 
 # contrib/dra as shipped: the API server's own validation (CEL compiled, names, configs).
@@ -154,6 +159,73 @@ else
   lab_fail legacy-metadata "no metadata file with pciBusID $VGA in the container: $(ls -R $PDIR 2>&1 | head -20 | tr '\n' ' ')"
 fi
 end_claim legacy dra-legacy
+
+# 1b. A mediated device (KEP-4815 counters): the mtty sample parent is a counter set on the API
+# server with one counter per type (its available instances); the shipped lab-mtty template
+# (class mdev.vfio.gpupass.dev, CEL on mdevType) is allocated one mtty-2 slot; Prepare creates
+# the instance through the engine, the container opens its VFIO nodes and reads its mdevUUID
+# (KubeVirt's key); Unprepare removes it and the type's count is back.
+MTYPE=/sys/class/mdev_bus/mtty/mdev_supported_types/mtty-2
+avail_before=$(cat $MTYPE/available_instances)
+counter=$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o jsonpath="{.items[*].spec.sharedCounters[?(@.name=='mdev-mtty')].counters.mtty-2.value}")
+consumers=$(kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o json | grep -c '"counterSet": "mdev-mtty"')
+if [ -n "$counter" ] && [ "$counter" = "$avail_before" ] && [ "$consumers" -gt 0 ]; then
+  lab_pass mdev-counters-published "counter set mdev-mtty: mtty-2 = $counter (the kernel's available_instances $avail_before); $consumers devices consume from it"
+else
+  lab_fail mdev-counters-published "counter mtty-2 '$counter', kernel $avail_before, consumers $consumers"
+fi
+t=$(cl_t)
+pod dra-mdev lab-mtty
+mslot=""
+if cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim \$(kubectl --kubeconfig $CL/admin.kubeconfig get pod dra-mdev -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}') -o jsonpath='{.status.allocation.devices.results[*].device}' | grep -q '^mdev-mtty-mtty-2-'"; then
+  mslot=$(kc get resourceclaim "$(claim_of dra-mdev)" -o jsonpath='{.status.allocation.devices.results[0].device}')
+  lab_pass mdev-claim-allocated "claim $(claim_of dra-mdev): $mslot by the scheduler after $(cl_since "$t") s"
+else
+  lab_fail mdev-claim-allocated "$(kc get resourceclaims -o jsonpath='{range .items[*]}{.metadata.name}: {.status}; {end}' 2>&1 | tail -1 | cut -c1-400)"
+fi
+if cl_wait 600 sh -c "crictl ps -a --label io.kubernetes.pod.name=dra-mdev -q | grep -q . && crictl logs \$(crictl ps -a --label io.kubernetes.pod.name=dra-mdev -q | head -1) 2>&1 | grep -qx READY"; then
+  lab_pass mdev-pod-running "after $(cl_since "$t") s"
+else
+  lab_fail mdev-pod-running "$(kc get events --field-selector involvedObject.name=dra-mdev -o jsonpath='{range .items[*]}{.reason}: {.message}; {end}' 2>&1 | tail -1 | cut -c1-600)"
+fi
+cl_logs dra-mdev > "$CL_LOG/dra-mdev.txt"
+lab_file dra-mdev.txt "$CL_LOG/dra-mdev.txt"
+muuid=$(ls $MTYPE/devices 2> /dev/null | head -1)
+mgroup=$(basename "$(readlink "/sys/bus/mdev/devices/$muuid/iommu_group" 2> /dev/null)" 2> /dev/null)
+avail_during=$(cat $MTYPE/available_instances)
+if [ -n "$muuid" ] && [ -n "$mgroup" ] && [ "$avail_during" = $((avail_before - 1)) ] && grep -q "\"uuid\": *\"$muuid\"" "$PDIR/checkpoint.json"; then
+  lab_pass mdev-instance-created "mdev $muuid (mtty-2, IOMMU group $mgroup) recorded in the checkpoint; available_instances $avail_before -> $avail_during"
+else
+  lab_fail mdev-instance-created "uuid '$muuid' group '$mgroup' available $avail_before -> $avail_during; checkpoint: $(tr -d '\n' < "$PDIR/checkpoint.json" | cut -c1-300)"
+fi
+mcdev=$(ls "/sys/bus/mdev/devices/$muuid/vfio-dev" 2> /dev/null | head -1)
+if grep -qx "open OK /dev/vfio/$mgroup" "$CL_LOG/dra-mdev.txt" && grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-mdev.txt" &&
+  ! grep -q 'open FAILED' "$CL_LOG/dra-mdev.txt" && ! grep -q '^open OK /dev/iommu' "$CL_LOG/dra-mdev.txt"; then
+  lab_pass mdev-opens "legacy: /dev/vfio/$mgroup (the instance's group) and /dev/vfio/vfio open in the container"
+elif [ -n "$mcdev" ] && grep -qx "open OK /dev/vfio/devices/$mcdev" "$CL_LOG/dra-mdev.txt" && grep -qx "open OK /dev/iommu" "$CL_LOG/dra-mdev.txt" &&
+  ! grep -q 'open FAILED' "$CL_LOG/dra-mdev.txt" && ! grep -qx "open OK /dev/vfio/vfio" "$CL_LOG/dra-mdev.txt"; then
+  lab_pass mdev-opens "iommufd: /dev/vfio/devices/$mcdev (the instance's cdev) and /dev/iommu open in the container, no /dev/vfio/vfio"
+else
+  lab_fail mdev-opens "group '$mgroup' cdev '$mcdev': $(tr '\n' ';' < "$CL_LOG/dra-mdev.txt" | cut -c1-600)"
+fi
+if [ -n "$muuid" ] && grep -q '"mdevUUID":{"string":"'"$muuid"'"' "$CL_LOG/dra-mdev.txt" && ! grep -q 'resource.kubernetes.io/pciBusID' "$CL_LOG/dra-mdev.txt"; then
+  lab_pass mdev-metadata "the container's metadata file gives mdevUUID $muuid and no pciBusID"
+else
+  lab_fail mdev-metadata "no mdevUUID '$muuid' (or a pciBusID) in: $(grep -A1 '^metadata ' "$CL_LOG/dra-mdev.txt" | tr '\n' ' ' | cut -c1-400)"
+fi
+t=$(cl_t)
+_c=$(claim_of dra-mdev)
+if kc delete pod dra-mdev --wait=true --timeout=300s > /dev/null 2>&1; then
+  lab_pass mdev-pod-deleted "after $(cl_since "$t") s"
+else
+  lab_fail mdev-pod-deleted "$(kc get pod dra-mdev -o jsonpath='{.status.phase}' 2>&1)"
+fi
+if cl_wait 300 sh -c "[ ! -e /sys/bus/mdev/devices/$muuid ] && [ \$(cat $MTYPE/available_instances) = $avail_before ]"; then
+  lab_pass mdev-instance-removed "mdev $muuid gone, mtty-2 available_instances $avail_before again after $(cl_since "$t") s"
+else
+  lab_fail mdev-instance-removed "instance: $(ls /sys/bus/mdev/devices 2>&1 | tr '\n' ' '); available $(cat $MTYPE/available_instances); $(grep -E 'WARN|ERROR' "$CL_LOG/dra-plugin.log" | tail -1)"
+fi
+cl_wait 120 sh -c "! kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim $_c" || true
 
 # policy_template NAME POLICY: a claim template for the VGA function whose opaque config sets
 # backendPolicy POLICY (a value gpupass may not know), applied.

@@ -3,7 +3,7 @@
 
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
-use crate::containers::dra::{self, api, claim::Identity, prepare::Engine, server, slices, source};
+use crate::containers::dra::{self, api, claim::Identity, prepare::Engine, server, slices, slots, source};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -161,8 +161,9 @@ pub struct SlicesArgs {
     /// The pool's generation
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..))]
     pub generation: i64,
-    /// Say, for each IOMMU group, the device it is published as or why it is not (a table;
-    /// with --json, an array)
+    /// Say, for each IOMMU group, the device it is published as or why it is not, and for each
+    /// mdev type, how many slots it is published with or why none (a table; with --json, an
+    /// array of the groups, then the types)
     #[arg(long)]
     pub explain: bool,
 }
@@ -177,8 +178,11 @@ fn run_slices(ctx: &Ctx, args: SlicesArgs, out: &mut dyn Write) -> Result<Exit> 
     let inv = ctx.inventory()?;
     if args.explain {
         let d = slices::decide(&inv);
+        let (_, types) = slots::decide(&inv);
         if ctx.json {
-            write_json(out, &d)?;
+            let mut all: Vec<serde_json::Value> = d.iter().map(|g| serde_json::json!(g)).collect();
+            all.extend(types.iter().map(|t| serde_json::json!(t)));
+            write_json(out, &all)?;
         } else {
             writeln!(out, "GROUP  DEVICE             MEMBERS")?;
             for g in &d {
@@ -189,6 +193,16 @@ fn run_slices(ctx: &Ctx, args: SlicesArgs, out: &mut dyn Write) -> Result<Exit> 
                 writeln!(out, "{}", line.trim_end())?;
                 if let Some(r) = &g.reason {
                     writeln!(out, "       not published: {r}")?;
+                }
+            }
+            if !types.is_empty() {
+                writeln!(out, "MDEV PARENT        TYPE               SLOTS")?;
+                for ty in &types {
+                    writeln!(out, "{:<18} {:<18} {}", ty.parent, ty.mdev_type, ty.slots)?;
+                    if let Some(r) = &ty.reason {
+                        let what = if ty.slots == 0 { "not published" } else { "note" };
+                        writeln!(out, "       {what}: {r}")?;
+                    }
                 }
             }
         }

@@ -29,12 +29,18 @@ pub(super) fn read_mdevs(host: &HostRoot, warnings: &mut Vec<String>) -> Vec<Mde
             .flatten()
             .and_then(|n| n.parse().ok());
         let driver = link_name(&p.join("driver")).ok().flatten();
+        // As for a PCI function: the cdev is `vfio-dev/vfioN` with a `dev` attribute.
+        let vfio_cdev = dir_names(&p.join("vfio-dev")).ok().and_then(|v| {
+            v.into_iter()
+                .find(|n| n.starts_with("vfio") && p.join("vfio-dev").join(n).join("dev").exists())
+        });
         out.push(MdevInstance {
             uuid,
             parent,
             type_id,
             iommu_group,
             driver,
+            vfio_cdev,
         });
     }
     out

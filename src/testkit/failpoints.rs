@@ -74,6 +74,11 @@ impl<H: HostOps> Failpoints<H> {
     }
 
     /// The host behind the failpoints.
+    /// How many writes were counted so far.
+    pub fn writes(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
     pub fn inner(&self) -> &H {
         &self.inner
     }

@@ -36,6 +36,8 @@ func slices(data []byte) (string, error) {
 		return "", fmt.Errorf("kind %q, want List", list.Kind)
 	}
 	devices := 0
+	counters := map[string]map[string]resourcev1.Counter{}
+	var consumptions []resourcev1.Device
 	for i, raw := range list.Items {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
@@ -48,6 +50,36 @@ func slices(data []byte) (string, error) {
 		}
 		if n := len(s.Spec.Devices); n > resourcev1.ResourceSliceMaxDevices {
 			return "", fmt.Errorf("%s: %d devices > ResourceSliceMaxDevices %d", s.Name, n, resourcev1.ResourceSliceMaxDevices)
+		}
+		// KEP-4815: a slice holds devices or counter sets, never both; devices that consume
+		// counters make it a slice of at most ResourceSliceMaxDevicesWithAdvancedFeatures.
+		if len(s.Spec.Devices) > 0 && len(s.Spec.SharedCounters) > 0 {
+			return "", fmt.Errorf("%s: both devices and sharedCounters", s.Name)
+		}
+		if n := len(s.Spec.SharedCounters); n > resourcev1.ResourceSliceMaxCounterSets {
+			return "", fmt.Errorf("%s: %d counter sets > ResourceSliceMaxCounterSets", s.Name, n)
+		}
+		for _, cs := range s.Spec.SharedCounters {
+			if _, dup := counters[cs.Name]; dup {
+				return "", fmt.Errorf("counter set %s twice in the pool", cs.Name)
+			}
+			if n := len(cs.Counters); n > resourcev1.ResourceSliceMaxCountersPerCounterSet {
+				return "", fmt.Errorf("counter set %s: %d counters", cs.Name, n)
+			}
+			counters[cs.Name] = cs.Counters
+		}
+		consuming := 0
+		for _, d := range s.Spec.Devices {
+			if len(d.ConsumesCounters) > 0 {
+				consuming++
+			}
+			if n := len(d.ConsumesCounters); n > resourcev1.ResourceSliceMaxDeviceCounterConsumptionsPerDevice {
+				return "", fmt.Errorf("%s: %d counter consumptions", d.Name, n)
+			}
+			consumptions = append(consumptions, d)
+		}
+		if consuming > 0 && len(s.Spec.Devices) > resourcev1.ResourceSliceMaxDevicesWithAdvancedFeatures {
+			return "", fmt.Errorf("%s: %d devices, %d consuming counters > ResourceSliceMaxDevicesWithAdvancedFeatures %d", s.Name, len(s.Spec.Devices), consuming, resourcev1.ResourceSliceMaxDevicesWithAdvancedFeatures)
 		}
 		if s.Spec.Pool.ResourceSliceCount != int64(len(list.Items)) {
 			return "", fmt.Errorf("%s: resourceSliceCount %d for %d slices", s.Name, s.Spec.Pool.ResourceSliceCount, len(list.Items))
@@ -79,6 +111,24 @@ func slices(data []byte) (string, error) {
 		}
 		devices += len(s.Spec.Devices)
 	}
+	// Every consumed counter exists in the pool, and no device alone needs more than it holds.
+	for _, d := range consumptions {
+		for _, c := range d.ConsumesCounters {
+			set, ok := counters[c.CounterSet]
+			if !ok {
+				return "", fmt.Errorf("%s consumes from counter set %s, which the pool does not have", d.Name, c.CounterSet)
+			}
+			for name, want := range c.Counters {
+				have, ok := set[name]
+				if !ok {
+					return "", fmt.Errorf("%s consumes counter %s/%s, which does not exist", d.Name, c.CounterSet, name)
+				}
+				if want.Value.Cmp(have.Value) > 0 {
+					return "", fmt.Errorf("%s consumes %s of %s/%s, which holds %s", d.Name, want.Value.String(), c.CounterSet, name, have.Value.String())
+				}
+			}
+		}
+	}
 	return fmt.Sprintf("OK slices %d devices %d", len(list.Items), devices), nil
 }
 
@@ -100,14 +150,23 @@ func meta(data []byte) (string, error) {
 	if len(internal.Requests) == 0 || len(internal.Requests[0].Devices) == 0 {
 		return "", fmt.Errorf("no devices")
 	}
+	// KubeVirt's rule: a passthrough device is found by resource.kubernetes.io/pciBusID, a
+	// mediated device by mdevUUID; exactly one of them.
 	d := internal.Requests[0].Devices[0]
-	bus := d.Attributes["resource.kubernetes.io/pciBusID"]
-	if bus.StringValue == nil {
-		return "", fmt.Errorf("%s has no resource.kubernetes.io/pciBusID", d.Name)
+	key := "resource.kubernetes.io/pciBusID"
+	if _, ok := d.Attributes["mdevUUID"]; ok {
+		if _, both := d.Attributes[resourcev1.QualifiedName(key)]; both {
+			return "", fmt.Errorf("%s has both pciBusID and mdevUUID", d.Name)
+		}
+		key = "mdevUUID"
 	}
-	oldBus := old.Requests[0].Devices[0].Attributes["resource.kubernetes.io/pciBusID"]
+	bus := d.Attributes[resourcev1.QualifiedName(key)]
+	if bus.StringValue == nil {
+		return "", fmt.Errorf("%s has no %s", d.Name, key)
+	}
+	oldBus := old.Requests[0].Devices[0].Attributes[resourcev1.QualifiedName(key)]
 	if oldBus.StringValue == nil || *oldBus.StringValue != *bus.StringValue {
-		return "", fmt.Errorf("v1alpha1 reader sees another pciBusID")
+		return "", fmt.Errorf("v1alpha1 reader sees another %s", key)
 	}
 	return fmt.Sprintf("OK metadata %s %s %s %s", internal.Namespace, internal.Name, d.Name, *bus.StringValue), nil
 }

@@ -94,8 +94,23 @@ fn check_limits(list: &serde_json::Value) -> usize {
             items.len()
         );
         assert_eq!(spec["pool"]["name"], spec["nodeName"]);
-        let devs = spec["devices"].as_array().unwrap();
-        assert!(devs.len() <= 128, "ResourceSliceMaxDevices: {}", devs.len());
+        // KEP-4815: a slice holds devices or counter sets, never both; a slice whose devices
+        // consume counters holds at most 64 (ResourceSliceMaxDevicesWithAdvancedFeatures).
+        let empty = Vec::new();
+        let devs = spec["devices"].as_array().unwrap_or(&empty);
+        let sets = spec["sharedCounters"].as_array().unwrap_or(&empty);
+        assert!(
+            devs.is_empty() || sets.is_empty(),
+            "devices and counters in one slice"
+        );
+        assert!(sets.len() <= 8, "ResourceSliceMaxCounterSets: {}", sets.len());
+        let counting = devs.iter().any(|d| d.get("consumesCounters").is_some());
+        let most = if counting { 64 } else { 128 };
+        assert!(
+            devs.len() <= most,
+            "ResourceSliceMaxDevices: {} (most {most})",
+            devs.len()
+        );
         for d in devs {
             let name = d["name"].as_str().unwrap();
             assert!(
@@ -118,8 +133,20 @@ fn check_limits(list: &serde_json::Value) -> usize {
                     assert!(s.len() <= 64, "{k}: {s}");
                 }
             }
-            assert!(attrs.contains_key("resource.kubernetes.io/pciBusID"));
-            assert!(attrs.contains_key("resource.kubernetes.io/pcieRoot"));
+            // A whole group carries the standard pciBusID (KubeVirt's passthrough key); an mdev
+            // slot never does (KubeVirt would take it for a PCI device).
+            match attrs["gpupass.dev/type"]["string"].as_str() {
+                Some("group") => {
+                    assert!(attrs.contains_key("resource.kubernetes.io/pciBusID"));
+                    assert!(attrs.contains_key("resource.kubernetes.io/pcieRoot"));
+                }
+                Some("mdev") => {
+                    assert!(!attrs.contains_key("resource.kubernetes.io/pciBusID"));
+                    assert!(attrs.contains_key("gpupass.dev/mdevType"));
+                    assert!(d["consumesCounters"].is_array(), "{name}");
+                }
+                other => panic!("{name}: type {other:?}"),
+            }
             devices += 1;
         }
     }
@@ -141,15 +168,24 @@ fn slices_and_explanations_match_golden_and_keep_the_api_limits() {
         let explain = ok(&on_host(h, &["dra", "slices", "--explain"]));
         golden(&format!("{h}/dra-explain.txt"), &explain);
         let decisions = ok_json(&on_host(h, &["--json", "dra", "slices", "--explain"]));
-        let n = decisions
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|d| d["device"].is_string())
-            .count();
+        let all = decisions.as_array().unwrap();
+        let groups: Vec<&serde_json::Value> = all.iter().filter(|d| d.get("members").is_some()).collect();
+        let types: Vec<&serde_json::Value> = all.iter().filter(|d| d.get("mdev_type").is_some()).collect();
+        assert_eq!(groups.len() + types.len(), all.len(), "{h}");
+        let n = groups.iter().filter(|d| d["device"].is_string()).count()
+            + types
+                .iter()
+                .map(|t| t["slots"].as_u64().unwrap() as usize)
+                .sum::<usize>();
         assert_eq!(n, published, "{h}: --explain and the slices agree");
-        for d in decisions.as_array().unwrap() {
+        for d in groups {
             assert!(d["device"].is_string() != d["reason"].is_string(), "{h}: {d}");
+        }
+        for d in types {
+            assert!(
+                d["slots"].as_u64() != Some(0) || d["reason"].is_string(),
+                "{h}: {d}"
+            );
         }
     }
 }
@@ -304,8 +340,9 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             pool: "node-a".into(),
             device: "pci-0000-00-05-0".into(),
             group: 4,
-            lead: a("0000:00:05.0"),
+            lead: Some(a("0000:00:05.0")),
             members: vec![a("0000:00:05.0"), a("0000:00:05.1")],
+            mdev: None,
         }],
         policy: BackendPolicy::Legacy,
     };
@@ -338,5 +375,81 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
         for id in &p.devices[0].cdi_device_ids {
             assert!(loaded.contains(id), "{id} not in {loaded:?}");
         }
+    }
+    // An mdev slot's claim (the lab capture's mbochs instance, group 12): the CDI spec hands
+    // the instance's group, and Kubernetes' reader (and a v1alpha1-only one, as KubeVirt's
+    // is) finds its mdevUUID and no pciBusID.
+    let inv = gpupass::inventory::scan(&gpupass::host::HostRoot::new(host("mdev-lab"))).unwrap();
+    let uuid = "83b8f4f2-509f-382f-3c1e-e6bfe0fa1001";
+    let checked = Checked {
+        claim: ClaimRef {
+            namespace: "default".into(),
+            uid: "0c1d2e3f-0f0e-4f5e-9d7c-2a1b3c4d5e6f".into(),
+            name: "display".into(),
+        },
+        pod_claim_name: None,
+        devices: vec![ClaimDevice {
+            request: "mdev".into(),
+            pool: "node-a".into(),
+            device: "mdev-mbochs-mbochs-small-0".into(),
+            group: 0,
+            lead: None,
+            members: Vec::new(),
+            mdev: Some(claim::ClaimMdev {
+                parent: "mbochs".into(),
+                mdev_type: "mbochs-small".into(),
+                uuid: uuid.into(),
+            }),
+        }],
+        policy: BackendPolicy::Legacy,
+    };
+    assert_eq!(
+        claim::choose_backend(&inv, &checked).unwrap(),
+        gpupass::model::Backend::Legacy
+    );
+    let p = claim::result(
+        &inv,
+        "vfio.gpupass.dev",
+        &checked,
+        gpupass::model::Backend::Legacy,
+    );
+    let spec = p
+        .files
+        .iter()
+        .find(|f| f.path.ends_with(&format!("_claim_{}.json", checked.claim.uid)))
+        .unwrap();
+    assert!(
+        spec.contains_nodes(&["/dev/vfio/vfio", "/dev/vfio/12"]),
+        "{}",
+        spec.contents
+    );
+    let name = spec.path.rsplit('/').next().unwrap().trim_end_matches(".json");
+    crate::cdi_validate::validate(helper, name, &spec.contents)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", spec.path, spec.contents));
+    if let Some(v) = dra_validator() {
+        let m = p
+            .files
+            .iter()
+            .find(|f| f.path.ends_with("/metadata.json"))
+            .unwrap();
+        let line = dra_validate(v, "metadata", &m.contents);
+        assert_eq!(
+            line,
+            format!("OK metadata default display mdev-mbochs-mbochs-small-0 {uuid}\n")
+        );
+    }
+}
+
+trait Nodes {
+    fn contains_nodes(&self, paths: &[&str]) -> bool;
+}
+
+impl Nodes for gpupass::containers::dra::claim::FileWrite {
+    /// Whether the spec's JSON names each of `paths` as a device node path.
+    fn contains_nodes(&self, paths: &[&str]) -> bool {
+        paths.iter().all(|p| {
+            self.contents.contains(&format!("\"path\": \"{p}\""))
+                || self.contents.contains(&format!("\"path\":\"{p}\""))
+        })
     }
 }

@@ -15,7 +15,7 @@ use super::slices::{self, SliceOptions};
 use super::source::{checked_names, ClaimSource, SourceError};
 use crate::model::Inventory;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{CounterSet, Device, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use std::path::Path;
@@ -168,6 +168,15 @@ fn pool_devices(s: &[ResourceSlice]) -> Vec<Device> {
         .collect()
 }
 
+/// The counter sets of a pool's slices, in slice-name order.
+fn pool_counters(s: &[ResourceSlice]) -> Vec<CounterSet> {
+    let mut v: Vec<&ResourceSlice> = s.iter().collect();
+    v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    v.iter()
+        .flat_map(|s| s.spec.shared_counters.clone().unwrap_or_default())
+        .collect()
+}
+
 /// What turns `existing` (this node's and driver's slices) into the pool `inv` renders: nothing
 /// when the newest generation already holds exactly those devices in that many slices with the
 /// same owner; otherwise every slice of the next generation created or replaced, then the ones
@@ -209,7 +218,8 @@ pub fn reconcile(
             wanted.sort();
             names == wanted
         }
-        && pool_devices(existing) == pool_devices(&want);
+        && pool_devices(existing) == pool_devices(&want)
+        && pool_counters(existing) == pool_counters(&want);
     if same {
         return Vec::new();
     }
@@ -241,7 +251,7 @@ pub struct Publisher {
     pub api: Arc<Kube>,
     pub node: String,
     pub driver: String,
-    published: Option<Vec<Device>>,
+    published: Option<slices::Pool>,
     retry: Option<(Instant, Duration)>,
 }
 
@@ -258,7 +268,7 @@ impl Publisher {
 
     /// Brings the API server's slices to `inv`'s pool when they may differ.
     pub fn publish(&mut self, inv: &Inventory) {
-        let devices = slices::devices(inv);
+        let devices = slices::pool(inv);
         if self.published.as_ref() == Some(&devices) {
             return;
         }

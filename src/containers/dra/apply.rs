@@ -11,10 +11,13 @@
 //!   ([`Session::apply_then`](crate::change::Session::apply_then)): which VFIO nodes a claim
 //!   gets (the group node, or the device cdev that appears only once vfio-pci holds the
 //!   function) is known only after the bind.
-//! - [`unprepare`]: the undo of that plan as one plan of its own: the functions the claim
-//!   moved given back to the drivers the journal recorded (`bind::apply::plan_unbind_in`
-//!   with `only`: never a function that was on vfio-pci before gpupass touched it), the
-//!   files removed.
+//!   The mediated devices of the claim's mdev slots are created in the same plan, after the
+//!   bind and before the files (`mdev::plan`'s create steps: an instance's VFIO nodes, like
+//!   a bound function's, exist only once it does).
+//! - [`unprepare`]: the undo of that plan as one plan of its own: the claim's mediated
+//!   devices removed, the functions the claim moved given back to the drivers the journal
+//!   recorded (`bind::apply::plan_unbind_in` with `only`: never a function that was on
+//!   vfio-pci before gpupass touched it), the files removed.
 //!
 //! The lock is waited for at most `wait` (the plugin's bound, never past the kubelet's
 //! deadline): a kubelet call must not hang behind another gpupass; it fails and is retried.
@@ -108,10 +111,19 @@ fn files_part(host: &HostRoot, what: &str, files: &[File]) -> Part {
 /// The error `files` may give, boxed for the engine.
 pub type FilesError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A mediated device of a claim: its UUID, parent and type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mdev {
+    pub uuid: String,
+    pub parent: String,
+    pub mdev_type: String,
+}
+
 /// Prepare a claim: under the one lock (waiting at most `wait`), one plan owned by
 /// `owner`: the bind of every listed function's IOMMU group (the members already on a VFIO
-/// driver are named too and left alone; with all on one, no bind), then the files `files`
-/// returns from the host as the bind left it. A refusal (a member in use by the host,
+/// driver are named too and left alone; with all on one, no bind), the creation of each of
+/// `mdevs` not present yet, then the files `files` returns from the host as the bind and
+/// the creation left it. A refusal (a member in use by the host,
 /// naming the holder), a lock held past `wait`, a failed write or check, or an error of
 /// `files` fails it; what was written is rolled back.
 pub fn prepare(
@@ -120,6 +132,7 @@ pub fn prepare(
     owner: &str,
     what: &str,
     members: &[PciAddress],
+    mdevs: &[Mdev],
     files: &mut dyn FnMut(&HostRoot) -> Result<Vec<File>, FilesError>,
 ) -> Result<Applied, ApplyError> {
     let host = ops.root().clone();
@@ -141,6 +154,19 @@ pub fn prepare(
         moved = planned.plan.functions.iter().map(|f| f.address).collect();
         plan.push(planned.plan.to_part());
     }
+    let create: Vec<crate::change::Object> = mdevs
+        .iter()
+        .filter(|m| !host.path(&crate::mdev::plan::instance_path(&m.uuid)).exists())
+        .map(|m| crate::change::Object::Create {
+            uuid: m.uuid.clone(),
+            parent: m.parent.clone(),
+            mdev_type: m.mdev_type.clone(),
+            attrs: Vec::new(),
+        })
+        .collect();
+    if !create.is_empty() {
+        plan.push(crate::mdev::plan::part("create", create));
+    }
     let mut wrote = !plan.is_empty();
     let mut then = |h: &HostRoot| -> Result<Part, FilesError> {
         let part = files_part(h, what, &files(h)?);
@@ -153,8 +179,9 @@ pub fn prepare(
 }
 
 /// Unprepare a claim: under the one lock (waiting at most `wait`), one plan owned by
-/// `owner`: `restore` (the functions the claim's prepare moved) given back to the drivers
-/// the journal recorded, and `files` removed. A function no longer on a VFIO driver is left
+/// `owner`: `mdevs` (the claim's mediated devices) removed where present, `restore` (the
+/// functions the claim's prepare moved) given back to the drivers the journal recorded,
+/// and `files` removed. A function no longer on a VFIO driver is left
 /// as it is; a VFIO group still open by a process is refused, naming it.
 pub fn unprepare(
     ops: &dyn HostOps,
@@ -162,12 +189,25 @@ pub fn unprepare(
     owner: &str,
     what: &str,
     restore: &[PciAddress],
+    mdevs: &[Mdev],
     files: &[String],
 ) -> Result<Applied, ApplyError> {
     let host = ops.root().clone();
     let mut session = Session::lock(ops, wait)?;
     let mut plan = Plan::default().owned_by(owner);
     let mut moved = Vec::new();
+    let remove: Vec<crate::change::Object> = mdevs
+        .iter()
+        .filter(|m| host.path(&crate::mdev::plan::instance_path(&m.uuid)).exists())
+        .map(|m| crate::change::Object::Remove {
+            uuid: m.uuid.clone(),
+            parent: m.parent.clone(),
+            mdev_type: m.mdev_type.clone(),
+        })
+        .collect();
+    if !remove.is_empty() {
+        plan.push(crate::mdev::plan::part("remove", remove));
+    }
     let to_restore: Vec<PciAddress> = restore
         .iter()
         .copied()

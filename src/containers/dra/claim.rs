@@ -10,6 +10,7 @@
 //! unknown field or value is an error, never a default).
 
 use super::slices::{self, Publishable};
+use super::slots::MdevSlot;
 use super::DOMAIN;
 use crate::inventory::backend::{self, Policy};
 use crate::model::{is_vfio_driver, Backend, Inventory, PciAddress};
@@ -149,26 +150,72 @@ pub enum ClaimError {
     #[error("claim {claim}: require-iommufd, but {address} cannot use iommufd: {reason}; use prefer-iommufd or legacy")]
     IommufdRequired {
         claim: String,
-        address: PciAddress,
+        /// The function (`0000:01:00.0`) or mediated device (`mdev <uuid>`).
+        address: String,
         reason: String,
     },
     #[error("claim {claim}: {address} is not usable through VFIO after the bind ({reason}); gpupass dra slices --explain shows the group")]
     NotServable {
         claim: String,
-        address: PciAddress,
+        address: String,
         reason: String,
     },
 }
 
-/// One allocated device of ours, checked.
+/// One allocated device of ours, checked: a whole IOMMU group (`members` bound to vfio-pci),
+/// or an mdev slot (`mdev`: an instance created for the claim; no member, no lead).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimDevice {
     pub request: String,
     pub pool: String,
     pub device: String,
+    /// The group of a group device (an mdev's group exists only once it is created).
     pub group: u32,
-    pub lead: PciAddress,
+    /// The function whose `pciBusID` a group device carries.
+    #[serde(default)]
+    pub lead: Option<PciAddress>,
     pub members: Vec<PciAddress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mdev: Option<ClaimMdev>,
+}
+
+/// The mediated device an mdev slot of a claim becomes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimMdev {
+    /// The parent (`mtty`, `0000:01:00.0`) and type (`mtty-2`).
+    pub parent: String,
+    pub mdev_type: String,
+    /// The instance's UUID: chosen by the plugin and saved in the checkpoint before the
+    /// instance is created (empty until then), kept across retries.
+    pub uuid: String,
+}
+
+impl ClaimDevice {
+    /// `0000:01:00.0` for a group, `mdev <uuid>` for a mediated device: what a message names.
+    pub fn label(&self) -> String {
+        match (&self.mdev, self.lead) {
+            (Some(m), _) => format!("mdev {} ({} on {})", m.uuid, m.mdev_type, m.parent),
+            (None, Some(a)) => a.to_string(),
+            (None, None) => self.device.clone(),
+        }
+    }
+}
+
+/// What this node offers: the groups and the mdev slots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offered {
+    pub groups: Vec<Publishable>,
+    pub slots: Vec<MdevSlot>,
+}
+
+impl Offered {
+    /// The offer of `inv` ([`slices::publishable`], [`super::slots::offered`]).
+    pub fn of(inv: &Inventory) -> Self {
+        Offered {
+            groups: slices::publishable(inv),
+            slots: super::slots::offered(inv),
+        }
+    }
 }
 
 /// A claim that passed [`check`].
@@ -245,7 +292,7 @@ pub fn check(
     asked: &ClaimRef,
     claim: &ResourceClaim,
     me: &Identity,
-    offered: &[Publishable],
+    offered: &Offered,
     default: Policy,
 ) -> Result<Checked, ClaimError> {
     let label = claim_label(asked);
@@ -324,7 +371,31 @@ pub fn check(
                 device: r.device.clone(),
             });
         }
-        let Some(p) = offered.iter().find(|p| p.name == r.device) else {
+        let found = if let Some(p) = offered.groups.iter().find(|p| p.name == r.device) {
+            ClaimDevice {
+                request: r.request.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                group: p.group,
+                lead: Some(p.lead),
+                members: p.members.clone(),
+                mdev: None,
+            }
+        } else if let Some(s) = offered.slots.iter().find(|s| s.name == r.device) {
+            ClaimDevice {
+                request: r.request.clone(),
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                group: 0,
+                lead: None,
+                members: Vec::new(),
+                mdev: Some(ClaimMdev {
+                    parent: s.parent.clone(),
+                    mdev_type: s.mdev_type.clone(),
+                    uuid: String::new(),
+                }),
+            }
+        } else {
             return Err(ClaimError::UnknownDevice {
                 claim: label,
                 request: r.request.clone(),
@@ -337,14 +408,7 @@ pub fn check(
                 device: r.device.clone(),
             });
         }
-        devices.push(ClaimDevice {
-            request: r.request.clone(),
-            pool: r.pool.clone(),
-            device: r.device.clone(),
-            group: p.group,
-            lead: p.lead,
-            members: p.members.clone(),
-        });
+        devices.push(found);
     }
     if devices.is_empty() {
         return Err(ClaimError::NoDevices {
@@ -500,64 +564,97 @@ pub fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimE
     match (backend::iommufd_ready(inv), checked.devices.first()) {
         (Err(why), Some(d)) => Err(ClaimError::IommufdRequired {
             claim: claim_label(&checked.claim),
-            address: d.lead,
+            address: d.label(),
             reason: why.to_string(),
         }),
         _ => Ok(()),
     }
 }
 
-/// The backend of the whole claim, from the inventory read after the bind.
-pub fn choose_backend(inv: &Inventory, checked: &Checked) -> Result<Backend, ClaimError> {
+/// What one VFIO unit of a claim (a bound function, or a created mediated device) can use.
+struct Unit {
+    label: String,
+    legacy: bool,
+    /// `Err(why)` when it cannot use iommufd.
+    iommufd: Result<(), String>,
+}
+
+/// The VFIO units of a checked claim in the host as the bind and the mdev creation left it:
+/// every member function of each group device, the instance of each mdev slot.
+fn units(inv: &Inventory, checked: &Checked) -> Result<Vec<Unit>, ClaimError> {
     let label = claim_label(&checked.claim);
-    let funcs: Vec<PciAddress> = checked
-        .devices
-        .iter()
-        .flat_map(|d| d.members.iter().copied())
-        .collect();
-    for a in &funcs {
-        let Some(d) = inv.device(a) else {
-            return Err(ClaimError::NotServable {
-                claim: label,
-                address: *a,
-                reason: "the function is gone".into(),
+    let servable = |address: String, reason: String| ClaimError::NotServable {
+        claim: label.clone(),
+        address,
+        reason,
+    };
+    let mut out = Vec::new();
+    for dev in &checked.devices {
+        if let Some(m) = &dev.mdev {
+            let Some(i) = inv.mdev(&m.uuid) else {
+                return Err(servable(dev.label(), "the mediated device is gone".into()));
+            };
+            let Some(g) = i.iommu_group else {
+                return Err(servable(
+                    dev.label(),
+                    "it has no IOMMU group (its vendor driver did not register it with VFIO)".into(),
+                ));
+            };
+            let node = inv.groups.iter().any(|x| x.number == g && x.vfio_node_present);
+            let iommufd = match (backend::iommufd_ready(inv), &i.vfio_cdev) {
+                (Err(r), _) => Err(r.to_string()),
+                (Ok(()), None) => Err(format!("mdev {} has no vfio-dev/vfioN in sysfs", m.uuid)),
+                (Ok(()), Some(_)) => Ok(()),
+            };
+            out.push(Unit {
+                label: dev.label(),
+                legacy: inv.vfio_container_present && node,
+                iommufd,
             });
-        };
-        if let Err(e) = inv.vfio_group(d) {
-            return Err(ClaimError::NotServable {
-                claim: label,
-                address: *a,
-                reason: e.to_string(),
+            continue;
+        }
+        for a in &dev.members {
+            let Some(d) = inv.device(a) else {
+                return Err(servable(a.to_string(), "the function is gone".into()));
+            };
+            if let Err(e) = inv.vfio_group(d) {
+                return Err(servable(a.to_string(), e.to_string()));
+            }
+            out.push(Unit {
+                label: a.to_string(),
+                legacy: d.backends.contains(&Backend::Legacy),
+                iommufd: if d.backends.contains(&Backend::Iommufd) {
+                    Ok(())
+                } else {
+                    Err(backend::why_not_iommufd(inv, d))
+                },
             });
         }
     }
-    let all = |b: Backend| {
-        funcs
-            .iter()
-            .filter_map(|a| inv.device(a))
-            .all(|d| d.backends.contains(&b))
-    };
-    let first_without = |b: Backend| {
-        funcs
-            .iter()
-            .filter_map(|a| inv.device(a))
-            .find(|d| !d.backends.contains(&b))
-    };
+    Ok(out)
+}
+
+/// The backend of the whole claim, from the inventory read after the bind (and the creation
+/// of its mediated devices).
+pub fn choose_backend(inv: &Inventory, checked: &Checked) -> Result<Backend, ClaimError> {
+    let label = claim_label(&checked.claim);
+    let units = units(inv, checked)?;
+    let without_iommufd = units.iter().find(|u| u.iommufd.is_err());
     match checked.policy {
-        BackendPolicy::RequireIommufd => match first_without(Backend::Iommufd) {
+        BackendPolicy::RequireIommufd => match without_iommufd {
             None => Ok(Backend::Iommufd),
-            Some(d) => Err(ClaimError::IommufdRequired {
+            Some(u) => Err(ClaimError::IommufdRequired {
                 claim: label,
-                address: d.address,
-                reason: backend::why_not_iommufd(inv, d),
+                address: u.label.clone(),
+                reason: u.iommufd.clone().err().unwrap_or_default(),
             }),
         },
-        BackendPolicy::PreferIommufd if all(Backend::Iommufd) => Ok(Backend::Iommufd),
-        BackendPolicy::PreferIommufd | BackendPolicy::Legacy => match first_without(Backend::Legacy) {
+        BackendPolicy::PreferIommufd if without_iommufd.is_none() => Ok(Backend::Iommufd),
+        BackendPolicy::PreferIommufd | BackendPolicy::Legacy => match units.iter().find(|u| !u.legacy) {
             None => Ok(Backend::Legacy),
-            Some(d) => Err(ClaimError::NotServable {
+            Some(u) => Err(ClaimError::NotServable {
                 claim: label,
-                address: d.address,
+                address: u.label.clone(),
                 reason: "its group's /dev/vfio node or /dev/vfio/vfio is missing (legacy backend)".into(),
             }),
         },
@@ -605,25 +702,31 @@ pub fn result(inv: &Inventory, driver: &str, checked: &Checked, backend: Backend
     let mut cdi_devices = Vec::new();
     let mut devices = Vec::new();
     for d in &checked.devices {
-        let vfio: Vec<&crate::model::PciDevice> = d
-            .members
-            .iter()
-            .filter_map(|a| inv.device(a))
-            .filter(|f| f.driver.as_deref().is_some_and(is_vfio_driver))
-            .collect();
-        let nodes = backend::nodes(backend, d.group, &vfio);
+        let (nodes, env_value) = match &d.mdev {
+            Some(m) => {
+                let i = inv.mdev(&m.uuid);
+                let group = i.and_then(|i| i.iommu_group).unwrap_or_default();
+                let cdev = i.and_then(|i| i.vfio_cdev.as_deref());
+                (backend::node_paths(backend, group, cdev), m.uuid.clone())
+            }
+            None => {
+                let vfio: Vec<&crate::model::PciDevice> = d
+                    .members
+                    .iter()
+                    .filter_map(|a| inv.device(a))
+                    .filter(|f| f.driver.as_deref().is_some_and(is_vfio_driver))
+                    .collect();
+                let members: Vec<String> = d.members.iter().map(|a| a.to_string()).collect();
+                (backend::nodes(backend, d.group, &vfio), members.join(","))
+            }
+        };
         let name = format!("{uid}-{}", d.device);
         cdi_devices.push(cdi::Device {
             name: name.clone(),
             container_edits: cdi::ContainerEdits {
                 env: vec![format!(
-                    "GPUPASS_DRA_{}={}",
+                    "GPUPASS_DRA_{}={env_value}",
                     d.device.to_ascii_uppercase().replace('-', "_"),
-                    d.members
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
                 )],
                 device_nodes: nodes
                     .into_iter()
@@ -717,37 +820,61 @@ pub fn result(inv: &Inventory, driver: &str, checked: &Checked, backend: Backend
     }
 }
 
-/// The attributes a metadata file carries for one device: the standard `pciBusID` and
-/// `pcieRoot` (KubeVirt hands the `pciBusID` function to the VM), the group, its members and
-/// the backend the claim got.
+/// The attributes a metadata file carries for one device. A group: the standard `pciBusID`
+/// and `pcieRoot` (KubeVirt hands the `pciBusID` function to the VM), the group, its members
+/// and the backend the claim got. A mediated device: `mdevUUID` (what KubeVirt hands to the
+/// VM), its type, parent and group, the backend, and the parent's `pcieRoot` when the parent
+/// is a PCI function.
 fn metadata_attributes(
     inv: &Inventory,
     d: &ClaimDevice,
     backend: Backend,
 ) -> BTreeMap<String, serde_json::Value> {
     let std = super::STANDARD_DOMAIN;
-    BTreeMap::from([
-        (
+    let mut a = BTreeMap::from([(
+        format!("{DOMAIN}/backend"),
+        serde_json::json!({"string": backend.as_str()}),
+    )]);
+    if let Some(m) = &d.mdev {
+        a.insert("mdevUUID".into(), serde_json::json!({"string": m.uuid}));
+        a.insert(
+            format!("{DOMAIN}/mdevType"),
+            serde_json::json!({"string": m.mdev_type}),
+        );
+        a.insert(
+            format!("{DOMAIN}/mdevParent"),
+            serde_json::json!({"string": m.parent}),
+        );
+        if let Some(g) = inv.mdev(&m.uuid).and_then(|i| i.iommu_group) {
+            a.insert(format!("{DOMAIN}/iommuGroup"), serde_json::json!({"int": g}));
+        }
+        if let Ok(p) = m.parent.parse::<PciAddress>() {
+            a.insert(
+                format!("{std}/pcieRoot"),
+                serde_json::json!({"string": slices::pcie_root(inv, &p)}),
+            );
+        }
+        return a;
+    }
+    if let Some(lead) = d.lead {
+        a.insert(
             format!("{std}/pciBusID"),
-            serde_json::json!({"string": d.lead.to_string()}),
-        ),
-        (
+            serde_json::json!({"string": lead.to_string()}),
+        );
+        a.insert(
             format!("{std}/pcieRoot"),
-            serde_json::json!({"string": slices::pcie_root(inv, &d.lead)}),
-        ),
-        (
-            format!("{DOMAIN}/iommuGroup"),
-            serde_json::json!({"int": d.group}),
-        ),
-        (
-            format!("{DOMAIN}/members"),
-            serde_json::json!({"string": d.members.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")}),
-        ),
-        (
-            format!("{DOMAIN}/backend"),
-            serde_json::json!({"string": backend.as_str()}),
-        ),
-    ])
+            serde_json::json!({"string": slices::pcie_root(inv, &lead)}),
+        );
+    }
+    a.insert(
+        format!("{DOMAIN}/iommuGroup"),
+        serde_json::json!({"int": d.group}),
+    );
+    a.insert(
+        format!("{DOMAIN}/members"),
+        serde_json::json!({"string": d.members.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")}),
+    );
+    a
 }
 
 #[cfg(test)]
@@ -763,13 +890,16 @@ mod tests {
         }
     }
 
-    fn offered() -> Vec<Publishable> {
-        vec![Publishable {
-            name: "pci-0000-00-05-0".into(),
-            group: 4,
-            lead: "0000:00:05.0".parse().unwrap(),
-            members: vec!["0000:00:05.0".parse().unwrap(), "0000:00:05.1".parse().unwrap()],
-        }]
+    fn offered() -> Offered {
+        Offered {
+            groups: vec![Publishable {
+                name: "pci-0000-00-05-0".into(),
+                group: 4,
+                lead: "0000:00:05.0".parse().unwrap(),
+                members: vec!["0000:00:05.0".parse().unwrap(), "0000:00:05.1".parse().unwrap()],
+            }],
+            slots: Vec::new(),
+        }
     }
 
     fn asked() -> ClaimRef {
@@ -1071,7 +1201,7 @@ mod tests {
             members: vec!["0000:00:06.0".parse().unwrap()],
         };
         let mut offered = offered();
-        offered.push(second);
+        offered.groups.push(second);
         let results = c
             .status
             .as_mut()

@@ -3,6 +3,8 @@
 //!
 //! - [`slices`]: which IOMMU groups this node offers (one DRA device per group) and the
 //!   ResourceSlices that publish them; pure over the [`Inventory`](crate::model::Inventory).
+//! - [`slots`]: the mdev types this node offers, one DRA device per instance a type can still
+//!   create, with a KEP-4815 counter set per parent; pure.
 //! - [`claim`]: the trust checks on a ResourceClaim and the per-claim result (devices, CDI
 //!   device IDs, the per-claim CDI spec, the KEP-5304 metadata files); pure.
 //! - [`checkpoint`]: prepared claims by UID, with the boot id, in one root-only file.
@@ -25,6 +27,7 @@ pub mod claim;
 pub mod prepare;
 pub mod server;
 pub mod slices;
+pub mod slots;
 pub mod source;
 
 use crate::host::HostRoot;
@@ -58,8 +61,8 @@ pub const DOMAIN: &str = "gpupass.dev";
 /// The domain of Kubernetes' standard device attributes.
 pub const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
 /// The most devices one ResourceSlice may hold: `ResourceSliceMaxDevices` in k8s.io/api
-/// v0.37.2 `resource/v1/types.go` (64 when devices use taints, counters or list attributes,
-/// which gpupass's devices do not).
+/// v0.37.2 `resource/v1/types.go`; 64 when devices consume counters, as mdev slots do:
+/// [`slots::MAX_COUNTING_DEVICES_PER_SLICE`]).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// The registration type the kubelet's plugin watcher routes to its DRA manager.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";

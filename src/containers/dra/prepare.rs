@@ -44,6 +44,8 @@ pub enum PrepareError {
         device: String,
         holder: String,
     },
+    #[error("claim {claim}: {problem}")]
+    Mdev { claim: String, problem: String },
     #[error("claim {claim}: {what} failed")]
     Apply {
         claim: String,
@@ -184,9 +186,10 @@ impl<'a> Engine<'a> {
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
         let obj = self.source.get(&c.namespace, &c.name)?;
         let inv = self.scan()?;
-        let offered = slices::publishable(&inv);
-        let checked = claim::check(c, &obj, &self.me, &offered, self.default)?;
+        let offered = claim::Offered::of(&self.as_offered(&inv));
+        let mut checked = claim::check(c, &obj, &self.me, &offered, self.default)?;
         claim::precheck_backend(&inv, &checked)?;
+        self.choose_mdevs(&inv, &label, &mut checked)?;
         for d in &checked.devices {
             if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
                 return Err(PrepareError::Held {
@@ -247,12 +250,14 @@ impl<'a> Engine<'a> {
         };
         // Every member is named, those already on VFIO too: the bind planner refuses a group
         // member of another slot that was not named.
+        let mdevs = mdevs_of(&checked.devices);
         let r = apply::prepare(
             self.ops,
             self.wait_for(deadline),
             &apply::owner(&c.uid),
             &format!("files of claim {label}"),
             &members,
+            &mdevs,
             &mut files,
         );
         let applied = match r {
@@ -301,10 +306,11 @@ impl<'a> Engine<'a> {
             return Ok(());
         };
         let label = format!("{}/{} ({})", e.claim.namespace, e.claim.name, e.claim.uid);
-        let moved = if e.boot_id == self.boot_id {
-            e.moved()
+        let (moved, mdevs) = if e.boot_id == self.boot_id {
+            (e.moved(), mdevs_of(&e.devices))
         } else {
-            Vec::new()
+            // The old kernel's binds and mediated devices went with it.
+            (Vec::new(), Vec::new())
         };
         let files = files_of(&self.me.driver, &e);
         let applied = apply::unprepare(
@@ -313,6 +319,7 @@ impl<'a> Engine<'a> {
             &apply::owner(uid),
             &format!("files of claim {label}"),
             &moved,
+            &mdevs,
             &files,
         )
         .map_err(|err| PrepareError::Apply {
@@ -406,8 +413,87 @@ impl<'a> Engine<'a> {
                     d.driver = before.clone();
                 }
             }
+            // A claim's mediated device is its slot, still allocated: the instance is not
+            // counted as the parent's, and its type has that instance available again.
+            for m in e.devices.iter().filter_map(|d| d.mdev.as_ref()) {
+                let Some(i) = v.mdevs.iter().position(|x| x.uuid == m.uuid) else {
+                    continue;
+                };
+                v.mdevs.remove(i);
+                v.groups
+                    .retain(|g| !(g.mdev_members == [m.uuid.clone()] && g.members.is_empty()));
+                let types = match m.parent.parse::<PciAddress>() {
+                    Ok(a) => v
+                        .devices
+                        .iter_mut()
+                        .find(|d| d.address == a)
+                        .map(|d| &mut d.mdev_types),
+                    Err(_) => v
+                        .mdev_parents
+                        .iter_mut()
+                        .find(|p| p.name == m.parent)
+                        .map(|p| &mut p.mdev_types),
+                };
+                if let Some(t) = types.and_then(|ts| ts.iter_mut().find(|t| t.id == m.mdev_type)) {
+                    t.available_instances = t.available_instances.map(|n| n + 1);
+                }
+            }
         }
         v
+    }
+
+    /// Give each mdev slot of `checked` its instance's UUID: the one an earlier attempt of this
+    /// claim in this boot chose (saved in the checkpoint before that attempt created anything),
+    /// else a new random one; and, for an instance not created yet, refuse now when the kernel
+    /// says its type has no instance left.
+    fn choose_mdevs(
+        &self,
+        inv: &Inventory,
+        label: &str,
+        checked: &mut claim::Checked,
+    ) -> Result<(), PrepareError> {
+        let earlier = self
+            .checkpoint
+            .claims
+            .get(&checked.claim.uid)
+            .filter(|e| e.boot_id == self.boot_id);
+        for d in checked.devices.iter_mut() {
+            let Some(m) = d.mdev.as_mut() else { continue };
+            let before = earlier
+                .and_then(|e| e.devices.iter().find(|x| x.device == d.device))
+                .and_then(|x| x.mdev.as_ref())
+                .map(|x| x.uuid.clone())
+                .filter(|u| !u.is_empty());
+            m.uuid = match before {
+                Some(u) => u,
+                None => crate::mdev::MdevUuid::random()
+                    .map_err(|e| PrepareError::Mdev {
+                        claim: label.to_string(),
+                        problem: e.to_string(),
+                    })?
+                    .to_string(),
+            };
+            if inv.mdev(&m.uuid).is_some() {
+                continue;
+            }
+            let avail = super::slots::parents(inv)
+                .into_iter()
+                .find(|(p, _, _)| *p == m.parent)
+                .and_then(|(_, _, types)| types.iter().find(|t| t.id == m.mdev_type).cloned())
+                .and_then(|t| t.available_instances);
+            if avail.unwrap_or(0) == 0 {
+                return Err(PrepareError::Mdev {
+                    claim: label.to_string(),
+                    problem: format!(
+                        "mdev type {} on {} has no instance left (the kernel's available_instances is {}): another type or user took the parent's capacity; the kubelet retries, and the node's slices are republished with the kernel's counts",
+                        m.mdev_type,
+                        m.parent,
+                        avail.map_or("absent".to_string(), |n| n.to_string())
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Every device's health now: published devices, and devices prepared in this boot
@@ -428,6 +514,20 @@ impl<'a> Engine<'a> {
 
 /// The files a claim may have written (from its result, or from its devices when Prepare
 /// stopped before the result).
+/// The mediated devices of a claim's mdev slots (those with a UUID chosen).
+fn mdevs_of(devices: &[claim::ClaimDevice]) -> Vec<apply::Mdev> {
+    devices
+        .iter()
+        .filter_map(|d| d.mdev.as_ref())
+        .filter(|m| !m.uuid.is_empty())
+        .map(|m| apply::Mdev {
+            uuid: m.uuid.clone(),
+            parent: m.parent.clone(),
+            mdev_type: m.mdev_type.clone(),
+        })
+        .collect()
+}
+
 fn files_of(driver: &str, e: &Entry) -> Vec<String> {
     if let Some(p) = &e.prepared {
         return p.files.iter().map(|f| f.path.clone()).collect();
@@ -450,11 +550,12 @@ fn files_of(driver: &str, e: &Entry) -> Vec<String> {
 /// Health, pure: see [`Engine::health`].
 pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) -> Vec<Health> {
     let mut out: BTreeMap<String, Health> = BTreeMap::new();
-    for p in slices::publishable(inv) {
+    let slots: Vec<String> = super::slots::offered(inv).into_iter().map(|s| s.name).collect();
+    for name in slices::publishable(inv).into_iter().map(|p| p.name).chain(slots) {
         out.insert(
-            p.name.clone(),
+            name.clone(),
             Health {
-                device: p.name,
+                device: name,
                 healthy: true,
                 message: String::new(),
             },
@@ -463,6 +564,20 @@ pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) ->
     for e in prepared {
         for d in &e.devices {
             let mut problem = None;
+            if let Some(m) = &d.mdev {
+                match inv.mdev(&m.uuid) {
+                    None => {
+                        problem = Some(format!(
+                            "mdev {} ({} on {}) is gone",
+                            m.uuid, m.mdev_type, m.parent
+                        ))
+                    }
+                    Some(i) if i.iommu_group.is_none() => {
+                        problem = Some(format!("mdev {} has no IOMMU group any more", m.uuid))
+                    }
+                    Some(_) => {}
+                }
+            }
             for a in &d.members {
                 let Some(f) = inv.device(a) else {
                     problem = Some(format!("{a} is gone"));
@@ -488,7 +603,9 @@ pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) ->
             );
         }
     }
-    for k in known {
+    // A slot that is no longer offered (its type filled up) is not a failed device: only
+    // prepared slots are judged, above.
+    for k in known.iter().filter(|k| !k.starts_with("mdev-")) {
         out.entry(k.clone()).or_insert_with(|| Health {
             device: k.clone(),
             healthy: false,
@@ -932,6 +1049,184 @@ mod tests {
             // `gpupass recover` then takes the bind's plan back.
             crate::change::recover(&ops, false, false).unwrap();
             assert_eq!(state(&root), before, "write {n}");
+        }
+    }
+
+    /// The lab's mtty parent (types mtty-1 with 2 instances, mtty-2 with 1) beside the lab's
+    /// group, and the claim default/tty (UID m1) allocated slot `mdev-mtty-mtty-2-0`.
+    fn mtty_claim() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let (t, root, claims) = lab_claim_with(|h| {
+            h.virtual_mdev_parent(
+                "mtty",
+                "mtty",
+                &[
+                    ("mtty-1", "Single port serial", None, 2, "vfio-pci"),
+                    ("mtty-2", "Dual port serial", None, 1, "vfio-pci"),
+                ],
+            )
+            .unwrap();
+        });
+        let c = serde_json::json!({
+            "metadata": {"name": "tty", "namespace": "default", "uid": "m1"},
+            "status": {"allocation": {
+                "devices": {"results": [{"request": "serial", "driver": DRIVER, "pool": "node-a", "device": "mdev-mtty-mtty-2-0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+            }}
+        });
+        std::fs::write(claims.join("default/tty.json"), c.to_string()).unwrap();
+        (t, root, claims)
+    }
+
+    fn tty_claim() -> ClaimRef {
+        ClaimRef {
+            namespace: "default".into(),
+            uid: "m1".into(),
+            name: "tty".into(),
+        }
+    }
+
+    /// An mdev slot's Prepare creates one instance of the slot's type through the engine (one
+    /// plan owned by the claim, UUID saved in the checkpoint first), hands the container the
+    /// instance's VFIO nodes and KubeVirt its `mdevUUID` (no `pciBusID`), leaves the node's
+    /// pool as published, writes nothing on a retry, and Unprepare removes the instance and
+    /// the files.
+    #[test]
+    fn an_mdev_slot_is_created_for_its_claim_and_removed_after() {
+        let (_t, root, claims) = mtty_claim();
+        let host = HostRoot::new(&root);
+        let ops = FakeHost::new(host.clone());
+        let mut e = engine(&ops, &claims);
+        let inv0 = crate::inventory::scan(&host).unwrap();
+        let pool0 = super::super::slices::pool(&inv0);
+        let names: Vec<&str> = pool0.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "pci-0000-00-05-0",
+                "mdev-mtty-mtty-1-0",
+                "mdev-mtty-mtty-1-1",
+                "mdev-mtty-mtty-2-0"
+            ]
+        );
+        let devs = e.prepare(&tty_claim()).unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].device, "mdev-mtty-mtty-2-0");
+        let entry = e.checkpoint().claims["m1"].clone();
+        let uuid = entry.devices[0].mdev.as_ref().unwrap().uuid.clone();
+        assert!(crate::model::is_uuid(&uuid), "{uuid}");
+        let inv = crate::inventory::scan(&host).unwrap();
+        let inst = inv.mdev(&uuid).expect("the instance exists");
+        assert_eq!(inst.type_id.as_deref(), Some("mtty-2"));
+        let g = inst.iommu_group.unwrap();
+        // The group device was not touched.
+        assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("bochs-drm"));
+        let spec = std::fs::read_to_string(root.join("var/run/cdi/vfio.gpupass.dev_claim_m1.json")).unwrap();
+        assert!(spec.contains("\"/dev/vfio/vfio\""), "{spec}");
+        assert!(spec.contains(&format!("\"/dev/vfio/{g}\"")), "{spec}");
+        assert!(
+            spec.contains(&format!("GPUPASS_DRA_MDEV_MTTY_MTTY_2_0={uuid}")),
+            "{spec}"
+        );
+        let meta = std::fs::read_to_string(root.join(format!(
+            "var/lib/kubelet/plugins/{DRIVER}/dra-device-metadata/default_tty/serial/metadata.json"
+        )))
+        .unwrap();
+        for line in meta.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let a = &v["requests"][0]["devices"][0]["attributes"];
+            assert_eq!(a["mdevUUID"]["string"], uuid.as_str(), "{line}");
+            assert_eq!(a["gpupass.dev/mdevType"]["string"], "mtty-2", "{line}");
+            assert!(a.get("resource.kubernetes.io/pciBusID").is_none(), "{line}");
+        }
+        // The scheduler allocated from the pool as it was: the claim's own instance does not
+        // shrink it.
+        assert_eq!(super::super::slices::pool(&e.as_offered(&inv)), pool0);
+        // The slot is healthy while its instance lives.
+        let h = e.health(&inv);
+        let slot = h.iter().find(|x| x.device == "mdev-mtty-mtty-2-0").unwrap();
+        assert!(slot.healthy, "{slot:?}");
+        // A retry answers from the checkpoint.
+        let writes = crate::testkit::Failpoints::new(FakeHost::new(host.clone()));
+        let mut again = engine(&writes, &claims);
+        assert_eq!(again.prepare(&tty_claim()).unwrap(), devs);
+        assert_eq!(writes.writes(), 0);
+        e.unprepare("m1").unwrap();
+        let after = crate::inventory::scan(&host).unwrap();
+        assert!(after.mdev(&uuid).is_none());
+        assert_eq!(super::super::slices::pool(&after), pool0);
+        assert!(!root.join("var/run/cdi/vfio.gpupass.dev_claim_m1.json").exists());
+        assert!(!root
+            .join(format!(
+                "var/lib/kubelet/plugins/{DRIVER}/dra-device-metadata/default_tty"
+            ))
+            .exists());
+        assert!(crate::change::journal::read(&host).unwrap().open.is_empty());
+    }
+
+    /// A slot whose type filled up behind the scheduler's back (another user took the last
+    /// instance) fails its Prepare with the kernel's count, before any write; a slot name that
+    /// is not offered is refused as unknown; and a Prepare killed after each write of its plan
+    /// is undone at the next start, the kubelet's retry then preparing it with the UUID the
+    /// checkpoint kept.
+    #[test]
+    fn a_full_type_is_refused_and_a_crashed_mdev_prepare_is_undone_then_retried() {
+        let (_t, root, claims) = mtty_claim();
+        let host = HostRoot::new(&root);
+        let ops = FakeHost::new(host.clone());
+        std::fs::write(
+            root.join("sys/devices/virtual/mtty/mtty/mdev_supported_types/mtty-2/available_instances"),
+            "0\n",
+        )
+        .unwrap();
+        let mut e = engine(&ops, &claims);
+        let err = crate::model::ErrorChain(&e.prepare(&tty_claim()).unwrap_err()).to_string();
+        // The slot is not offered any more (its type has none available).
+        assert!(
+            err.contains("mdev-mtty-mtty-2-0") && err.contains("not a device this node offers"),
+            "{err}"
+        );
+        assert!(e.checkpoint().claims.is_empty());
+        std::fs::write(
+            root.join("sys/devices/virtual/mtty/mtty/mdev_supported_types/mtty-2/available_instances"),
+            "1\n",
+        )
+        .unwrap();
+        // Count the plan's writes: create, then the files.
+        let counting = crate::testkit::Failpoints::new(FakeHost::new(host.clone()));
+        engine(&counting, &claims).prepare(&tty_claim()).unwrap();
+        let n_writes = counting.writes();
+        assert!(n_writes >= 4, "{n_writes}");
+        engine(&ops, &claims).unprepare("m1").unwrap();
+        let clean = crate::inventory::scan(&host).unwrap();
+        assert!(clean.mdevs.is_empty());
+        for n in 1..=n_writes {
+            let crashing = crate::testkit::Failpoints::new(FakeHost::new(host.clone())).panic_after(n);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                engine(&crashing, &claims).prepare(&tty_claim())
+            }));
+            assert!(r.is_err(), "write {n}: no crash");
+            let mut e = engine(&ops, &claims);
+            let kept = e.checkpoint().claims["m1"].devices[0].mdev.clone().unwrap().uuid;
+            let lines = e.cleanup_at_start();
+            assert!(
+                lines.iter().any(|l| l.contains("for dra-claim:m1")),
+                "write {n}: {lines:?}"
+            );
+            let now = crate::inventory::scan(&host).unwrap();
+            assert!(now.mdevs.is_empty(), "write {n}: the instance was undone");
+            assert!(
+                crate::change::journal::read(&host).unwrap().open.is_empty(),
+                "write {n}"
+            );
+            e.prepare(&tty_claim()).unwrap();
+            let uuid = e.checkpoint().claims["m1"].devices[0].mdev.clone().unwrap().uuid;
+            assert_eq!(uuid, kept, "write {n}: the retry kept the UUID");
+            assert!(crate::inventory::scan(&host).unwrap().mdev(&uuid).is_some());
+            e.unprepare("m1").unwrap();
+            assert!(
+                crate::inventory::scan(&host).unwrap().mdevs.is_empty(),
+                "write {n}"
+            );
         }
     }
 

@@ -16,11 +16,12 @@
 //! PF whose VFs are enabled, a parent with live mediated devices) is not published, and
 //! [`decide`] says why for each group.
 
+use super::slots::{self, MAX_COUNTER_SETS_PER_SLICE, MAX_COUNTING_DEVICES_PER_SLICE};
 use super::{DOMAIN, MAX_DEVICES_PER_SLICE, STANDARD_DOMAIN};
 use crate::inventory::backend;
 use crate::model::{is_vfio_driver, Backend, BarKind, Inventory, IommuGroup, PciAddress, PciDevice};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
@@ -101,7 +102,7 @@ fn judge<'a>(
 ) -> Result<&'a PciDevice, String> {
     if !g.mdev_members.is_empty() {
         return Err(format!(
-            "is the group of mediated device {}; mdev devices are not offered through DRA yet",
+            "is the group of mediated device {}: mdev instances are offered through their parent's types (the slots of `gpupass dra slices --explain`), not as groups",
             g.mdev_members.join(", ")
         ));
     }
@@ -257,7 +258,7 @@ pub fn pcie_root(inv: &Inventory, a: &PciAddress) -> String {
     format!("pci{:04x}:{:02x}", top.domain, top.bus)
 }
 
-fn s(v: impl Into<String>) -> DeviceAttribute {
+pub(super) fn s(v: impl Into<String>) -> DeviceAttribute {
     let mut v: String = v.into();
     if v.len() > MAX_VALUE_LEN {
         let mut cut = MAX_VALUE_LEN - 3;
@@ -273,7 +274,7 @@ fn s(v: impl Into<String>) -> DeviceAttribute {
     }
 }
 
-fn int(v: i64) -> DeviceAttribute {
+pub(super) fn int(v: i64) -> DeviceAttribute {
     DeviceAttribute {
         int: Some(v),
         ..Default::default()
@@ -305,6 +306,7 @@ pub fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAt
     let mut a = BTreeMap::new();
     let ours = |n: &str| format!("{DOMAIN}/{n}");
     let std = |n: &str| format!("{STANDARD_DOMAIN}/{n}");
+    a.insert(ours("type"), s("group"));
     a.insert(std("pciBusID"), s(p.lead.to_string()));
     a.insert(std("pcieRoot"), s(pcie_root(inv, &p.lead)));
     let Some(d) = inv.device(&p.lead) else { return a };
@@ -369,35 +371,80 @@ pub struct SliceOptions {
     pub generation: i64,
 }
 
-/// The DRA devices of this node, in name order.
-pub fn devices(inv: &Inventory) -> Vec<Device> {
-    publishable(inv)
-        .iter()
-        .map(|p| Device {
-            name: p.name.clone(),
-            attributes: Some(attributes(inv, p)),
-            ..Default::default()
-        })
-        .collect()
+/// What this node's pool holds: the devices (groups in lead-address order, then the mdev
+/// slots in parent, type and index order) and the counter sets the slots and the groups of
+/// their PCI parents consume.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pool {
+    pub devices: Vec<Device>,
+    pub counter_sets: Vec<CounterSet>,
 }
 
-/// The node's pool as ResourceSlices: one pool named after the node, at most
-/// [`MAX_DEVICES_PER_SLICE`] devices per slice, every slice carrying the pool's slice count;
-/// one empty slice when nothing is published (the pool exists with no devices).
+impl Pool {
+    /// Whether a device consumes counters (and so goes in a slice of at most
+    /// [`MAX_COUNTING_DEVICES_PER_SLICE`]).
+    fn counting(d: &Device) -> bool {
+        d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+    }
+}
+
+/// The pool of this node.
+pub fn pool(inv: &Inventory) -> Pool {
+    let slots = slots::offered(inv);
+    let counter_sets = slots::counter_sets(&slots);
+    let mut devices: Vec<Device> = publishable(inv)
+        .iter()
+        .map(|p| {
+            let consumes = slots::group_consumption(p, &counter_sets);
+            Device {
+                name: p.name.clone(),
+                attributes: Some(attributes(inv, p)),
+                consumes_counters: (!consumes.is_empty()).then_some(consumes),
+                ..Default::default()
+            }
+        })
+        .collect();
+    devices.extend(slots.iter().map(|s| slots::device(inv, s)));
+    Pool {
+        devices,
+        counter_sets,
+    }
+}
+
+/// The DRA devices of this node: [`pool`]'s devices.
+pub fn devices(inv: &Inventory) -> Vec<Device> {
+    pool(inv).devices
+}
+
+/// The node's pool as ResourceSlices: one pool named after the node; the devices that consume
+/// no counters at most [`MAX_DEVICES_PER_SLICE`] per slice, those that do at most
+/// [`MAX_COUNTING_DEVICES_PER_SLICE`], the counter sets in slices of their own (the API allows
+/// devices or counter sets in one slice, not both) at most [`MAX_COUNTER_SETS_PER_SLICE`] each;
+/// every slice carries the pool's slice count; one empty slice when nothing is published (the
+/// pool exists with no devices).
 pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
-    let devs = devices(inv);
-    let chunks: Vec<Vec<Device>> = if devs.is_empty() {
-        vec![Vec::new()]
-    } else {
-        devs.chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
-    };
-    let count = chunks.len() as i64;
-    chunks
+    let pool = pool(inv);
+    let (counting, plain): (Vec<Device>, Vec<Device>) = pool.devices.into_iter().partition(Pool::counting);
+    // Each slice's devices or counter sets.
+    type Body = (Option<Vec<Device>>, Option<Vec<CounterSet>>);
+    let mut specs: Vec<Body> = Vec::new();
+    for c in plain.chunks(MAX_DEVICES_PER_SLICE) {
+        specs.push((Some(c.to_vec()), None));
+    }
+    for c in counting.chunks(MAX_COUNTING_DEVICES_PER_SLICE) {
+        specs.push((Some(c.to_vec()), None));
+    }
+    for c in pool.counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE) {
+        specs.push((None, Some(c.to_vec())));
+    }
+    if specs.is_empty() {
+        specs.push((Some(Vec::new()), None));
+    }
+    let count = specs.len() as i64;
+    specs
         .into_iter()
         .enumerate()
-        .map(|(i, devices)| ResourceSlice {
+        .map(|(i, (devices, shared_counters))| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(&opts.node, &opts.driver, i)),
                 labels: Some(BTreeMap::from([(
@@ -414,7 +461,8 @@ pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
                     generation: opts.generation,
                     resource_slice_count: count,
                 },
-                devices: Some(devices),
+                devices,
+                shared_counters,
                 ..Default::default()
             },
         })
