@@ -17,9 +17,92 @@
 //!   KubeVirt's own PCI device plugin hands out the group node, so iommufd needs an external
 //!   provider that hands out the cdev (gpupass `device-plugin --backend iommufd`).
 
+use crate::inventory::backend::{self, BackendError, Policy};
+use crate::model::{Backend, Inventory};
 use crate::output::naming;
 use crate::output::selection::Selection;
 use serde_json::{json, Value};
+
+/// What `gpupass kubevirt` asks for, beside the devices (the [`Selection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubevirtRequest {
+    /// `--backend`.
+    pub backend: Policy,
+    /// `--external-provider`: another device plugin announces the resources.
+    pub external_provider: bool,
+}
+
+/// What the renderers take: the permitted devices, who provides them, the backend, the notes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubevirtPlan {
+    pub permitted: Permitted,
+    pub external: bool,
+    /// The PCI functions use iommufd (the `IOMMUFD` gate is set).
+    pub iommufd: bool,
+    pub notes: Vec<KubevirtNote>,
+}
+
+/// What the plan decided, said on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubevirtNote {
+    /// iommufd for the PCI functions, while the mdevs stay on the group and container.
+    MdevsStayLegacy,
+}
+
+impl std::fmt::Display for KubevirtNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KubevirtNote::MdevsStayLegacy => f.write_str(
+                "mdevs stay on the legacy group and container; only the PCI functions use iommufd",
+            ),
+        }
+    }
+}
+
+/// Why a KubeVirt configuration cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum KubevirtRefusal {
+    /// iommufd without an external provider (a usage error: exit status 2).
+    #[error("--backend iommufd needs --external-provider: KubeVirt's own PCI device plugin hands out the group node (legacy); iommufd needs a device plugin that hands out /dev/vfio/devices/vfioN and /dev/iommu (gpupass device-plugin --backend iommufd)")]
+    IommufdNeedsExternal,
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// The request alone, devices aside: iommufd needs an external provider, and the policy must
+/// be possible on this kernel at all (the command checks it before it reads its arguments'
+/// devices; [`plan`] checks it again).
+pub fn check(inv: &Inventory, req: KubevirtRequest) -> Result<(), KubevirtRefusal> {
+    if req.backend == Policy::Iommufd && !req.external_provider {
+        return Err(KubevirtRefusal::IommufdNeedsExternal);
+    }
+    backend::resolve_vm(req.backend, inv, &[], None)?;
+    Ok(())
+}
+
+/// The plan of `gpupass kubevirt`, pure over the inventory and the selection: the permitted
+/// entries, and the backend. Without an external provider KubeVirt's own plugin hands out the
+/// group, so `auto` is legacy there; `iommufd` then is refused.
+pub fn plan(inv: &Inventory, sel: &Selection, req: KubevirtRequest) -> Result<KubevirtPlan, KubevirtRefusal> {
+    check(inv, req)?;
+    let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
+    let policy = if req.external_provider {
+        req.backend
+    } else {
+        Policy::Legacy
+    };
+    let iommufd = !addrs.is_empty() && backend::resolve_vm(policy, inv, &addrs, None)? == Backend::Iommufd;
+    let mut notes = Vec::new();
+    if iommufd && sel.mdevs().next().is_some() {
+        notes.push(KubevirtNote::MdevsStayLegacy);
+    }
+    Ok(KubevirtPlan {
+        permitted: permitted(sel),
+        external: req.external_provider,
+        iommufd,
+        notes,
+    })
+}
 
 /// One `pciHostDevices` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,8 +199,9 @@ fn permitted_value(p: &Permitted, external: bool) -> Value {
 /// The feature gate KubeVirt 1.9 needs for iommufd host devices.
 pub const IOMMUFD_GATE: &str = "IOMMUFD";
 
-/// JSON form: a merge patch for the KubeVirt CR; with `iommufd`, the `IOMMUFD` gate too.
-pub fn json_patch(p: &Permitted, external: bool, iommufd: bool) -> Value {
+/// JSON form: a merge patch for the KubeVirt CR; with iommufd, the `IOMMUFD` gate too.
+pub fn json_patch(plan: &KubevirtPlan) -> Value {
+    let (p, external, iommufd) = (&plan.permitted, plan.external, plan.iommufd);
     let mut v =
         json!({ "spec": { "configuration": { "permittedHostDevices": permitted_value(p, external) } } });
     if iommufd {
@@ -132,7 +216,8 @@ fn q(s: &str) -> String {
 }
 
 /// YAML form: the same merge patch, with comments on how to apply it and use it in a VM.
-pub fn yaml(p: &Permitted, external: bool, iommufd: bool) -> String {
+pub fn yaml(plan: &KubevirtPlan) -> String {
+    let (p, external, iommufd) = (&plan.permitted, plan.external, plan.iommufd);
     let mut y = String::new();
     y.push_str("# KubeVirt permittedHostDevices (gpupass kubevirt)\n");
     y.push_str("# apply: kubectl patch kubevirt kubevirt -n kubevirt --type merge --patch-file THIS_FILE\n");

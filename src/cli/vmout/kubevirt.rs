@@ -30,36 +30,26 @@ pub struct KubevirtArgs {
     pub backend: crate::inventory::backend::Policy,
 }
 
-/// `gpupass kubevirt`.
+/// `gpupass kubevirt`: the request from the options, the plan, its notes, the renderer.
 fn kubevirt(inv: &Inventory, a: &KubevirtArgs, json: bool, out: &mut dyn Write) -> Result<Exit, VmOutError> {
-    use crate::inventory::backend::Policy;
-    if a.backend == Policy::Iommufd && !a.external_provider {
-        return Err(VmOutError::Usage(
-            "--backend iommufd needs --external-provider: KubeVirt's own PCI device plugin hands out the group node (legacy); iommufd needs a device plugin that hands out /dev/vfio/devices/vfioN and /dev/iommu (gpupass device-plugin --backend iommufd)".into(),
-        ));
-    }
-    crate::inventory::backend::resolve_vm(a.backend, inv, &[], None)?;
-    let sel = select(inv, &a.devices, a.only, Consumer::Kubevirt)?;
-    let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
-    // auto without an external provider: KubeVirt's own plugin gives the group, so legacy.
-    let policy = if a.external_provider {
-        a.backend
-    } else {
-        Policy::Legacy
+    let req = kubevirt::KubevirtRequest {
+        backend: a.backend,
+        external_provider: a.external_provider,
     };
-    let iommufd = !addrs.is_empty()
-        && crate::inventory::backend::resolve_vm(policy, inv, &addrs, None)?
-            == crate::model::Backend::Iommufd;
-    if iommufd && sel.mdevs().next().is_some() {
-        messages::note(format_args!(
-            "mdevs stay on the legacy group and container; only the PCI functions use iommufd"
-        ));
+    let refused = |e: kubevirt::KubevirtRefusal| match e {
+        kubevirt::KubevirtRefusal::IommufdNeedsExternal => VmOutError::Usage(e.to_string()),
+        kubevirt::KubevirtRefusal::Backend(b) => VmOutError::Backend(b),
+    };
+    kubevirt::check(inv, req).map_err(refused)?;
+    let sel = select(inv, &a.devices, a.only, Consumer::Kubevirt)?;
+    let plan = kubevirt::plan(inv, &sel, req).map_err(refused)?;
+    for n in &plan.notes {
+        messages::note(format_args!("{n}"));
     }
-    let p = kubevirt::permitted(&sel);
     if json {
-        json_out(out, &kubevirt::json_patch(&p, a.external_provider, iommufd))?;
+        json_out(out, &kubevirt::json_patch(&plan))?;
     } else {
-        out.write_all(kubevirt::yaml(&p, a.external_provider, iommufd).as_bytes())?;
+        out.write_all(kubevirt::yaml(&plan).as_bytes())?;
     }
     Ok(Exit::SUCCESS)
 }
