@@ -362,13 +362,7 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             loaded.extend(names);
         }
         // The metadata file, read by Kubernetes' own reader (and as a v1alpha1-only reader).
-        if let Some(v) = dra_validator() {
-            let m = p
-                .files
-                .iter()
-                .find(|f| f.path.ends_with("/metadata.json"))
-                .unwrap();
-            let line = dra_validate(v, "metadata", &m.contents);
+        if let Some(line) = metadata_read(&p) {
             assert_eq!(line, "OK metadata default gpu pci-0000-00-05-0 0000:00:05.0\n");
         }
         // Every CDI device ID handed to the kubelet is one the library loaded.
@@ -426,18 +420,24 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
     let name = spec.path.rsplit('/').next().unwrap().trim_end_matches(".json");
     crate::cdi_validate::validate(helper, name, &spec.contents)
         .unwrap_or_else(|e| panic!("{}: {e}\n{}", spec.path, spec.contents));
-    if let Some(v) = dra_validator() {
-        let m = p
-            .files
-            .iter()
-            .find(|f| f.path.ends_with("/metadata.json"))
-            .unwrap();
-        let line = dra_validate(v, "metadata", &m.contents);
+    if let Some(line) = metadata_read(&p) {
         assert_eq!(
             line,
             format!("OK metadata default display mdev-mbochs-mbochs-small-0 {uuid}\n")
         );
     }
+}
+
+/// The prepared claim's metadata file read by Kubernetes' reader (tests/dra-validate): its OK
+/// line; `None` where the helper is skipped.
+fn metadata_read(p: &gpupass::containers::dra::claim::Prepared) -> Option<String> {
+    let v = dra_validator()?;
+    let m = p
+        .files
+        .iter()
+        .find(|f| f.path.ends_with("/metadata.json"))
+        .unwrap();
+    Some(dra_validate(v, "metadata", &m.contents))
 }
 
 trait Nodes {

@@ -159,22 +159,24 @@ pub enum SliceOp {
     Delete(String),
 }
 
-/// The devices of a pool as the slices hold them, in slice-name order.
-fn pool_devices(s: &[ResourceSlice]) -> Vec<Device> {
+/// What the slices of a pool hold, by `part` (their devices, their counter sets), in
+/// slice-name order.
+fn in_slice_order<T: Clone>(s: &[ResourceSlice], part: impl Fn(&ResourceSlice) -> Option<&Vec<T>>) -> Vec<T> {
     let mut v: Vec<&ResourceSlice> = s.iter().collect();
     v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     v.iter()
-        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .flat_map(|s| part(s).cloned().unwrap_or_default())
         .collect()
+}
+
+/// The devices of a pool as the slices hold them, in slice-name order.
+fn pool_devices(s: &[ResourceSlice]) -> Vec<Device> {
+    in_slice_order(s, |x| x.spec.devices.as_ref())
 }
 
 /// The counter sets of a pool's slices, in slice-name order.
 fn pool_counters(s: &[ResourceSlice]) -> Vec<CounterSet> {
-    let mut v: Vec<&ResourceSlice> = s.iter().collect();
-    v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    v.iter()
-        .flat_map(|s| s.spec.shared_counters.clone().unwrap_or_default())
-        .collect()
+    in_slice_order(s, |x| x.spec.shared_counters.as_ref())
 }
 
 /// What turns `existing` (this node's and driver's slices) into the pool `inv` renders: nothing

@@ -492,12 +492,15 @@ pub fn to_list_json(slices: &[ResourceSlice]) -> serde_json::Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::host::HostRoot;
     use crate::testkit::hostgen::{DevSpec, HostBuilder};
 
-    fn scan(build: impl FnOnce(&mut HostBuilder)) -> (tempfile::TempDir, Inventory) {
+    /// The inventory of a fixture host `build` makes (and the directory holding it).
+    pub(in crate::containers::dra) fn scan(
+        build: impl FnOnce(&mut HostBuilder),
+    ) -> (tempfile::TempDir, Inventory) {
         let t = tempfile::tempdir().unwrap();
         let mut h = HostBuilder::new(t.path()).unwrap();
         build(&mut h);

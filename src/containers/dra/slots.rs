@@ -295,17 +295,9 @@ pub fn device(inv: &Inventory, slot: &MdevSlot) -> Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::containers::dra::slices::tests::scan;
     use crate::containers::dra::slices::{render, SliceOptions};
-    use crate::host::HostRoot;
     use crate::testkit::hostgen::{DevSpec, HostBuilder};
-
-    fn scan(build: impl FnOnce(&mut HostBuilder)) -> (tempfile::TempDir, Inventory) {
-        let t = tempfile::tempdir().unwrap();
-        let mut h = HostBuilder::new(t.path()).unwrap();
-        build(&mut h);
-        let inv = crate::inventory::scan(&HostRoot::new(t.path())).unwrap();
-        (t, inv)
-    }
 
     /// A GPU that is both a passthrough group and a vGPU parent (types `nvidia-63` x2,
     /// `nvidia-64` x1), and the mtty sample parent with a CCW-like type that is refused.
