@@ -348,7 +348,7 @@ impl Writer<'_> {
             })
     }
 
-    fn remove_file(&mut self, path: &str, prune: bool) -> Result<(), Cause> {
+    fn remove_file(&mut self, path: &str, prune: super::Prune) -> Result<(), Cause> {
         self.announce(path, "(remove)".into())?;
         let p = self.ops.root().path(path);
         self.ops

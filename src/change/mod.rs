@@ -113,6 +113,47 @@ pub enum Role {
     VgpuType,
 }
 
+/// How many directories a file's removal also removes once they are empty: 0 none, 1 its own
+/// directory (mdevctl's `<parent>/`), 2 that one's parent too (a DRA claim's
+/// `<ns>_<claim>/<request>/`). Journals written before levels existed hold `true` (1) or
+/// nothing (0); both still read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Prune(pub u8);
+
+impl Prune {
+    pub fn is_none(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl From<bool> for Prune {
+    fn from(b: bool) -> Self {
+        Prune(u8::from(b))
+    }
+}
+
+impl From<u8> for Prune {
+    fn from(n: u8) -> Self {
+        Prune(n)
+    }
+}
+
+impl<'de> Deserialize<'de> for Prune {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Levels(u8),
+        }
+        Ok(match Raw::deserialize(d)? {
+            Raw::Flag(b) => Prune::from(b),
+            Raw::Levels(n) => Prune(n),
+        })
+    }
+}
+
 /// One ordered step of a plan. The writes (`write`, `write_file`, `remove_file`) are what the
 /// journal announces as `step`s and what the test kit's failpoints count; the rest are checks
 /// (and module loads) between them.
@@ -131,11 +172,11 @@ pub enum Step {
     /// Create or replace the file `path` (as on the host, `/etc/...`) with `contents`,
     /// atomically (a temporary file in the same directory, renamed over it).
     WriteFile { path: String, contents: String },
-    /// Remove the file `path`; with `prune`, its directory too once empty.
+    /// Remove the file `path`; with `prune`, the directories it empties too ([`Prune`]).
     RemoveFile {
         path: String,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        prune: bool,
+        #[serde(default, skip_serializing_if = "Prune::is_none")]
+        prune: Prune,
     },
     /// The function's `driver` link after the probe.
     CheckDriver {
@@ -163,9 +204,15 @@ impl Step {
             Step::WriteFile { path, contents } => {
                 format!("write file {path} ({} bytes, atomically)", contents.len())
             }
-            Step::RemoveFile { path, prune: false } => format!("remove file {path}"),
-            Step::RemoveFile { path, prune: true } => {
+            Step::RemoveFile { path, prune } if prune.is_none() => format!("remove file {path}"),
+            Step::RemoveFile { path, prune } if prune.0 == 1 => {
                 format!("remove file {path} (and its directory once empty)")
+            }
+            Step::RemoveFile { path, prune } => {
+                format!(
+                    "remove file {path} (and up to {} emptied directories above it)",
+                    prune.0
+                )
             }
             Step::CheckDriver {
                 path,
@@ -239,13 +286,14 @@ pub enum Object {
     /// An NVIDIA vGPU VF: before type `was`, after `0`.
     VgpuClear { vf: PciAddress, was: String },
     /// A file (`path` as on the host): its content before and after, `None` for absent.
-    /// `prune`: removing it also removes its directory once empty (mdevctl's parents).
+    /// `prune`: removing it also removes the directories it empties (mdevctl's parents, a
+    /// DRA claim's metadata directories).
     File {
         path: String,
         before: Option<String>,
         after: Option<String>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        prune: bool,
+        #[serde(default, skip_serializing_if = "Prune::is_none")]
+        prune: Prune,
     },
 }
 
@@ -327,7 +375,14 @@ impl Part {
     /// now is read as the state before; a file already as wanted adds nothing (so a refresh
     /// that changes nothing writes nothing). `prune`: a removal also removes the emptied
     /// directory.
-    pub fn file(&mut self, host: &HostRoot, path: &str, after: Option<String>, prune: bool) -> &mut Part {
+    pub fn file(
+        &mut self,
+        host: &HostRoot,
+        path: &str,
+        after: Option<String>,
+        prune: impl Into<Prune>,
+    ) -> &mut Part {
+        let prune = prune.into();
         let before = read_file_now(host, path);
         if before == after {
             return self;

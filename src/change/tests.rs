@@ -210,7 +210,7 @@ impl HostOps for Crashing {
     fn write_file(&self, path: &Path, contents: &str) -> io::Result<()> {
         self.counted(self.inner.write_file(path, contents))
     }
-    fn remove_file(&self, path: &Path, prune: bool) -> io::Result<()> {
+    fn remove_file(&self, path: &Path, prune: super::Prune) -> io::Result<()> {
         self.counted(self.inner.remove_file(path, prune))
     }
     fn load_module(&self, name: &str) -> io::Result<()> {
@@ -394,4 +394,43 @@ fn a_part_planned_after_the_bind_is_one_transaction_with_it() {
     assert!(text.contains("rolled back, nothing changed"), "{text}");
     assert_eq!(state(&h), before);
     assert!(s.replay().open.is_empty());
+}
+
+/// A removal's prune level reads from journals written before levels existed (`true`) and from
+/// new ones (a number), and is left out at 0; each level removes one more emptied directory,
+/// and a directory that is not empty ends it.
+#[test]
+fn prune_levels_read_old_journals_and_remove_only_emptied_directories() {
+    let old: Step = serde_json::from_str(r#"{"kind":"remove_file","path":"/a/b","prune":true}"#).unwrap();
+    let again = serde_json::to_value(&old).unwrap();
+    let back: Step = serde_json::from_value(again.clone()).unwrap();
+    assert_eq!(back, old);
+    assert!(again.to_string().contains("\"prune\":1"), "{again}");
+    match old {
+        Step::RemoveFile { prune, .. } => assert_eq!(prune, Prune(1)),
+        other => panic!("{other:?}"),
+    }
+    let none = serde_json::to_value(Step::RemoveFile {
+        path: "/x".into(),
+        prune: Prune(0),
+    })
+    .unwrap();
+    assert!(!none.to_string().contains("prune"), "{none}");
+
+    let t = tempfile::tempdir().unwrap();
+    let ops = crate::host::ops::RealHost::new(HostRoot::new(t.path()));
+    let claim = t.path().join("meta/ns_claim");
+    std::fs::create_dir_all(claim.join("req1")).unwrap();
+    std::fs::create_dir_all(claim.join("req2")).unwrap();
+    std::fs::write(claim.join("req1/metadata.json"), "{}").unwrap();
+    std::fs::write(claim.join("req2/metadata.json"), "{}").unwrap();
+    ops.remove_file(&claim.join("req1/metadata.json"), Prune(2))
+        .unwrap();
+    // req1 went; the claim's directory still holds req2.
+    assert!(!claim.join("req1").exists());
+    assert!(claim.join("req2").exists());
+    ops.remove_file(&claim.join("req2/metadata.json"), Prune(2))
+        .unwrap();
+    assert!(!claim.exists());
+    assert!(t.path().join("meta").exists(), "never more than the level");
 }

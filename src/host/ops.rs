@@ -42,17 +42,20 @@ pub trait HostOps: Send + Sync {
         crate::host::write_atomic(path, contents.as_bytes())
     }
 
-    /// Remove a configuration file; a missing file is not an error. An emptied parent
-    /// directory is removed too when `prune_dir` is set.
-    fn remove_file(&self, path: &Path, prune_dir: bool) -> io::Result<()> {
+    /// Remove a configuration file; a missing file is not an error. Then up to `prune`
+    /// directories above it, each once it is empty (the first that is not ends it).
+    fn remove_file(&self, path: &Path, prune: crate::change::Prune) -> io::Result<()> {
         match fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        if prune_dir {
-            if let Some(d) = path.parent() {
-                let _ = fs::remove_dir(d); // fails (and is kept) when not empty
+        let mut dir = path.parent();
+        for _ in 0..prune.0 {
+            match dir {
+                // Fails (and is kept) when not empty.
+                Some(d) if fs::remove_dir(d).is_ok() => dir = d.parent(),
+                _ => break,
             }
         }
         Ok(())

@@ -109,7 +109,7 @@ impl<H: HostOps> HostOps for Failpoints<H> {
         self.counted(|| self.inner.write_file(path, contents))
     }
 
-    fn remove_file(&self, path: &Path, prune_dir: bool) -> io::Result<()> {
+    fn remove_file(&self, path: &Path, prune_dir: crate::change::Prune) -> io::Result<()> {
         self.counted(|| self.inner.remove_file(path, prune_dir))
     }
 }

@@ -92,10 +92,10 @@ pub struct Applied {
     pub wrote: bool,
 }
 
-/// The metadata file sits in a directory of its own (`.../<ns>_<claim>/<request>/`): removing
-/// it removes that directory once empty.
-fn prune(path: &str) -> bool {
-    path.ends_with("/metadata.json")
+/// The metadata file sits in directories of its own (`.../<ns>_<claim>/<request>/`): removing
+/// it removes both once empty (the claim's directory holds one per request).
+fn prune(path: &str) -> crate::change::Prune {
+    crate::change::Prune(if path.ends_with("/metadata.json") { 2 } else { 0 })
 }
 
 /// The part of a claim's files, as they are wanted (`contents` `None`: absent); a file

@@ -330,12 +330,6 @@ impl<'a> Engine<'a> {
         // The claim's metadata directory (`<ns>_<claim>/`), empty once its requests' files
         // and directories are gone (made by the writes' `create_dir_all`, not a file of the
         // plan).
-        let host = self.ops.root();
-        for f in files.iter().filter(|f| f.ends_with("/metadata.json")) {
-            if let Some(claim_dir) = std::path::Path::new(f).parent().and_then(|d| d.parent()) {
-                let _ = std::fs::remove_dir(host.path(&claim_dir.to_string_lossy()));
-            }
-        }
         if !applied.moved.is_empty() {
             self.changed(deadline);
         }
