@@ -132,6 +132,12 @@ fn judge<'a>(
         if d.current_vgpu_type.as_deref().is_some_and(|t| t != "0") {
             return Err(format!("{} has an active vGPU type", d.address));
         }
+        if !d.vgpu_types.is_empty() && d.physfn.is_some() {
+            return Err(format!(
+                "{} is an NVIDIA vendor-VFIO vGPU VF: without a vGPU type its guest driver cannot use it, and DRA does not offer vGPU types on VFs yet (gpupass mdev create gives it one; docs/dra.md)",
+                d.address
+            ));
+        }
     }
     let primaries: Vec<&PciDevice> = endpoints
         .iter()
