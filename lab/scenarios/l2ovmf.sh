@@ -1,4 +1,4 @@
-# lab-about: slow, not in the tests' shared boot: the "Booted" proof under OVMF: an L2 Linux started from `gpupass qemu-args` assigns the 16 GiB BAR in gpupass's window; with `--pci-hole64 8G` OVMF and the L2 kernel leave it unassigned. L2 under TCG (minutes per boot)
+# lab-about: slow; in cargo test on the 6.1 leg, in its L2 boot after l2linux (lab::ovmf_6_1): the "Booted" proof under OVMF: an L2 Linux started from `gpupass qemu-args` assigns the 16 GiB BAR in gpupass's window; with `--pci-hole64 8G` OVMF and the L2 kernel leave it unassigned. L2 under TCG (minutes per boot)
 # lab-needs: gpupass
 # lab-carry: qemu ovmf kernel
 # lab-timeout: 2460
