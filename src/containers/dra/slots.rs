@@ -52,6 +52,9 @@ pub struct MdevSlot {
     pub parent_pci: Option<PciAddress>,
     /// The type's directory name (`mtty-2`, `nvidia-1043`).
     pub mdev_type: String,
+    /// The type's `name` and `device_api` files, as read with it.
+    pub type_name: Option<String>,
+    pub device_api: Option<String>,
     pub index: u32,
     /// The counter set and counter it consumes 1 of.
     pub counter_set: String,
@@ -181,6 +184,8 @@ pub fn decide(inv: &Inventory) -> (Vec<MdevSlot>, Vec<TypeDecision>) {
                     parent: parent.clone(),
                     parent_pci: pci,
                     mdev_type: t.id.clone(),
+                    type_name: t.name.clone(),
+                    device_api: t.device_api.clone(),
                     index: i,
                     counter_set: set.clone(),
                     counter: counter.clone(),
@@ -247,17 +252,11 @@ pub fn attributes(inv: &Inventory, slot: &MdevSlot) -> BTreeMap<String, DeviceAt
     a.insert(ours("type"), s("mdev"));
     a.insert(ours("mdevType"), s(slot.mdev_type.as_str()));
     a.insert(ours("mdevParent"), s(slot.parent.as_str()));
-    let ty = parents(inv)
-        .into_iter()
-        .find(|(p, _, _)| *p == slot.parent)
-        .and_then(|(_, _, types)| types.iter().find(|t| t.id == slot.mdev_type).cloned());
-    if let Some(t) = &ty {
-        if let Some(n) = &t.name {
-            a.insert(ours("mdevTypeName"), s(n.clone()));
-        }
-        if let Some(api) = &t.device_api {
-            a.insert(ours("deviceAPI"), s(api.clone()));
-        }
+    if let Some(n) = &slot.type_name {
+        a.insert(ours("mdevTypeName"), s(n.clone()));
+    }
+    if let Some(api) = &slot.device_api {
+        a.insert(ours("deviceAPI"), s(api.clone()));
     }
     a.insert(ours("backend"), s(super::slices::node_backend(inv).as_str()));
     if let Some(d) = slot.parent_pci.and_then(|p| inv.device(&p)) {
