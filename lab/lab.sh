@@ -424,6 +424,36 @@ cluster_host_down() {
   fi
 }
 
+# carry_libvirt WORK: WORK/libvirt, shared read-write with the guest, and
+# lab/tools/libvirtnative.py serving it for this boot: the guest writes NAME.xml and NAME.req,
+# the host answers with `virsh -c qemu:///session domxml-to-native` of it (Debian 12's libvirt
+# 9.0, as user nobody, emulator = the lab's QEMU 10.0), made runnable in L1 (NAME.argv, what
+# was changed in NAME.adjust). Nothing is defined or started on the host; no host device is
+# touched. libvirt_down stops it after the boot.
+LIBVIRT_DIR='' LIBVIRT_PID=''
+carry_libvirt() {
+  local t
+  for t in virsh runuser python3 /usr/sbin/libvirtd; do
+    command -v "$t" >/dev/null || [[ -x $t ]] ||
+      die "lab-carry libvirt needs $t on the host (tests/install-deps.sh installs libvirt-clients, libvirt-daemon-driver-qemu and ovmf)"
+  done
+  getent group kvm >/dev/null || die "lab-carry libvirt runs virsh as nobody:kvm; there is no group kvm (install qemu-system-x86 or add it)"
+  compgen -G "/usr/share/qemu/firmware/*edk2-x86_64*.json" >/dev/null ||
+    die "lab-carry libvirt: no OVMF firmware descriptor in /usr/share/qemu/firmware (apt-get install ovmf)"
+  LIBVIRT_DIR=$1/libvirt
+  mkdir -p "$LIBVIRT_DIR"
+  python3 "$LAB_DIR/tools/libvirtnative.py" serve "$LIBVIRT_DIR" "$(dirname "$(dirname "$QEMU_BIN")")" $$ \
+    >"$1/libvirt-serve.log" 2>&1 &
+  LIBVIRT_PID=$!
+  log "libvirt: domxml-to-native for the guest at /lab/libvirt ($(virsh --version), pid $LIBVIRT_PID)"
+}
+libvirt_down() {
+  [[ -n $LIBVIRT_PID ]] || return 0
+  kill "$LIBVIRT_PID" 2>/dev/null || true
+  wait "$LIBVIRT_PID" 2>/dev/null || true
+  LIBVIRT_PID=''
+}
+
 # carry_l2_kernel ROOT: /lab/l2/bzImage (the leg's kernel), /lab/l2/initrd.gz (static
 # busybox + lab/guest/l2init), /lab/l2/lib.sh (lab/guest/l2lib.sh, the scenarios' helpers)
 # and /lab/l2/pciutils (lspci for L1) in the initramfs tree ROOT.
@@ -572,6 +602,12 @@ build_initramfs() { # WORK SCENARIOS...
     if scenario_decl "$s" carry | grep -qw cluster && [[ -z $CLUSTER_DIR ]]; then
       carry_cluster "$root"
     fi
+    # "# lab-carry: libvirt": libvirt's QEMU driver on the host turns domain XML that the guest
+    # writes into QEMU command lines, over virtio-9p at /lab/libvirt (read-write, mount tag
+    # "libvirt"; lab/tools/libvirtnative.py).
+    if scenario_decl "$s" carry | grep -qw libvirt && [[ -z $LIBVIRT_DIR ]]; then
+      carry_libvirt "$(dirname "$root")"
+    fi
     # "# lab-files: /usr/bin/x": host binaries a scenario runs in the guest, with their libraries.
     local f lib
     for f in $(scenario_decl "$s" files); do
@@ -670,6 +706,12 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
       -device virtio-net-pci,netdev=clnode,bus=pcie.0,addr=0x11,mac=52:54:00:c1:00:01
       -device virtio-net-pci,bus=pcie.0,addr=0x12,mac=52:54:00:c1:00:02)
   fi
+  # "# lab-carry: libvirt": the host's libvirt conversions, read-write over virtio-9p at 00:10.0.
+  if [[ -n $LIBVIRT_DIR ]]; then
+    # shellcheck disable=SC2054
+    QEMU+=(-fsdev "local,id=libvirtfs,path=$LIBVIRT_DIR,security_model=none"
+      -device virtio-9p-pci,fsdev=libvirtfs,mount_tag=libvirt,bus=pcie.0,addr=0x10)
+  fi
   for s in "$@"; do
     while IFS= read -r line; do
       [[ -n $line ]] || continue
@@ -714,7 +756,7 @@ cmd_run() { # [--update-fixture] SCENARIOS...
 
   mkdir -p "$REPO/target/lab/work" "$OUT_ROOT"
   WORK=$(mktemp -d "$REPO/target/lab/work/run.XXXXXX")
-  trap 'cluster_host_down; rm -rf "$WORK"' EXIT
+  trap 'cluster_host_down; libvirt_down; rm -rf "$WORK"' EXIT
   local work=$WORK
   build_initramfs "$work" "${scen[@]}"
   log "initramfs $(du -h "$work/initramfs.cpio.gz" | cut -f1), prepared in $(elapsed "$t0") s"
@@ -755,6 +797,15 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     if [[ -s $work/hang-monitor.txt ]]; then cp "$work/hang-monitor.txt" "$OUT_ROOT/$a/"; fi
   done
   if [[ -s $work/hang-monitor.txt ]]; then log "out of time: L1's state 10 s before the limit in hang-monitor.txt"; fi
+  # The host's libvirt service: stopped now, its log beside each scenario that used it.
+  if [[ -n $LIBVIRT_DIR ]]; then
+    libvirt_down
+    for a in "${scen[@]}"; do
+      scenario_decl "$a" carry | grep -qw libvirt || continue
+      mkdir -p "$OUT_ROOT/$a/host"
+      cp "$work/libvirt-serve.log" "$OUT_ROOT/$a/host/" 2>/dev/null || true
+    done
+  fi
   # The cluster's control plane on the host: stopped now, its logs and verdict beside each
   # cluster scenario's results (read by lab/scenarios/cluster*.check).
   if [[ -n $CLUSTER_HOST ]]; then

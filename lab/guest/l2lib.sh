@@ -1,4 +1,4 @@
-# Helpers for the scenarios that boot Linux in an L2 VM (l2linux, l2ovmf), sourced by them;
+# Helpers for the scenarios that boot Linux in an L2 VM (l2linux, l2ovmf, l2libvirt), sourced by them;
 # lab.sh puts this file at /lab/l2/lib.sh with "# lab-carry: kernel", beside /lab/l2/bzImage
 # (the leg's kernel) and /lab/l2/initrd.gz (busybox + lab/guest/l2init, whose L2-* console
 # lines the functions below read).
@@ -16,15 +16,21 @@ ids() { echo "$(sed 's/^0x//' "/sys/bus/pci/devices/$1/vendor"):$(sed 's/^0x//' 
 # boot_l2 NAME ACCEL LIMIT QEMU_ARGS...: boot the L2 Linux (QEMU killed after LIMIT s); its
 # console goes to NAME.txt. Sets L2_RC and L2_SECS (QEMU's start to its exit, as L1 measures it).
 boot_l2() {
-  local n=$1 accel=$2 limit=$3 t0 pid
+  local n=$1 accel=$2 limit=$3
   shift 3
+  boot_l2_cmd "$n" "$limit" $Q -accel "$accel" -M q35 -m 256 -smp 1 -nodefaults -display none \
+    -no-reboot -kernel /lab/l2/bzImage -initrd /lab/l2/initrd.gz \
+    -append "console=ttyS0 panic=-1 quiet" -serial "file:$n.console" "$@"
+}
+# boot_l2_cmd NAME LIMIT QEMU COMMAND...: boot_l2 with a whole QEMU command line of its own,
+# whose first serial port writes NAME.console (l2libvirt: the line libvirt made).
+boot_l2_cmd() {
+  local n=$1 limit=$2 t0 pid
+  shift 2
   rm -f "$n.console" "$n.txt"
-  echo "\$ $Q -accel $accel -M q35 -m 256 -kernel /lab/l2/bzImage -initrd /lab/l2/initrd.gz ... $*"
+  echo "\$ $*"
   t0=$(cs)
-  $Q -accel "$accel" -M q35 -m 256 -smp 1 -nodefaults -display none -no-reboot \
-    -kernel /lab/l2/bzImage -initrd /lab/l2/initrd.gz \
-    -append "console=ttyS0 panic=-1 quiet" \
-    -serial "file:$n.console" "$@" > "$n.out" 2>&1 &
+  "$@" > "$n.out" 2>&1 &
   pid=$!
   # NAME.timeline: when (seconds after QEMU's start, L1's clock) the L2 console first showed
   # each stage, so a slow or stuck L2 boot says where it was.

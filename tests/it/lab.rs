@@ -196,8 +196,10 @@ const L2_SCENARIOS: &[&str] = &["l2linux"];
 /// in the window `gpupass qemu-args` sizes, and leaves it unassigned ("no space") with a window
 /// smaller than the BAR. Its two L2 boots run under TCG inside TCG (697 s for the scenario on
 /// 2026-12-05, docs/lab.md), so on the 6.1 leg only, whose L2 boots are the faster; in the same
-/// boot as `l2linux`, so that the 6.1 chain still runs one TCG boot at a time.
-const L2_SCENARIOS_6_1: &[&str] = &["l2linux", "l2ovmf"];
+/// boot as `l2linux`, so that the 6.1 chain still runs one TCG boot at a time. `l2libvirt`
+/// follows: the same OVMF proof from the QEMU command line libvirt 9.0 makes of `gpupass xml
+/// domain` (on the host, over virtio-9p; `lab/tools/libvirtnative.py`), one more L2 boot.
+const L2_SCENARIOS_6_1: &[&str] = &["l2linux", "l2ovmf", "l2libvirt"];
 
 /// The DRA plugin on the 6.1 kernel (docs/dra.md, "Legacy-only nodes"): Debian 12's kernel,
 /// booted with the unified cgroup hierarchy as Debian boots it (kubelet 1.37 refuses v1), no
@@ -682,5 +684,17 @@ mod ovmf_6_1 {
     #[test]
     fn l2ovmf() {
         assert_scenario(lab_boot("l2-6.1").run(), "6.1", "l2ovmf");
+    }
+}
+
+/// The same under libvirt (`lab/scenarios/l2libvirt.sh`): `gpupass xml domain` made in L1,
+/// turned into a QEMU command line by the host's libvirt 9.0 (`virsh domxml-to-native`), which
+/// carries gpupass's window and aperture; the L2 Linux booted from that line under OVMF assigns
+/// the 16 GiB BAR inside the 32 GiB window.
+mod libvirt_6_1 {
+    use super::*;
+    #[test]
+    fn l2libvirt() {
+        assert_scenario(lab_boot("l2-6.1").run(), "6.1", "l2libvirt");
     }
 }
