@@ -78,8 +78,8 @@ struct Boot {
     name: &'static str,
     leg: &'static str,
     scenarios: &'static [&'static str],
-    /// The boot this one starts after, the moment that one ends (when it was started): at most
-    /// three lab boots run at once, as before `l2linux` joined.
+    /// The boot this one starts after (when that one was started): at most three lab boots run
+    /// at once, as before `l2linux` joined.
     after: Option<&'static str>,
     /// The process once started (or why it could not start).
     child: Mutex<Option<Result<Child, String>>>,
@@ -125,18 +125,9 @@ impl Boot {
             .join(format!("{}.log", self.name))
     }
 
-    /// Starts the boot unless it was started already (by `start_all`, a chain's watcher or a
-    /// waiting test, whichever comes first: the check and the start hold the child's lock).
-    fn spawn_once(&self) {
-        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.started() {
-            *child = Some(self.spawn());
-        }
-    }
-
     /// Starts the boot; its output goes to a file, so that a process nobody reads yet never
-    /// blocks on a full pipe. Callers hold the child's lock (`spawn_once`, `run`).
-    fn spawn(&self) -> Result<Child, String> {
+    /// blocks on a full pipe.
+    fn spawn(&self) {
         self.spawned.store(true, Ordering::SeqCst);
         let log = self.log();
         let child = std::fs::create_dir_all(log.parent().unwrap())
@@ -150,7 +141,7 @@ impl Boot {
                     .spawn()
             })
             .map_err(|e| format!("cannot run bash lab/lab.sh: {e}"));
-        child
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
     }
 
     /// The boot's result, waiting for it to end (every boot is started first).
@@ -163,14 +154,13 @@ impl Boot {
                 }
             }
             let out_root = out_root(self.name);
-            let child = {
-                let mut held = self.child.lock().unwrap_or_else(|e| e.into_inner());
-                // Not started when start_all read the selection differently from the harness.
-                match held.take() {
-                    Some(c) => c,
-                    None => self.spawn(),
-                }
-            };
+            let taken = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
+            // Not started when start_all read the selection differently from the harness.
+            let child = taken.unwrap_or_else(|| {
+                self.spawn();
+                let started = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
+                started.expect("spawn sets it")
+            });
             let status = match child {
                 Ok(mut c) => c.wait().ok().and_then(|s| s.code()),
                 Err(output) => {
@@ -218,8 +208,7 @@ const L2_SCENARIOS_6_1: &[&str] = &["l2linux", "l2ovmf", "l2libvirt"];
 /// vCPUs, at a time).
 const CLUSTER_6_1_SCENARIOS: &[&str] = &["clusterdra"];
 
-/// Every boot the tests assert on. All are started from the first lab test, as processes (a
-/// chained one by a watcher thread when the boot it follows has ended): a test
+/// Every boot the tests assert on. All are started at the first lab test, as processes: a test
 /// waiting for one holds a test thread, and with two threads (two cores) waiting in turn the
 /// boots would run one after another (the cluster's tests sort first and would hold both
 /// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
@@ -249,52 +238,26 @@ fn start_all() {
             };
             (filters.is_empty() || filters.iter().any(hit)) && !skips.iter().any(hit)
         };
-        for b in BOOTS.iter() {
-            if !boot_tests(b).iter().any(|t| selected(t)) {
-                continue;
+        for b in BOOTS.iter().filter(|b| b.after.is_none()) {
+            let module = match b.name {
+                "6.1" => "leg_6_1",
+                "6.12" => "leg_6_12",
+                _ => "cluster_6_12",
+            };
+            let mut tests: Vec<String> = b
+                .scenarios
+                .iter()
+                .map(|s| format!("lab::{module}::{s}"))
+                .collect();
+            if b.scenarios == SCENARIOS {
+                // A leg's selftest_verdicts test waits on its boot too.
+                tests.push(format!("lab::{module}::selftest_verdicts"));
             }
-            match b.after.map(lab_boot) {
-                None => b.spawn_once(),
-                // A chained boot starts the moment its first one ends, not when a test thread
-                // gets to it: with two test threads both can wait on other boots for many
-                // minutes (CI on 2026-12-05: `l2-6.1` started 12 min after the 6.1 leg ended,
-                // when the cluster tests let a thread go). At most three boots still run at
-                // once: each chained boot replaces the one it follows.
-                Some(first) => {
-                    std::thread::spawn(move || {
-                        if first.started() {
-                            first.run();
-                        }
-                        b.spawn_once();
-                    });
-                }
+            if tests.iter().any(|t| selected(t)) {
+                b.spawn();
             }
         }
     });
-}
-
-/// The tests that wait on a boot, one per scenario (and a leg's `selftest_verdicts`).
-fn boot_tests(b: &Boot) -> Vec<String> {
-    let module = |scenario: &str| match (b.name, scenario) {
-        ("6.1", _) => "leg_6_1",
-        ("6.12", _) => "leg_6_12",
-        ("cluster-6.12", _) => "cluster_6_12",
-        ("cluster-6.1", _) => "cluster_6_1",
-        ("l2-6.12", _) => "l2_6_12",
-        ("l2-6.1", "l2ovmf") => "ovmf_6_1",
-        ("l2-6.1", "l2libvirt") => "libvirt_6_1",
-        ("l2-6.1", _) => "l2_6_1",
-        (other, _) => panic!("boot {other} has no test module"),
-    };
-    let mut tests: Vec<String> = b
-        .scenarios
-        .iter()
-        .map(|s| format!("lab::{}::{s}", module(s)))
-        .collect();
-    if b.scenarios == SCENARIOS {
-        tests.push(format!("lab::{}::selftest_verdicts", module("")));
-    }
-    tests
 }
 
 /// The test harness's filters, `--skip` patterns and `--exact`, from its command line.
@@ -347,24 +310,6 @@ fn the_harness_selection_is_read_from_its_arguments() {
             true
         )
     );
-}
-
-/// Every boot names the tests that wait on it, so that `start_all` starts (or chains) exactly
-/// the boots a selection needs.
-#[test]
-fn every_boot_names_its_tests() {
-    for b in BOOTS.iter() {
-        assert!(boot_tests(b).len() >= b.scenarios.len(), "{}", b.name);
-    }
-    assert_eq!(
-        boot_tests(lab_boot("l2-6.1")),
-        [
-            "lab::l2_6_1::l2linux",
-            "lab::ovmf_6_1::l2ovmf",
-            "lab::libvirt_6_1::l2libvirt"
-        ]
-    );
-    assert!(boot_tests(lab_boot("6.1")).contains(&"lab::leg_6_1::selftest_verdicts".to_string()));
 }
 
 fn lab_boot(leg: &str) -> &'static Boot {
