@@ -712,9 +712,14 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
     QEMU+=(-fsdev "local,id=libvirtfs,path=$LIBVIRT_DIR,security_model=none"
       -device virtio-9p-pci,fsdev=libvirtfs,mount_tag=libvirt,bus=pcie.0,addr=0x10)
   fi
+  # "# lab-qemu: args": devices a scenario adds. A line two scenarios of the boot both declare
+  # (l2huge's and l2libvirt's 64 GiB ivshmem at 00:0f.0) is added once.
+  local seen=$'\n'
   for s in "$@"; do
     while IFS= read -r line; do
       [[ -n $line ]] || continue
+      [[ $seen == *$'\n'"$line"$'\n'* ]] && continue
+      seen+="$line"$'\n'
       # shellcheck disable=SC2206  # word splitting of declared args is intended
       QEMU+=($line)
     done < <(scenario_decl "$s" qemu)

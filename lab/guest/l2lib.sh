@@ -6,6 +6,10 @@
 Q=/opt/qemu/bin/qemu-system-x86_64
 D=0000:00:03.0       # bochs-display: 16 MiB prefetchable BAR0, 4 KiB BAR2, 32 KiB ROM
 BIG=0000:00:0c.0     # ivshmem-plain: 256 B BAR0, 16 GiB 64-bit prefetchable BAR2
+HUGE=0000:00:0f.0    # ivshmem-plain with a 64 GiB BAR2: only in boots that declare it (l2huge,
+                     # l2libvirt); a scenario passing it sets BIG=$HUGE (the functions below
+                     # judge $D and $BIG)
+WIN_G=32             # the window gpupass sizes for $D and $BIG, GiB (l2_prepare, inwindow)
 OVMF=/opt/ovmf/OVMF.fd
 
 cs() { read -r _u _ < /proc/uptime; echo "${_u%.*}${_u#*.}"; }
@@ -160,15 +164,20 @@ above4g() {
     lab_fail "${p}above-4g" "BAR2 at '$s'"
   fi
 }
-# inwindow PREFIX LOG SIZE: BAR2 lies in the L2 kernel's 64-bit root bus window, of SIZE bytes
-# (the window gpupass set).
+# big_size: the size in bytes of $BIG's BAR2 in L1.
+big_size() {
+  set -- $(sed -n 3p "/sys/bus/pci/devices/$BIG/resource")
+  echo $(($2 - $1 + 1))
+}
+# inwindow PREFIX LOG SIZE: BAR2 (its whole L1 size) lies in the L2 kernel's 64-bit root bus
+# window, of SIZE bytes (the window gpupass set).
 inwindow() {
-  local p=$1 log=$2 want=$3 s w ws we
+  local p=$1 log=$2 want=$3 s w ws we z
   s=$(l2_res "${L2BIG:-none}" 2 "$log" | cut -d' ' -f1)
   w=$(root_window "${s:-0}" "$log")
-  ws=${w% *} we=${w#* }
-  if [ -n "$w" ] && [ $((s + 0x400000000 - 1)) -le $((we)) ] && [ $((we - ws + 1)) -eq "$want" ]; then
-    lab_pass "${p}window" "BAR2 $s+16G inside root bus window [$ws-$we] ($(((we - ws + 1) >> 30)) GiB)"
+  ws=${w% *} we=${w#* } z=$(big_size)
+  if [ -n "$w" ] && [ $((s + z - 1)) -le $((we)) ] && [ $((we - ws + 1)) -eq "$want" ]; then
+    lab_pass "${p}window" "BAR2 $s+$((z >> 30))G inside root bus window [$ws-$we] ($(((we - ws + 1) >> 30)) GiB)"
   else
     lab_fail "${p}window" "BAR2 '$s', window '$w', want a window of $((want >> 30)) GiB holding it: $(grep 'root bus resource' "$log" | tr '\n' ';')"
   fi
@@ -248,9 +257,33 @@ EOF2
     lab_fail "${p}lspci" "$n BARs;$bad $(grep -c '^L2-LSPCI' "$out") lspci lines: $(head -3 "$out" | tr '\n' ';')"
   fi
 }
+# huge_l1_bar: step huge-l1-bar: $BIG's BAR2 is 64 GiB with an address in L1 (l2huge, l2libvirt).
+huge_l1_bar() {
+  set -- $(sed -n 3p "/sys/bus/pci/devices/$BIG/resource" 2>/dev/null)
+  if [ $# -ge 2 ] && [ $(($2 - $1 + 1)) -eq $((64 << 30)) ] && [ $(($1)) -ne 0 ]; then
+    lab_pass huge-l1-bar "$BIG BAR2 [$1-$2] (64 GiB) in L1"
+  else
+    lab_fail huge-l1-bar "$BIG BAR2 '$*': want 64 GiB with an address in L1"
+  fi
+}
+# big_marker MARKER: step big-marker: L1 writes MARKER at the start of $BIG's BAR2 (busybox
+# devmem at L1's own address, before vfio-pci has it), for the L2 kernel to read back through
+# its own mapping of the BAR (reads).
+big_marker() {
+  local bstart got
+  set -- "$1" $(sed -n 3p "/sys/bus/pci/devices/$BIG/resource")
+  bstart=$(printf '0x%x' $(($2)))
+  devmem "$bstart" 32 "$1"
+  got=$(devmem "$bstart" 32)
+  if [ $((${got:-0})) -eq $(($1)) ]; then
+    lab_pass big-marker "$1 at $bstart (L1's BAR2 of $BIG)"
+  else
+    lab_fail big-marker "devmem $bstart read '$(devmem "$bstart" 32 2>&1)' after writing $1"
+  fi
+}
 # reads PREFIX LOG MARKER: the L2 kernel read through the BARs (busybox devmem at their L2
 # addresses): bochs-display's dispi ID 0xB0C5 at BAR2 + 0x500, and MARKER, which L1 wrote at
-# the start of ivshmem's 16 GiB BAR2 before passing it on.
+# the start of ivshmem's BAR2 before passing it on (big_marker).
 reads() {
   local p=$1 log=$2 marker=$3 dispi first
   dispi=$(sed -n "s/^L2-READ ${L2D:-none} 2 [^ ]* 16 //p" "$log" | head -1)
@@ -270,7 +303,7 @@ reads() {
 # the one L1 runs (its version string is in the bzImage header); bind/big-bind: $D and $BIG on
 # vfio-pci through `gpupass bind` (orig, big_orig: the drivers they had); qemu-args for both;
 # sized-window: 16 GiB of 64-bit BARs -> twice the next power of two, 32G, and OVMF the same
-# in MiB.
+# in MiB ($WIN_G GiB: 128 for the 64 GiB BAR).
 l2_prepare() {
   if [ -s /lab/l2/bzImage ] && grep -q "$(uname -r) " /lab/l2/bzImage; then
     lab_pass l2-kernel "/lab/l2/bzImage $(wc -c < /lab/l2/bzImage) bytes, $(uname -r); initrd $(wc -c < /lab/l2/initrd.gz) bytes"
@@ -288,6 +321,6 @@ l2_prepare() {
   # `host` would be L1's emulated CPU), so the arguments carry no -cpu, as before; --qemu $Q:
 # --backend auto asks that QEMU's version (10.0) before it emits iommufd.
   lab_run qemu-args qemu-args.txt gpupass qemu-args --cpu none --qemu $Q $D $BIG
-  lab_expect sized-window "q35-pcihost.pci-hole64-size=32G name=opt/ovmf/X-PciMmio64Mb,string=32768" \
+  lab_expect sized-window "q35-pcihost.pci-hole64-size=${WIN_G}G name=opt/ovmf/X-PciMmio64Mb,string=$((WIN_G * 1024))" \
     "$(grep -o -e 'q35-pcihost.pci-hole64-size=[0-9A-Z]*' -e 'name=opt/ovmf/X-PciMmio64Mb,string=[0-9]*' qemu-args.txt | tr '\n' ' ' | sed 's/ $//')"
 }
