@@ -6,7 +6,9 @@ that gpupass wrote inside L1, so that L1 can boot an L2 VM from it.
 
 Runs on the host beside a lab boot (lab.sh starts it for scenarios that declare
 "# lab-carry: libvirt"). DIR is shared with the guest over virtio-9p (/lab/libvirt there).
-The guest writes NAME.xml, then an empty NAME.req; this answers with
+The guest writes NAME.xml (and, if it wants more than the defaults below, NAME.opts: lines
+`cpu=MODEL` for the L2 CPU and `nommap=ADDR` for a vfio-pci host address to get `x-no-mmap`),
+then an empty NAME.req; this answers with
 
     NAME.libvirt  what `virsh -c qemu:///session domxml-to-native qemu-argv NAME.xml` printed,
                   verbatim (Debian 12's libvirt 9.0 on the host, emulator = the lab's QEMU 10.0)
@@ -31,9 +33,14 @@ the environment prefix and `-S` (libvirt starts QEMU paused and resumes it over 
 state directory); the monitor socket and the firmware/NVRAM paths (to L1's copies);
 the serial chardev `pty` to a file; `-accel kvm` to `-accel tcg` and `-cpu host,...` to
 `-cpu qemu64,phys-bits=36` (L2 runs under TCG in this lab, and 36 bits keep OVMF on its
-classic aperture, the one X-PciMmio64Mb sets, as l2ovmf's boots do); and the direct kernel
-boot added (`-kernel`, `-initrd`, `-append`, `-no-reboot`). The machine, memory, root ports,
-vfio-pci devices, the 64-bit window and the OVMF aperture are libvirt's, as printed.
+classic aperture, the one X-PciMmio64Mb sets, as l2ovmf's boots do; `cpu=` in NAME.opts names
+another model, such as 39 bits for a 128 GiB aperture); `x-no-mmap` on the vfio-pci devices
+NAME.opts names (l2libvirt's 64 GiB BAR: libvirt 9.0 emits only the legacy container, whose
+peer-to-peer map of a mmap'ed BAR walks it page by page, minutes per OVMF decode toggle inside
+TCG; without the mmap the BAR is trapped, and where the firmware and the kernel place it is
+unchanged); and the direct kernel boot added (`-kernel`, `-initrd`, `-append`, `-no-reboot`).
+The machine, memory, root ports, vfio-pci devices, the 64-bit window and the OVMF aperture are
+libvirt's, as printed.
 """
 
 import json
@@ -83,8 +90,12 @@ def descriptor_of(code):
     return None
 
 
-def adjust(name, words):
-    """libvirt's words (env prefix included) to a runnable argv in L1, and the changes."""
+def adjust(name, words, opts=None):
+    """libvirt's words (env prefix included) to a runnable argv in L1, and the changes; opts:
+    NAME.opts as a dict of lists (`cpu`, `nommap`)."""
+    opts = opts or {}
+    cpu = (opts.get("cpu") or ["qemu64,phys-bits=36"])[-1]
+    nommap = set(opts.get("nommap", []))
     notes = []
     i = 0
     while i < len(words) and "=" in words[i] and not words[i].startswith("-"):
@@ -113,8 +124,8 @@ def adjust(name, words):
             j += 2
             continue
         if w == "-cpu" and v is not None:
-            notes.append(f"-cpu {v} -> -cpu qemu64,phys-bits=36")
-            out += ["-cpu", "qemu64,phys-bits=36"]
+            notes.append(f"-cpu {v} -> -cpu {cpu}")
+            out += ["-cpu", cpu]
             j += 2
             continue
         if w == "-chardev" and v and v.startswith("socket,id=charmonitor,"):
@@ -130,6 +141,16 @@ def adjust(name, words):
             out += [w, nv]
             j += 2
             continue
+        if w == "-device" and v and v.startswith("{") and '"vfio-pci"' in v:
+            dev = json.loads(v)
+            if dev.get("host") in nommap:
+                dev["x-no-mmap"] = True
+                nv = json.dumps(dev, separators=(",", ":"))
+                notes.append(f"-device {v} -> {nv}")
+                nommap.discard(dev["host"])
+                out += [w, nv]
+                j += 2
+                continue
         if w == "-blockdev" and v and '"filename"' in v:
             b = json.loads(v)
             node = b.get("node-name", "")
@@ -147,6 +168,8 @@ def adjust(name, words):
             continue
         out.append(w)
         j += 1
+    if nommap:
+        raise RuntimeError(f"no vfio-pci device of libvirt's line has host {sorted(nommap)}")
     boot = ["-kernel", "/lab/l2/bzImage", "-initrd", "/lab/l2/initrd.gz",
             "-append", "console=ttyS0 panic=-1 quiet", "-no-reboot"]
     notes.append("added: " + " ".join(shlex.quote(x) for x in boot))
@@ -169,7 +192,16 @@ def convert(d, home, name):
     ver = subprocess.run(["virsh", "--version"], capture_output=True, text=True).stdout.strip()
     with open(os.path.join(d, f"{name}.libvirt"), "w") as fh:
         fh.write(line + "\n")
-    argv, notes, code, vars_ = adjust(name, shlex.split(line))
+    opts = {}
+    optf = os.path.join(d, f"{name}.opts")
+    if os.path.exists(optf):
+        with open(optf) as fh:
+            for ln in fh:
+                k, sep, v = ln.strip().partition("=")
+                if not sep or k not in ("cpu", "nommap"):
+                    raise RuntimeError(f"{name}.opts: not cpu=MODEL or nommap=ADDR: {ln.strip()!r}")
+                opts.setdefault(k, []).append(v)
+    argv, notes, code, vars_ = adjust(name, shlex.split(line), opts)
     if not code:
         raise RuntimeError("libvirt's command line has no pflash0 firmware")
     shutil.copyfile(code, os.path.join(d, f"{name}.code.fd"))
