@@ -299,7 +299,29 @@ reads() {
   lab_fail "${p}reads" "dispi '$dispi' (want 0xB0C5), BAR2 first '$first' (want $marker): $(grep '^L2-READ' "$log" | tr '\n' ';')"
 }
 
-# l2_prepare: the steps both L2 Linux scenarios start with. l2-kernel: the carried kernel is
+# judged PREFIX LOG MARKER: the L2 kernel's whole view of $D and $BIG (steps PREFIX boot, ids,
+# bars, above-4g, window: of $WIN_G GiB, iomem, lspci, reads: MARKER at the start of BAR2).
+judged() {
+  booted "$1" "$2"
+  listed "$1" "$2"
+  assigned "$1" "$2"
+  above4g "$1" "$2"
+  inwindow "$1" "$2" $((WIN_G << 30))
+  iomem "$1" "$2"
+  lspcivv "$1" "$2"
+  reads "$1" "$2" "$3"
+}
+# l2_finish: steps unbind, restored, big-unbind, big-restored: both functions back on the
+# drivers l2_prepare found ($orig, $big_orig); duration: since $T0.
+l2_finish() {
+  lab_run unbind unbind.txt gpupass unbind $D
+  lab_expect restored "$orig" "$(lab_driver $D)"
+  lab_run big-unbind big-unbind.txt gpupass unbind $BIG
+  lab_expect big-restored "$big_orig" "$(lab_driver $BIG)"
+  lab_pass duration "scenario took $(secs $(($(cs) - T0))) s"
+}
+
+# l2_prepare: the steps the L2 Linux scenarios start with. l2-kernel: the carried kernel is
 # the one L1 runs (its version string is in the bzImage header); bind/big-bind: $D and $BIG on
 # vfio-pci through `gpupass bind` (orig, big_orig: the drivers they had); qemu-args for both;
 # sized-window: 16 GiB of 64-bit BARs -> twice the next power of two, 32G, and OVMF the same

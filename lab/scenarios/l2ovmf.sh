@@ -44,8 +44,4 @@ above4g ovmf- ovmf.txt
 inwindow ovmf- ovmf.txt $((32 << 30))
 
 # ---- 2. everything back as it was
-lab_run unbind unbind.txt gpupass unbind $D
-lab_expect restored "$orig" "$(lab_driver $D)"
-lab_run big-unbind big-unbind.txt gpupass unbind $BIG
-lab_expect big-restored "$big_orig" "$(lab_driver $BIG)"
-lab_pass duration "scenario took $(secs $(($(cs) - T0))) s"
+l2_finish
