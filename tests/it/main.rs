@@ -22,6 +22,7 @@ mod dra;
 mod errors;
 mod everyday;
 mod fixtures_current;
+mod gotool;
 mod hostile;
 mod inventory;
 mod lab;
