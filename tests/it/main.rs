@@ -25,6 +25,8 @@ mod fixtures_current;
 mod hostile;
 mod inventory;
 mod lab;
+/// The lab's judges (also `lab/judge`, the program lab/lab.sh runs).
+mod labjudge;
 mod labqemu;
 mod labtool;
 mod mdev;
