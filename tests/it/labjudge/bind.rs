@@ -199,7 +199,7 @@ pub fn judge() -> Judge {
             let c = o.cmd("persist")?;
             c.out_has("softdep bochs pre: vfio-pci")?;
             c.out_has("vfio-pci.ids=1234:1111,8086:293e")?;
-            Ok(first_line_with(&c.out, "vfio-pci.ids="))
+            Ok(first_line_with(&c.out, "vfio-pci.ids=1234:1111,8086:293e"))
         }),
         check("persist-shown", |o| {
             let c = o.cmd("persist-show")?;
