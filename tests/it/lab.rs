@@ -316,9 +316,27 @@ fn lab_boot(leg: &str) -> &'static Boot {
     BOOTS.iter().find(|b| b.name == leg).expect("a boot of that name")
 }
 
-/// Passes iff the leg's shared lab boot ran and `scenario` passed in it.
+/// Passes iff the leg's shared lab boot ran and `scenario` passed in it. A judged scenario
+/// (`# lab-judge: rust`) is judged here first, by its judge in `tests/it/labjudge`, on what the
+/// guest shipped: a failure names the judge's failing steps (lab.sh's report, whose verdict
+/// follows, runs the same judge as `lab/judge`).
 fn assert_scenario(run: &LabRun, leg: &str, scenario: &str) {
-    let verdict_path = run.out_root.join(scenario).join("verdict");
+    let dir = run.out_root.join(scenario);
+    if let Some(judge) = crate::labjudge::judge_of(scenario) {
+        // Only where the boot ran (collect wrote guest.json); else the panic below says why not.
+        if dir.join("guest.json").is_file() {
+            let failed = crate::labjudge::failures(&judge.run(&dir));
+            assert!(
+                failed.is_empty(),
+                "lab scenario {scenario} FAILED on the {leg} kernel, judged by \
+                 tests/it/labjudge/{scenario}.rs on {}:\n{}\nconsole: {}",
+                dir.display(),
+                failed.join("\n"),
+                dir.join("console.log").display()
+            );
+        }
+    }
+    let verdict_path = dir.join("verdict");
     match run.status {
         Some(0) => return,
         // 1: the boot happened and something failed; the per-scenario verdict says what.

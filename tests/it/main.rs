@@ -26,6 +26,8 @@ mod gotool;
 mod hostile;
 mod inventory;
 mod lab;
+/// The lab's judges (also `lab/judge`, the program lab/lab.sh runs).
+mod labjudge;
 mod labqemu;
 mod labtool;
 mod mdev;
