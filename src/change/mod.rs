@@ -18,7 +18,7 @@
 //!   them twice is harmless.
 //!
 //! The domains build plans (`bind::Plan::to_part`, `mdev::plan::part`,
-//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `cli::cdi::spec_part`)
+//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `containers::cdi::spec_part`)
 //! and map the engine's [`ChangeError`] into their own errors; the engine knows the kernel's
 //! objects, not the commands. A plan of several parts, as the DRA plugin's prepare of a claim
 //! will make it (`tests.rs` builds and crashes exactly this):
@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-pub use engine::{apply, recover, recover_where, Outcome, Recovered, Session};
+pub use engine::{apply, recover, recover_then, recover_where, Followup, Outcome, Recovered, Session};
 
 /// What a move of drivers does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
