@@ -267,3 +267,6 @@ impl Followup for Refresh {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
