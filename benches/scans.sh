@@ -25,4 +25,4 @@ if [ "${1:-}" = --before ]; then
     cd "$tmp/before"
     filter=scans_before
 fi
-cargo test --lib --features dra "$filter" -- --nocapture --test-threads=1 2>&1 | grep '^scans:'
+cargo test --lib --features dra "$filter" -- --nocapture --test-threads=1 2>&1 | grep -o 'scans: .*'
