@@ -22,6 +22,14 @@ if [ "${1:-}" = --before ]; then
     git show "$counter:src/inventory/mod.rs" >"$tmp/before/src/inventory/mod.rs"
     cp benches/scans/before.rs "$tmp/before/src/scans_before.rs"
     printf '\n#[cfg(test)]\nmod scans_before;\n' >>"$tmp/before/src/lib.rs"
+    # A target directory of its own: cargo hashes the two trees' crate alike, and a shared one
+    # would keep the old tree's library as fresh for this one. Seeded from this tree's once.
+    target=${CARGO_TARGET_DIR:-$PWD/target}
+    if [ ! -d "$target/scans-before/debug" ] && [ -d "$target/debug" ]; then
+        mkdir -p "$target/scans-before"
+        cp -a --reflink=auto "$target/debug" "$target/scans-before/"
+    fi
+    export CARGO_TARGET_DIR="$target/scans-before"
     cd "$tmp/before"
     filter=scans_before
 fi
