@@ -107,9 +107,7 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Engine::new(ops, src, me, args.backend, boot_id)
-        .map_err(Error::host)?
-        .with_after_change(|ops, wait| crate::cli::cdi::refresh_within(ops, wait).map_err(|e| e.to_string()));
+    let engine = Engine::new(ops, src, me, args.backend, boot_id).map_err(Error::host)?;
     let cfg = server::Config {
         registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
         plugin_dir: args

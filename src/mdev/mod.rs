@@ -27,9 +27,11 @@
 //! makes the checks and the plans of create and remove, [`plan`] each instance's steps for the
 //! one change engine ([`crate::change`]), which changes the host through
 //! [`HostOps`](crate::host::ops::HostOps); [`defs`] reads `etc/mdevctl.d/<parent>/<uuid>`
-//! exactly as mdevctl does and makes the plans that write and remove it; the clap arguments
-//! are `cli::mdev`'s.
+//! exactly as mdevctl does and makes the plans that write and remove it; [`apply`] drives
+//! each change (the lock, the read under it, the plan, the engine, what follows in the same
+//! session); the clap arguments and the output are `cli::mdev`'s.
 
+pub mod apply;
 pub mod defs;
 pub mod list;
 pub mod ops;
