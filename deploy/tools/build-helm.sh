@@ -4,6 +4,11 @@
 # it and of every dependency), unmodified, into a cache entry keyed by those pins:
 #
 #   ${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}/helm-<version>_<hash>/bin/helm
+#                                                             .../bin/yaml2json
+#
+# yaml2json (deploy/tools/yaml2json) turns `helm template`'s YAML into JSON for the tests, with
+# Kubernetes' own YAML reader (k8s.io/apimachinery, sigs.k8s.io/yaml, both already in Helm's
+# module graph).
 #
 # Nothing is downloaded but Go modules from the module proxy (verified against go.sum). The binary
 # is static (CGO_ENABLED=0), built with -trimpath and the version stamped as Helm's Makefile does.
@@ -29,10 +34,10 @@ case ${1:-} in
 esac
 [ -x "$GO" ] || command -v "$GO" >/dev/null || die "no go command ($GO); install Go >= 1.26 (https://go.dev/dl) or set GO=/path/to/go"
 
-version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" { print $3; exit }' "$here/go.mod")
+version=$(awk '$1 == "helm.sh/helm/v4" && $2 ~ /^v/ { print $2; exit }' "$here/go.mod")
 [ -n "$version" ] || die "deploy/tools/go.mod names no version for helm.sh/helm/v4"
 goversion=$("$GO" env GOVERSION)
-hash=$( { cat "$here/go.mod" "$here/go.sum"; echo "SCHEME=$SCHEME $goversion"; } | sha256sum | cut -c1-12)
+hash=$( { cat "$here/go.mod" "$here/go.sum" "$here/yaml2json/main.go"; echo "SCHEME=$SCHEME $goversion"; } | sha256sum | cut -c1-12)
 entry="$cache/helm-${version#v}_$hash"
 if [ "${1:-}" = --print-dir ]; then echo "$entry"; exit 0; fi
 
@@ -54,7 +59,7 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 cd "$here"
 echo "== helm build: helm.sh/helm/v4 $version with $goversion into $entry"
-if ! "$GO" mod download helm.sh/helm/v4; then
+if ! "$GO" mod download helm.sh/helm/v4 k8s.io/apimachinery sigs.k8s.io/yaml; then
   echo "helm build: FAILED: go mod download helm.sh/helm/v4 $version (is the Go module proxy reachable? GOPROXY=$("$GO" env GOPROXY))" >&2
   exit 1
 fi
@@ -62,6 +67,10 @@ fi
 ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$version -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
 if ! CGO_ENABLED=0 "$GO" build -trimpath -ldflags="$ldflags" -o "$entry/bin/helm" helm.sh/helm/v4/cmd/helm; then
   echo "helm build: FAILED: go build helm.sh/helm/v4/cmd/helm (the output above says why); $entry is left incomplete" >&2
+  exit 1
+fi
+if ! CGO_ENABLED=0 "$GO" build -trimpath -ldflags="-s -w" -o "$entry/bin/yaml2json" ./yaml2json; then
+  echo "helm build: FAILED: go build deploy/tools/yaml2json (the output above says why); $entry is left incomplete" >&2
   exit 1
 fi
 got=$("$entry/bin/helm" version --template '{{.Version}}')
