@@ -79,7 +79,7 @@ if [ -z "$binary" ]; then
     fail "cargo build of the static gpupass (the output above says why)"
 fi
 [ -f "$binary" ] || die "no binary at $binary"
-desc=$(file -b "$binary")
+desc=$(file -b -L "$binary")
 [[ $desc == ELF\ 64-bit*x86-64* ]] || fail "$binary is not an x86-64 ELF ($desc)"
 [[ $desc == *"statically linked"* || $desc == *"static-pie linked"* ]] ||
   fail "$binary is not statically linked ($desc); the image has no libc: build it with -C target-feature=+crt-static"

@@ -675,6 +675,29 @@ fn the_image_is_reproducible_and_a_valid_oci_layout() {
 }
 
 #[test]
+fn the_image_build_refuses_bad_input_with_the_fix() {
+    let run = |args: &[&str]| {
+        let o = Command::new(manifest_dir().join("deploy/image/build.sh")).args(args).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (rc, e) = run(&["--tag", "Gpupass:1"]);
+    assert_eq!(rc, Some(2), "{e}");
+    assert!(e.contains("invalid --tag 'Gpupass:1'") && e.contains("lower-case"), "{e}");
+    let (rc, e) = run(&["--tag", "gpupass.dev/gpupass"]);
+    assert_eq!(rc, Some(2), "a name without a tag: {e}");
+    let (rc, e) = run(&["--binary", "/nonexistent/gpupass"]);
+    assert_eq!(rc, Some(2), "{e}");
+    assert!(e.contains("no binary at /nonexistent/gpupass"), "{e}");
+    // A dynamically linked program: the image has no libc.
+    let (rc, e) = run(&["--binary", "/bin/sh"]);
+    assert_eq!(rc, Some(1), "{e}");
+    assert!(e.contains("not statically linked") && e.contains("crt-static"), "{e}");
+    let (rc, e) = run(&["--frobnicate"]);
+    assert_eq!(rc, Some(2), "{e}");
+    assert!(e.contains("unknown argument '--frobnicate'"), "{e}");
+}
+
+#[test]
 fn podman_loads_and_runs_the_image() {
     if !need_tool("podman") {
         return;
