@@ -155,7 +155,7 @@ fn host_mounts() -> Vec<(String, String, String, String, bool)> {
         mount("cdi", "/var/run/cdi", "/var/run/cdi", "DirectoryOrCreate", false),
         mount("gpupass-run", "/run/gpupass", "/run/gpupass", "DirectoryOrCreate", false),
         mount("sys", "/sys", "/sys", "Directory", false),
-        mount("dev", "/dev", "/dev", "Directory", true),
+        mount("dev-vfio", "/dev/vfio", "/dev/vfio", "DirectoryOrCreate", true),
         mount("lib-modules", "/lib/modules", "/lib/modules", "Directory", true),
     ]
 }
@@ -511,6 +511,11 @@ fn bad_values_are_refused_with_the_field_named() {
     }
     let e = render(&["serviceAccount.create=false"]).expect_err("no service account name");
     assert!(e.contains("serviceAccount.name is required"), "{e}");
+    // resource.k8s.io/v1 is served from 1.34: an older cluster is refused before anything is made.
+    let o = helm(&["template", RELEASE, CHART, "--kube-version", "1.33.0"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains(">=1.34.0-0"), "{e}");
+    assert!(helm(&["template", RELEASE, CHART, "--kube-version", "1.34.0"]).status.success());
 }
 
 // ---------------------------------------------------------------- the image

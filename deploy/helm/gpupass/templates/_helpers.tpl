@@ -68,6 +68,6 @@ exec:
   - --registry-dir={{ .Values.kubelet.registrationDir }}
   - --plugin-dir={{ include "gpupass.pluginDir" . }}
   - --timeout-s={{ .Values.kubeletPlugin.probe.timeoutSeconds }}
-{{/* Two calls of at most timeoutSeconds each, and the process's start. */}}
+{{- /* Two calls of at most timeoutSeconds each, and the process's start. */}}
 timeoutSeconds: {{ add (mul 2 .Values.kubeletPlugin.probe.timeoutSeconds) 5 }}
 {{- end }}
