@@ -30,9 +30,11 @@ fn tools() -> Option<&'static (PathBuf, PathBuf)> {
     static T: OnceLock<Result<(PathBuf, PathBuf), String>> = OnceLock::new();
     let r = T.get_or_init(|| {
         let script = manifest_dir().join("deploy/tools/build-helm.sh");
-        let o = Command::new(&script).output().map_err(|e| format!("{}: {e}", script.display()))?;
+        let o = Command::new(&script)
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
         if o.status.code() == Some(2) {
-            return Err(format!("{}", String::from_utf8_lossy(&o.stderr).trim()));
+            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
         }
         if !o.status.success() {
             panic!(
@@ -49,7 +51,10 @@ fn tools() -> Option<&'static (PathBuf, PathBuf)> {
     match r {
         Ok(t) => Some(t),
         Err(why) => {
-            assert!(!ci(), "{why}: CI must run this test (install Go, e.g. /usr/local/go)");
+            assert!(
+                !ci(),
+                "{why}: CI must run this test (install Go, e.g. /usr/local/go)"
+            );
             eprintln!("SKIPPED: {why} (mandatory when CI=true)");
             None
         }
@@ -127,11 +132,18 @@ fn mounts(ds: &Value) -> BTreeSet<(String, String, String, String, bool)> {
     let vols = spec["volumes"].as_array().unwrap();
     let c = &spec["containers"][0];
     let m: Vec<&Value> = c["volumeMounts"].as_array().unwrap().iter().collect();
-    assert_eq!(vols.len(), m.len(), "a volume without a mount or a mount without a volume");
+    assert_eq!(
+        vols.len(),
+        m.len(),
+        "a volume without a mount or a mount without a volume"
+    );
     m.iter()
         .map(|m| {
             let name = m["name"].as_str().unwrap();
-            let v = vols.iter().find(|v| v["name"] == name).expect("the mount's volume");
+            let v = vols
+                .iter()
+                .find(|v| v["name"] == name)
+                .expect("the mount's volume");
             let hp = &v["hostPath"];
             assert!(hp.is_object(), "volume {name} is not a hostPath: {v}");
             (
@@ -145,7 +157,13 @@ fn mounts(ds: &Value) -> BTreeSet<(String, String, String, String, bool)> {
         .collect()
 }
 
-fn mount(name: &str, container: &str, host: &str, ty: &str, ro: bool) -> (String, String, String, String, bool) {
+fn mount(
+    name: &str,
+    container: &str,
+    host: &str,
+    ty: &str,
+    ro: bool,
+) -> (String, String, String, String, bool) {
     (name.into(), container.into(), host.into(), ty.into(), ro)
 }
 
@@ -153,7 +171,13 @@ fn mount(name: &str, container: &str, host: &str, ty: &str, ro: bool) -> (String
 fn host_mounts() -> Vec<(String, String, String, String, bool)> {
     vec![
         mount("cdi", "/var/run/cdi", "/var/run/cdi", "DirectoryOrCreate", false),
-        mount("gpupass-run", "/run/gpupass", "/run/gpupass", "DirectoryOrCreate", false),
+        mount(
+            "gpupass-run",
+            "/run/gpupass",
+            "/run/gpupass",
+            "DirectoryOrCreate",
+            false,
+        ),
         mount("sys", "/sys", "/sys", "Directory", false),
         mount("dev-vfio", "/dev/vfio", "/dev/vfio", "DirectoryOrCreate", true),
         mount("lib-modules", "/lib/modules", "/lib/modules", "Directory", true),
@@ -190,10 +214,16 @@ fn rbac_of_code() -> BTreeSet<(String, String, String)> {
             }
         }
         let after = rest[end + 1..].trim_start();
-        let after = after
-            .strip_prefix('.')
-            .unwrap_or_else(|| panic!("Api::<{kind}> not followed by a method call: {}", &after[..40.min(after.len())]));
-        let method: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        let after = after.strip_prefix('.').unwrap_or_else(|| {
+            panic!(
+                "Api::<{kind}> not followed by a method call: {}",
+                &after[..40.min(after.len())]
+            )
+        });
+        let method: String = after
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
         let (group, resource) = match kind {
             "ResourceClaim" => ("resource.k8s.io", "resourceclaims"),
             "ResourceSlice" => ("resource.k8s.io", "resourceslices"),
@@ -213,11 +243,19 @@ fn rbac_of_code() -> BTreeSet<(String, String, String)> {
 /// The rows of docs/deploy.md's permissions table (between `<!-- rbac -->` and `<!-- /rbac -->`).
 fn rbac_of_doc() -> BTreeSet<(String, String, String)> {
     let doc = std::fs::read_to_string(manifest_dir().join("docs/deploy.md")).unwrap();
-    let start = doc.find("<!-- rbac -->").expect("docs/deploy.md has the <!-- rbac --> table");
-    let end = doc.find("<!-- /rbac -->").expect("docs/deploy.md closes the table with <!-- /rbac -->");
+    let start = doc
+        .find("<!-- rbac -->")
+        .expect("docs/deploy.md has the <!-- rbac --> table");
+    let end = doc
+        .find("<!-- /rbac -->")
+        .expect("docs/deploy.md closes the table with <!-- /rbac -->");
     let mut out = BTreeSet::new();
     for line in doc[start..end].lines().filter(|l| l.starts_with('|')).skip(2) {
-        let cells: Vec<&str> = line.trim_matches('|').split('|').map(|c| c.trim().trim_matches('`')).collect();
+        let cells: Vec<&str> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().trim_matches('`'))
+            .collect();
         let group = if cells[0] == "\"\" (core)" { "" } else { cells[0] };
         out.insert((group.to_string(), cells[1].to_string(), cells[2].to_string()));
     }
@@ -230,7 +268,11 @@ fn rbac_of_chart(docs: &[Value]) -> BTreeSet<(String, String, String)> {
     for rule in role["rules"].as_array().unwrap() {
         let obj = rule.as_object().unwrap();
         let keys: BTreeSet<&str> = obj.keys().map(|k| k.as_str()).collect();
-        assert_eq!(keys, BTreeSet::from(["apiGroups", "resources", "verbs"]), "{rule}");
+        assert_eq!(
+            keys,
+            BTreeSet::from(["apiGroups", "resources", "verbs"]),
+            "{rule}"
+        );
         for field in ["apiGroups", "resources", "verbs"] {
             for s in strs(&rule[field]) {
                 assert!(!s.contains('*'), "a wildcard in the ClusterRole: {rule}");
@@ -239,7 +281,10 @@ fn rbac_of_chart(docs: &[Value]) -> BTreeSet<(String, String, String)> {
         for g in strs(&rule["apiGroups"]) {
             for r in strs(&rule["resources"]) {
                 for v in strs(&rule["verbs"]) {
-                    assert!(out.insert((g.clone(), r.clone(), v)), "a rule repeats a permission: {rule}");
+                    assert!(
+                        out.insert((g.clone(), r.clone(), v)),
+                        "a rule repeats a permission: {rule}"
+                    );
                 }
             }
         }
@@ -252,28 +297,41 @@ fn the_cluster_role_is_exactly_the_calls_the_code_makes_and_the_doc_lists() {
     let code = rbac_of_code();
     // What api.rs does today (if this changes, the three below follow).
     assert!(code.contains(&("resource.k8s.io".into(), "resourceslices".into(), "update".into())));
-    assert!(!code.iter().any(|(_, r, _)| r.contains("/status")), "claim status is not written");
+    assert!(
+        !code.iter().any(|(_, r, _)| r.contains("/status")),
+        "claim status is not written"
+    );
     // No other file talks to the API server.
-    let mut others = Vec::new();
-    for dir in ["src"] {
-        let out = Command::new("grep")
-            .args(["-rl", "--include=*.rs", "Api::<", dir])
-            .current_dir(manifest_dir())
-            .output()
-            .unwrap();
-        others.extend(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| *l != "src/containers/dra/api.rs")
-                .map(String::from),
-        );
-    }
-    assert!(others.is_empty(), "kube Api calls outside api.rs (extend rbac_of_code): {others:?}");
-    assert_eq!(rbac_of_doc(), code, "docs/deploy.md's permissions table against api.rs");
+    let out = Command::new("grep")
+        .args(["-rl", "--include=*.rs", "Api::<", "src"])
+        .current_dir(manifest_dir())
+        .output()
+        .unwrap();
+    let others: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| *l != "src/containers/dra/api.rs")
+        .map(String::from)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "kube Api calls outside api.rs (extend rbac_of_code): {others:?}"
+    );
+    assert_eq!(
+        rbac_of_doc(),
+        code,
+        "docs/deploy.md's permissions table against api.rs"
+    );
     let Some(_) = tools() else { return };
-    for set in [&[][..], &["driverName=gpu.example.com", "serviceAccount.name=sa1"][..]] {
+    for set in [
+        &[][..],
+        &["driverName=gpu.example.com", "serviceAccount.name=sa1"][..],
+    ] {
         let docs = rendered(set);
-        assert_eq!(rbac_of_chart(&docs), code, "the chart's ClusterRole against api.rs ({set:?})");
+        assert_eq!(
+            rbac_of_chart(&docs),
+            code,
+            "the chart's ClusterRole against api.rs ({set:?})"
+        );
     }
 }
 
@@ -283,7 +341,11 @@ fn the_cluster_role_is_exactly_the_calls_the_code_makes_and_the_doc_lists() {
 fn helm_lint_strict_is_clean() {
     let Some(_) = tools() else { return };
     let o = helm(&["lint", "--strict", CHART]);
-    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(o.status.success(), "helm lint --strict:\n{out}");
     assert!(out.contains("0 chart(s) failed"), "{out}");
     assert!(!out.contains("[WARNING]") && !out.contains("[ERROR]"), "{out}");
@@ -308,12 +370,21 @@ fn the_chart_version_is_cargos() {
 fn the_default_render_is_the_plugin_as_documented() {
     let Some(_) = tools() else { return };
     let docs = rendered(&[]);
-    let kinds: BTreeSet<String> = docs.iter().map(|d| d["kind"].as_str().unwrap().to_string()).collect();
+    let kinds: BTreeSet<String> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(
         kinds,
-        ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass", "ServiceAccount"]
-            .map(String::from)
-            .into()
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "DeviceClass",
+            "ServiceAccount"
+        ]
+        .map(String::from)
+        .into()
     );
     let ds = one(&docs, "DaemonSet");
     assert_eq!(ds["metadata"]["namespace"], NAMESPACE);
@@ -383,7 +454,10 @@ fn the_default_render_is_the_plugin_as_documented() {
     let sa = one(&docs, "ServiceAccount");
     assert_eq!(spec["serviceAccountName"], sa["metadata"]["name"]);
     let crb = one(&docs, "ClusterRoleBinding");
-    assert_eq!(crb["roleRef"]["name"], one(&docs, "ClusterRole")["metadata"]["name"]);
+    assert_eq!(
+        crb["roleRef"]["name"],
+        one(&docs, "ClusterRole")["metadata"]["name"]
+    );
     assert_eq!(crb["roleRef"]["kind"], "ClusterRole");
     assert_eq!(crb["subjects"].as_array().unwrap().len(), 1);
     assert_eq!(crb["subjects"][0]["kind"], "ServiceAccount");
@@ -407,9 +481,15 @@ fn the_default_render_is_the_plugin_as_documented() {
     assert_eq!(classes, shipped);
     for d in of_kind(&docs, "DeviceClass") {
         let cel = d["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
-        assert!(cel.starts_with("device.driver == \"vfio.gpupass.dev\" &&"), "{cel}");
+        assert!(
+            cel.starts_with("device.driver == \"vfio.gpupass.dev\" &&"),
+            "{cel}"
+        );
         let name = d["metadata"]["name"].as_str().unwrap();
-        assert!(contrib.contains(cel.split("&&").last().unwrap().trim()), "{name}: {cel}");
+        assert!(
+            contrib.contains(cel.split("&&").last().unwrap().trim()),
+            "{name}: {cel}"
+        );
     }
 }
 
@@ -480,10 +560,18 @@ fn changed_values_reach_the_pod() {
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(classes, ["gpu.example.com", "mdev.gpu.example.com"].map(String::from).into());
+    assert_eq!(
+        classes,
+        ["gpu.example.com", "mdev.gpu.example.com"]
+            .map(String::from)
+            .into()
+    );
     for d in of_kind(&docs, "DeviceClass") {
         let cel = d["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
-        assert!(cel.starts_with("device.driver == \"gpu.example.com\" &&"), "{cel}");
+        assert!(
+            cel.starts_with("device.driver == \"gpu.example.com\" &&"),
+            "{cel}"
+        );
     }
     // logLevel 0: no -v at all.
     let quiet = rendered(&["logLevel=0"]);
@@ -515,7 +603,9 @@ fn bad_values_are_refused_with_the_field_named() {
     let o = helm(&["template", RELEASE, CHART, "--kube-version", "1.33.0"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains(">=1.34.0-0"), "{e}");
-    assert!(helm(&["template", RELEASE, CHART, "--kube-version", "1.34.0"]).status.success());
+    assert!(helm(&["template", RELEASE, CHART, "--kube-version", "1.34.0"])
+        .status
+        .success());
 }
 
 // ---------------------------------------------------------------- the image
@@ -570,10 +660,18 @@ fn build_image(bin: &Path, tag: &str, out: &Path) -> (String, u64) {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "build.sh: {stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "build.sh: {stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let last = stdout.lines().last().unwrap();
     let w: Vec<&str> = last.split(' ').collect();
-    assert_eq!((w[0], w[1], w[2], w[4], w[6]), ("image", tag, "digest", "size", "file"), "{last}");
+    assert_eq!(
+        (w[0], w[1], w[2], w[4], w[6]),
+        ("image", tag, "digest", "size", "file"),
+        "{last}"
+    );
     let size: u64 = w[5].parse().unwrap();
     assert_eq!(size, std::fs::metadata(out).unwrap().len());
     (w[3].to_string(), size)
@@ -586,7 +684,9 @@ fn sha256(p: &Path) -> String {
 }
 
 fn blob(layout: &Path, digest: &str) -> PathBuf {
-    layout.join("blobs/sha256").join(digest.strip_prefix("sha256:").unwrap())
+    layout
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap())
 }
 
 #[test]
@@ -604,7 +704,13 @@ fn the_image_is_reproducible_and_a_valid_oci_layout() {
 
     let layout = t.path().join("layout");
     std::fs::create_dir(&layout).unwrap();
-    let st = Command::new("tar").arg("-xf").arg(t.path().join("a.tar")).arg("-C").arg(&layout).status().unwrap();
+    let st = Command::new("tar")
+        .arg("-xf")
+        .arg(t.path().join("a.tar"))
+        .arg("-C")
+        .arg(&layout)
+        .status()
+        .unwrap();
     assert!(st.success());
     let json = |p: &Path| -> Value { serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap() };
     assert_eq!(json(&layout.join("oci-layout"))["imageLayoutVersion"], "1.0.0");
@@ -619,26 +725,43 @@ fn the_image_is_reproducible_and_a_valid_oci_layout() {
     // Every blob is named by its digest and has the size its descriptor says.
     let mut blobs = 0;
     for e in std::fs::read_dir(layout.join("blobs/sha256")).unwrap().flatten() {
-        assert_eq!(sha256(&e.path()), format!("sha256:{}", e.file_name().to_string_lossy()));
+        assert_eq!(
+            sha256(&e.path()),
+            format!("sha256:{}", e.file_name().to_string_lossy())
+        );
         blobs += 1;
     }
     assert_eq!(blobs, 3, "manifest, config, one layer");
     let size_ok = |desc: &Value| {
         let p = blob(&layout, desc["digest"].as_str().unwrap());
-        assert_eq!(desc["size"].as_u64(), Some(std::fs::metadata(&p).unwrap().len()), "{desc}");
+        assert_eq!(
+            desc["size"].as_u64(),
+            Some(std::fs::metadata(&p).unwrap().len()),
+            "{desc}"
+        );
         p
     };
     let manifest = json(&size_ok(m));
     let config_desc = &manifest["config"];
-    assert_eq!(config_desc["mediaType"], "application/vnd.oci.image.config.v1+json");
+    assert_eq!(
+        config_desc["mediaType"],
+        "application/vnd.oci.image.config.v1+json"
+    );
     let config = json(&size_ok(config_desc));
     assert_eq!(config["os"], "linux");
     assert_eq!(config["architecture"], "amd64");
     assert_eq!(strs(&config["config"]["Entrypoint"]), ["/usr/bin/gpupass"]);
     assert_eq!(strs(&config["config"]["Cmd"]), ["dra-plugin"]);
-    assert_eq!(config["config"]["Labels"]["org.opencontainers.image.version"], "0.1.0");
+    assert_eq!(
+        config["config"]["Labels"]["org.opencontainers.image.version"],
+        "0.1.0"
+    );
     // The time stamp is the commit's.
-    let ct = Command::new("git").args(["log", "-1", "--format=%cI"]).current_dir(manifest_dir()).output().unwrap();
+    let ct = Command::new("git")
+        .args(["log", "-1", "--format=%cI"])
+        .current_dir(manifest_dir())
+        .output()
+        .unwrap();
     let ct = String::from_utf8(ct.stdout).unwrap();
     let o = Command::new("date")
         .args(["-u", "-d", ct.trim(), "+%Y-%m-%dT%H:%M:%SZ"])
@@ -647,7 +770,10 @@ fn the_image_is_reproducible_and_a_valid_oci_layout() {
     assert_eq!(config["created"], String::from_utf8(o.stdout).unwrap().trim());
     let layers = manifest["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 1);
-    assert_eq!(layers[0]["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
     let layer = size_ok(&layers[0]);
     // diff_id: the digest of the uncompressed layer.
     let raw = t.path().join("layer.tar");
@@ -682,12 +808,18 @@ fn the_image_is_reproducible_and_a_valid_oci_layout() {
 #[test]
 fn the_image_build_refuses_bad_input_with_the_fix() {
     let run = |args: &[&str]| {
-        let o = Command::new(manifest_dir().join("deploy/image/build.sh")).args(args).output().unwrap();
+        let o = Command::new(manifest_dir().join("deploy/image/build.sh"))
+            .args(args)
+            .output()
+            .unwrap();
         (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let (rc, e) = run(&["--tag", "Gpupass:1"]);
     assert_eq!(rc, Some(2), "{e}");
-    assert!(e.contains("invalid --tag 'Gpupass:1'") && e.contains("lower-case"), "{e}");
+    assert!(
+        e.contains("invalid --tag 'Gpupass:1'") && e.contains("lower-case"),
+        "{e}"
+    );
     let (rc, e) = run(&["--tag", "gpupass.dev/gpupass"]);
     assert_eq!(rc, Some(2), "a name without a tag: {e}");
     let (rc, e) = run(&["--binary", "/nonexistent/gpupass"]);
@@ -696,7 +828,10 @@ fn the_image_build_refuses_bad_input_with_the_fix() {
     // A dynamically linked program: the image has no libc.
     let (rc, e) = run(&["--binary", "/bin/sh"]);
     assert_eq!(rc, Some(1), "{e}");
-    assert!(e.contains("not statically linked") && e.contains("crt-static"), "{e}");
+    assert!(
+        e.contains("not statically linked") && e.contains("crt-static"),
+        "{e}"
+    );
     let (rc, e) = run(&["--frobnicate"]);
     assert_eq!(rc, Some(2), "{e}");
     assert!(e.contains("unknown argument '--frobnicate'"), "{e}");
@@ -715,16 +850,30 @@ fn podman_loads_and_runs_the_image() {
     let conf = t.path().join("containers.conf");
     std::fs::write(&conf, "[engine]\nruntime = \"runc\"\n").unwrap();
     let podman = |args: &[&str]| {
-        let o = Command::new("podman").env("CONTAINERS_CONF", &conf).args(args).output().unwrap();
+        let o = Command::new("podman")
+            .env("CONTAINERS_CONF", &conf)
+            .args(args)
+            .output()
+            .unwrap();
         (
             o.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
         )
     };
     let (ok, out) = podman(&["load", "-i", tar.to_str().unwrap()]);
     assert!(ok, "podman load: {out}");
     assert!(out.contains(tag), "podman load names the image {tag}: {out}");
-    let (ok, out) = podman(&["image", "inspect", "--format", "{{.Digest}} {{.Config.Entrypoint}}", tag]);
+    let (ok, out) = podman(&[
+        "image",
+        "inspect",
+        "--format",
+        "{{.Digest}} {{.Config.Entrypoint}}",
+        tag,
+    ]);
     assert!(ok, "{out}");
     assert_eq!(out.trim(), format!("{digest} [/usr/bin/gpupass]"));
     // The entrypoint runs in the container (static: no libc in the image), and the chart's
@@ -732,14 +881,24 @@ fn podman_loads_and_runs_the_image() {
     let (ok, out) = podman(&["run", "--rm", "--network=none", tag, "--version"]);
     assert!(ok && out.starts_with("gpupass "), "{out}");
     let docs = rendered_or_default();
-    let mut run = vec!["run".to_string(), "--rm".into(), "--network=none".into(), tag.into()];
+    let mut run = vec![
+        "run".to_string(),
+        "--rm".into(),
+        "--network=none".into(),
+        tag.into(),
+    ];
     run.extend(docs.0);
     run.push("--help".into());
     let run: Vec<&str> = run.iter().map(|s| s.as_str()).collect();
     let (ok, out) = podman(&run);
     assert!(ok, "the chart's args in the image: {out}");
     assert!(out.contains("--registry-dir"), "{out}");
-    let mut probe = vec!["run".to_string(), "--rm".into(), "--network=none".into(), "--entrypoint".into()];
+    let mut probe = vec![
+        "run".to_string(),
+        "--rm".into(),
+        "--network=none".into(),
+        "--entrypoint".into(),
+    ];
     probe.push(docs.1[0].clone());
     probe.push(tag.into());
     probe.extend(docs.1[1..].iter().cloned());

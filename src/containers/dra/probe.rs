@@ -82,11 +82,16 @@ pub fn probe(cfg: &Config, driver: &str, timeout: Duration) -> Result<String, Pr
             }
         }
         let ch = connect(&svc, driver, timeout).await?;
-        let r = bounded("DRAPlugin.NodePrepareResources (no claims)", &svc, timeout, async {
-            v1::dra_plugin_client::DraPluginClient::new(ch)
-                .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
-                .await
-        })
+        let r = bounded(
+            "DRAPlugin.NodePrepareResources (no claims)",
+            &svc,
+            timeout,
+            async {
+                v1::dra_plugin_client::DraPluginClient::new(ch)
+                    .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
+                    .await
+            },
+        )
         .await?;
         if !r.claims.is_empty() {
             return Err(ProbeError::Call {
@@ -104,13 +109,22 @@ pub fn probe(cfg: &Config, driver: &str, timeout: Duration) -> Result<String, Pr
     })
 }
 
-async fn connect(path: &Path, driver: &str, timeout: Duration) -> Result<tonic::transport::Channel, ProbeError> {
+async fn connect(
+    path: &Path,
+    driver: &str,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, ProbeError> {
     let err = |detail: String| ProbeError::Connect {
         path: path.to_path_buf(),
         driver: driver.to_string(),
         detail,
     };
-    match tokio::time::timeout(timeout, crate::containers::deviceplugin::server::connect_unix(path)).await {
+    match tokio::time::timeout(
+        timeout,
+        crate::containers::deviceplugin::server::connect_unix(path),
+    )
+    .await
+    {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(err(crate::model::ErrorChain(&e).to_string())),
         Err(_) => Err(err(format!("no connection within {} s", timeout.as_secs_f64()))),
