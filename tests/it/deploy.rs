@@ -848,7 +848,12 @@ fn podman_loads_and_runs_the_image() {
     let tar = t.path().join("img.tar");
     let (digest, _) = build_image(&bin, tag, &tar);
     let conf = t.path().join("containers.conf");
-    std::fs::write(&conf, "[engine]\nruntime = \"runc\"\n").unwrap();
+    // This workplace's container cannot raise rlimits to podman's defaults (as in containers.rs).
+    std::fs::write(
+        &conf,
+        "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=32768:32768\"]\n\n[engine]\nruntime = \"runc\"\n",
+    )
+    .unwrap();
     let podman = |args: &[&str]| {
         let o = Command::new("podman")
             .env("CONTAINERS_CONF", &conf)
