@@ -27,6 +27,9 @@ command -v lspci >/dev/null || need+=(pciutils)
 # tests/it/oci_hook.rs); they fail, not skip, without them when CI=true.
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
+# deploy/image/build.sh (tests/it/deploy.rs): `file` tells a static binary, `strip` strips it.
+command -v file >/dev/null || need+=(file)
+command -v strip >/dev/null || need+=(binutils)
 # tests/it/bind.rs: Debian's driverctl reads the overrides `gpupass persist` writes; unshare (util-linux).
 [ -x /usr/sbin/driverctl ] || need+=(driverctl)
 command -v unshare >/dev/null || need+=(util-linux)

@@ -146,6 +146,27 @@ pub enum DraCommand {
     /// This node's ResourceSlices (a `kind: List` for kubectl apply), or with --explain why
     /// each IOMMU group is or is not published
     Slices(SlicesArgs),
+    /// Whether the running `gpupass dra-plugin` of DRIVER answers: GetInfo on its registration
+    /// socket (type, name, endpoint as the kubelet sees them), then a NodePrepareResources
+    /// with no claims on its service socket (its worker takes calls; nothing changes). Exit 0
+    /// when both answer, 1 otherwise (a liveness probe, deploy/helm/gpupass)
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// The DRA driver name the plugin serves
+    #[arg(long, default_value = dra::DEFAULT_DRIVER, value_parser = parse_driver)]
+    pub driver: String,
+    /// The kubelet's plugin registration directory [default: ROOT/var/lib/kubelet/plugins_registry]
+    #[arg(long, value_name = "DIR")]
+    pub registry_dir: Option<PathBuf>,
+    /// The plugin's directory [default: ROOT/var/lib/kubelet/plugins/DRIVER]
+    #[arg(long, value_name = "DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// The longest each of the two calls may take, in seconds
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=120))]
+    pub timeout_s: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -169,7 +190,22 @@ pub struct SlicesArgs {
 pub fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> {
     match cmd {
         DraCommand::Slices(a) => run_slices(ctx, a, out),
+        DraCommand::Probe(a) => run_probe(ctx, a, out),
     }
+}
+
+fn run_probe(ctx: &Ctx, args: ProbeArgs, out: &mut dyn Write) -> Result<Exit> {
+    let cfg = server::Config {
+        registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
+        plugin_dir: args
+            .plugin_dir
+            .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
+        poll: std::time::Duration::from_millis(500),
+    };
+    let line = dra::probe::probe(&cfg, &args.driver, std::time::Duration::from_secs(args.timeout_s))
+        .map_err(Error::host)?;
+    writeln!(out, "{line}")?;
+    Ok(Exit::SUCCESS)
 }
 
 fn run_slices(ctx: &Ctx, args: SlicesArgs, out: &mut dyn Write) -> Result<Exit> {

@@ -248,7 +248,7 @@ pub enum Command {
     #[cfg(feature = "dra")]
     DraPlugin(dra_plugin::Args),
     /// DRA read commands: this node's ResourceSlices and why each IOMMU group is or is not
-    /// published
+    /// published; whether the running plugin answers (probe)
     #[cfg(feature = "dra")]
     #[command(subcommand)]
     Dra(dra_plugin::DraCommand),

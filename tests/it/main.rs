@@ -15,6 +15,7 @@ mod cdi_validate;
 mod change;
 mod concurrency;
 mod containers;
+mod deploy;
 mod deviceplugin;
 /// Needs the `dra` feature: `cargo test --features dra --test it dra::`.
 #[cfg(feature = "dra")]

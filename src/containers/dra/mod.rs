@@ -16,6 +16,8 @@
 //! - [`authority`]: the registration socket's HTTP/2 `:authority` repair (the kubelet's plugin
 //!   watcher sends the socket's path, which tonic's h2 refuses).
 //! - [`api`]: the API server through kube-rs: claims, and this node's ResourceSlices published.
+//! - [`probe`]: `gpupass dra probe`, whether a running plugin's sockets and worker answer (the
+//!   Helm chart's liveness probe).
 //! - [`server`]: the kubelet plugin registration, `DRAPlugin` v1 and v1beta1 and DRA health
 //!   v1 over unix sockets (tonic).
 
@@ -25,6 +27,7 @@ pub mod authority;
 pub mod checkpoint;
 pub mod claim;
 pub mod prepare;
+pub mod probe;
 pub mod server;
 pub mod slices;
 pub mod slots;
