@@ -15,8 +15,8 @@
 #
 # Usage: deploy/tools/build-helm.sh [--print-dir]
 #   --print-dir  print the cache entry's directory (whether built or not) and exit
-# Environment: GPUPASS_LAB_CACHE (cache root), GO (the go command; default: go on PATH, else
-# /usr/local/go/bin/go), GOCACHE (Go's build cache, as always).
+# Environment: GPUPASS_LAB_CACHE (cache root), GO (the go command; default: what lab/tools/go.sh
+# finds or fetches, go >= 1.26, as for the cluster build), GOCACHE (Go's build cache, as always).
 # Exit status: 0 built or already cached, 1 the build failed, 2 setup (no Go, bad arguments).
 set -euo pipefail
 
@@ -25,14 +25,15 @@ SCHEME=1
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 die() { echo "helm build: $*" >&2; exit 2; }
 case ${1:-} in
   '' | --print-dir) ;;
   *) die "unknown argument '$1' (usage: $0 [--print-dir])" ;;
 esac
-[ -x "$GO" ] || command -v "$GO" >/dev/null || die "no go command ($GO); install Go >= 1.26 (https://go.dev/dl) or set GO=/path/to/go"
+# The one Go resolution of the repository (lab/tools/go.sh: $GO if set and new enough, go on
+# PATH, /usr/local/go, else go1.26.8 from the module proxy; otherwise it says what to install).
+GO=$("$here/../../lab/tools/go.sh") || die "no Go 1.26 (lab/tools/go.sh, above)"
 
 version=$(awk '$1 == "helm.sh/helm/v4" && $2 ~ /^v/ { print $2; exit }' "$here/go.mod")
 [ -n "$version" ] || die "deploy/tools/go.mod names no version for helm.sh/helm/v4"
