@@ -390,6 +390,8 @@ fn the_default_render_is_the_plugin_as_documented() {
     assert_eq!(ds["metadata"]["namespace"], NAMESPACE);
     let spec = &ds["spec"]["template"]["spec"];
     assert_eq!(spec["priorityClassName"], "system-node-critical");
+    // The in-use check walks the host's /proc/<pid>/fd: the host's PID namespace.
+    assert_eq!(spec["hostPID"], true);
     assert_eq!(spec["containers"].as_array().unwrap().len(), 1);
     let c = &spec["containers"][0];
     assert_eq!(c["image"], "gpupass.dev/gpupass:0.1.0");
@@ -509,6 +511,7 @@ fn changed_values_reach_the_pod() {
         "kubeletPlugin.tolerations[0].operator=Exists",
         "kubeletPlugin.tolerations[0].effect=NoSchedule",
         "kubeletPlugin.privileged=false",
+        "kubeletPlugin.hostPID=false",
         "kubeletPlugin.priorityClassName=",
         "kubeletPlugin.pollMs=250",
         "kubeletPlugin.apiTimeoutSeconds=20",
@@ -524,6 +527,7 @@ fn changed_values_reach_the_pod() {
     assert_eq!(c["image"], "registry.example.com/gp:v9");
     assert_eq!(c["imagePullPolicy"], "Never");
     assert_eq!(c["securityContext"]["privileged"], false);
+    assert_eq!(spec["hostPID"], false);
     assert!(spec.get("priorityClassName").is_none());
     assert_eq!(spec["nodeSelector"]["gpupass.dev/vfio"], "true");
     assert_eq!(spec["tolerations"][0]["key"], "gpu");
