@@ -3,7 +3,8 @@
 
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
-use crate::containers::dra::{self, api, claim::Identity, prepare::Engine, server, slices, slots, source};
+use crate::containers::dra::{self, claim::Identity, prepare::Driver, prepare::PrepareError, slices, slots};
+use crate::containers::kubelet::{api, claims as source, plugin};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -79,7 +80,7 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("dra-plugin")?;
     let node = node_name(ctx, args.node)?;
     let boot_id = dra::boot_id(&ctx.host).map_err(|e| {
-        Error::host(server::ServerError::BootId {
+        Error::host(PrepareError::BootId {
             path: ctx.host.path("proc/sys/kernel/random/boot_id"),
             source: e,
         })
@@ -107,20 +108,26 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Engine::new(ops, src, me, args.backend, boot_id)
+    let engine = Driver::new(ops, me, args.backend, boot_id)
         .map_err(Error::host)?
         .with_after_change(|ops, wait| crate::cli::cdi::refresh_within(ops, wait).map_err(|e| e.to_string()));
-    let cfg = server::Config {
-        registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
+    let cfg = plugin::Config {
+        driver: engine.me.driver.clone(),
+        pool: engine.me.pool.clone(),
+        registry_dir: args
+            .registry_dir
+            .unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
         plugin_dir: args
             .plugin_dir
-            .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
+            .unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(&args.driver))),
         poll: std::time::Duration::from_millis(args.poll_ms),
+        uevents: engine.ops.root().root() == std::path::Path::new("/"),
     };
-    server::run(
+    plugin::run(
         engine,
         &cfg,
-        publisher.map(|p| Box::new(p) as Box<dyn server::Publish>),
+        src,
+        publisher.map(|p| Box::new(p) as Box<dyn plugin::Publish>),
         shutdown(),
     )
     .map_err(Error::host)?;
