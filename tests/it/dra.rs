@@ -1,7 +1,7 @@
 //! `gpupass dra slices` as the real binary: golden ResourceSlices and `--explain` tables for the
 //! fixture hosts, the API's limits on the 4096-function generated host, and `--from-json`
 //! giving what `--root` gives. (The plugin's gRPC services are tested in
-//! src/containers/dra/server.rs with a tonic client over unix sockets.)
+//! src/containers/dra/tests.rs with a tonic client over unix sockets.)
 
 use crate::util::*;
 use std::path::PathBuf;

@@ -3,8 +3,9 @@
 //!
 //! - [`attrs`]: the attribute vocabulary of both kinds of device (value limits, the standard
 //!   `resource.kubernetes.io` attributes of a PCI function); pure.
-//! - [`slices`]: which IOMMU groups this node offers (one DRA device per group) and the
-//!   ResourceSlices that publish them; pure over the [`Inventory`](crate::model::Inventory).
+//! - [`slices`]: which IOMMU groups this node offers (one DRA device per group), the node's
+//!   pool (groups and [`slots`]) and its ResourceSlices; pure over the
+//!   [`Inventory`](crate::model::Inventory).
 //! - [`slots`]: the mdev types this node offers, one DRA device per instance a type can still
 //!   create, with a KEP-4815 counter set per parent; pure.
 //! - [`claim`]: the trust checks on a ResourceClaim and the per-claim result (devices, CDI
@@ -12,14 +13,11 @@
 //! - [`checkpoint`]: prepared claims by UID, with the boot id, in one root-only file.
 //! - [`apply`]: the one adapter through which Prepare and Unprepare change the host (the
 //!   journaled group bind of [`crate::bind`], the file writes).
-//! - [`prepare`]: Prepare / Unprepare / health, composed from the above (what the gRPC
-//!   handlers call).
-//! - [`source`]: where a claim is read from ([`source::ClaimSource`]).
-//! - [`authority`]: the registration socket's HTTP/2 `:authority` repair (the kubelet's plugin
-//!   watcher sends the socket's path, which tonic's h2 refuses).
-//! - [`api`]: the API server through kube-rs: claims, and this node's ResourceSlices published.
-//! - [`server`]: the kubelet plugin registration, `DRAPlugin` v1 and v1beta1 and DRA health
-//!   v1 over unix sockets (tonic).
+//! - [`prepare`]: gpupass's DRA driver ([`prepare::Driver`]): Prepare / Unprepare / health and
+//!   the resources it offers, composed from the above; the kubelet-plugin kit
+//!   ([`crate::containers::kubelet`]: registration, sockets, the DRAPlugin services, claim
+//!   fetching, publishing, serialization) serves it as a
+//!   [`DraDriver`](crate::containers::kubelet::plugin::DraDriver).
 
 pub mod apply;
 pub mod attrs;

@@ -335,12 +335,12 @@ pub fn pool(inv: &Inventory) -> Pool {
     }
 }
 
-/// The DRA devices of this node: [`pool`]'s devices.
+/// The DRA devices of this node: [`pool()`]'s devices.
 pub fn devices(inv: &Inventory) -> Vec<Device> {
     pool(inv).devices
 }
 
-/// The node's pool as ResourceSlices ([`pool::render`] of [`pool`]).
+/// The node's pool as ResourceSlices ([`pool::render`] of [`pool()`]).
 pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
     pool::render(pool(inv), opts)
 }
