@@ -4,7 +4,7 @@
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
 use crate::containers::dra::{self, claim::Identity, prepare::Driver, prepare::PrepareError, slices, slots};
-use crate::containers::kubelet::{api, claims as source, plugin};
+use crate::containers::kubelet::{api, claims, plugin};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -68,7 +68,7 @@ fn parse_driver(s: &str) -> std::result::Result<String, String> {
 fn node_name(ctx: &Ctx, given: Option<String>) -> Result<String> {
     given
         .or_else(|| dra::hostname(&ctx.host))
-        .filter(|n| source::valid_name(n))
+        .filter(|n| claims::valid_name(n))
         .ok_or_else(|| {
             Error::usage(anyhow::anyhow!(
                 "cannot tell this node's name (proc/sys/kernel/hostname is unreadable or not a Kubernetes name); give --node NAME"
@@ -89,8 +89,8 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     crate::inventory::scan(&ctx.host)?;
     // Claims from a directory (no API server, no slices published), or from the API server,
     // which also gets this node's ResourceSlices.
-    let (src, publisher): (Box<dyn source::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
-        Some(dir) => (Box::new(source::Dir { dir }), None),
+    let (src, publisher): (Box<dyn claims::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
+        Some(dir) => (Box::new(claims::Dir { dir }), None),
         None => {
             let kube = api::Kube::connect(
                 args.kubeconfig.as_deref(),
