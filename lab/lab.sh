@@ -24,6 +24,7 @@
 #   GPUPASS_LAB_OUT     result root (default <repo>/target/lab/out, <repo>/target/lab/out-6.12)
 #   GPUPASS_LAB_QEMU    use this qemu-system-x86_64 instead of the cached Debian 10.0
 #   GPUPASS_LAB_BIN     use this gpupass binary instead of building one
+#   GPUPASS_LAB_JUDGE   use this labjudge binary (lab/judge) instead of building one
 #   GPUPASS_LAB_PROFILE cargo profile of the guest's gpupass (default lab: release at
 #                       opt-level 1, quick to build; release for benchmarks)
 #   GPUPASS_LAB_KERNEL  use this cache entry (<release>_<debversion>) without asking apt
@@ -542,6 +543,27 @@ build_gpupass() {
 # --------------------------------------------------------------------------
 # scenarios
 
+# The judges of judged scenarios (lab/judge: tests/it/labjudge as a program), built on the
+# host into target/lab/judge: a package of its own with serde_json only, so it builds in
+# seconds and never waits on the target directory of a `cargo test` that runs the lab.
+JUDGE_BIN='' JUDGE_WHY=''
+build_judge() {
+  [[ -n $JUDGE_BIN || -n $JUDGE_WHY ]] && return
+  if [[ -n ${GPUPASS_LAB_JUDGE:-} ]]; then
+    [[ -x $GPUPASS_LAB_JUDGE ]] || die "GPUPASS_LAB_JUDGE=$GPUPASS_LAB_JUDGE is not executable"
+    JUDGE_BIN=$GPUPASS_LAB_JUDGE
+    return
+  fi
+  command -v cargo >/dev/null || { JUDGE_WHY="cargo not found"; return; }
+  local out t0; t0=$(now)
+  if out=$(cd "$REPO" && cargo build --quiet --manifest-path lab/judge/Cargo.toml --target-dir target/lab/judge 2>&1); then
+    JUDGE_BIN=$REPO/target/lab/judge/debug/labjudge
+    log "judge: $JUDGE_BIN ($(elapsed "$t0") s)"
+  else
+    JUDGE_WHY="cargo build --manifest-path lab/judge/Cargo.toml failed: $(tail -5 <<<"$out" | tr '\n' ' ')"
+  fi
+}
+
 scenario_file() { echo "$LAB_DIR/scenarios/$1.sh"; }
 # scenario_decl NAME KEY: values of "# lab-KEY: value" header lines
 scenario_decl() { sed -n "s/^# lab-$2:[[:space:]]*//p" "$(scenario_file "$1")"; }
@@ -758,6 +780,12 @@ cmd_run() { # [--update-fixture] SCENARIOS...
       die "scenario '$a' needs the gpupass binary: $GPUPASS_WHY"
     fi
   done
+  for a in "${scen[@]}"; do
+    if scenario_decl "$a" judge | grep -qx rust; then
+      build_judge
+      [[ -n $JUDGE_BIN ]] || die "scenario '$a' is judged in Rust and the judge did not build: $JUDGE_WHY"
+    fi
+  done
 
   mkdir -p "$REPO/target/lab/work" "$OUT_ROOT"
   WORK=$(mktemp -d "$REPO/target/lab/work/run.XXXXXX")
@@ -844,6 +872,20 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     if ((crc != 0)); then
       echo "LAB-RESULT $a host-check FAIL $(basename "$chk") exited $crc" >>"$OUT_ROOT/$a/host-check.log"
     fi
+  done
+
+  # Judged scenarios ("# lab-judge: rust", docs/lab.md "Judged scenarios"): the Rust judge
+  # (lab/judge, the judges of tests/it/labjudge) decides their steps from what the guest
+  # shipped, whether or not the scenario reached its end (a missing file fails its steps); its
+  # LAB-STEPS and LAB-RESULT lines (judge.log) are the report's steps for the scenario.
+  for a in "${scen[@]}"; do
+    scenario_decl "$a" judge | grep -qx rust || continue
+    log "judge $a"
+    set +e
+    "$JUDGE_BIN" judge "$a" "$OUT_ROOT/$a" >"$OUT_ROOT/$a/judge.log" 2>"$OUT_ROOT/$a/judge.err"
+    local jrc=$?
+    set -e
+    if ((jrc > 1)); then log "the judge of $a exited $jrc: $(tail -3 "$OUT_ROOT/$a/judge.err")"; fi
   done
 
   local verdict=0

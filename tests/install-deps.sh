@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs (as root, with apt) every Debian package the test suite needs on a fresh Debian 12
-# machine. The README's test command and .ci/run both start with it; it does nothing when
-# everything is present.
+# machine, then makes sure of Go 1.26 (lab/tools/go.sh: the go on PATH or in /usr/local/go when
+# it is 1.26 or newer, else go1.26.8 fetched from the Go module proxy into the lab cache; with
+# GOPROXY=off and no such go it stops here, saying what to install). The README's test command
+# and .ci/run both start with it; it does nothing when everything is present.
 set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 need=()
+# lab/tools/go.sh fetches Go with python3 over HTTPS (the system's CA certificates).
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 # QEMU is not installed: the lab (and tests/it/vm_outputs.rs) unpack Debian's qemu-system-x86 10.0
 # from bookworm-backports into the lab cache (lab/tools/qemu.sh), whatever QEMU the host has
 # (none, Debian's 7.2, backports' 10.0: docs/testing.md); nothing here installs or removes QEMU.
@@ -47,4 +52,11 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${need[@]}"
 fi
+# Go 1.26 for lab/cluster/build.sh and the Go helpers of tests/it (tests/cdi-validate,
+# tests/dra-validate), which all find it through lab/tools/go.sh too.
+go=$("$here/../lab/tools/go.sh") || {
+  echo "install-deps: the tests need Go 1.26 or newer (above)" >&2
+  exit 1
+}
+echo "install-deps: Go: $go ($(GOTOOLCHAIN=local "$go" env GOVERSION))"
 

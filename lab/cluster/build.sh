@@ -16,8 +16,9 @@
 #
 # Usage: lab/cluster/build.sh [--print-dir]
 #   --print-dir  print the cache entry's directory (whether built or not) and exit
-# Environment: GPUPASS_LAB_CACHE (cache root), GO (the go command; default: go on PATH, else
-# /usr/local/go/bin/go), GPUPASS_CLUSTER_JOBS (go build -p; default: nproc).
+# Environment: GPUPASS_LAB_CACHE (cache root), GO (the go command; default: the one
+# lab/tools/go.sh finds or fetches: go >= 1.26 on PATH, in /usr/local/go, else go1.26.8 from the
+# Go module proxy into the cache), GPUPASS_CLUSTER_JOBS (go build -p; default: nproc).
 # Exit status: 0 built or already cached, 1 a component failed to build (named), 2 setup.
 set -euo pipefail
 
@@ -27,10 +28,9 @@ SCHEME=3
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${GPUPASS_LAB_CACHE:-$HOME/.cache/gpupass-lab}
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 
 die() { echo "cluster build: $*" >&2; exit 2; }
-[ -x "$GO" ] || command -v "$GO" >/dev/null || die "no go command ($GO); install Go >= 1.26 or set GO=/path/to/go"
+GO=$("$here/../tools/go.sh") || die "no Go 1.26 (lab/tools/go.sh, above)"
 
 # The pinned versions, read from go.mod (the single source of truth).
 ver() { awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$here/go.mod"; }

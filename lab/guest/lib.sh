@@ -49,6 +49,34 @@ lab_run() {
   return $_rc
 }
 
+# Judged scenarios (`# lab-judge: rust`, docs/lab.md "Judged scenarios") report no results of
+# their own: the guest runs the commands and ships what they did, and the Rust judge
+# (tests/it/labjudge, run by lab.sh on the host) decides each step.
+
+# lab_cmd NAME CMD...: run CMD (stdin /dev/null) and ship NAME.out (stdout), NAME.err (stderr)
+# and NAME.rc (its exit status); print them on the console. Returns CMD's status.
+lab_cmd() {
+  _cn=$1; shift
+  echo "\$ $*"
+  "$@" > "$_cn.out" 2> "$_cn.err" < /dev/null
+  _crc=$?
+  echo "$_crc" > "$_cn.rc"
+  cat "$_cn.out" "$_cn.err"
+  lab_file "$_cn.out" "$_cn.out"
+  lab_file "$_cn.err" "$_cn.err"
+  lab_file "$_cn.rc" "$_cn.rc"
+  return $_crc
+}
+
+# lab_facts NAME KEY=VALUE...: ship what the guest read itself (sysfs links, /dev nodes, files),
+# not through gpupass, as NAME.facts: one KEY=VALUE a line.
+lab_facts() {
+  _fn=$1; shift
+  : > "$_fn.facts"
+  for _kv in "$@"; do echo "$_kv" >> "$_fn.facts"; done
+  lab_file "$_fn.facts" "$_fn.facts"
+}
+
 # lab_group BDF: IOMMU group number of a PCI device (empty if none).
 lab_group() { _l=$(readlink "/sys/bus/pci/devices/$1/iommu_group" 2>/dev/null) && basename "$_l"; }
 # lab_driver BDF: bound driver name (empty if none).

@@ -205,7 +205,8 @@ def cmd_closure(a):
 # ---------------------------------------------------------------- collect
 
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._+-]+$")
-RESERVED = {"console.log", "channel.log", "qemu.cmdline", "guest.json", "host-check.log"}
+RESERVED = {"console.log", "channel.log", "qemu.cmdline", "guest.json", "host-check.log", "judge.log",
+            "judge.err", "verdict"}
 
 
 def parse_channel(path):
@@ -352,9 +353,42 @@ def describe_missing(pat, want, got):
     return f"declared steps {pat}>={want}: {len(got)} reported" + (f" ({' '.join(got)})" if got else "")
 
 
+JUDGE_RE = re.compile(r"^# lab-judge:\s*(\S+)")
+
+
+def judged(path):
+    """Whether a scenario script says `# lab-judge: rust`: its steps and verdict come from its
+    Rust judge (tests/it/labjudge, run by lab.sh as lab/judge), not from `# lab-steps:` lines."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return any((m := JUDGE_RE.match(l)) and m.group(1) == "rust" for l in f)
+    except OSError:
+        return False
+
+
+def read_judge_log(d):
+    """A judged scenario's judge.log: (steps, results), steps None when the judge did not run."""
+    steps, results = None, []
+    try:
+        with open(os.path.join(d, "judge.log"), encoding="utf-8", errors="replace") as f:
+            for l in f:
+                p = l.rstrip("\n").split(None, 4)
+                if len(p) >= 2 and p[0] == "LAB-STEPS":
+                    steps = l.split()[2:]
+                elif len(p) >= 4 and p[0] == "LAB-RESULT":
+                    results.append({"step": p[2], "status": p[3], "detail": p[4] if len(p) > 4 else ""})
+    except OSError:
+        pass
+    return steps, results
+
+
 def cmd_steps(a):
     for s in a.scenarios:
         path = os.path.join(a.scenarios_dir, s + ".sh")
+        if judged(path):
+            print(f"{s}: judged in Rust (tests/it/labjudge/{s}.rs): its steps are the judge's, "
+                  f"cargo run --manifest-path lab/judge/Cargo.toml -- steps {s}")
+            continue
         d = declared_steps(path, a.kernel) if os.path.exists(path) else None
         words = " ".join(p if w == 1 else f"{p}>={w}" for p, w in d) if d else "(none declared)"
         print(f"{s}: {words}")
@@ -429,6 +463,12 @@ def cmd_report(a):
 
         sf = []  # this scenario's own failures
         lines.append(f"== scenario {s}")
+        path = os.path.join(a.scenarios_dir, s + ".sh")
+        # A judged scenario: the guest's own results are only its file transfers; its steps
+        # and their results are the Rust judge's (judge.log, docs/lab.md "Judged scenarios").
+        is_judged = judged(path)
+        judge_steps, judge_res = read_judge_log(d) if is_judged else (None, [])
+        g["results"] = g.get("results", []) + judge_res
         for r in g.get("results", []):
             lines.append(f"  {r['status']:4} {r['step']}  {r['detail']}")
         for r in host:
@@ -450,9 +490,20 @@ def cmd_report(a):
             sf.append(f"{s}: no result lines")
         # The steps the scenario declares it reports (`# lab-steps:`): one that is not reported
         # fails the scenario, so a step that silently stops running cannot pass by accident.
-        path = os.path.join(a.scenarios_dir, s + ".sh")
-        decl = declared_steps(path, g.get("kernel")) if os.path.exists(path) else None
-        if decl is None:
+        if is_judged:
+            decl = [(n, 1) for n in judge_steps] if judge_steps is not None else None
+        else:
+            decl = declared_steps(path, g.get("kernel")) if os.path.exists(path) else None
+        if is_judged and decl is None:
+            why = ""
+            try:
+                with open(os.path.join(d, "judge.err"), encoding="utf-8", errors="replace") as f:
+                    why = " ".join(f.read().split())[:300]
+            except OSError:
+                pass
+            sf.append(f"{s}: not judged: lab.sh's judge (lab/judge) left no LAB-STEPS in judge.log"
+                      + (f": {why}" if why else ""))
+        elif decl is None:
             sf.append(f"{s}: declares no steps (a `# lab-steps:` line in lab/scenarios/{s}.sh; docs/lab.md)")
         else:
             reported = [r["step"] for r in g.get("results", [])] + ["host/" + r["step"] for r in host]

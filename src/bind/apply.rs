@@ -7,7 +7,7 @@ use super::facts::{self, HostFacts};
 use super::{plan_bind, plan_unbind, BindError, BindRequest, Plan, UnbindRequest};
 use crate::change::engine::current_driver;
 use crate::change::journal::{OpenChange, Replay};
-use crate::change::{ChangeError, Object, Session};
+use crate::change::{ChangeError, Followup, Object, Part, Session};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::inventory;
@@ -23,6 +23,9 @@ pub struct Outcome {
     pub changed: Vec<PciAddress>,
     /// Groups whose viability the plan verified (they had no blockers then).
     pub verified_viable: Vec<u32>,
+    /// A bind's groups, each with the members that keep it from being viable now (none:
+    /// viable): the engine's own check where the plan made one, else read after the bind.
+    pub viability: Vec<(u32, Vec<String>)>,
 }
 
 /// What part of the host a change reads.
@@ -222,6 +225,44 @@ pub fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Plan
     })
 }
 
+/// The last steps of every bind and unbind before the engine, one copy for `gpupass
+/// bind`/`unbind` and the DRA plugin's claims: the test kit's before-apply window, the
+/// re-check of the groups against the host now ([`recheck`]), and the plan as the engine's
+/// part.
+pub fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result<Part, BindError> {
+    ops.before_apply();
+    recheck(ops.root(), inv, plan)?;
+    tracing::debug!(faults = crate::minor_faults(), "rechecked");
+    Ok(plan.to_part())
+}
+
+/// A bind or unbind as a part of a caller's plan (the DRA plugin's claims): planned under
+/// `session`'s lock ([`Planned`]), then [`to_part`].
+#[derive(Debug)]
+pub struct BindPart {
+    pub part: Part,
+    /// The functions whose driver it moves.
+    pub moved: Vec<PciAddress>,
+}
+
+fn part_of(session: &Session<'_>, planned: Planned) -> Result<BindPart, BindError> {
+    let part = to_part(session.ops(), &planned.inv, &planned.plan)?;
+    Ok(BindPart {
+        part,
+        moved: planned.plan.functions.iter().map(|f| f.address).collect(),
+    })
+}
+
+/// [`plan_bind_in`] as a part of a caller's plan ([`BindPart`]).
+pub fn bind_part_in(session: &Session<'_>, req: &BindRequest) -> Result<BindPart, BindError> {
+    part_of(session, plan_bind_in(session, req)?)
+}
+
+/// [`plan_unbind_in`] as a part of a caller's plan ([`BindPart`]).
+pub fn unbind_part_in(session: &Session<'_>, req: &UnbindRequest) -> Result<BindPart, BindError> {
+    part_of(session, plan_unbind_in(session, req)?)
+}
+
 /// Result of a bind/unbind command.
 #[derive(Debug)]
 pub struct Applied {
@@ -231,6 +272,7 @@ pub struct Applied {
     pub warnings: Vec<String>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn change(
     ops: &dyn HostOps,
     scope: Scope,
@@ -238,6 +280,7 @@ fn change(
     dry_run: bool,
     force: bool,
     announce: &dyn Fn(&Plan),
+    follow: &mut dyn Followup,
     make: impl Fn(&Inventory, &HostFacts, &Replay) -> Plan,
 ) -> Result<Applied, BindError> {
     let host = ops.root().clone();
@@ -285,24 +328,25 @@ fn change(
         });
     };
     announce(&plan);
-    ops.before_apply();
-    recheck(&host, &inv, &plan)?;
-    tracing::debug!(faults = crate::minor_faults(), "rechecked");
-    let done = session.apply(&plan.to_change()).map_err(|e| match e {
-        ChangeError::Unfinished { open, .. } => BindError::Unfinished {
-            group: plan.groups.first().copied().unwrap_or(0),
-            txn: open.txn.clone(),
-            action: open.domain.clone(),
-            at: open.at,
-            total: open.writes,
-        },
-        e => e.into(),
-    })?;
+    let part = to_part(ops, &inv, &plan)?;
+    let done = session
+        .apply(&crate::change::Plan::of(part))
+        .map_err(|e| match e {
+            ChangeError::Unfinished { open, .. } => BindError::Unfinished {
+                group: plan.groups.first().copied().unwrap_or(0),
+                txn: open.txn.clone(),
+                action: open.domain.clone(),
+                at: open.at,
+                total: open.writes,
+            },
+            e => e.into(),
+        })?;
     tracing::debug!(faults = crate::minor_faults(), "applied and verified");
     let mut outcome = Outcome {
         lines: done.lines,
         changed: Vec::new(),
         verified_viable: done.verified_viable,
+        viability: Vec::new(),
     };
     for f in &plan.functions {
         outcome.lines.push(format!(
@@ -312,6 +356,21 @@ fn change(
             current_driver(&host, &f.address).unwrap_or_else(|| "no driver".into())
         ));
         outcome.changed.push(f.address);
+    }
+    let changed: Vec<String> = outcome.changed.iter().map(|a| a.to_string()).collect();
+    follow.follow(session, &changed.join(" "));
+    let groups = if plan.action == crate::change::Action::Bind {
+        &plan.groups[..]
+    } else {
+        &[]
+    };
+    for &g in groups {
+        let b = if outcome.verified_viable.contains(&g) {
+            Vec::new()
+        } else {
+            group_blockers(&host, g)
+        };
+        outcome.viability.push((g, b));
     }
     Ok(Applied {
         plan,
@@ -328,6 +387,19 @@ pub fn bind(
     dry_run: bool,
     announce: &dyn Fn(&Plan),
 ) -> Result<Applied, BindError> {
+    bind_then(ops, req, force, dry_run, announce, &mut ())
+}
+
+/// [`bind`], then `follow` in the same session once the bind committed (the command: the
+/// CDI specs refreshed before the lock is released).
+pub fn bind_then(
+    ops: &dyn HostOps,
+    req: &BindRequest,
+    force: bool,
+    dry_run: bool,
+    announce: &dyn Fn(&Plan),
+    follow: &mut dyn Followup,
+) -> Result<Applied, BindError> {
     let scope = Scope::Groups {
         addrs: &req.addresses,
         groups: &[],
@@ -339,17 +411,19 @@ pub fn bind(
         dry_run,
         force,
         announce,
+        follow,
         |inv, facts, _| plan_bind(inv, facts, req),
     )
 }
 
-/// `gpupass unbind`.
-pub fn unbind(
+/// `gpupass unbind`, then `follow` in the same session once the unbind committed.
+pub fn unbind_then(
     ops: &dyn HostOps,
     req: &UnbindRequest,
     force: bool,
     dry_run: bool,
     announce: &dyn Fn(&Plan),
+    follow: &mut dyn Followup,
 ) -> Result<Applied, BindError> {
     let group = req.group.map(|g| vec![g]).unwrap_or_default();
     let scope = if req.all {
@@ -367,6 +441,18 @@ pub fn unbind(
         dry_run,
         force,
         announce,
+        follow,
         |inv, facts, replay| plan_unbind(inv, facts, &replay.bound, req),
     )
+}
+
+/// `gpupass unbind`.
+pub fn unbind(
+    ops: &dyn HostOps,
+    req: &UnbindRequest,
+    force: bool,
+    dry_run: bool,
+    announce: &dyn Fn(&Plan),
+) -> Result<Applied, BindError> {
+    unbind_then(ops, req, force, dry_run, announce, &mut ())
 }

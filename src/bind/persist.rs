@@ -231,3 +231,53 @@ impl PersistPlan {
         Plan2::of(part)
     }
 }
+
+/// What `gpupass persist` planned and (unless a dry run) applied.
+#[derive(Debug)]
+pub struct Persisted {
+    pub persist: PersistPlan,
+    /// The file writes as the engine's plan.
+    pub plan: Plan2,
+}
+
+/// `gpupass persist` (`remove`: `--remove`): under the one lock, the host read and the
+/// driverctl files planned, refused with every reason and its fix, then applied through the
+/// change engine (journaled; `recover` restores them after a crash). A dry run reads without
+/// the lock and applies nothing.
+pub fn persist(
+    ops: &dyn crate::host::ops::HostOps,
+    req: &BindRequest,
+    remove: bool,
+    dry_run: bool,
+) -> Result<Persisted, super::BindError> {
+    use crate::change::{journal, Session};
+    let host = ops.root();
+    let mut session = if dry_run {
+        None
+    } else {
+        Some(Session::lock(ops, journal::lock_timeout())?)
+    };
+    let inv = crate::inventory::scan(host)?;
+    let facts = super::facts::gather(host, &inv);
+    let bound = match &session {
+        Some(s) => s.replay().bound.clone(),
+        None => journal::read(host)?.bound,
+    };
+    let p = plan_persist(&inv, &facts, &bound, req, remove);
+    if !p.refusals.is_empty() {
+        let mut s = format!(
+            "refusing to persist ({} problem{}):",
+            p.refusals.len(),
+            if p.refusals.len() == 1 { "" } else { "s" }
+        );
+        for r in &p.refusals {
+            s.push_str(&format!("\n  {}: {}\n    fix: {}", r.address, r.reason, r.fix));
+        }
+        return Err(super::BindError::Refused(s));
+    }
+    let plan = p.to_change(host);
+    if let Some(s) = session.as_mut() {
+        s.apply(&plan)?;
+    }
+    Ok(Persisted { persist: p, plan })
+}

@@ -641,6 +641,22 @@ impl<'a> Session<'a> {
     }
 }
 
+/// What follows a committed change in the same session, with the lock still held: a change
+/// of its own (its own transaction), planned from the host as the first change left it, so no
+/// other gpupass runs in between and no second lock is taken. `gpupass bind`, `unbind`,
+/// `recover` and the mdev changes pass the refresh of the CDI specs
+/// (`containers::cdi::Refresh`), which the domains below `containers` do not name; `()`
+/// follows with nothing. The first change has succeeded when it runs: a follow-up reports
+/// its own failure (a warning naming `changed`, what the first change changed) and returns
+/// nothing.
+pub trait Followup {
+    fn follow(&mut self, session: &mut Session<'_>, changed: &str);
+}
+
+impl Followup for () {
+    fn follow(&mut self, _: &mut Session<'_>, _: &str) {}
+}
+
 /// What [`Session::apply_then`] calls after the plan's writes: the part that follows, planned
 /// from the host as it is then (its error rolls the plan back).
 pub type Then<'f> =
@@ -792,7 +808,18 @@ pub struct Recovered {
 /// `gpupass recover`: restore (or with `cont`, complete) every unfinished plan, newest first,
 /// whatever its domain.
 pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered, ChangeError> {
-    recover_where(ops, cont, dry_run, journal::lock_timeout(), &|_| true)
+    recover_where(ops, cont, dry_run, journal::lock_timeout(), &|_| true, &mut ())
+}
+
+/// [`recover`], then, when it changed anything, `follow` in the same session (`gpupass
+/// recover`: the CDI specs refreshed before the lock is released).
+pub fn recover_then(
+    ops: &dyn HostOps,
+    cont: bool,
+    dry_run: bool,
+    follow: &mut dyn Followup,
+) -> Result<Recovered, ChangeError> {
+    recover_where(ops, cont, dry_run, journal::lock_timeout(), &|_| true, follow)
 }
 
 /// [`recover`] of the unfinished plans `mine` selects (the DRA plugin at start: the plans its
@@ -804,9 +831,10 @@ pub fn recover_where(
     dry_run: bool,
     wait: std::time::Duration,
     mine: &dyn Fn(&journal::OpenChange) -> bool,
+    follow: &mut dyn Followup,
 ) -> Result<Recovered, ChangeError> {
     let host = ops.root().clone();
-    let s = Session::lock(ops, wait)?;
+    let mut s = Session::lock(ops, wait)?;
     let open: Vec<&journal::OpenChange> = s.replay.open.iter().filter(|t| mine(t)).collect();
     let mut out = Recovered::default();
     if open.is_empty() {
@@ -911,6 +939,13 @@ pub fn recover_where(
                 }
             }
         }
+    }
+    drop(j);
+    if out.changed {
+        // What follows plans from the journal as the recovery left it.
+        s.replay = journal::read(&host)?;
+        let changed: Vec<String> = out.functions.iter().map(|a| a.to_string()).collect();
+        follow.follow(&mut s, &changed.join(" "));
     }
     Ok(out)
 }

@@ -18,7 +18,7 @@
 //!   them twice is harmless.
 //!
 //! The domains build plans (`bind::Plan::to_part`, `mdev::plan::part`,
-//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `cli::cdi::spec_part`)
+//! `bind::persist::PersistPlan::to_change`, `mdev::defs::define_part`, `containers::cdi::spec_part`)
 //! and map the engine's [`ChangeError`] into their own errors; the engine knows the kernel's
 //! objects, not the commands. A plan of several parts, as the DRA plugin's prepare of a claim
 //! will make it (`tests.rs` builds and crashes exactly this):
@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-pub use engine::{apply, recover, recover_where, Outcome, Recovered, Session};
+pub use engine::{apply, recover, recover_then, recover_where, Followup, Outcome, Recovered, Session};
 
 /// What a move of drivers does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,46 +113,9 @@ pub enum Role {
     VgpuType,
 }
 
-/// How many directories a file's removal also removes once they are empty: 0 none, 1 its own
-/// directory (mdevctl's `<parent>/`), 2 that one's parent too (a DRA claim's
-/// `<ns>_<claim>/<request>/`). Journals written before levels existed hold `true` (1) or
-/// nothing (0); both still read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct Prune(pub u8);
-
-impl Prune {
-    pub fn is_none(&self) -> bool {
-        self.0 == 0
-    }
-}
-
-impl From<bool> for Prune {
-    fn from(b: bool) -> Self {
-        Prune(u8::from(b))
-    }
-}
-
-impl From<u8> for Prune {
-    fn from(n: u8) -> Self {
-        Prune(n)
-    }
-}
-
-impl<'de> Deserialize<'de> for Prune {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Flag(bool),
-            Levels(u8),
-        }
-        Ok(match Raw::deserialize(d)? {
-            Raw::Flag(b) => Prune::from(b),
-            Raw::Levels(n) => Prune(n),
-        })
-    }
-}
+/// How many emptied directories a file's removal takes with it: the host's
+/// ([`crate::host::ops::Prune`]), which the journal records in its steps and objects.
+pub use crate::host::ops::Prune;
 
 /// One ordered step of a plan. The writes (`write`, `write_file`, `remove_file`) are what the
 /// journal announces as `step`s and what the test kit's failpoints count; the rest are checks

@@ -6,7 +6,7 @@ use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
 use crate::bind::apply::{self, Applied};
 use crate::bind::BindRequest;
-use crate::host::ops::HostOps;
+use crate::containers::cdi::Refresh;
 use crate::messages;
 use crate::model::PciAddress;
 use clap::Args;
@@ -95,23 +95,6 @@ pub(crate) fn announce(plan: &crate::bind::Plan) {
     }
 }
 
-/// After every successful change of drivers (bind, unbind, recover): regenerate the CDI specs
-/// gpupass wrote (`cdi generate --write`), so containers see the devices' new VFIO nodes and
-/// stop seeing removed ones; a host without a gpupass spec pays one directory listing. The
-/// refresh is a plan of its own (file writes, journaled) applied by the change engine under
-/// the lock (`cli::cdi::refresh`). The change has already succeeded when this runs, so a
-/// failed refresh is a warning. (The commands call it, not `bind::apply`: changing drivers
-/// does not depend on the container outputs.)
-pub(crate) fn after_change(ops: &dyn HostOps, changed: &[PciAddress]) {
-    if let Err(e) = super::cdi::refresh(ops) {
-        messages::warn(format_args!(
-            "{} changed but the CDI spec could not be refreshed: {}; run `gpupass cdi generate --write`",
-            addrs(changed),
-            e
-        ));
-    }
-}
-
 pub fn run(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
     bind(ctx, args, ctx.json, out)
 }
@@ -128,22 +111,16 @@ fn bind(ctx: &Ctx, args: BindArgs, json: bool, out: &mut dyn Write) -> Result<Ex
         only: args.only,
         driver: args.driver,
     };
-    let a = apply::bind(ops, &req, args.force, args.dry_run, &announce)?;
-    if let Some(o) = &a.outcome {
-        after_change(ops, &o.changed);
-    }
+    // After the bind, in its session: the CDI specs gpupass wrote are refreshed (a failed
+    // refresh is a warning).
+    let a = apply::bind_then(ops, &req, args.force, args.dry_run, &announce, &mut Refresh)?;
     print_applied(out, &a, args.dry_run, json)?;
     if args.dry_run && !a.plan.blocking(args.force).is_empty() {
         return Ok(Exit::FAILURE);
     }
     if let (false, Some(outcome)) = (args.dry_run, &a.outcome) {
         if !json {
-            for g in &a.plan.groups {
-                let b = if outcome.verified_viable.contains(g) {
-                    Vec::new()
-                } else {
-                    apply::group_blockers(ops.root(), *g)
-                };
+            for (g, b) in &outcome.viability {
                 if b.is_empty() {
                     writeln!(out, "IOMMU group {g} is viable: /dev/vfio/{g}")?;
                 } else {

@@ -55,7 +55,8 @@ pub struct Args {
     /// Self-test: one verdict line per capability a guest driver needs (config, bars, dma,
     /// isolation, msi-x, msi, intx, reset), each pass, fail, absent (the device does not have
     /// it, by its config space) or untested (it has it, gpupass cannot test it on this
-    /// device) with the reason; exit status 0 only when none fails (docs/vmm.md, "boot --check")
+    /// device: DMA without an engine gpupass drives, an interrupt only the host raised) with
+    /// the reason; exit status 0 only when none fails (docs/vmm.md, "boot --check")
     #[arg(long)]
     pub check: bool,
     /// With --check: exit status 1 also when something the device has went untested

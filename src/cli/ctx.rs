@@ -55,18 +55,6 @@ impl Ctx {
         Ok(inv)
     }
 
-    /// The part of the live host an mdev change needs ([`inventory::scan_mdev`]: the instances,
-    /// the parents and their types, vGPU functions), for the commands that change mdevs. Its
-    /// warnings are said once, here.
-    pub fn mdev_inventory(&self, command: &str, scope: inventory::MdevScope<'_>) -> Result<Inventory> {
-        self.live(command)?;
-        let inv = inventory::scan_mdev(&self.host, scope)?;
-        for w in &inv.warnings {
-            messages::warn(w);
-        }
-        Ok(inv)
-    }
-
     /// The one live-host guard: a command that reads the live host beyond the inventory, or
     /// changes it, calls this first and gets the host operations; under `--from-json` it is a
     /// usage error naming the command (`command` as the user typed it: `bind`, `mdev create`).

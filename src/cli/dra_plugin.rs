@@ -108,9 +108,7 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Driver::new(ops, me, args.backend, boot_id)
-        .map_err(Error::host)?
-        .with_after_change(|ops, wait| crate::cli::cdi::refresh_within(ops, wait).map_err(|e| e.to_string()));
+    let engine = Driver::new(ops, me, args.backend, boot_id).map_err(Error::host)?;
     let cfg = plugin::Config {
         driver: engine.me.driver.clone(),
         pool: engine.me.pool.clone(),

@@ -154,6 +154,7 @@ classified_errors!(
     crate::mdev::MdevError,
     crate::cli::vmout::VmOutError,
     crate::output::cdi::CdiError,
+    crate::containers::cdi::SpecError,
 );
 
 #[cfg(feature = "vmm")]

@@ -4,9 +4,8 @@
 use super::bind::parse_driver;
 use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
-use crate::bind::persist::plan_persist;
-use crate::bind::{facts, BindError, BindRequest};
-use crate::change::{journal, Session};
+use crate::bind::persist::{persist, Persisted};
+use crate::bind::BindRequest;
 use crate::model::PciAddress;
 use clap::Args;
 use std::io::Write;
@@ -30,43 +29,19 @@ pub struct PersistArgs {
     pub dry_run: bool,
 }
 
-/// `gpupass persist`: plan under the lock, then apply the file writes through the change
-/// engine (journaled; `recover` restores them after a crash).
+/// `gpupass persist`: planned under the lock and applied through the change engine
+/// ([`crate::bind::persist::persist`]); this prints it.
 pub fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("persist")?;
-    let host = ops.root();
     let req = BindRequest {
         addresses: args.addresses,
         only: args.only,
         driver: args.driver,
     };
-    let mut session = if args.dry_run {
-        None
-    } else {
-        Some(Session::lock(ops, crate::change::journal::lock_timeout()).map_err(BindError::from)?)
-    };
-    let inv = crate::inventory::scan(host)?;
-    let facts = facts::gather(host, &inv);
-    let bound = match &session {
-        Some(s) => s.replay().bound.clone(),
-        None => journal::read(host).map_err(BindError::from)?.bound,
-    };
-    let p = plan_persist(&inv, &facts, &bound, &req, args.remove);
-    if !p.refusals.is_empty() {
-        let mut s = format!(
-            "refusing to persist ({} problem{}):",
-            p.refusals.len(),
-            if p.refusals.len() == 1 { "" } else { "s" }
-        );
-        for r in &p.refusals {
-            s.push_str(&format!("\n  {}: {}\n    fix: {}", r.address, r.reason, r.fix));
-        }
-        return Err(BindError::Refused(s).into());
-    }
-    let change = p.to_change(host);
-    if let Some(s) = session.as_mut() {
-        s.apply(&change).map_err(BindError::from)?;
-    }
+    let Persisted {
+        persist: p,
+        plan: change,
+    } = persist(ops, &req, args.remove, args.dry_run)?;
     if ctx.json {
         write_json(
             out,

@@ -1,10 +1,10 @@
 //! `gpupass recover`: restore (or `--continue`) every change a crash interrupted (bind,
 //! unbind, mdev, persist, CDI specs...), from the one journal ([`crate::change::recover`]).
 
-use super::bind::after_change;
 use super::ctx::{write_json, Ctx};
 use super::error::{Exit, Result};
 use crate::change;
+use crate::containers::cdi::Refresh;
 use clap::Args;
 use std::io::Write;
 
@@ -20,10 +20,8 @@ pub struct RecoverArgs {
 
 pub fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("recover")?;
-    let r = change::recover(ops, args.cont, args.dry_run)?;
-    if r.changed {
-        after_change(ops, &r.functions);
-    }
+    // What it changed, the CDI specs follow in the same session.
+    let r = change::recover_then(ops, args.cont, args.dry_run, &mut Refresh)?;
     if ctx.json {
         write_json(out, &serde_json::json!({ "result": r.lines }))?;
     } else {

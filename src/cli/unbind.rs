@@ -1,10 +1,11 @@
 //! `gpupass unbind`: give functions on VFIO back to the drivers they had before.
 
-use super::bind::{after_change, announce, print_applied};
+use super::bind::{announce, print_applied};
 use super::ctx::Ctx;
 use super::error::{Exit, Result};
 use crate::bind::apply;
 use crate::bind::UnbindRequest;
+use crate::containers::cdi::Refresh;
 use crate::model::PciAddress;
 use clap::Args;
 use std::io::Write;
@@ -36,10 +37,7 @@ pub fn run(ctx: &Ctx, args: UnbindArgs, out: &mut dyn Write) -> Result<Exit> {
         all: args.all,
         only: args.only,
     };
-    let a = apply::unbind(ops, &req, false, args.dry_run, &announce)?;
-    if let Some(o) = &a.outcome {
-        after_change(ops, &o.changed);
-    }
+    let a = apply::unbind_then(ops, &req, false, args.dry_run, &announce, &mut Refresh)?;
     print_applied(out, &a, args.dry_run, ctx.json)?;
     if args.dry_run && !a.plan.blocking(false).is_empty() {
         return Ok(Exit::FAILURE);

@@ -13,10 +13,52 @@
 
 use super::HostRoot;
 use crate::model::PciAddress;
+use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+/// How many directories a file's removal also removes once they are empty: 0 none, 1 its own
+/// directory (mdevctl's `<parent>/`), 2 that one's parent too (a DRA claim's
+/// `<ns>_<claim>/<request>/`). Journals written before levels existed hold `true` (1) or
+/// nothing (0); both still read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Prune(pub u8);
+
+impl Prune {
+    pub fn is_none(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl From<bool> for Prune {
+    fn from(b: bool) -> Self {
+        Prune(u8::from(b))
+    }
+}
+
+impl From<u8> for Prune {
+    fn from(n: u8) -> Self {
+        Prune(n)
+    }
+}
+
+impl<'de> Deserialize<'de> for Prune {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Flag(bool),
+            Levels(u8),
+        }
+        Ok(match Raw::deserialize(d)? {
+            Raw::Flag(b) => Prune::from(b),
+            Raw::Levels(n) => Prune(n),
+        })
+    }
+}
 
 /// Every change to the host goes through this trait.
 pub trait HostOps: Send + Sync {
@@ -44,7 +86,7 @@ pub trait HostOps: Send + Sync {
 
     /// Remove a configuration file; a missing file is not an error. Then up to `prune`
     /// directories above it, each once it is empty (the first that is not ends it).
-    fn remove_file(&self, path: &Path, prune: crate::change::Prune) -> io::Result<()> {
+    fn remove_file(&self, path: &Path, prune: Prune) -> io::Result<()> {
         match fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}

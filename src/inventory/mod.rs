@@ -63,8 +63,36 @@ pub fn sort_devices(devices: &mut [PciDevice]) {
     devices.sort_by_cached_key(|d| (!d.is_gpu(), d.address));
 }
 
+/// The test kit's count of this thread's host reads, by kind: how many times a request reads
+/// the host (`src/containers/cdi/tests.rs`, `benches/scans.sh`, docs/performance.md "Host
+/// reads per request").
+#[cfg(feature = "testkit")]
+pub mod counted {
+    use std::cell::Cell;
+
+    thread_local! {
+        static FULL: Cell<usize> = const { Cell::new(0) };
+        static GROUPS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    pub(super) fn full() {
+        FULL.with(|c| c.set(c.get() + 1));
+    }
+
+    pub(super) fn groups() {
+        GROUPS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// This thread's [`super::scan`]s and [`super::scan_groups`] so far.
+    pub fn scans() -> (usize, usize) {
+        (FULL.with(Cell::get), GROUPS.with(Cell::get))
+    }
+}
+
 /// Read the whole host.
 pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
+    #[cfg(feature = "testkit")]
+    counted::full();
     let bus = host.sys_bus_pci_devices();
     let names = std::fs::read_dir(&bus).map_err(|e| InventoryError::NoPciBus {
         path: bus.clone(),
@@ -156,6 +184,8 @@ pub fn scan_groups(
     addrs: &[PciAddress],
     groups: &[u32],
 ) -> Result<Inventory, InventoryError> {
+    #[cfg(feature = "testkit")]
+    counted::groups();
     let bus = host.sys_bus_pci_devices();
     if !bus.is_dir() {
         return Err(InventoryError::NoPciBus {

@@ -27,9 +27,11 @@
 //! makes the checks and the plans of create and remove, [`plan`] each instance's steps for the
 //! one change engine ([`crate::change`]), which changes the host through
 //! [`HostOps`](crate::host::ops::HostOps); [`defs`] reads `etc/mdevctl.d/<parent>/<uuid>`
-//! exactly as mdevctl does and makes the plans that write and remove it; the clap arguments
-//! are `cli::mdev`'s.
+//! exactly as mdevctl does and makes the plans that write and remove it; [`apply`] drives
+//! each change (the lock, the read under it, the plan, the engine, what follows in the same
+//! session); the clap arguments and the output are `cli::mdev`'s.
 
+pub mod apply;
 pub mod defs;
 pub mod list;
 pub mod ops;
@@ -208,17 +210,10 @@ impl MdevUuid {
         let mut b = [0u8; 16];
         getrandom::fill(&mut b)
             .map_err(|e| MdevError::Usage(format!("cannot get random bytes for a UUID: {e}")))?;
-        b[6] = (b[6] & 0x0f) | 0x40; // version 4
-        b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
-        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        Ok(MdevUuid(format!(
-            "{}-{}-{}-{}-{}",
-            &h[0..8],
-            &h[8..12],
-            &h[12..16],
-            &h[16..20],
-            &h[20..32]
-        )))
+        // The uuid crate sets the version (4) and RFC 4122 variant bits and spells it
+        // hyphenated, lower-case: the kernel's and mdevctl's form.
+        let u = uuid::Builder::from_random_bytes(b).into_uuid();
+        Ok(MdevUuid(u.hyphenated().to_string()))
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -268,20 +263,9 @@ impl FromStr for InstanceRef {
     }
 }
 
-/// Levenshtein distance, for "did you mean".
+/// Levenshtein distance, for "did you mean" (strsim's, over chars).
 pub fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
+    strsim::levenshtein(a, b)
 }
 
 /// The candidate closest to `input` by edit distance (ties: the first).

@@ -125,7 +125,7 @@ pub fn plan(action: &str, changes: Vec<Change>) -> MdevPlan {
 
 /// Run a plan through the change engine (lock, journal, writes, checks, commit; rollback on
 /// a failure), with the engine's errors in mdev's words: [`execute_in`] after taking the lock.
-/// For a plan made before the lock (the commands take it before they read: `cli::mdev`).
+/// For a plan made before the lock (the commands take it before they read: [`super::apply`]).
 pub fn execute(ops: &dyn HostOps, plan: &MdevPlan) -> Result<(), MdevError> {
     let mut session = crate::change::Session::lock(ops, crate::change::journal::lock_timeout())
         .map_err(|e| mdev_error(ops.root(), plan, e))?;

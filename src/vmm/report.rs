@@ -96,6 +96,8 @@ pub struct FwIrq {
     pub kind: String,
     /// Who raised it: `device` (the device itself, made to fire by the firmware) or `host`
     /// (the VMM on the firmware's request: VFIO's software trigger, or the emulated device).
+    /// `boot --check` calls a kind VFIO's software trigger raised `untested`: the device did
+    /// not raise it ([`super::verdict`]).
     pub via: Option<String>,
     pub expected: u32,
     pub delivered: u32,

@@ -9,9 +9,11 @@
 //! - `absent`: the device does not have the capability, by its own config space (no BAR
 //!   implemented; Bus Master Enable hard-wired to 0: no DMA; no MSI / MSI-X capability in the
 //!   list; Interrupt Pin 0: no INTx) or, for `reset`, by the kernel (no reset method).
-//! - `untested`: the device has it, but gpupass cannot exercise it on this device (today: DMA
-//!   and isolation on anything but QEMU's edu, whose DMA engine is the one the firmware can
-//!   drive); the reason says why.
+//! - `untested`: the device has it, but gpupass cannot exercise it on this device; the reason
+//!   says why and what would test it. Today: DMA and isolation on anything but QEMU's edu,
+//!   whose DMA engine is the one the firmware can drive; an interrupt kind the device was not
+//!   made to raise itself (anything but edu's INTx and MSI and e1000e's MSI-X), which the host
+//!   raised through VFIO's software trigger even when every vector arrived.
 //!
 //! The exit status is 1 when a verdict is `fail`, and with `--strict` also when one is
 //! `untested`: a self-test that did not test what the device has does not pass under
@@ -423,11 +425,23 @@ fn interrupt(r: &BootReport, index: u32) -> Verdict {
             ),
             _ => String::new(),
         };
-        v(
-            name,
-            Outcome::Pass,
-            format!("{counted} ({via}; {path}{kvm}{again})"),
-        )
+        let seen = format!("{counted} ({via}; {path}{kvm}{again})");
+        if host_raised(r, fw) {
+            // VFIO's software trigger (VFIO_DEVICE_SET_IRQS, DATA_NONE | ACTION_TRIGGER):
+            // vfio-pci signals the vector's eventfd itself. The path from that eventfd to the
+            // guest worked, but the device never raised anything, so the device's own
+            // interrupt is not tested.
+            v(
+                name,
+                Outcome::Untested,
+                format!(
+                    "{seen}: the host raised it (VFIO_DEVICE_SET_IRQS with DATA_NONE | ACTION_TRIGGER signals the vector's eventfd; the device raised nothing), which tests VFIO's eventfd -> KVM -> guest path only; testing the device's {name} needs the device itself to raise it, as QEMU's edu does for INTx and MSI (its raise register 0x60) and e1000e 8086:10d3 for MSI-X (its ICS register), and gpupass makes no {} raise it",
+                    r.presented_ids
+                ),
+            )
+        } else {
+            v(name, Outcome::Pass, seen)
+        }
     } else {
         v(
             name,
@@ -435,6 +449,12 @@ fn interrupt(r: &BootReport, index: u32) -> Verdict {
             format!("{counted} within 500 ms each ({via}; {path}{kvm}){errors}"),
         )
     }
+}
+
+/// Whether the host raised the kind's vectors through VFIO's software trigger (the device did
+/// not). The emulated device is gpupass's own model: its raise is the device's own, as edu's.
+fn host_raised(r: &BootReport, fw: &FwIrq) -> bool {
+    fw.via.as_deref() != Some("device") && r.irq.host_trigger != "emulated"
 }
 
 /// KVM's `irq_injections` over the interrupt tests, with the firmware's own total of
@@ -589,6 +609,62 @@ mod tests {
         let (o, why) = result(&c.verdicts, "msi-x");
         assert_eq!(o, Outcome::Pass);
         assert!(why.contains("not cross-checked"), "{why}");
+    }
+
+    /// `vfio_report` with MSI too, raised from the host by `trigger` (`vfio-trigger`,
+    /// `emulated`), `delivered` of 1 arriving; KVM counting every delivery.
+    fn host_msi(trigger: &'static str, delivered: u32) -> BootReport {
+        let mut r = vfio_report("8086:10d3", true, Some(1 + u64::from(delivered)));
+        r.irq.msi_capability = true;
+        r.irq.host_trigger = trigger;
+        r.firmware.irqs.push(FwIrq {
+            device: Some("00:01.0".to_string()),
+            kind: "msi".to_string(),
+            via: Some("host".to_string()),
+            expected: 1,
+            delivered,
+            skipped: None,
+        });
+        r
+    }
+
+    #[test]
+    fn host_raised_interrupts_are_untested_even_when_delivered() {
+        // VFIO's software trigger: the vector arrived, but the device raised nothing.
+        let c = CheckReport::new(host_msi("vfio-trigger", 1), false);
+        let (o, why) = result(&c.verdicts, "msi");
+        assert_eq!(o, Outcome::Untested, "{why}");
+        for part in [
+            "1/1 delivered",
+            "raised from the host (vfio-trigger)",
+            "DATA_NONE | ACTION_TRIGGER",
+            "the device raised nothing",
+            "needs the device itself to raise it",
+            "edu",
+            "8086:10d3",
+        ] {
+            assert!(why.contains(part), "{part:?} not in {why}");
+        }
+        // The device's own MSI-X stays a pass beside it.
+        assert_eq!(result(&c.verdicts, "msi-x").0, Outcome::Pass);
+        assert!(c.ok);
+        let strict = CheckReport::new(host_msi("vfio-trigger", 1), true);
+        assert!(!strict.ok);
+        assert!(
+            strict
+                .summary_lines()
+                .contains("--strict: 3 untested (dma, isolation, msi)"),
+            "{}",
+            strict.summary_lines()
+        );
+        // A host-raised vector that did not arrive is a fail: the path it tests is broken.
+        let c = CheckReport::new(host_msi("vfio-trigger", 0), false);
+        assert_eq!(result(&c.verdicts, "msi").0, Outcome::Fail);
+        // The emulated device is gpupass's own model: its raise is the device's, a pass.
+        let c = CheckReport::new(host_msi("emulated", 1), true);
+        let (o, why) = result(&c.verdicts, "msi");
+        assert_eq!(o, Outcome::Pass, "{why}");
+        assert!(why.contains("raised by gpupass's device model"), "{why}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! The KVM tests need a usable `/dev/kvm`. On the project's CI machines that is kvm_pvm, where
 //! the firmware runs (real mode -> 32-bit protected mode; docs/vmm.md). Where KVM is missing
 //! they FAIL with the reason: set GPUPASS_SKIP_KVM_TESTS=1 to skip them *visibly* (each prints
-//! `SKIPPED`), never silently.
+//! `SKIPPED`), never silently; under CI=true the variable fails them instead (nothing skips in
+//! CI).
 
 use crate::util::*;
 use std::path::PathBuf;
@@ -563,4 +564,41 @@ fn strict_needs_check() {
     let o = gpupass(&["boot", "--emulated", "--strict"]);
     assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
     assert!(stderr(&o).contains("--check"), "{}", stderr(&o));
+}
+
+/// `GPUPASS_SKIP_KVM_TESTS` skips a KVM test visibly, but under `CI=true` nothing skips: this
+/// test binary, run again for one KVM test with the variable set, says SKIPPED without CI and
+/// fails with the reason under it.
+#[test]
+fn the_kvm_skip_fails_under_ci() {
+    let one = |ci: Option<&str>| {
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.args([
+            "--exact",
+            "boot::emulated_boot_enumerates_sizes_and_reads_the_device",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("GPUPASS_SKIP_KVM_TESTS", "1");
+        match ci {
+            Some(v) => c.env("CI", v),
+            None => c.env_remove("CI"),
+        };
+        c.output().unwrap()
+    };
+    let local = one(None);
+    assert!(local.status.success(), "{}", stderr(&local));
+    assert!(
+        stderr(&local).contains("SKIPPED: GPUPASS_SKIP_KVM_TESTS is set"),
+        "{}",
+        stderr(&local)
+    );
+    let ci = one(Some("true"));
+    assert!(!ci.status.success(), "{}", stdout(&ci));
+    let said = format!("{}{}", stdout(&ci), stderr(&ci));
+    assert!(
+        said.contains("GPUPASS_SKIP_KVM_TESTS is set, but CI=true runs every test")
+            && said.contains("1 failed"),
+        "{said}"
+    );
 }

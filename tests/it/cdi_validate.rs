@@ -2,30 +2,36 @@
 //! by the reference implementation, `tags.cncf.io/container-device-interface` v1.1.2 (the library
 //! containerd, podman and CRI-O load specs with), through the small helper in
 //! `tests/cdi-validate` (`cdi.ReadSpec`, then a `cdi.Cache` over the spec alone). The helper is
-//! built with `go` on first use into the test target directory; without Go the tests fail under
-//! `CI=true` and say SKIPPED elsewhere.
+//! built on first use into the test target directory with the go that `lab/tools/go.sh` finds
+//! or fetches (Go 1.26: tests/install-deps.sh has run it already); when it can have none the
+//! tests fail under `CI=true` and say SKIPPED elsewhere.
 
 use crate::util::*;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// `go` on PATH, else the usual tarball install.
-pub(crate) fn go() -> Option<PathBuf> {
-    let on_path = Command::new("sh")
-        .args(["-c", "command -v go"])
+/// The prefix of [`go`]'s error: no Go 1.26 could be had (SKIPPED outside CI).
+pub(crate) const NO_GO: &str = "no Go 1.26";
+
+/// The go command every Go build of the project uses: `lab/tools/go.sh` (Go 1.26 or newer from
+/// `$GO`, PATH or /usr/local/go, else go1.26.8 fetched from the Go module proxy into the lab
+/// cache); `Err` starts with [`NO_GO`] and carries the script's message.
+pub(crate) fn go() -> Result<PathBuf, String> {
+    let o = Command::new(manifest_dir().join("lab/tools/go.sh"))
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    on_path.or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.exists()))
+        .map_err(|e| format!("{NO_GO}: lab/tools/go.sh: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("{NO_GO}: lab/tools/go.sh: {}", stderr(&o).trim()));
+    }
+    Ok(PathBuf::from(stdout(&o).trim()))
 }
 
 /// The helper binary, built once per test run; `Err` says why it could not be.
 fn helper() -> &'static Result<PathBuf, String> {
     static HELPER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     HELPER.get_or_init(|| {
-        let go = go().ok_or("go is not installed (PATH, /usr/local/go/bin)")?;
+        let go = go()?;
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cdi-validate");
         let tmp = out.with_extension("tmp");
         let o = Command::new(&go)
@@ -52,7 +58,7 @@ fn helper() -> &'static Result<PathBuf, String> {
 pub(crate) fn need_helper() -> Option<&'static PathBuf> {
     match helper() {
         Ok(p) => Some(p),
-        Err(why) if why.starts_with("go is not installed") => {
+        Err(why) if why.starts_with(NO_GO) => {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("{why}: CI must run this test");
             }

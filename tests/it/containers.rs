@@ -343,7 +343,7 @@ fn cdi_write_and_refresh_after_unbind() {
     };
     let spec_path = t.path().join("var/run/cdi/gpupass.json");
     // Refresh without a spec written before: nothing happens.
-    gpupass::cli::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
+    gpupass::containers::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
         t.path(),
     )))
     .unwrap();
@@ -362,7 +362,7 @@ fn cdi_write_and_refresh_after_unbind() {
     let dev = t.path().join("sys/bus/pci/devices/0000:31:00.0");
     std::fs::remove_file(dev.join("driver")).unwrap();
     std::fs::remove_file(t.path().join("dev/vfio/41")).unwrap();
-    gpupass::cli::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
+    gpupass::containers::cdi::refresh(&gpupass::testkit::FakeHost::new(gpupass::host::HostRoot::new(
         t.path(),
     )))
     .unwrap();

@@ -10,11 +10,12 @@ use std::sync::OnceLock;
 
 /// tests/dra-validate (Kubernetes' own Go code at v0.37.2: k8s.io/api's resource/v1 types and
 /// limits, k8s.io/dynamic-resource-allocation's metadata reader), built once per run into the
-/// test target directory; None (SKIPPED) when Go is missing outside CI.
+/// test target directory with the go of `lab/tools/go.sh`; None (SKIPPED) when no Go 1.26 can be
+/// had outside CI.
 fn dra_validator() -> Option<&'static PathBuf> {
     static HELPER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let r = HELPER.get_or_init(|| {
-        let go = crate::cdi_validate::go().ok_or("go is not installed (PATH, /usr/local/go/bin)")?;
+        let go = crate::cdi_validate::go()?;
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dra-validate");
         let tmp = out.with_extension("tmp");
         let o = Command::new(&go)
@@ -37,7 +38,7 @@ fn dra_validator() -> Option<&'static PathBuf> {
     });
     match r {
         Ok(p) => Some(p),
-        Err(why) if why.starts_with("go is not installed") => {
+        Err(why) if why.starts_with(crate::cdi_validate::NO_GO) => {
             assert_ne!(
                 std::env::var("CI").as_deref(),
                 Ok("true"),

@@ -43,7 +43,7 @@ struct Case {
     /// a mount namespace. The binary and its arguments follow it (`exec "$@"`).
     wrap: &'static [&'static str],
     /// What the row needs beyond the fixture: `kvm` (this machine's /dev/kvm, as tests/it/boot.rs;
-    /// GPUPASS_SKIP_KVM_TESTS skips visibly), or a tool run as root (`need_tool`: SKIPPED
+    /// GPUPASS_SKIP_KVM_TESTS skips visibly, except under CI=true: a failure), or a tool run as root (`need_tool`: SKIPPED
     /// locally without it, a failure under CI=true).
     needs: &'static [&'static str],
 }

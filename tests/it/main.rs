@@ -22,9 +22,12 @@ mod dra;
 mod errors;
 mod everyday;
 mod fixtures_current;
+mod gotool;
 mod hostile;
 mod inventory;
 mod lab;
+/// The lab's judges (also `lab/judge`, the program lab/lab.sh runs).
+mod labjudge;
 mod labqemu;
 mod labtool;
 mod mdev;

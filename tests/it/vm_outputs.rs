@@ -1052,7 +1052,9 @@ fn attach_without_the_feature_explains_how_to_get_it() {
 
 /// `qemu-args --backend iommufd` (and `auto` on a cdev host): one `-object iommufd` and
 /// `iommufd=` on each `vfio-pci,host=`, a property the lab's QEMU 10.0 has; QEMU accepts the
-/// object and the device up to opening `/dev/iommu` or the host device (neither exists here).
+/// object and the device up to opening `/dev/iommu` (on a host without it) or the host device
+/// (on a host with it: the fixture's addresses must not exist on this machine, which the test
+/// checks first, so QEMU never opens a real device).
 #[test]
 fn qemu_args_on_iommufd() {
     let args = |backend: &str| -> Vec<String> {
@@ -1088,9 +1090,21 @@ fn qemu_args_on_iommufd() {
     assert!(!legacy.iter().any(|x| x.contains("iommufd")), "{legacy:?}");
     assert!(qemu_properties("vfio-pci").contains("iommufd"));
 
-    if std::path::Path::new("/dev/iommu").exists() || std::path::Path::new("/dev/vfio/devices").exists() {
-        eprintln!("skipping the QEMU start: this machine has /dev/iommu or VFIO cdevs");
-        return;
+    // QEMU gets this machine's /dev/iommu where it has one, and then looks the fixture's
+    // devices up in this machine's sysfs: none may exist here (a real device would be opened,
+    // and opening a VFIO device resets it).
+    for d in &vfio {
+        let addr = d
+            .split(',')
+            .find_map(|p| p.strip_prefix("host="))
+            .unwrap_or_else(|| panic!("no host= in {d}"));
+        let sys = std::path::Path::new("/sys/bus/pci/devices").join(addr);
+        assert!(
+            !sys.exists(),
+            "this machine has PCI device {addr}, which the vfio-numa fixture's QEMU arguments \
+             name: QEMU would open it; run this test on a machine without {}",
+            sys.display()
+        );
     }
     let o = tool("qemu-system-x86_64")
         .args([

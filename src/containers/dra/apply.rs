@@ -4,7 +4,7 @@
 //! journal, verified, rolled back on a failure (state-based: every object goes back to its
 //! state before), and finished or undone by `gpupass recover` after a crash.
 //!
-//! - [`prepare`]: the group bind of every allocated device (`bind::apply::plan_bind_in`: the
+//! - [`prepare`]: the group bind of every allocated device (`bind::apply::bind_part_in`: the
 //!   journaled IOMMU-group bind steps, the in-use refusals that name the holder), then, in
 //!   the same transaction, the claim's files (the per-claim CDI spec, the KEP-5304 metadata
 //!   file and its CDI spec) planned from the host as the bind left it
@@ -16,19 +16,24 @@
 //!   a bound function's, exist only once it does).
 //! - [`unprepare`]: the undo of that plan as one plan of its own: the claim's mediated
 //!   devices removed, the functions the claim moved given back to the drivers the journal
-//!   recorded (`bind::apply::plan_unbind_in` with `only`: never a function that was on
+//!   recorded (`bind::apply::unbind_part_in` with `only`: never a function that was on
 //!   vfio-pci before gpupass touched it), the files removed.
+//!
+//! When either moved functions between drivers, the host's CDI specs (`cdi generate
+//! --write`'s) are refreshed in the same session before the lock is released
+//! ([`crate::containers::cdi::refresh_in`]): after a prepare from the host as the claim's
+//! files were planned from it, one scan for both.
 //!
 //! The lock is waited for at most `wait` (the plugin's bound, never past the kubelet's
 //! deadline): a kubelet call must not hang behind another gpupass; it fails and is retried.
 
-use crate::bind::apply::{plan_bind_in, plan_unbind_in, recheck};
+use crate::bind::apply::{bind_part_in, unbind_part_in};
 use crate::bind::{BindError, BindRequest, UnbindRequest};
-use crate::change::engine::{current_driver, Then};
+use crate::change::engine::{current_driver, Followup, Then};
 use crate::change::{ChangeError, Part, Plan, Session};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
-use crate::model::{is_vfio_driver, PciAddress};
+use crate::model::{is_vfio_driver, ErrorChain, Inventory, PciAddress};
 use std::time::Duration;
 
 /// The engine's domain of the claim's file part.
@@ -111,6 +116,10 @@ fn files_part(host: &HostRoot, what: &str, files: &[File]) -> Part {
 /// The error `files` may give, boxed for the engine.
 pub type FilesError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What [`prepare`] calls after the bind and the creation: the claim's files, from the host
+/// and its inventory as the writes left them.
+pub type Files<'f> = &'f mut dyn FnMut(&HostRoot, &Inventory) -> Result<Vec<File>, FilesError>;
+
 /// A mediated device of a claim: its UUID, parent and type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mdev {
@@ -123,7 +132,8 @@ pub struct Mdev {
 /// `owner`: the bind of every listed function's IOMMU group (the members already on a VFIO
 /// driver are named too and left alone; with all on one, no bind), the creation of each of
 /// `mdevs` not present yet, then the files `files` returns from the host as the bind and
-/// the creation left it. A refusal (a member in use by the host,
+/// the creation left it (`files` gets that host's inventory, read once after the writes and
+/// handed on to the CDI refresh). A refusal (a member in use by the host,
 /// naming the holder), a lock held past `wait`, a failed write or check, or an error of
 /// `files` fails it; what was written is rolled back.
 pub fn prepare(
@@ -133,7 +143,7 @@ pub fn prepare(
     what: &str,
     members: &[PciAddress],
     mdevs: &[Mdev],
-    files: &mut dyn FnMut(&HostRoot) -> Result<Vec<File>, FilesError>,
+    files: Files<'_>,
 ) -> Result<Applied, ApplyError> {
     let host = ops.root().clone();
     let mut session = Session::lock(ops, wait)?;
@@ -148,11 +158,9 @@ pub fn prepare(
             only: false,
             driver: None,
         };
-        let planned = plan_bind_in(&session, &req)?;
-        ops.before_apply();
-        recheck(&host, &planned.inv, &planned.plan)?;
-        moved = planned.plan.functions.iter().map(|f| f.address).collect();
-        plan.push(planned.plan.to_part());
+        let bound = bind_part_in(&session, &req)?;
+        moved = bound.moved;
+        plan.push(bound.part);
     }
     let create: Vec<crate::change::Object> = mdevs
         .iter()
@@ -168,14 +176,41 @@ pub fn prepare(
         plan.push(crate::mdev::plan::part("create", create));
     }
     let mut wrote = !plan.is_empty();
+    // The host as the bind and the creation left it: read once, for the claim's files and
+    // for the refresh of the host's CDI specs that follows in this session.
+    let mut view: Option<Inventory> = None;
     let mut then = |h: &HostRoot| -> Result<Part, FilesError> {
-        let part = files_part(h, what, &files(h)?);
+        let after = crate::inventory::scan(h)?;
+        let part = files_part(h, what, &files(h, &after)?);
+        view = Some(after);
         wrote |= !part.is_empty();
         Ok(part)
     };
     let then: Then<'_> = &mut then;
     session.apply_then(&plan, then)?;
+    if !moved.is_empty() {
+        refresh_specs(&mut session, view.as_ref());
+    }
     Ok(Applied { moved, wrote })
+}
+
+/// The host's CDI specs (`cdi generate --write`'s) refreshed in a claim's session once its
+/// plan committed ([`crate::containers::cdi::refresh_in`]), from `view` when the host was
+/// read after the writes; a failure is logged, the claim's change stands.
+fn refresh_specs(session: &mut Session<'_>, view: Option<&Inventory>) {
+    if let Err(e) = crate::containers::cdi::refresh_in(session, view) {
+        tracing::warn!("the CDI spec could not be refreshed: {}", ErrorChain(&e));
+    }
+}
+
+/// [`refresh_specs`] as the follow-up of the plugin's recovery at start
+/// ([`crate::change::recover_where`]).
+pub struct Refresh;
+
+impl Followup for Refresh {
+    fn follow(&mut self, session: &mut Session<'_>, _changed: &str) {
+        refresh_specs(session, None);
+    }
 }
 
 /// Unprepare a claim: under the one lock (waiting at most `wait`), one plan owned by
@@ -220,11 +255,9 @@ pub fn unprepare(
             all: false,
             only: true,
         };
-        let planned = plan_unbind_in(&session, &req)?;
-        ops.before_apply();
-        recheck(&host, &planned.inv, &planned.plan)?;
-        moved = planned.plan.functions.iter().map(|f| f.address).collect();
-        plan.push(planned.plan.to_part());
+        let unbound = unbind_part_in(&session, &req)?;
+        moved = unbound.moved;
+        plan.push(unbound.part);
     }
     let gone: Vec<File> = files
         .iter()
@@ -236,5 +269,8 @@ pub fn unprepare(
     plan.push(files_part(&host, what, &gone));
     let wrote = !plan.is_empty();
     session.apply(&plan)?;
+    if !moved.is_empty() {
+        refresh_specs(&mut session, None);
+    }
     Ok(Applied { moved, wrote })
 }

@@ -79,17 +79,10 @@ pub struct Driver<'a> {
     /// Every device name health was ever reported for (a device that vanishes stays on the
     /// health stream as unhealthy).
     known: BTreeSet<String>,
-    /// Run after a change of drivers (the command layer refreshes the host's CDI spec:
-    /// `containers` does not reach up into `cli`).
-    after_change: Option<AfterChange>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
 }
-
-/// What the command layer runs after Prepare or Unprepare moved functions between drivers,
-/// with the longest it may wait for the lock.
-pub type AfterChange = fn(&dyn HostOps, Duration) -> Result<(), String>;
 
 /// One device's health (the kit's).
 pub use crate::containers::kubelet::plugin::Health;
@@ -111,7 +104,6 @@ impl<'a> Driver<'a> {
             checkpoint_path,
             checkpoint,
             known: BTreeSet::new(),
-            after_change: None,
             lock_wait: DEFAULT_LOCK_WAIT,
         })
     }
@@ -131,20 +123,6 @@ impl<'a> Driver<'a> {
                     .saturating_sub(DEADLINE_MARGIN),
             ),
             None => self.lock_wait,
-        }
-    }
-
-    /// Run `f` after each Prepare or Unprepare that moved functions between drivers.
-    pub fn with_after_change(mut self, f: AfterChange) -> Self {
-        self.after_change = Some(f);
-        self
-    }
-
-    fn changed(&self, deadline: Option<Instant>) {
-        if let Some(f) = self.after_change {
-            if let Err(e) = f(self.ops, self.wait_for(deadline)) {
-                tracing::warn!("the CDI spec could not be refreshed: {e}");
-            }
         }
     }
 
@@ -238,28 +216,28 @@ impl<'a> Driver<'a> {
         self.save()?;
         let driver = self.me.driver.clone();
         let mut prepared: Option<Prepared> = None;
-        let mut files = |h: &crate::host::HostRoot| -> Result<Vec<apply::File>, apply::FilesError> {
-            let after = crate::inventory::scan(h)?;
-            let backend = claim::choose_backend(&after, &checked)?;
-            let mut p = claim::result(&after, &driver, &checked, backend);
-            // KEP-5304: a metadata file rewritten gets the next generation.
-            for f in &mut p.files {
-                let old = crate::host::read_bounded_bytes(&h.path(&f.path), 4 << 20)
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok());
-                f.contents = claim::next_metadata(old.as_deref(), &f.contents);
-            }
-            let files = p
-                .files
-                .iter()
-                .map(|f| apply::File {
-                    path: f.path.clone(),
-                    contents: Some(f.contents.clone()),
-                })
-                .collect();
-            prepared = Some(p);
-            Ok(files)
-        };
+        let mut files =
+            |h: &crate::host::HostRoot, after: &Inventory| -> Result<Vec<apply::File>, apply::FilesError> {
+                let backend = claim::choose_backend(after, &checked)?;
+                let mut p = claim::result(after, &driver, &checked, backend);
+                // KEP-5304: a metadata file rewritten gets the next generation.
+                for f in &mut p.files {
+                    let old = crate::host::read_bounded_bytes(&h.path(&f.path), 4 << 20)
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok());
+                    f.contents = claim::next_metadata(old.as_deref(), &f.contents);
+                }
+                let files = p
+                    .files
+                    .iter()
+                    .map(|f| apply::File {
+                        path: f.path.clone(),
+                        contents: Some(f.contents.clone()),
+                    })
+                    .collect();
+                prepared = Some(p);
+                Ok(files)
+            };
         // Every member is named, those already on VFIO too: the bind planner refuses a group
         // member of another slot that was not named.
         let mdevs = mdevs_of(&checked.devices);
@@ -272,24 +250,21 @@ impl<'a> Driver<'a> {
             &mdevs,
             &mut files,
         );
-        let applied = match r {
-            Ok(a) => a,
-            Err(e) => {
-                if e.changed_nothing() {
-                    // The host holds nothing of this attempt: neither does the checkpoint.
-                    match previous {
-                        Some(p) => self.checkpoint.claims.insert(c.uid.clone(), p),
-                        None => self.checkpoint.claims.remove(&c.uid),
-                    };
-                    self.save()?;
-                }
-                return Err(PrepareError::Apply {
-                    claim: label,
-                    what: "prepare".into(),
-                    source: Box::new(e),
-                });
+        if let Err(e) = r {
+            if e.changed_nothing() {
+                // The host holds nothing of this attempt: neither does the checkpoint.
+                match previous {
+                    Some(p) => self.checkpoint.claims.insert(c.uid.clone(), p),
+                    None => self.checkpoint.claims.remove(&c.uid),
+                };
+                self.save()?;
             }
-        };
+            return Err(PrepareError::Apply {
+                claim: label,
+                what: "prepare".into(),
+                source: Box::new(e),
+            });
+        }
         let prepared = prepared.expect("the engine planned the claim's files");
         let devices = prepared.devices.clone();
         if let Some(e) = self.checkpoint.claims.get_mut(&c.uid) {
@@ -297,9 +272,6 @@ impl<'a> Driver<'a> {
             e.prepared = Some(prepared);
         }
         self.save()?;
-        if !applied.moved.is_empty() {
-            self.changed(deadline);
-        }
         Ok(devices)
     }
 
@@ -325,7 +297,7 @@ impl<'a> Driver<'a> {
             (Vec::new(), Vec::new())
         };
         let files = files_of(&self.me.driver, &e);
-        let applied = apply::unprepare(
+        apply::unprepare(
             self.ops,
             self.wait_for(deadline),
             &apply::owner(uid),
@@ -339,12 +311,6 @@ impl<'a> Driver<'a> {
             what: "unprepare".into(),
             source: Box::new(err),
         })?;
-        // The claim's metadata directory (`<ns>_<claim>/`), empty once its requests' files
-        // and directories are gone (made by the writes' `create_dir_all`, not a file of the
-        // plan).
-        if !applied.moved.is_empty() {
-            self.changed(deadline);
-        }
         self.checkpoint.claims.remove(uid);
         self.save()
     }
@@ -388,9 +354,10 @@ impl<'a> Driver<'a> {
 
     /// Undo the unfinished plans owned by claims ([`apply::is_claims`]), newest first.
     fn undo_own_unfinished(&mut self) -> Vec<String> {
-        match crate::change::recover_where(self.ops, false, false, self.lock_wait, &apply::is_claims) {
+        let refresh = &mut apply::Refresh;
+        match crate::change::recover_where(self.ops, false, false, self.lock_wait, &apply::is_claims, refresh)
+        {
             Ok(r) if r.changed => {
-                self.changed(None);
                 let mut out =
                     vec!["a Prepare or Unprepare interrupted before this start was undone:".to_string()];
                 out.extend(r.lines);

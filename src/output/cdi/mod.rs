@@ -664,7 +664,7 @@ pub fn spec_file_name(kind: &Kind) -> String {
 }
 
 /// How a written spec was generated, kept in `var/run/gpupass/cdi/<file>.options.json` so that
-/// the refresh after a change (`cli::cdi::refresh`) regenerates it the same way.
+/// the refresh after a change (`containers::cdi::refresh_in`) regenerates it the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recorded {
     pub options: Options,
@@ -689,7 +689,7 @@ pub fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
 
 /// Write a file the user named (`--output`) atomically ([`crate::host::write_atomic`]; the
 /// temporary name does not end in `.json`, so CDI watchers ignore it). Specs in the runtime's
-/// directory are written by the change engine (`cli::cdi`).
+/// directory are written by the change engine (`containers::cdi`).
 pub use crate::host::write_atomic;
 
 #[cfg(test)]

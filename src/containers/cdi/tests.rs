@@ -1,0 +1,123 @@
+//! How many times one request reads the host, counted by the test kit
+//! (`inventory::counted`): a `gpupass bind` and a DRA Prepare and Unprepare, each on a host
+//! where `cdi generate --write` recorded a spec, so the refresh that follows the change runs.
+//! `benches/scans.sh` runs these and prints the figures (docs/performance.md, "Host reads per
+//! request").
+
+use super::*;
+use crate::inventory::counted::scans;
+use crate::testkit::hostgen::{DevSpec, HostBuilder};
+use crate::testkit::FakeHost;
+
+/// The lab's IOMMU group 4: a VGA function on bochs-drm and its audio companion.
+fn group4(root: &std::path::Path) {
+    let mut h = HostBuilder::new(root).unwrap();
+    h.kernel("6.1.0-57-amd64", "intel_iommu=on", &["bochs", "snd_hda_intel"])
+        .unwrap();
+    h.add(
+        &DevSpec::new("00:05.0", 0x1234, 0x1111, 0x030000)
+            .group(4)
+            .driver("bochs-drm"),
+    )
+    .unwrap();
+    h.add(
+        &DevSpec::new("00:05.1", 0x8086, 0x293e, 0x040300)
+            .group(4)
+            .driver("snd_hda_intel"),
+    )
+    .unwrap();
+    h.file("dev/vfio/vfio", "").unwrap();
+}
+
+/// The full scans and group scans since `start`.
+fn since(start: (usize, usize)) -> (usize, usize) {
+    let now = scans();
+    (now.0 - start.0, now.1 - start.1)
+}
+
+fn spec(root: &std::path::Path) -> String {
+    std::fs::read_to_string(root.join("var/run/cdi/gpupass.json")).unwrap_or_default()
+}
+
+/// `cdi generate --write --watch`'s record: nothing on VFIO yet, the options kept for the
+/// first refresh that has a device.
+fn record_spec(ops: &dyn HostOps) {
+    write(ops, &cdi::Options::default(), true, false).unwrap();
+    assert!(spec(ops.root().root()).is_empty());
+}
+
+#[test]
+fn a_bind_reads_its_groups_once_and_the_whole_host_once_for_the_refresh() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("host");
+    group4(&root);
+    let ops = FakeHost::new(HostRoot::new(&root));
+    record_spec(&ops);
+    let req = crate::bind::BindRequest {
+        addresses: vec!["0000:00:05.0".parse().unwrap()],
+        only: false,
+        driver: None,
+    };
+    let start = scans();
+    let a = crate::bind::apply::bind_then(&ops, &req, false, false, &|_| {}, &mut Refresh).unwrap();
+    let (full, groups) = since(start);
+    println!("scans: bind: full {full}, groups {groups}");
+    assert!(a.outcome.is_some());
+    assert!(spec(&root).contains("\"0000:00:05.0\""), "the refresh ran");
+    assert_eq!((full, groups), (1, 1));
+}
+
+#[cfg(feature = "dra")]
+#[test]
+fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() {
+    use crate::containers::dra::claim::{ClaimRef, Identity};
+    use crate::containers::dra::prepare::Driver;
+    use crate::containers::kubelet::claims::{fetch, Dir};
+    const DRIVER: &str = "vfio.gpupass.dev";
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("host");
+    group4(&root);
+    let claims = t.path().join("claims");
+    std::fs::create_dir_all(claims.join("default")).unwrap();
+    let c = serde_json::json!({
+        "metadata": {"name": "gpu", "namespace": "default", "uid": "u1"},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+        }}
+    });
+    std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+    let ops = FakeHost::new(HostRoot::new(&root));
+    record_spec(&ops);
+    let mut e = Driver::new(
+        &ops,
+        Identity {
+            driver: DRIVER.into(),
+            node: "node-a".into(),
+            pool: "node-a".into(),
+        },
+        crate::inventory::backend::Policy::Auto,
+        "b1".into(),
+    )
+    .unwrap();
+    let claim = ClaimRef {
+        namespace: "default".into(),
+        uid: "u1".into(),
+        name: "gpu".into(),
+    };
+    // The kubelet-plugin kit reads the claim (the API server's, no host read) and hands it on.
+    let claim = fetch(&Dir { dir: claims }, &claim).unwrap();
+    let start = scans();
+    e.prepare(&claim).unwrap();
+    let (full, groups) = since(start);
+    println!("scans: DRA Prepare: full {full}, groups {groups}");
+    assert!(spec(&root).contains("\"0000:00:05.0\""), "the refresh ran");
+    // The claim check, then the host after the bind (the claim's files and the refresh).
+    assert_eq!((full, groups), (2, 1));
+    let start = scans();
+    e.unprepare("u1").unwrap();
+    let (full, groups) = since(start);
+    println!("scans: DRA Unprepare: full {full}, groups {groups}");
+    assert!(!spec(&root).contains("\"0000:00:05.0\""), "the refresh ran");
+    assert_eq!((full, groups), (1, 1));
+}

@@ -1,0 +1,316 @@
+//! The lab's judges in Rust (docs/lab.md, "Judged scenarios"): for a scenario whose script says
+//! `# lab-judge: rust`, the guest decides nothing. It runs the commands and ships, for each one,
+//! `NAME.out`, `NAME.err` and `NAME.rc` (`lab_cmd`), and what it read itself from sysfs and
+//! `/dev` as `NAME.facts` (`lab_facts`: `KEY=VALUE` lines). A judge here reads that output
+//! directory and decides every step: its checks, in order, are the scenario's steps.
+//!
+//! The same source is compiled twice: as a module of the integration tests (`labjudge::`, which
+//! judge committed and altered outputs and, in `lab::`, each boot's), and as `lab/judge`, the
+//! small program `lab/lab.sh` runs after a boot (`labjudge judge SCENARIO DIR`), whose
+//! `LAB-STEPS`/`LAB-RESULT` lines (`judge.log`) are the report's steps and verdict for the
+//! scenario (lab/tools/labtool.py). Only `serde_json` and std: the program builds in seconds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub mod bind;
+pub mod mdev;
+#[cfg(test)]
+mod tests;
+
+/// Every judge, by scenario.
+pub fn judges() -> [Judge; 2] {
+    [bind::judge(), mdev::judge()]
+}
+
+/// The judge of `scenario`, if it has one.
+pub fn judge_of(scenario: &str) -> Option<Judge> {
+    judges().into_iter().find(|j| j.scenario == scenario)
+}
+
+/// One scenario's output directory, as `labtool collect` left it.
+pub struct Out {
+    dir: PathBuf,
+}
+
+/// A step's result: `Ok(detail)` passes, `Err(why)` fails. One line each.
+pub type Verdict = Result<String, String>;
+
+impl Out {
+    pub fn new(dir: impl Into<PathBuf>) -> Out {
+        Out { dir: dir.into() }
+    }
+
+    /// A shipped file's text; a clear error when the guest did not ship it.
+    pub fn text(&self, name: &str) -> Result<String, String> {
+        let p = self.dir.join(name);
+        match std::fs::read(&p) {
+            Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "{name} is missing from {}: the guest did not ship it (did the step run?)",
+                self.dir.display()
+            )),
+            Err(e) => Err(format!("{}: {e}", p.display())),
+        }
+    }
+
+    /// The command the guest ran as `name` (`lab_cmd NAME CMD...`).
+    pub fn cmd(&self, name: &str) -> Result<Cmd, String> {
+        let rc_text = self.text(&format!("{name}.rc"))?;
+        let rc = rc_text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}.rc holds {:?}, not an exit status", rc_text.trim()))?;
+        Ok(Cmd {
+            name: name.to_string(),
+            out: self.text(&format!("{name}.out"))?,
+            err: self.text(&format!("{name}.err"))?,
+            rc,
+        })
+    }
+
+    /// What the guest read itself after step `name` (`lab_facts NAME KEY=VALUE...`).
+    pub fn facts(&self, name: &str) -> Result<Facts, String> {
+        let text = self.text(&format!("{name}.facts"))?;
+        let mut map = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| format!("{name}.facts: {line:?} is not KEY=VALUE"))?;
+            map.insert(k.to_string(), v.to_string());
+        }
+        Ok(Facts {
+            name: name.to_string(),
+            map,
+        })
+    }
+}
+
+/// One command's stdout, stderr and exit status.
+#[derive(Debug)]
+pub struct Cmd {
+    pub name: String,
+    pub out: String,
+    pub err: String,
+    pub rc: i32,
+}
+
+impl Cmd {
+    /// The last non-empty line of stderr (what a failure says), or `(no stderr)`.
+    pub fn last_err(&self) -> &str {
+        self.err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("(no stderr)")
+    }
+
+    /// Exit status `want`, else an error with the status and what stderr said last.
+    pub fn rc_is(&self, want: i32) -> Result<(), String> {
+        if self.rc == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} exited {}, want {want} :: {}",
+                self.name,
+                self.rc,
+                self.last_err()
+            ))
+        }
+    }
+
+    /// Killed by a signal (a crash failpoint aborts): status 128 + the signal, at least `min`.
+    pub fn rc_at_least(&self, min: i32) -> Result<(), String> {
+        if self.rc >= min {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} exited {}, want a crash (>= {min}) :: {}",
+                self.name,
+                self.rc,
+                self.last_err()
+            ))
+        }
+    }
+
+    /// stderr contains `needle`.
+    pub fn err_has(&self, needle: &str) -> Result<(), String> {
+        if self.err.contains(needle) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: stderr does not say {needle:?}: {}",
+                self.name,
+                one_line(&self.err)
+            ))
+        }
+    }
+
+    /// stdout contains `needle`.
+    pub fn out_has(&self, needle: &str) -> Result<(), String> {
+        if self.out.contains(needle) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: stdout does not say {needle:?}: {}",
+                self.name,
+                one_line(&self.out)
+            ))
+        }
+    }
+
+    /// stdout as JSON (a `--json` command).
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_str(&self.out)
+            .map_err(|e| format!("{}: stdout is not JSON ({e}): {}", self.name, one_line(&self.out)))
+    }
+}
+
+/// The facts of one step.
+#[derive(Debug)]
+pub struct Facts {
+    pub name: String,
+    pub map: BTreeMap<String, String>,
+}
+
+impl Facts {
+    pub fn get(&self, key: &str) -> Result<&str, String> {
+        self.map
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| format!("{}.facts has no {key}", self.name))
+    }
+
+    /// `key` reads `want`, else an error naming both.
+    pub fn is(&self, key: &str, want: &str) -> Verdict {
+        let got = self.get(key)?;
+        if got == want {
+            Ok(got.to_string())
+        } else {
+            Err(format!("{}: {key} is {got:?}, want {want:?}", self.name))
+        }
+    }
+
+    /// `key` as a number.
+    pub fn num(&self, key: &str) -> Result<i64, String> {
+        let v = self.get(key)?;
+        v.trim()
+            .parse()
+            .map_err(|_| format!("{}: {key} is {v:?}, not a number", self.name))
+    }
+}
+
+/// Text on one line (a `LAB-RESULT` detail): newlines become ` | `, long text is cut.
+pub fn one_line(s: &str) -> String {
+    let mut l: String = s
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if l.is_empty() {
+        l = "(empty)".to_string();
+    }
+    if l.chars().count() > 400 {
+        l = l.chars().take(400).collect::<String>() + " ...";
+    }
+    l
+}
+
+/// One check: the step it decides and how.
+pub struct Check {
+    pub step: String,
+    run: Box<dyn Fn(&Out) -> Verdict>,
+}
+
+/// A check named `step`.
+pub fn check(step: impl Into<String>, run: impl Fn(&Out) -> Verdict + 'static) -> Check {
+    Check {
+        step: step.into(),
+        run: Box::new(run),
+    }
+}
+
+/// A scenario's judge: its checks in order, and the steps its host-side `.check` reports.
+pub struct Judge {
+    pub scenario: &'static str,
+    /// Steps of `lab/scenarios/<scenario>.check` (reported as `host/NAME`), which the report
+    /// requires as well.
+    pub host_steps: &'static [&'static str],
+    pub checks: Vec<Check>,
+}
+
+/// One decided step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub step: String,
+    pub pass: bool,
+    pub detail: String,
+}
+
+impl Judge {
+    /// The steps the scenario must report: every check, then `host/NAME` for the host check's.
+    pub fn steps(&self) -> Vec<String> {
+        let mut s: Vec<String> = self.checks.iter().map(|c| c.step.clone()).collect();
+        s.extend(self.host_steps.iter().map(|h| format!("host/{h}")));
+        s
+    }
+
+    /// Every check on the output directory `dir`.
+    pub fn run(&self, dir: &Path) -> Vec<Finding> {
+        let out = Out::new(dir);
+        self.checks
+            .iter()
+            .map(|c| {
+                let (pass, detail) = match (c.run)(&out) {
+                    Ok(d) => (true, d),
+                    Err(d) => (false, d),
+                };
+                Finding {
+                    step: c.step.clone(),
+                    pass,
+                    detail: one_line(&detail),
+                }
+            })
+            .collect()
+    }
+
+    /// What `lab/lab.sh` keeps as `judge.log` and the report reads: a `LAB-STEPS` line naming
+    /// every step, then one `LAB-RESULT` line per finding (docs/lab.md, "Judged scenarios").
+    pub fn log(&self, findings: &[Finding]) -> String {
+        let mut s = format!("LAB-STEPS {} {}\n", self.scenario, self.steps().join(" "));
+        for f in findings {
+            s += &format!(
+                "LAB-RESULT {} {} {} {}\n",
+                self.scenario,
+                f.step,
+                if f.pass { "PASS" } else { "FAIL" },
+                f.detail
+            );
+        }
+        s
+    }
+}
+
+/// The failures among `findings`, one `step: detail` line each.
+pub fn failures(findings: &[Finding]) -> Vec<String> {
+    findings
+        .iter()
+        .filter(|f| !f.pass)
+        .map(|f| format!("{}: {}", f.step, f.detail))
+        .collect()
+}
+
+/// The number of writes in a `--dry-run --json` plan (`plan.steps` of kind `write`,
+/// `write_file`, `remove_file`: the unit of the failpoints, docs/bind.md).
+pub fn plan_writes(v: &Value) -> Result<usize, String> {
+    let steps = v["plan"]["steps"]
+        .as_array()
+        .ok_or_else(|| format!("no plan.steps in {}", one_line(&v.to_string())))?;
+    Ok(steps
+        .iter()
+        .filter(|s| matches!(s["kind"].as_str(), Some("write" | "write_file" | "remove_file")))
+        .count())
+}
