@@ -455,7 +455,7 @@ fn allocate() {
         while !sock.exists() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let ch = gpupass::containers::deviceplugin::server::connect_unix(&sock)
+        let ch = gpupass::containers::kubelet::socket::connect_unix(&sock)
             .await
             .unwrap();
         let mut c =

@@ -14,8 +14,8 @@
 //! changed (gpupass: list, then one replace per slice, the pool's generation bumped; kubectl:
 //! `kubectl replace -f`). kubectl's figure includes its process start and its (cached)
 //! discovery; gpupass's does not include a process start (the plugin is long-running).
-use gpupass::containers::dra::api::{Kube, Publisher};
 use gpupass::containers::dra::slices::{self, SliceOptions};
+use gpupass::containers::kubelet::api::{Kube, Publisher};
 use gpupass::host::HostRoot;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,7 +169,7 @@ fn main() {
         let publisher = Publisher::new(api.clone(), gp.clone(), DRIVER.into());
         let run_gp = |i: &gpupass::model::Inventory, into: &mut Vec<Duration>| {
             let t0 = Instant::now();
-            publisher.sync(i).expect("publish");
+            publisher.sync(&slices::pool(i)).expect("publish");
             into.push(t0.elapsed());
         };
         let kc_first = |into: &mut Vec<Duration>| {

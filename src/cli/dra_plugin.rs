@@ -3,7 +3,8 @@
 
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
-use crate::containers::dra::{self, api, claim::Identity, prepare::Engine, server, slices, slots, source};
+use crate::containers::dra::{self, claim::Identity, prepare::Driver, prepare::PrepareError, slices, slots};
+use crate::containers::kubelet::{api, claims, plugin};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -67,7 +68,7 @@ fn parse_driver(s: &str) -> std::result::Result<String, String> {
 fn node_name(ctx: &Ctx, given: Option<String>) -> Result<String> {
     given
         .or_else(|| dra::hostname(&ctx.host))
-        .filter(|n| source::valid_name(n))
+        .filter(|n| claims::valid_name(n))
         .ok_or_else(|| {
             Error::usage(anyhow::anyhow!(
                 "cannot tell this node's name (proc/sys/kernel/hostname is unreadable or not a Kubernetes name); give --node NAME"
@@ -79,7 +80,7 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("dra-plugin")?;
     let node = node_name(ctx, args.node)?;
     let boot_id = dra::boot_id(&ctx.host).map_err(|e| {
-        Error::host(server::ServerError::BootId {
+        Error::host(PrepareError::BootId {
             path: ctx.host.path("proc/sys/kernel/random/boot_id"),
             source: e,
         })
@@ -88,8 +89,8 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     crate::inventory::scan(&ctx.host)?;
     // Claims from a directory (no API server, no slices published), or from the API server,
     // which also gets this node's ResourceSlices.
-    let (src, publisher): (Box<dyn source::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
-        Some(dir) => (Box::new(source::Dir { dir }), None),
+    let (src, publisher): (Box<dyn claims::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
+        Some(dir) => (Box::new(claims::Dir { dir }), None),
         None => {
             let kube = api::Kube::connect(
                 args.kubeconfig.as_deref(),
@@ -107,18 +108,24 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Engine::new(ops, src, me, args.backend, boot_id).map_err(Error::host)?;
-    let cfg = server::Config {
-        registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
+    let engine = Driver::new(ops, me, args.backend, boot_id).map_err(Error::host)?;
+    let cfg = plugin::Config {
+        driver: engine.me.driver.clone(),
+        pool: engine.me.pool.clone(),
+        registry_dir: args
+            .registry_dir
+            .unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
         plugin_dir: args
             .plugin_dir
-            .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
+            .unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(&args.driver))),
         poll: std::time::Duration::from_millis(args.poll_ms),
+        uevents: engine.ops.root().root() == std::path::Path::new("/"),
     };
-    server::run(
+    plugin::run(
         engine,
         &cfg,
-        publisher.map(|p| Box::new(p) as Box<dyn server::Publish>),
+        src,
+        publisher.map(|p| Box::new(p) as Box<dyn plugin::Publish>),
         shutdown(),
     )
     .map_err(Error::host)?;
@@ -195,15 +202,21 @@ pub fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> 
 }
 
 fn run_probe(ctx: &Ctx, args: ProbeArgs, out: &mut dyn Write) -> Result<Exit> {
-    let cfg = server::Config {
-        registry_dir: args.registry_dir.unwrap_or_else(|| dra::registry_dir(&ctx.host)),
+    let cfg = plugin::Config {
+        registry_dir: args
+            .registry_dir
+            .unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
         plugin_dir: args
             .plugin_dir
-            .unwrap_or_else(|| ctx.host.path(&dra::plugin_dir_logical(&args.driver))),
+            .unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(&args.driver))),
+        driver: args.driver,
+        // Neither is used by the probe, a client of the two sockets.
+        pool: String::new(),
         poll: std::time::Duration::from_millis(500),
+        uevents: false,
     };
-    let line = dra::probe::probe(&cfg, &args.driver, std::time::Duration::from_secs(args.timeout_s))
-        .map_err(Error::host)?;
+    let line =
+        dra::probe::probe(&cfg, std::time::Duration::from_secs(args.timeout_s)).map_err(Error::host)?;
     writeln!(out, "{line}")?;
     Ok(Exit::SUCCESS)
 }

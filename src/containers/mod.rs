@@ -1,5 +1,6 @@
 //! Containers: the CDI specs gpupass writes and refreshes after every change ([`cdi`]), the
-//! OCI hook and the Kubernetes plugins (the CDI spec renderer is an
+//! OCI hook, the Kubernetes device plugin and DRA driver, and the kubelet-plugin kit both
+//! plugins stand on ([`kubelet`]) (the CDI spec renderer is an
 //! output, [`crate::output::cdi`]; the native NVIDIA driver's files are read with the
 //! inventory, [`crate::inventory::native`]). Each is pure over the
 //! inventory where it can be; the hook and the plugin are the long-running edges that act on
@@ -10,4 +11,6 @@ pub mod cdi;
 pub mod deviceplugin;
 #[cfg(feature = "dra")]
 pub mod dra;
+#[cfg(feature = "deviceplugin")]
+pub mod kubelet;
 pub mod oci_hook;

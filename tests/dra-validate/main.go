@@ -7,18 +7,29 @@
 //	dra-validate metadata FILE   a KEP-5304 metadata file, read by k8s.io/dynamic-resource-
 //	                             allocation/devicemetadata (the reader Kubernetes ships) with its
 //	                             validation, then as a reader that knows only v1alpha1 would
+//	dra-validate cel FILE YAML.. the CEL selectors of the DeviceClasses and ResourceClaimTemplates
+//	                             in the YAML files (contrib/dra), compiled and evaluated by
+//	                             k8s.io/dynamic-resource-allocation/cel (the scheduler's own) on
+//	                             every device of the slices in FILE, as the allocator does: a
+//	                             class's selectors first, the request's only where they match;
+//	                             any compile or evaluation error (an absent attribute read) is
+//	                             the problem; prints each template's matching device count
 //
 // It prints one OK line, or the problem on stderr with exit status 1.
 package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
+	draCEL "k8s.io/dynamic-resource-allocation/cel"
+	"sigs.k8s.io/yaml"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
 	metadatav1alpha1 "k8s.io/dynamic-resource-allocation/api/metadata/v1alpha1"
 	"k8s.io/dynamic-resource-allocation/devicemetadata"
@@ -171,9 +182,135 @@ func meta(data []byte) (string, error) {
 	return fmt.Sprintf("OK metadata %s %s %s %s", internal.Namespace, internal.Name, d.Name, *bus.StringValue), nil
 }
 
+// The slices of a kind: List, decoded strictly.
+func sliceList(data []byte) ([]resourcev1.ResourceSlice, error) {
+	var list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
+		return nil, err
+	}
+	var out []resourcev1.ResourceSlice
+	for i, raw := range list.Items {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		var s resourcev1.ResourceSlice
+		if err := dec.Decode(&s); err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// One selector evaluated on one device: whether it matches.
+func matches(expr string, slice *resourcev1.ResourceSlice, d *resourcev1.Device) (bool, error) {
+	r := draCEL.GetCompiler(draCEL.Features{}).CompileCELExpression(expr, draCEL.Options{})
+	if r.Error != nil {
+		return false, fmt.Errorf("compile %q: %w", expr, r.Error)
+	}
+	ok, _, err := r.DeviceMatches(context.Background(), draCEL.Device{
+		Driver:     slice.Spec.Driver,
+		Attributes: d.Attributes,
+		Capacity:   d.Capacity,
+	})
+	if err != nil {
+		return false, fmt.Errorf("device %s: %q: %w", d.Name, expr, err)
+	}
+	return ok, nil
+}
+
+func celCheck(data []byte, yamls []string) (string, error) {
+	slices, err := sliceList(data)
+	if err != nil {
+		return "", err
+	}
+	classes := map[string]resourcev1.DeviceClass{}
+	type template struct {
+		name string
+		spec resourcev1.ResourceClaimSpec
+	}
+	var templates []template
+	for _, f := range yamls {
+		text, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		for _, doc := range strings.Split("\n"+string(text), "\n---") {
+			var head struct {
+				Kind     string `json:"kind"`
+				Metadata struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+				return "", fmt.Errorf("%s: %w", f, err)
+			}
+			switch head.Kind {
+			case "DeviceClass":
+				var c resourcev1.DeviceClass
+				if err := yaml.UnmarshalStrict([]byte(doc), &c); err != nil {
+					return "", fmt.Errorf("%s: %s: %w", f, head.Metadata.Name, err)
+				}
+				classes[c.Name] = c
+			case "ResourceClaimTemplate":
+				var t resourcev1.ResourceClaimTemplate
+				if err := yaml.UnmarshalStrict([]byte(doc), &t); err != nil {
+					return "", fmt.Errorf("%s: %s: %w", f, head.Metadata.Name, err)
+				}
+				templates = append(templates, template{t.Name, t.Spec.Spec})
+			case "":
+			default:
+				return "", fmt.Errorf("%s: unexpected kind %s", f, head.Kind)
+			}
+		}
+	}
+	if len(templates) == 0 {
+		return "", fmt.Errorf("no ResourceClaimTemplate in %v", yamls)
+	}
+	var counts []string
+	for _, t := range templates {
+		n := 0
+		for _, req := range t.spec.Devices.Requests {
+			if req.Exactly == nil {
+				return "", fmt.Errorf("%s: request %s has no exactly", t.name, req.Name)
+			}
+			class, ok := classes[req.Exactly.DeviceClassName]
+			if !ok {
+				return "", fmt.Errorf("%s: no DeviceClass %s", t.name, req.Exactly.DeviceClassName)
+			}
+			for si := range slices {
+				for di := range slices[si].Spec.Devices {
+					d := &slices[si].Spec.Devices[di]
+					all := true
+					for _, sel := range append(append([]resourcev1.DeviceSelector{}, class.Spec.Selectors...), req.Exactly.Selectors...) {
+						if sel.CEL == nil {
+							continue
+						}
+						ok, err := matches(sel.CEL.Expression, &slices[si], d)
+						if err != nil {
+							return "", fmt.Errorf("template %s: %w", t.name, err)
+						}
+						if !ok {
+							all = false
+							break
+						}
+					}
+					if all {
+						n++
+					}
+				}
+			}
+		}
+		counts = append(counts, fmt.Sprintf("%s=%d", t.name, n))
+	}
+	sort.Strings(counts)
+	return "OK cel " + strings.Join(counts, " "), nil
+}
+
 func main() {
-	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: dra-validate slices|metadata FILE")
+	if len(os.Args) < 3 || (os.Args[1] != "cel" && len(os.Args) != 3) {
+		fmt.Fprintln(os.Stderr, "usage: dra-validate slices|metadata FILE | dra-validate cel FILE YAML...")
 		os.Exit(2)
 	}
 	data, err := os.ReadFile(os.Args[2])
@@ -184,6 +321,8 @@ func main() {
 			line, err = slices(data)
 		case "metadata":
 			line, err = meta(data)
+		case "cel":
+			line, err = celCheck(data, os.Args[3:])
 		default:
 			err = fmt.Errorf("unknown mode %q", os.Args[1])
 		}

@@ -1,7 +1,7 @@
 //! `gpupass dra slices` as the real binary: golden ResourceSlices and `--explain` tables for the
 //! fixture hosts, the API's limits on the 4096-function generated host, and `--from-json`
 //! giving what `--root` gives. (The plugin's gRPC services are tested in
-//! src/containers/dra/server.rs with a tonic client over unix sockets.)
+//! src/containers/dra/tests.rs with a tonic client over unix sockets.)
 
 use crate::util::*;
 use std::path::PathBuf;
@@ -188,6 +188,51 @@ fn slices_and_explanations_match_golden_and_keep_the_api_limits() {
                 "{h}: {d}"
             );
         }
+    }
+}
+
+/// The shipped DeviceClasses and claim examples (contrib/dra) on every fixture host's slices,
+/// through the scheduler's own CEL (tests/dra-validate `cel`: a class's selectors, then the
+/// request's, on every device): no selector errors (a selector that reads an attribute a device
+/// lacks fails the whole allocation), on hosts with NUMA (`hgx-8gpu`, `vfio-numa`: the standard
+/// `resource.kubernetes.io/numaNode` published) and without (`workstation`, `qemu-lab`: absent).
+#[test]
+fn the_claim_examples_evaluate_on_every_host_with_or_without_numa() {
+    let Some(v) = dra_validator() else { return };
+    let dir = manifest_dir().join("contrib/dra");
+    let mut seen = Vec::new();
+    for h in HOSTS {
+        let text = ok(&on_host(h, &["dra", "slices", "--node", "node-a"]));
+        let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let numa = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter(|d| d["attributes"].get("resource.kubernetes.io/numaNode").is_some())
+            .count();
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &text).unwrap();
+        let o = Command::new(v)
+            .arg("cel")
+            .arg(f.path())
+            .arg(dir.join("deviceclass.yaml"))
+            .arg(dir.join("claim-examples.yaml"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{h}: {}", stderr(&o));
+        let line = stdout(&o);
+        seen.push(format!("{h} numa={numa}: {}", line.trim_end()));
+    }
+    let seen = seen.join("\n");
+    // hgx-8gpu: 8 GPUs with 64 GiB BARs, 4 on each of 2 nodes; the workstation's GPU has no
+    // NUMA node and is taken anywhere; the lab's VGA and mtty slots are what the lab claims.
+    for want in [
+        "hgx-8gpu numa=8: OK cel big-bar-gpu=4 ",
+        "workstation numa=0: OK cel big-bar-gpu=1 ",
+        "qemu-lab numa=0: OK cel big-bar-gpu=0 lab-mtty=12 lab-vga=1 ",
+    ] {
+        assert!(seen.contains(want), "{want}\n{seen}");
     }
 }
 

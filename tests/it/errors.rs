@@ -676,9 +676,9 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ("E-DP-07", "integration: tests/it/deviceplugin.rs `plugin_registers_lists_allocates_and_follows_health_and_kubelet_restarts` (gRPC FailedPrecondition)", "cannot be allocated: "),
     ("E-DRA-01", "integration: tests/it/dra.rs `the_plugin_needs_the_live_host_and_a_valid_driver_name`", "invalid DRA driver name"),
     ("E-DRA-02", "integration: tests/it/dra.rs `the_plugin_needs_the_live_host_and_a_valid_driver_name`", "cannot tell this node's name"),
-    ("E-DRA-03", "unit: src/containers/dra/server.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "is prepared for claim"),
-    ("E-DRA-04", "unit: src/containers/dra/server.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "is not a device this node offers"),
-    ("E-DRA-05", "unit: src/containers/dra/server.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "the API server has UID"),
+    ("E-DRA-03", "unit: src/containers/dra/tests.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "is prepared for claim"),
+    ("E-DRA-04", "unit: src/containers/dra/tests.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "is not a device this node offers"),
+    ("E-DRA-05", "unit: src/containers/dra/tests.rs `registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets`", "the API server has UID"),
     ("E-DRA-06", "unit: src/containers/dra/claim.rs `the_opaque_config_sets_the_policy_and_unknown_fields_or_values_are_errors`", "opaque configuration for "),
     ("E-DRA-07", "unit: src/containers/dra/claim.rs `another_node_or_pool_or_driver_is_refused`", "not to this node"),
     ("E-DRA-08", "unit: src/containers/dra/claim.rs `one_claim_gets_one_backend_policy`", "ask for different backend policies"),
@@ -842,7 +842,12 @@ fn elsewhere_notes_name_tests_that_exist() {
                     );
                 }
             } else if f.starts_with("src/") {
-                let tests = text.split_once("#[cfg(test)]").map(|(_, t)| t).unwrap_or("");
+                // A module's sibling `tests.rs` is test code from its first line.
+                let tests = if f.ends_with("/tests.rs") {
+                    text.as_str()
+                } else {
+                    text.split_once("#[cfg(test)]").map(|(_, t)| t).unwrap_or("")
+                };
                 assert!(tests.contains("#[test]"), "{id}: {f} has no #[test]");
                 assert!(
                     tests.contains(fragment),

@@ -71,7 +71,8 @@ fn a_bind_reads_its_groups_once_and_the_whole_host_once_for_the_refresh() {
 #[test]
 fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() {
     use crate::containers::dra::claim::{ClaimRef, Identity};
-    use crate::containers::dra::prepare::Engine;
+    use crate::containers::dra::prepare::Driver;
+    use crate::containers::kubelet::claims::{fetch, Dir};
     const DRIVER: &str = "vfio.gpupass.dev";
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("host");
@@ -88,9 +89,8 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() 
     std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
     let ops = FakeHost::new(HostRoot::new(&root));
     record_spec(&ops);
-    let mut e = Engine::new(
+    let mut e = Driver::new(
         &ops,
-        Box::new(crate::containers::dra::source::Dir { dir: claims }),
         Identity {
             driver: DRIVER.into(),
             node: "node-a".into(),
@@ -105,6 +105,8 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() 
         uid: "u1".into(),
         name: "gpu".into(),
     };
+    // The kubelet-plugin kit reads the claim (the API server's, no host read) and hands it on.
+    let claim = fetch(&Dir { dir: claims }, &claim).unwrap();
     let start = scans();
     e.prepare(&claim).unwrap();
     let (full, groups) = since(start);

@@ -13,7 +13,9 @@
 //!    when it restarts) and registers again;
 //! 4. registers every resource again when `kubelet.sock` was recreated (a new inode or ctime).
 //!
-//! Sockets are created with mode 0600 (only root, i.e. the kubelet, may talk to them).
+//! Sockets are created with mode 0600 (only root, i.e. the kubelet, may talk to them), a stale
+//! one replaced, by the kubelet-plugin kit ([`crate::containers::kubelet::socket`]), which also
+//! gives the uevent wake-up ([`crate::containers::kubelet::wake_on_uevents`]).
 //!
 //! Logs go through `tracing` (stderr; warnings by default, `-v` for the info lines). A failure
 //! that repeats every round (a socket that cannot be bound, a host that cannot be read) is
@@ -33,9 +35,9 @@ use super::{
     allocate, merge, preferred, resources, CdiMode, Config, Resource, ResourceKind, API_VERSION,
     KUBELET_SOCKET,
 };
+use crate::containers::kubelet::socket::{self, file_id, FileId};
 use crate::model::{is_vfio_driver, Inventory, PciAddress};
 use std::collections::BTreeMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -281,15 +283,6 @@ pub fn socket_name(resource: &str) -> String {
     format!("gpupass-{s}.sock")
 }
 
-/// Identity of a file: a recreated socket has a new inode or change time.
-type FileId = (u64, u64, i64, i64);
-
-fn file_id(p: &Path) -> Option<FileId> {
-    std::fs::symlink_metadata(p)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
-}
-
 struct Running {
     tx: watch::Sender<Resource>,
     task: tokio::task::JoinHandle<()>,
@@ -307,13 +300,7 @@ fn start_server(
     rx: watch::Receiver<Resource>,
 ) -> std::io::Result<(tokio::task::JoinHandle<()>, PathBuf)> {
     let path = shared.cfg.socket_dir.join(socket_name(name));
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = socket::listen(&path)?;
     let svc = PluginService {
         shared: shared.clone(),
         resource: name.to_string(),
@@ -335,7 +322,7 @@ fn start_server(
 
 /// Register one resource with the kubelet listening on `<dir>/kubelet.sock`.
 pub async fn register(dir: &Path, endpoint: &str, resource: &str) -> Result<(), RegisterError> {
-    let channel = connect_unix(&dir.join(KUBELET_SOCKET))
+    let channel = socket::connect_unix(&dir.join(KUBELET_SOCKET))
         .await
         .map_err(RegisterError::Connect)?;
     RegistrationClient::new(channel)
@@ -383,22 +370,6 @@ impl RegisterError {
     }
 }
 
-/// A gRPC channel over a unix socket (the authority sent is `localhost`).
-pub async fn connect_unix(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let path = path.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-}
-
 fn cdi_spec_present(cfg: &Config) -> bool {
     let name = crate::output::cdi::spec_file_name(&cfg.cdi_kind);
     cfg.host.cdi_dynamic_dir().join(&name).exists() || cfg.host.cdi_static_dir().join(&name).exists()
@@ -443,19 +414,11 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
     // at once; the poll stays as the fallback (and for the kubelet's socket, which has no event).
     let wake = Arc::new(tokio::sync::Notify::new());
     if shared.cfg.host.root() == std::path::Path::new("/") {
-        match crate::host::uevents::UeventSocket::open() {
-            Ok(sock) => {
-                let w = wake.clone();
-                std::thread::spawn(move || {
-                    while let Ok(ev) = sock.next(None) {
-                        if ev.is_some() {
-                            w.notify_one();
-                        }
-                    }
-                });
-            }
-            Err(e) => warn!("no kernel uevents ({e}); polling only"),
-        }
+        let w = wake.clone();
+        crate::containers::kubelet::wake_on_uevents(move || {
+            w.notify_one();
+            true
+        });
     }
     loop {
         if !first_round {

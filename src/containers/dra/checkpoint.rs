@@ -97,7 +97,10 @@ impl Checkpoint {
 
 /// `var/lib/kubelet/plugins/<driver>/checkpoint.json` under the root.
 pub fn path(host: &HostRoot, driver: &str) -> PathBuf {
-    host.path(&format!("{}/checkpoint.json", super::plugin_dir_logical(driver)))
+    host.path(&format!(
+        "{}/checkpoint.json",
+        crate::containers::kubelet::plugin::plugin_dir_logical(driver)
+    ))
 }
 
 /// Read it; a missing file is an empty checkpoint.

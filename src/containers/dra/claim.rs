@@ -34,13 +34,8 @@ pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attr
 /// The annotation a claim made from a Pod's claim template carries: the Pod's claim name.
 pub const POD_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
-/// The claim as the kubelet names it in NodePrepareResources.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub uid: String,
-    pub name: String,
-}
+/// The claim as the kubelet names it (the kit's: [`crate::containers::kubelet::claims`]).
+pub use crate::containers::kubelet::claims::ClaimRef;
 
 /// Who this plugin is: checked against every allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -490,14 +485,8 @@ pub struct FileWrite {
     pub contents: String,
 }
 
-/// One device as NodePrepareResources returns it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreparedDevice {
-    pub request: String,
-    pub pool: String,
-    pub device: String,
-    pub cdi_device_ids: Vec<String>,
-}
+/// One device as NodePrepareResources returns it (the kit's).
+pub use crate::containers::kubelet::plugin::PreparedDevice;
 
 /// What a prepared claim is: the reply and the files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -533,7 +522,7 @@ pub fn metadata_spec_path(driver: &str, uid: &str, request: &str) -> String {
 pub fn metadata_host_path(driver: &str, c: &ClaimRef, request: &str) -> String {
     format!(
         "{}/dra-device-metadata/{}_{}/{request}/metadata.json",
-        super::plugin_dir_logical(driver),
+        crate::containers::kubelet::plugin::plugin_dir_logical(driver),
         c.namespace,
         c.name
     )
@@ -820,6 +809,48 @@ pub fn result(inv: &Inventory, driver: &str, checked: &Checked, backend: Backend
     }
 }
 
+/// The documents of a KEP-5304 metadata stream (`DeviceMetadata` objects, one per line);
+/// `None` when `text` is not one.
+fn metadata_stream(text: &str) -> Option<Vec<serde_json::Value>> {
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(text)
+        .into_iter::<serde_json::Value>()
+        .collect::<Result<_, _>>()
+        .ok()?;
+    (!docs.is_empty() && docs.iter().all(|d| d["kind"] == "DeviceMetadata")).then_some(docs)
+}
+
+/// `docs` with `metadata.generation` set to `g`, written as [`result`] writes them.
+fn with_generation(mut docs: Vec<serde_json::Value>, g: i64) -> String {
+    let mut out = String::new();
+    for d in &mut docs {
+        d["metadata"]["generation"] = serde_json::json!(g);
+        out.push_str(&serde_json::to_string(d).expect("json"));
+        out.push('\n');
+    }
+    out
+}
+
+/// KEP-5304: a metadata file's `metadata.generation` increases on every rewrite, so a reader
+/// that polls the file can tell a new version (Kubernetes' own writer does the same:
+/// k8s.io/dynamic-resource-allocation v0.37.2 `kubeletplugin/metadata.go`). `new` is the
+/// content [`result`] made (generation 1), `old` what the file holds now: a file that already
+/// says the same at its generation is kept as it is (no write); a different one is rewritten at
+/// its generation + 1; an absent file, or one that is not a metadata stream, gets `new`. Any
+/// other file (a CDI spec) is `new` unchanged.
+pub fn next_metadata(old: Option<&str>, new: &str) -> String {
+    let (Some(old_docs), Some(new_docs)) = (old.and_then(metadata_stream), metadata_stream(new)) else {
+        return new.to_string();
+    };
+    let Some(g) = old_docs[0]["metadata"]["generation"].as_i64().filter(|g| *g >= 1) else {
+        return new.to_string();
+    };
+    let same = with_generation(new_docs.clone(), g);
+    if Some(same.as_str()) == old {
+        return same;
+    }
+    with_generation(new_docs, g.saturating_add(1))
+}
+
 /// The attributes a metadata file carries for one device. A group: the standard `pciBusID`
 /// and `pcieRoot` (KubeVirt hands the `pciBusID` function to the VM), the group, its members
 /// and the backend the claim got. A mediated device: `mdevUUID` (what KubeVirt hands to the
@@ -851,7 +882,7 @@ fn metadata_attributes(
         if let Ok(p) = m.parent.parse::<PciAddress>() {
             a.insert(
                 format!("{std}/pcieRoot"),
-                serde_json::json!({"string": slices::pcie_root(inv, &p)}),
+                serde_json::json!({"string": super::attrs::pcie_root(inv, &p)}),
             );
         }
         return a;
@@ -863,7 +894,7 @@ fn metadata_attributes(
         );
         a.insert(
             format!("{std}/pcieRoot"),
-            serde_json::json!({"string": slices::pcie_root(inv, &lead)}),
+            serde_json::json!({"string": super::attrs::pcie_root(inv, &lead)}),
         );
     }
     a.insert(
@@ -881,6 +912,49 @@ fn metadata_attributes(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// KEP-5304: every rewrite of a metadata file bumps `metadata.generation`; the same content
+    /// is no rewrite; a CDI spec is not touched.
+    #[test]
+    fn a_rewritten_metadata_file_gets_the_next_generation() {
+        let doc = |v: &str, g: i64, backend: &str| {
+            serde_json::to_string(&json!({
+                "kind": "DeviceMetadata", "apiVersion": v,
+                "metadata": {"name": "gpu", "namespace": "default", "uid": "u1", "generation": g},
+                "requests": [{"name": "vfio", "devices": [{"attributes": {"gpupass.dev/backend": {"string": backend}}}]}],
+            }))
+            .unwrap()
+        };
+        let stream = |g: i64, backend: &str| {
+            METADATA_VERSIONS
+                .iter()
+                .map(|v| doc(v, g, backend) + "\n")
+                .collect::<String>()
+        };
+        let gens = |s: &str| -> Vec<i64> {
+            metadata_stream(s)
+                .unwrap()
+                .iter()
+                .map(|d| d["metadata"]["generation"].as_i64().unwrap())
+                .collect()
+        };
+        let new = stream(1, "iommufd");
+        assert_eq!(next_metadata(None, &new), new, "a new file: generation 1");
+        assert_eq!(next_metadata(Some(&new), &new), new, "the same: no rewrite");
+        let once = next_metadata(Some(&stream(1, "legacy")), &new);
+        assert_eq!(gens(&once), [2, 2]);
+        assert_eq!(once, stream(2, "iommufd"));
+        let again = next_metadata(Some(&once), &stream(1, "legacy"));
+        assert_eq!(gens(&again), [3, 3]);
+        assert_eq!(
+            next_metadata(Some(&again), &stream(1, "legacy")),
+            again,
+            "kept at 3"
+        );
+        assert_eq!(next_metadata(Some("garbage"), &new), new);
+        let spec = r#"{"cdiVersion":"0.6.0","kind":"vfio.gpupass.dev/claim","devices":[]}"#;
+        assert_eq!(next_metadata(Some(spec), spec), spec);
+    }
 
     fn me() -> Identity {
         Identity {

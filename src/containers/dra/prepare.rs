@@ -1,16 +1,19 @@
-//! Prepare, Unprepare, the start-up cleanup and device health: the checks of [`claim`], the
-//! checkpoint of [`checkpoint`] and the host changes of [`apply`] (one plan of the change
-//! engine per Prepare and per Unprepare, owned by the claim), in order. One [`Engine`] per
-//! plugin, used from one thread at a time (the gRPC server hands it its calls one by one, so
-//! two claims for devices of one group are serialized; across processes the engine's lock
-//! serializes them, waited for at most [`Engine::lock_wait`] and never past the kubelet's
-//! deadline).
+//! gpupass's DRA driver ([`Driver`], what the kubelet-plugin kit serves:
+//! [`crate::containers::kubelet::plugin::DraDriver`]): Prepare, Unprepare, the start-up cleanup
+//! and device health, from the checks of [`claim`], the checkpoint of [`checkpoint`] and the
+//! host changes of [`apply`] (one plan of the change engine per Prepare and per Unprepare,
+//! owned by the claim), in order. One [`Driver`] per plugin, used from one thread at a time
+//! (the kit hands it its calls one by one, so two claims for devices of one group are
+//! serialized; across processes the change engine's lock serializes them, waited for at most
+//! [`Driver::lock_wait`] and never past the kubelet's deadline). The kit reads each claim from
+//! the API server and checks its UID before the driver is handed it.
 
 use super::apply;
 use super::checkpoint::{self, Checkpoint, Entry, State};
 use super::claim::{self, ClaimRef, Identity, Prepared, PreparedDevice};
 use super::slices;
-use super::source::ClaimSource;
+use crate::containers::kubelet::claims::{Claim, ClaimSource, SourceError};
+use crate::containers::kubelet::plugin::{DraDriver, Resources};
 use crate::host::ops::HostOps;
 use crate::inventory::backend::Policy;
 use crate::model::{Inventory, PciAddress};
@@ -30,8 +33,12 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 /// Why Prepare or Unprepare failed: the message kubelet puts in the Pod's events.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
-    #[error(transparent)]
-    Source(#[from] super::source::SourceError),
+    #[error("cannot read the boot id ({}); the plugin needs it to tell a reboot from a restart", .path.display())]
+    BootId {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Claim(Box<claim::ClaimError>),
     #[error(transparent)]
@@ -61,10 +68,9 @@ impl From<claim::ClaimError> for PrepareError {
     }
 }
 
-/// The plugin's state.
-pub struct Engine<'a> {
+/// gpupass's DRA driver: the plugin's state.
+pub struct Driver<'a> {
     pub ops: &'a dyn HostOps,
-    pub source: Box<dyn ClaimSource + 'a>,
     pub me: Identity,
     pub default: Policy,
     pub boot_id: String,
@@ -78,27 +84,20 @@ pub struct Engine<'a> {
     pub lock_wait: Duration,
 }
 
-/// One device's health.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Health {
-    pub device: String,
-    pub healthy: bool,
-    pub message: String,
-}
+/// One device's health (the kit's).
+pub use crate::containers::kubelet::plugin::Health;
 
-impl<'a> Engine<'a> {
+impl<'a> Driver<'a> {
     pub fn new(
         ops: &'a dyn HostOps,
-        source: Box<dyn ClaimSource + 'a>,
         me: Identity,
         default: Policy,
         boot_id: String,
     ) -> Result<Self, PrepareError> {
         let checkpoint_path = checkpoint::path(ops.root(), &me.driver);
         let checkpoint = checkpoint::load(&checkpoint_path)?;
-        Ok(Engine {
+        Ok(Driver {
             ops,
-            source,
             me,
             default,
             boot_id,
@@ -115,7 +114,7 @@ impl<'a> Engine<'a> {
         self
     }
 
-    /// The lock wait of a call due by `deadline`: [`Engine::lock_wait`], or what is left of
+    /// The lock wait of a call due by `deadline`: [`Driver::lock_wait`], or what is left of
     /// the deadline less [`DEADLINE_MARGIN`] when that is shorter (none left: one try).
     pub fn wait_for(&self, deadline: Option<Instant>) -> Duration {
         match deadline {
@@ -139,33 +138,39 @@ impl<'a> Engine<'a> {
         Ok(crate::inventory::scan(self.ops.root())?)
     }
 
-    /// [`Engine::prepare_until`] without a deadline.
-    pub fn prepare(&mut self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+    /// The devices of a claim prepared in this boot, as its Prepare returned them: what a
+    /// retry returns without reading the claim or touching the host.
+    pub fn prepared(&self, c: &ClaimRef) -> Option<Vec<PreparedDevice>> {
+        let e = self.checkpoint.claims.get(&c.uid)?;
+        if e.boot_id == self.boot_id && e.state == State::Completed {
+            return e.prepared.as_ref().map(|p| p.devices.clone());
+        }
+        None
+    }
+
+    /// [`Driver::prepare_until`] without a deadline.
+    pub fn prepare(&mut self, c: &Claim) -> Result<Vec<PreparedDevice>, PrepareError> {
         self.prepare_until(c, None)
     }
 
-    /// NodePrepareResources for one claim, due by `deadline` (the gRPC call's). Idempotent: a
-    /// claim prepared in this boot returns what it returned before without touching the
-    /// host; one whose Prepare was interrupted is prepared again (the bind is idempotent)
-    /// keeping the drivers of the first attempt. The host changes are one plan owned by the
-    /// claim ([`apply::prepare`]): a failure rolls all of it back.
+    /// NodePrepareResources for one claim (read by the kit), due by `deadline` (the gRPC
+    /// call's). Idempotent: a claim prepared in this boot returns what it returned before
+    /// without touching the host; one whose Prepare was interrupted is prepared again (the
+    /// bind is idempotent) keeping the drivers of the first attempt. The host changes are one
+    /// plan owned by the claim ([`apply::prepare`]): a failure rolls all of it back.
     pub fn prepare_until(
         &mut self,
-        c: &ClaimRef,
+        claim: &Claim,
         deadline: Option<Instant>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
-        if let Some(e) = self.checkpoint.claims.get(&c.uid) {
-            if e.boot_id == self.boot_id && e.state == State::Completed {
-                if let Some(p) = &e.prepared {
-                    return Ok(p.devices.clone());
-                }
-            }
+        let c = &claim.asked;
+        if let Some(devices) = self.prepared(c) {
+            return Ok(devices);
         }
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
-        let obj = self.source.get(&c.namespace, &c.name)?;
         let inv = self.scan()?;
         let offered = claim::Offered::of(&self.as_offered(&inv));
-        let mut checked = claim::check(c, &obj, &self.me, &offered, self.default)?;
+        let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
         claim::precheck_backend(&inv, &checked)?;
         self.choose_mdevs(&inv, &label, &mut checked)?;
         for d in &checked.devices {
@@ -212,9 +217,16 @@ impl<'a> Engine<'a> {
         let driver = self.me.driver.clone();
         let mut prepared: Option<Prepared> = None;
         let mut files =
-            |_: &crate::host::HostRoot, after: &Inventory| -> Result<Vec<apply::File>, apply::FilesError> {
+            |h: &crate::host::HostRoot, after: &Inventory| -> Result<Vec<apply::File>, apply::FilesError> {
                 let backend = claim::choose_backend(after, &checked)?;
-                let p = claim::result(after, &driver, &checked, backend);
+                let mut p = claim::result(after, &driver, &checked, backend);
+                // KEP-5304: a metadata file rewritten gets the next generation.
+                for f in &mut p.files {
+                    let old = crate::host::read_bounded_bytes(&h.path(&f.path), 4 << 20)
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok());
+                    f.contents = claim::next_metadata(old.as_deref(), &f.contents);
+                }
                 let files = p
                     .files
                     .iter()
@@ -263,7 +275,7 @@ impl<'a> Engine<'a> {
         Ok(devices)
     }
 
-    /// [`Engine::unprepare_until`] without a deadline.
+    /// [`Driver::unprepare_until`] without a deadline.
     pub fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
         self.unprepare_until(uid, None)
     }
@@ -308,17 +320,18 @@ impl<'a> Engine<'a> {
     /// refused until `gpupass recover`) are undone, so the host is as it was before that call
     /// and the kubelet's retry starts clean; plans of other owners (a `gpupass bind` that
     /// died) stay for `gpupass recover`. Then claims of an earlier boot lose their files
-    /// (their binds went with that kernel), and claims the API server no longer has (deleted
-    /// while the plugin was down) are unprepared. Returns what was done, one line each.
-    pub fn cleanup_at_start(&mut self) -> Vec<String> {
+    /// (their binds went with that kernel), and claims `claims` (the API server) no longer has
+    /// (deleted while the plugin was down) are unprepared. Returns what was done, one line
+    /// each.
+    pub fn cleanup_at_start(&mut self, claims: &dyn ClaimSource) -> Vec<String> {
         let mut out = self.undo_own_unfinished();
         let entries: Vec<Entry> = self.checkpoint.claims.values().cloned().collect();
         for e in entries {
             let gone = if e.boot_id != self.boot_id {
                 Some("prepared before the node rebooted".to_string())
             } else {
-                match self.source.get(&e.claim.namespace, &e.claim.name) {
-                    Err(super::source::SourceError::NotFound { .. }) => Some("deleted".to_string()),
+                match claims.get(&e.claim.namespace, &e.claim.name) {
+                    Err(SourceError::NotFound { .. }) => Some("deleted".to_string()),
                     Ok(obj) if obj.metadata.uid.as_deref() != Some(e.claim.uid.as_str()) => {
                         Some("deleted and recreated".to_string())
                     }
@@ -473,6 +486,50 @@ impl<'a> Engine<'a> {
     }
 }
 
+impl DraDriver for Driver<'_> {
+    type Error = PrepareError;
+
+    fn start(&mut self, claims: &dyn ClaimSource) -> Vec<String> {
+        self.cleanup_at_start(claims)
+    }
+
+    fn prepared(&self, claim: &ClaimRef) -> Option<Vec<PreparedDevice>> {
+        Driver::prepared(self, claim)
+    }
+
+    fn prepare_resource_claims(
+        &mut self,
+        claims: &[Claim],
+        deadline: Option<Instant>,
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+        claims
+            .iter()
+            .map(|c| (c.asked.uid.clone(), self.prepare_until(c, deadline)))
+            .collect()
+    }
+
+    fn unprepare_resource_claims(
+        &mut self,
+        claims: &[ClaimRef],
+        deadline: Option<Instant>,
+    ) -> BTreeMap<String, Result<(), PrepareError>> {
+        claims
+            .iter()
+            .map(|c| (c.uid.clone(), self.unprepare_until(&c.uid, deadline)))
+            .collect()
+    }
+
+    /// The pool as published ([`Driver::as_offered`]: a Prepare does not change what the
+    /// node offers) and the health of the host as it is.
+    fn resources(&mut self) -> Result<Resources, PrepareError> {
+        let inv = self.scan()?;
+        Ok(Resources {
+            pool: slices::pool(&self.as_offered(&inv)),
+            health: self.health(&inv),
+        })
+    }
+}
+
 /// The files a claim may have written (from its result, or from its devices when Prepare
 /// stopped before the result).
 /// The mediated devices of a claim's mdev slots (those with a UUID chosen).
@@ -508,7 +565,7 @@ fn files_of(driver: &str, e: &Entry) -> Vec<String> {
     v
 }
 
-/// Health, pure: see [`Engine::health`].
+/// Health, pure: see [`Driver::health`].
 pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) -> Vec<Health> {
     let mut out: BTreeMap<String, Health> = BTreeMap::new();
     let slots: Vec<String> = super::slots::offered(inv).into_iter().map(|s| s.name).collect();
@@ -579,6 +636,7 @@ pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::containers::kubelet::claims::{fetch, Dir};
     use crate::host::HostRoot;
     use crate::testkit::hostgen::{DevSpec, HostBuilder};
     use crate::testkit::FakeHost;
@@ -652,17 +710,70 @@ mod tests {
         (t, root, claims)
     }
 
-    fn engine<'a>(ops: &'a dyn HostOps, claims: &std::path::Path) -> Engine<'a> {
-        Engine::new(
-            ops,
-            Box::new(super::super::source::Dir {
+    /// The driver as the kubelet-plugin kit drives it, with claims read from `claims`: a
+    /// claim prepared already is answered from the checkpoint, any other is read and handed
+    /// to the driver ([`crate::containers::kubelet::plugin`]'s worker does the same).
+    struct Kit<'a> {
+        d: Driver<'a>,
+        src: Dir,
+    }
+
+    impl<'a> std::ops::Deref for Kit<'a> {
+        type Target = Driver<'a>;
+        fn deref(&self) -> &Driver<'a> {
+            &self.d
+        }
+    }
+
+    impl std::ops::DerefMut for Kit<'_> {
+        fn deref_mut(&mut self) -> &mut Self::Target {
+            &mut self.d
+        }
+    }
+
+    impl Kit<'_> {
+        fn prepare(&mut self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+            self.prepare_until(c, None)
+        }
+
+        fn prepare_until(
+            &mut self,
+            c: &ClaimRef,
+            deadline: Option<Instant>,
+        ) -> Result<Vec<PreparedDevice>, PrepareError> {
+            if let Some(d) = self.d.prepared(c) {
+                return Ok(d);
+            }
+            let claim = fetch(&self.src, c).expect("the claim is readable");
+            self.d.prepare_until(&claim, deadline)
+        }
+
+        fn cleanup_at_start(&mut self) -> Vec<String> {
+            self.d.cleanup_at_start(&self.src)
+        }
+
+        fn with_lock_wait(self, wait: Duration) -> Self {
+            Kit {
+                d: self.d.with_lock_wait(wait),
+                src: self.src,
+            }
+        }
+    }
+
+    fn kit<'a>(d: Driver<'a>, claims: &std::path::Path) -> Kit<'a> {
+        Kit {
+            d,
+            src: Dir {
                 dir: claims.to_path_buf(),
-            }),
-            node_a(),
-            Policy::Auto,
-            "b1".into(),
+            },
+        }
+    }
+
+    fn engine<'a>(ops: &'a dyn HostOps, claims: &std::path::Path) -> Kit<'a> {
+        kit(
+            Driver::new(ops, node_a(), Policy::Auto, "b1".into()).unwrap(),
+            claims,
         )
-        .unwrap()
     }
 
     /// What a claim's plan changes on the host: each function's driver and override, whether
@@ -762,6 +873,54 @@ mod tests {
     /// `/dev/iommu`, no VFIO device cdev) is refused before the first write, with the
     /// kernel's reason: no journal record, no checkpoint entry, the group on its drivers, and
     /// every kubelet retry refused the same way without binding and rolling back.
+    /// KEP-5304: `metadata.generation` increases on every rewrite of a claim's metadata file.
+    /// A Prepare that finds the file saying something else (here: an earlier version at
+    /// generation 4 naming another backend, the plugin's checkpoint lost) rewrites it at 5; one
+    /// that finds it as wanted leaves it (and its generation) alone.
+    #[test]
+    fn a_rewritten_metadata_file_gets_a_higher_generation() {
+        let (_t, root, claims) = lab_claim();
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let meta = root
+            .join("var/lib/kubelet/plugins")
+            .join(DRIVER)
+            .join("dra-device-metadata/default_gpu/vfio/metadata.json");
+        let gens = || -> Vec<i64> {
+            serde_json::Deserializer::from_str(&std::fs::read_to_string(&meta).unwrap())
+                .into_iter::<serde_json::Value>()
+                .map(|d| d.unwrap()["metadata"]["generation"].as_i64().unwrap())
+                .collect()
+        };
+        let cp = checkpoint::path(&HostRoot::new(&root), DRIVER);
+        engine(&ops, &claims).prepare(&gpu_claim()).unwrap();
+        assert_eq!(gens(), [1, 1]);
+        let now = std::fs::read_to_string(&meta).unwrap();
+        assert!(
+            now.contains(r#""gpupass.dev/backend":{"string":"legacy"}"#),
+            "{now}"
+        );
+        let earlier = now
+            .replace(r#""generation":1"#, r#""generation":4"#)
+            .replace(r#"{"string":"legacy"}"#, r#"{"string":"iommufd"}"#);
+        std::fs::write(&meta, earlier).unwrap();
+        std::fs::remove_file(&cp).unwrap();
+        engine(&ops, &claims).prepare(&gpu_claim()).unwrap();
+        assert_eq!(gens(), [5, 5]);
+        let rewritten = std::fs::read_to_string(&meta).unwrap();
+        assert_eq!(rewritten, now.replace(r#""generation":1"#, r#""generation":5"#));
+        let written = |p: &std::path::Path| {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(p).unwrap();
+            (m.ino(), m.mtime(), m.mtime_nsec())
+        };
+        let before = written(&meta);
+        std::fs::remove_file(&cp).unwrap();
+        engine(&ops, &claims).prepare(&gpu_claim()).unwrap();
+        assert_eq!(gens(), [5, 5], "the same content is no rewrite");
+        assert_eq!(std::fs::read_to_string(&meta).unwrap(), rewritten);
+        assert_eq!(written(&meta), before, "the file was not written again");
+    }
+
     #[test]
     fn require_iommufd_on_a_kernel_without_it_is_refused_before_any_write() {
         let (_t, root, claims) = lab_claim();
@@ -1294,14 +1453,7 @@ mod tests {
             node: "node-a".into(),
             pool: "node-a".into(),
         };
-        let mut e = Engine::new(
-            &ops,
-            Box::new(super::super::source::Dir { dir: claims }),
-            me,
-            Policy::Auto,
-            "b1".into(),
-        )
-        .unwrap();
+        let mut e = kit(Driver::new(&ops, me, Policy::Auto, "b1".into()).unwrap(), &claims);
         let r = ClaimRef {
             namespace: "default".into(),
             uid: "u1".into(),
@@ -1327,12 +1479,11 @@ mod tests {
         let claim_file = t.path().join("claims/default/gpu.json");
         let text = std::fs::read_to_string(&claim_file).unwrap();
         std::fs::remove_file(&claim_file).unwrap();
-        let source = || {
-            Box::new(super::super::source::Dir {
-                dir: t.path().join("claims"),
-            })
-        };
-        let mut restarted = Engine::new(&ops, source(), e.me.clone(), Policy::Auto, "b1".into()).unwrap();
+        let source = t.path().join("claims");
+        let mut restarted = kit(
+            Driver::new(&ops, e.me.clone(), Policy::Auto, "b1".into()).unwrap(),
+            &source,
+        );
         assert_eq!(
             restarted.cleanup_at_start(),
             ["claim default/gpu (u1) deleted: unprepared"]
@@ -1343,7 +1494,10 @@ mod tests {
         // A claim of an earlier boot: at start its files go, its functions are not touched.
         std::fs::write(&claim_file, text).unwrap();
         restarted.prepare(&r).unwrap();
-        let mut after_reboot = Engine::new(&ops, source(), e.me.clone(), Policy::Auto, "b2".into()).unwrap();
+        let mut after_reboot = kit(
+            Driver::new(&ops, e.me.clone(), Policy::Auto, "b2".into()).unwrap(),
+            &source,
+        );
         let lines = after_reboot.cleanup_at_start();
         assert_eq!(
             lines,

@@ -12,11 +12,10 @@
 //! A plugin whose sockets were deleted, whose gRPC servers died or whose worker is stuck fails
 //! the probe; a worker busy with a long Prepare fails it only if that outlasts the timeout.
 
-use super::proto::registration::registration_client::RegistrationClient;
-use super::proto::registration::InfoRequest;
-use super::proto::v1;
-use super::server::Config;
-use super::PLUGIN_TYPE;
+use crate::containers::kubelet::plugin::{Config, PLUGIN_TYPE};
+use crate::containers::kubelet::proto::registration::registration_client::RegistrationClient;
+use crate::containers::kubelet::proto::registration::InfoRequest;
+use crate::containers::kubelet::proto::v1;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,14 +51,16 @@ pub enum ProbeError {
     },
 }
 
-/// Probes the plugin of `driver` listening per `cfg`; on success, a line saying what answered.
-pub fn probe(cfg: &Config, driver: &str, timeout: Duration) -> Result<String, ProbeError> {
+/// Probes the plugin of `cfg.driver` listening per `cfg`; on success, a line saying what
+/// answered.
+pub fn probe(cfg: &Config, timeout: Duration) -> Result<String, ProbeError> {
+    let driver = cfg.driver.as_str();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(ProbeError::Runtime)?;
     rt.block_on(async {
-        let reg = cfg.registration_socket(driver);
+        let reg = cfg.registration_socket();
         let svc = cfg.service_socket();
         let ch = connect(&reg, driver, timeout).await?;
         let info = bounded("Registration.GetInfo", &reg, timeout, async {
@@ -119,12 +120,7 @@ async fn connect(
         driver: driver.to_string(),
         detail,
     };
-    match tokio::time::timeout(
-        timeout,
-        crate::containers::deviceplugin::server::connect_unix(path),
-    )
-    .await
-    {
+    match tokio::time::timeout(timeout, crate::containers::kubelet::socket::connect_unix(path)).await {
         Ok(Ok(c)) => Ok(c),
         Ok(Err(e)) => Err(err(crate::model::ErrorChain(&e).to_string())),
         Err(_) => Err(err(format!("no connection within {} s", timeout.as_secs_f64()))),
@@ -155,7 +151,7 @@ async fn bounded<T>(
 #[cfg(test)]
 mod tests {
     use super::super::claim::Identity;
-    use super::super::prepare::Engine;
+    use super::super::prepare::Driver;
     use super::*;
     use crate::host::HostRoot;
     use crate::testkit::FakeHost;
@@ -170,9 +166,12 @@ mod tests {
         let claims = t.path().join("claims");
         std::fs::create_dir_all(&claims).unwrap();
         let cfg = Config {
+            driver: "vfio.gpupass.dev".into(),
+            pool: "node-a".into(),
             registry_dir: t.path().join("registry"),
             plugin_dir: t.path().join("plugin"),
             poll: Duration::from_millis(20),
+            uevents: false,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = {
@@ -184,43 +183,52 @@ mod tests {
                     node: "node-a".into(),
                     pool: "node-a".into(),
                 };
-                let engine = Engine::new(
+                let driver = Driver::new(
                     &ops,
-                    Box::new(super::super::source::Dir { dir: claims }),
                     me,
                     crate::inventory::backend::Policy::Auto,
                     "b0-boot".into(),
                 )
                 .unwrap();
-                super::super::server::run(engine, &cfg, None, async {
-                    let _ = stop_rx.await;
-                })
+                crate::containers::kubelet::plugin::run(
+                    driver,
+                    &cfg,
+                    Box::new(crate::containers::kubelet::claims::Dir { dir: claims }),
+                    None,
+                    async {
+                        let _ = stop_rx.await;
+                    },
+                )
                 .unwrap();
             })
         };
         let svc = cfg.service_socket();
-        let reg = cfg.registration_socket("vfio.gpupass.dev");
+        let reg = cfg.registration_socket();
         for _ in 0..400 {
             if svc.exists() && reg.exists() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(25));
         }
-        let ok = probe(&cfg, "vfio.gpupass.dev", Duration::from_secs(10)).unwrap();
+        let ok = probe(&cfg, Duration::from_secs(10)).unwrap();
         assert!(ok.contains("v1.DRAPlugin"), "{ok}");
         // Another driver: no socket of that name.
-        let e = probe(&cfg, "other.example.com", Duration::from_secs(2)).unwrap_err();
+        let other = Config {
+            driver: "other.example.com".into(),
+            ..cfg.clone()
+        };
+        let e = probe(&other, Duration::from_secs(2)).unwrap_err();
         assert!(matches!(e, ProbeError::Connect { .. }), "{e}");
         // A plugin directory that is not the one the plugin serves: the endpoint differs.
         let elsewhere = Config {
             plugin_dir: t.path().join("elsewhere"),
             ..cfg.clone()
         };
-        let e = probe(&elsewhere, "vfio.gpupass.dev", Duration::from_secs(2)).unwrap_err();
+        let e = probe(&elsewhere, Duration::from_secs(2)).unwrap_err();
         assert!(matches!(e, ProbeError::Wrong { what: "endpoint", .. }), "{e}");
         stop_tx.send(()).unwrap();
         server.join().unwrap();
-        let e = probe(&cfg, "vfio.gpupass.dev", Duration::from_secs(2)).unwrap_err();
+        let e = probe(&cfg, Duration::from_secs(2)).unwrap_err();
         assert!(matches!(e, ProbeError::Connect { .. }), "{e}");
     }
 
@@ -228,11 +236,14 @@ mod tests {
     fn no_plugin_is_a_connect_error_that_names_the_socket_and_the_driver() {
         let d = tempfile::tempdir().unwrap();
         let cfg = Config {
+            driver: "vfio.gpupass.dev".into(),
+            pool: "node-a".into(),
             registry_dir: d.path().join("reg"),
             plugin_dir: d.path().join("plug"),
             poll: Duration::from_millis(100),
+            uevents: false,
         };
-        let e = probe(&cfg, "vfio.gpupass.dev", Duration::from_secs(2)).unwrap_err();
+        let e = probe(&cfg, Duration::from_secs(2)).unwrap_err();
         let m = e.to_string();
         assert!(matches!(e, ProbeError::Connect { .. }), "{m}");
         assert!(m.contains("reg/vfio.gpupass.dev-reg.sock"), "{m}");

@@ -16,22 +16,16 @@
 //! PF whose VFs are enabled, a parent with live mediated devices) is not published, and
 //! [`decide`] says why for each group.
 
-use super::slots::{self, MAX_COUNTER_SETS_PER_SLICE, MAX_COUNTING_DEVICES_PER_SLICE};
-use super::{DOMAIN, MAX_DEVICES_PER_SLICE, STANDARD_DOMAIN};
-use crate::inventory::backend;
-use crate::model::{is_vfio_driver, Backend, BarKind, Inventory, IommuGroup, PciAddress, PciDevice};
-use k8s_openapi::api::resource::v1::{
-    CounterSet, Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use super::attrs::{self, int, node_backend, s, MAX_ATTRIBUTES, MAX_VALUE_LEN};
+use super::slots;
+use super::{DOMAIN, STANDARD_DOMAIN};
+use crate::containers::kubelet::pool;
+/// How a pool is told the API server (the kit's: [`crate::containers::kubelet::pool`]).
+pub use crate::containers::kubelet::pool::{to_list_json, Pool, SliceOptions};
+use crate::model::{is_vfio_driver, BarKind, Inventory, IommuGroup, PciAddress, PciDevice};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-
-/// The longest string attribute value the API accepts (`DeviceAttributeMaxValueLength`).
-pub const MAX_VALUE_LEN: usize = 64;
-/// The most attributes plus capacities one device may carry
-/// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
-pub const MAX_ATTRIBUTES: usize = 32;
 
 /// A group this node offers: the DRA device a claim gets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -239,54 +233,6 @@ pub fn publishable(inv: &Inventory) -> Vec<Publishable> {
     out
 }
 
-/// The VFIO backend a claim on this node gets by default (`--backend auto`): iommufd where the
-/// kernel serves it, else legacy. One value for the whole node, so a node never offers a
-/// mix (docs/iommufd.md).
-pub fn node_backend(inv: &Inventory) -> Backend {
-    if backend::iommufd_ready(inv).is_ok() {
-        Backend::Iommufd
-    } else {
-        Backend::Legacy
-    }
-}
-
-/// `pci<domain>:<bus>`: the root complex a function hangs under (the first component of its
-/// `/sys/devices` path), as Kubernetes' `resource.kubernetes.io/pcieRoot` spells it.
-pub fn pcie_root(inv: &Inventory, a: &PciAddress) -> String {
-    let mut top = *a;
-    // Parent links form a tree; the bound guards against a malformed inventory.
-    for _ in 0..64 {
-        match inv.device(&top).and_then(|d| d.parent) {
-            Some(p) => top = p,
-            None => break,
-        }
-    }
-    format!("pci{:04x}:{:02x}", top.domain, top.bus)
-}
-
-pub(super) fn s(v: impl Into<String>) -> DeviceAttribute {
-    let mut v: String = v.into();
-    if v.len() > MAX_VALUE_LEN {
-        let mut cut = MAX_VALUE_LEN - 3;
-        while !v.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        v.truncate(cut);
-        v.push_str("...");
-    }
-    DeviceAttribute {
-        string: Some(v),
-        ..Default::default()
-    }
-}
-
-pub(super) fn int(v: i64) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(v),
-        ..Default::default()
-    }
-}
-
 /// The members as one string attribute: `0000:00:05.0,0000:00:05.1`; when that is longer than
 /// the API allows, as many as fit and `,+N` for the rest (`groupSize` has the count).
 fn member_list(members: &[PciAddress]) -> String {
@@ -314,7 +260,7 @@ pub fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAt
     let std = |n: &str| format!("{STANDARD_DOMAIN}/{n}");
     a.insert(ours("type"), s("group"));
     a.insert(std("pciBusID"), s(p.lead.to_string()));
-    a.insert(std("pcieRoot"), s(pcie_root(inv, &p.lead)));
+    attrs::standard_pci(inv, &p.lead, &mut a);
     let Some(d) = inv.device(&p.lead) else { return a };
     a.insert(ours("vendorID"), s(d.vendor_id.as_str()));
     a.insert(ours("deviceID"), s(d.device_id.as_str()));
@@ -366,34 +312,6 @@ pub fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAt
     a
 }
 
-/// How to render the slices of one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceOptions {
-    /// The node (and pool) name.
-    pub node: String,
-    /// The DRA driver name.
-    pub driver: String,
-    /// The pool's generation: bumped each time the plugin republishes.
-    pub generation: i64,
-}
-
-/// What this node's pool holds: the devices (groups in lead-address order, then the mdev
-/// slots in parent, type and index order) and the counter sets the slots and the groups of
-/// their PCI parents consume.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Pool {
-    pub devices: Vec<Device>,
-    pub counter_sets: Vec<CounterSet>,
-}
-
-impl Pool {
-    /// Whether a device consumes counters (and so goes in a slice of at most
-    /// [`MAX_COUNTING_DEVICES_PER_SLICE`]).
-    fn counting(d: &Device) -> bool {
-        d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
-    }
-}
-
 /// The pool of this node.
 pub fn pool(inv: &Inventory) -> Pool {
     let slots = slots::offered(inv);
@@ -401,7 +319,7 @@ pub fn pool(inv: &Inventory) -> Pool {
     let mut devices: Vec<Device> = publishable(inv)
         .iter()
         .map(|p| {
-            let consumes = slots::group_consumption(p, &counter_sets);
+            let consumes = slots::group_consumption(&p.members, &counter_sets);
             Device {
                 name: p.name.clone(),
                 attributes: Some(attributes(inv, p)),
@@ -417,102 +335,21 @@ pub fn pool(inv: &Inventory) -> Pool {
     }
 }
 
-/// The DRA devices of this node: [`pool`]'s devices.
+/// The DRA devices of this node: [`pool()`]'s devices.
 pub fn devices(inv: &Inventory) -> Vec<Device> {
     pool(inv).devices
 }
 
-/// The node's pool as ResourceSlices: one pool named after the node; the devices that consume
-/// no counters at most [`MAX_DEVICES_PER_SLICE`] per slice, those that do at most
-/// [`MAX_COUNTING_DEVICES_PER_SLICE`], the counter sets in slices of their own (the API allows
-/// devices or counter sets in one slice, not both) at most [`MAX_COUNTER_SETS_PER_SLICE`] each;
-/// every slice carries the pool's slice count; one empty slice when nothing is published (the
-/// pool exists with no devices).
+/// The node's pool as ResourceSlices ([`pool::render`] of [`pool()`]).
 pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
-    let pool = pool(inv);
-    let (counting, plain): (Vec<Device>, Vec<Device>) = pool.devices.into_iter().partition(Pool::counting);
-    // Each slice's devices or counter sets.
-    type Body = (Option<Vec<Device>>, Option<Vec<CounterSet>>);
-    let mut specs: Vec<Body> = Vec::new();
-    for c in plain.chunks(MAX_DEVICES_PER_SLICE) {
-        specs.push((Some(c.to_vec()), None));
-    }
-    for c in counting.chunks(MAX_COUNTING_DEVICES_PER_SLICE) {
-        specs.push((Some(c.to_vec()), None));
-    }
-    for c in pool.counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE) {
-        specs.push((None, Some(c.to_vec())));
-    }
-    if specs.is_empty() {
-        specs.push((Some(Vec::new()), None));
-    }
-    let count = specs.len() as i64;
-    specs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (devices, shared_counters))| ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(&opts.node, &opts.driver, i)),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "gpupass".to_string(),
-                )])),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: opts.driver.clone(),
-                node_name: Some(opts.node.clone()),
-                pool: ResourcePool {
-                    name: opts.node.clone(),
-                    generation: opts.generation,
-                    resource_slice_count: count,
-                },
-                devices,
-                shared_counters,
-                ..Default::default()
-            },
-        })
-        .collect()
-}
-
-/// `<node>-<driver>-<index>`, dots of the driver name kept (a DNS subdomain).
-pub fn slice_name(node: &str, driver: &str, i: usize) -> String {
-    format!("{node}-{driver}-{i}")
-}
-
-/// The slices as one `kubectl apply -f`-able document (`kind: List`), pretty JSON.
-pub fn to_list_json(slices: &[ResourceSlice]) -> serde_json::Value {
-    let items: Vec<serde_json::Value> = slices
-        .iter()
-        .map(|s| {
-            let mut v = serde_json::to_value(s).expect("a ResourceSlice serializes");
-            // k8s-openapi adds apiVersion and kind when serializing a top-level resource.
-            if let Some(o) = v.as_object_mut() {
-                o.entry("apiVersion").or_insert("resource.k8s.io/v1".into());
-                o.entry("kind").or_insert("ResourceSlice".into());
-            }
-            v
-        })
-        .collect();
-    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+    pool::render(pool(inv), opts)
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-    use crate::host::HostRoot;
+    use crate::containers::dra::testing::{scan, vgpu_host};
     use crate::testkit::hostgen::{DevSpec, HostBuilder};
-
-    /// The inventory of a fixture host `build` makes (and the directory holding it).
-    pub(in crate::containers::dra) fn scan(
-        build: impl FnOnce(&mut HostBuilder),
-    ) -> (tempfile::TempDir, Inventory) {
-        let t = tempfile::tempdir().unwrap();
-        let mut h = HostBuilder::new(t.path()).unwrap();
-        build(&mut h);
-        let inv = crate::inventory::scan(&HostRoot::new(t.path())).unwrap();
-        (t, inv)
-    }
 
     fn gpu_and_audio(h: &mut HostBuilder) {
         h.add(
@@ -553,6 +390,53 @@ pub(super) mod tests {
         assert_eq!(a["gpupass.dev/iommuGroup"].int, Some(4));
         assert_eq!(a["gpupass.dev/driver"].string.as_deref(), Some("bochs-drm"));
         assert_eq!(a["gpupass.dev/sriovRole"].string.as_deref(), Some("none"));
+    }
+
+    /// KEP-6072's `resource.kubernetes.io/numaNode`: the lead function's (or an mdev slot's
+    /// parent's) node where the kernel gives one; absent where it says -1, so a selector on it
+    /// must be guarded on a host without NUMA (contrib/dra/claim-examples.yaml).
+    #[test]
+    fn the_standard_numa_node_is_published_only_where_the_kernel_gives_one() {
+        let (_t, inv) = scan(|h| {
+            gpu_and_audio(h);
+            h.add(
+                &DevSpec::new("41:00.0", 0x10de, 0x1eb8, 0x030200)
+                    .group(7)
+                    .driver("nvidia")
+                    .numa(1, "8-15"),
+            )
+            .unwrap();
+            h.mdev_type(
+                &"0000:41:00.0".parse().unwrap(),
+                "nvidia-63",
+                "GRID T4-1B",
+                "num_heads=4, framebuffer=1024M",
+                1,
+                "vfio-pci",
+            )
+            .unwrap();
+        });
+        let devs = devices(&inv);
+        let numa = |name: &str| {
+            let d = devs.iter().find(|d| d.name == name).unwrap();
+            let a = d.attributes.as_ref().unwrap();
+            assert_eq!(
+                a.get("resource.kubernetes.io/numaNode").map(|v| v.int),
+                a.get("gpupass.dev/numaNode").map(|v| v.int),
+                "{name}: the standard and gpupass's attribute agree"
+            );
+            a.get("resource.kubernetes.io/numaNode").and_then(|v| v.int)
+        };
+        assert_eq!(numa("pci-0000-00-05-0"), None, "numa_node -1: not published");
+        assert_eq!(numa("pci-0000-41-00-0"), Some(1));
+        assert_eq!(numa("mdev-0000-41-00-0-nvidia-63-0"), Some(1));
+        for d in &devs {
+            assert!(
+                d.attributes.as_ref().unwrap().len() <= MAX_ATTRIBUTES,
+                "{}",
+                d.name
+            );
+        }
     }
 
     #[test]
@@ -648,5 +532,76 @@ pub(super) mod tests {
         let v = s(long).string.unwrap();
         assert!(v.len() <= MAX_VALUE_LEN);
         assert!(v.ends_with("..."));
+    }
+
+    #[test]
+    fn the_whole_gpu_consumes_every_counter_of_its_vgpus_and_counters_get_slices_of_their_own() {
+        let (_t, inv) = scan(vgpu_host);
+        let slices = render(
+            &inv,
+            &SliceOptions {
+                node: "n1".into(),
+                driver: "vfio.gpupass.dev".into(),
+                generation: 3,
+            },
+        );
+        // The GPU group and the six slots all consume counters: one slice of devices, one of
+        // counter sets; never both in one slice.
+        assert_eq!(slices.len(), 2);
+        for s in &slices {
+            assert!(s.spec.devices.is_some() != s.spec.shared_counters.is_some());
+            assert_eq!(s.spec.pool.resource_slice_count, 2);
+        }
+        let devs = slices[0].spec.devices.as_ref().unwrap();
+        let gpu = devs.iter().find(|d| d.name == "pci-0000-01-00-0").unwrap();
+        let c = gpu.consumes_counters.as_ref().unwrap();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].counter_set, "mdev-0000-01-00-0");
+        assert_eq!(c[0].counters["nvidia-63"].value.0, "2");
+        assert_eq!(c[0].counters["nvidia-64"].value.0, "1");
+        let ga = gpu.attributes.as_ref().unwrap();
+        assert_eq!(ga["gpupass.dev/type"].string.as_deref(), Some("group"));
+        assert_eq!(slices[1].spec.shared_counters.as_ref().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn many_slots_go_64_to_a_slice_and_a_type_offers_at_most_64() {
+        let (_t, inv) = scan(|h| {
+            h.virtual_mdev_parent(
+                "mbochs",
+                "mbochs",
+                &[
+                    ("mbochs-1", "a", None, 200, "vfio-pci"),
+                    ("mbochs-2", "b", None, 50, "vfio-pci"),
+                ],
+            )
+            .unwrap();
+        });
+        let (slots, d) = slots::decide(&inv);
+        assert_eq!(slots.len(), 64 + 50);
+        assert!(d[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("200 available; offered 64"));
+        let s = render(
+            &inv,
+            &SliceOptions {
+                node: "n1".into(),
+                driver: "vfio.gpupass.dev".into(),
+                generation: 1,
+            },
+        );
+        let sizes: Vec<usize> = s
+            .iter()
+            .map(|x| x.spec.devices.as_ref().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(sizes, [64, 50, 0]);
+        assert_eq!(
+            s[2].spec.shared_counters.as_ref().unwrap()[0].counters["mbochs-1"]
+                .value
+                .0,
+            "64"
+        );
     }
 }

@@ -14,10 +14,10 @@
 //! count, and the slices are republished with the kernel's new counts (docs/dra.md, "mdev").
 //!
 //! Instances this node's claims created are counted back by the plugin
-//! ([`super::prepare::Engine::as_offered`]): a claim's own instance must not shrink the pool the
+//! ([`super::prepare::Driver::as_offered`]): a claim's own instance must not shrink the pool the
 //! scheduler already allocated it from.
 
-use super::slices::{int, s, Publishable};
+use super::attrs::{self, int, s};
 use super::DOMAIN;
 use crate::model::{Inventory, MdevType, PciAddress};
 use k8s_openapi::api::resource::v1::{
@@ -33,11 +33,6 @@ pub const MAX_SLOTS_PER_TYPE: u32 = 64;
 /// The most counters one counter set holds (`ResourceSliceMaxCountersPerCounterSet`): a parent
 /// with more types offers its first 32.
 pub const MAX_COUNTERS_PER_SET: usize = 32;
-/// The most counter sets one ResourceSlice holds.
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
-/// The most devices one ResourceSlice holds when they consume counters
-/// (`ResourceSliceMaxDevicesWithAdvancedFeatures`, k8s.io/api v0.37.2).
-pub const MAX_COUNTING_DEVICES_PER_SLICE: usize = 64;
 /// The longest DNS label (device, counter set and counter names).
 const MAX_LABEL: usize = 63;
 
@@ -229,8 +224,8 @@ pub fn counter_sets(slots: &[MdevSlot]) -> Vec<CounterSet> {
 
 /// What a group device consumes when one of its members is an mdev parent with slots: all of
 /// that parent's counters (passing the whole function through excludes every instance of it).
-pub fn group_consumption(p: &Publishable, sets: &[CounterSet]) -> Vec<DeviceCounterConsumption> {
-    p.members
+pub fn group_consumption(members: &[PciAddress], sets: &[CounterSet]) -> Vec<DeviceCounterConsumption> {
+    members
         .iter()
         .filter_map(|a| {
             let name = counter_set_name(&a.to_string());
@@ -258,12 +253,9 @@ pub fn attributes(inv: &Inventory, slot: &MdevSlot) -> BTreeMap<String, DeviceAt
     if let Some(api) = &slot.device_api {
         a.insert(ours("deviceAPI"), s(api.clone()));
     }
-    a.insert(ours("backend"), s(super::slices::node_backend(inv).as_str()));
+    a.insert(ours("backend"), s(attrs::node_backend(inv).as_str()));
     if let Some(d) = slot.parent_pci.and_then(|p| inv.device(&p)) {
-        a.insert(
-            format!("{}/pcieRoot", super::STANDARD_DOMAIN),
-            s(super::slices::pcie_root(inv, &d.address)),
-        );
+        attrs::standard_pci(inv, &d.address, &mut a);
         a.insert(ours("parentPciBusID"), s(d.address.to_string()));
         a.insert(ours("vendorID"), s(d.vendor_id.as_str()));
         a.insert(ours("deviceID"), s(d.device_id.as_str()));
@@ -294,49 +286,7 @@ pub fn device(inv: &Inventory, slot: &MdevSlot) -> Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::containers::dra::slices::tests::scan;
-    use crate::containers::dra::slices::{render, SliceOptions};
-    use crate::testkit::hostgen::{DevSpec, HostBuilder};
-
-    /// A GPU that is both a passthrough group and a vGPU parent (types `nvidia-63` x2,
-    /// `nvidia-64` x1), and the mtty sample parent with a CCW-like type that is refused.
-    fn vgpu_host(h: &mut HostBuilder) {
-        let gpu: PciAddress = "0000:01:00.0".parse().unwrap();
-        h.add(
-            &DevSpec::new("01:00.0", 0x10de, 0x1eb8, 0x030200)
-                .group(1)
-                .driver("nvidia"),
-        )
-        .unwrap();
-        h.mdev_type(
-            &gpu,
-            "nvidia-63",
-            "GRID T4-1B",
-            "num_heads=4, framebuffer=1024M",
-            2,
-            "vfio-pci",
-        )
-        .unwrap();
-        h.mdev_type(
-            &gpu,
-            "nvidia-64",
-            "GRID T4-2B",
-            "num_heads=4, framebuffer=2048M",
-            1,
-            "vfio-pci",
-        )
-        .unwrap();
-        h.virtual_mdev_parent(
-            "mtty",
-            "mtty",
-            &[
-                ("mtty-1", "Single port serial", None, 3, "vfio-pci"),
-                ("Odd_Type", "ccw", None, 1, "vfio-ccw"),
-                ("mtty-full", "none left", None, 0, "vfio-pci"),
-            ],
-        )
-        .unwrap();
-    }
+    use crate::containers::dra::testing::{scan, vgpu_host};
 
     #[test]
     fn each_available_instance_is_a_slot_consuming_its_types_counter() {
@@ -385,78 +335,7 @@ mod tests {
         );
         // Never the standard pciBusID: KubeVirt would take the slot for a passthrough device.
         assert!(!a.contains_key("resource.kubernetes.io/pciBusID"));
-        assert!(a.len() <= crate::containers::dra::slices::MAX_ATTRIBUTES);
-    }
-
-    #[test]
-    fn the_whole_gpu_consumes_every_counter_of_its_vgpus_and_counters_get_slices_of_their_own() {
-        let (_t, inv) = scan(vgpu_host);
-        let slices = render(
-            &inv,
-            &SliceOptions {
-                node: "n1".into(),
-                driver: "vfio.gpupass.dev".into(),
-                generation: 3,
-            },
-        );
-        // The GPU group and the six slots all consume counters: one slice of devices, one of
-        // counter sets; never both in one slice.
-        assert_eq!(slices.len(), 2);
-        for s in &slices {
-            assert!(s.spec.devices.is_some() != s.spec.shared_counters.is_some());
-            assert_eq!(s.spec.pool.resource_slice_count, 2);
-        }
-        let devs = slices[0].spec.devices.as_ref().unwrap();
-        let gpu = devs.iter().find(|d| d.name == "pci-0000-01-00-0").unwrap();
-        let c = gpu.consumes_counters.as_ref().unwrap();
-        assert_eq!(c.len(), 1);
-        assert_eq!(c[0].counter_set, "mdev-0000-01-00-0");
-        assert_eq!(c[0].counters["nvidia-63"].value.0, "2");
-        assert_eq!(c[0].counters["nvidia-64"].value.0, "1");
-        let ga = gpu.attributes.as_ref().unwrap();
-        assert_eq!(ga["gpupass.dev/type"].string.as_deref(), Some("group"));
-        assert_eq!(slices[1].spec.shared_counters.as_ref().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn many_slots_go_64_to_a_slice_and_a_type_offers_at_most_64() {
-        let (_t, inv) = scan(|h| {
-            h.virtual_mdev_parent(
-                "mbochs",
-                "mbochs",
-                &[
-                    ("mbochs-1", "a", None, 200, "vfio-pci"),
-                    ("mbochs-2", "b", None, 50, "vfio-pci"),
-                ],
-            )
-            .unwrap();
-        });
-        let (slots, d) = decide(&inv);
-        assert_eq!(slots.len(), 64 + 50);
-        assert!(d[0]
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("200 available; offered 64"));
-        let s = render(
-            &inv,
-            &SliceOptions {
-                node: "n1".into(),
-                driver: "vfio.gpupass.dev".into(),
-                generation: 1,
-            },
-        );
-        let sizes: Vec<usize> = s
-            .iter()
-            .map(|x| x.spec.devices.as_ref().map_or(0, Vec::len))
-            .collect();
-        assert_eq!(sizes, [64, 50, 0]);
-        assert_eq!(
-            s[2].spec.shared_counters.as_ref().unwrap()[0].counters["mbochs-1"]
-                .value
-                .0,
-            "64"
-        );
+        assert!(a.len() <= crate::containers::dra::attrs::MAX_ATTRIBUTES);
     }
 
     #[test]

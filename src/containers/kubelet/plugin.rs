@@ -1,15 +1,18 @@
-//! The gRPC side of `gpupass dra-plugin`: the kubelet's plugin registration (`Registration`
-//! on `plugins_registry/<driver>-reg.sock`), `DRAPlugin` v1 and v1beta1 and
-//! `DRAResourceHealth` v1 on `plugins/<driver>/dra.sock`. Sockets are 0600 in 0700
-//! directories (only root, i.e. the kubelet, may talk to them).
-//!
-//! The handlers do no work themselves: they hand each call to one worker thread that owns the
-//! [`Engine`] (so calls are serialized and the engine may borrow the command's host
-//! operations), and that thread re-reads the host every `poll` (and at once on a kernel
-//! uevent) to feed the health stream.
+//! The DRA side of the kit: a driver ([`DraDriver`]) served to the kubelet the way
+//! Kubernetes' helper (`k8s.io/dynamic-resource-allocation/kubeletplugin`) serves one. The kit
+//! does the kubelet's protocol: plugin registration (`Registration` on
+//! `plugins_registry/<driver>-reg.sock`, through the `:authority` repair of [`super::authority`]),
+//! `DRAPlugin` v1 and v1beta1 (one conversion) and `DRAResourceHealth` v1 on
+//! `plugins/<driver>/dra.sock`, sockets 0600 in a 0700 directory ([`super::socket`]); it
+//! serializes the calls on one worker thread that owns the driver (so the driver may borrow the
+//! command's host operations and needs no lock of its own), reads each claim the kubelet names
+//! from the API server and checks its UID before the driver sees it ([`super::claims::fetch`]),
+//! and after every call, every `poll` and at once on a kernel uevent asks the driver for its
+//! resources: the pool it publishes ([`Publish`], the API server's ResourceSlices) and the
+//! health it streams. The driver implements Prepare and Unprepare on claims it is handed.
 
-use super::claim::{ClaimRef, PreparedDevice};
-use super::prepare::{Engine, Health};
+use super::claims::{self, Claim, ClaimRef, ClaimSource};
+use super::pool::Pool;
 use super::proto::health::dra_resource_health_server::{DraResourceHealth, DraResourceHealthServer};
 use super::proto::health::{
     DeviceHealth, DeviceIdentifier, HealthStatus, NodeWatchResourcesRequest, NodeWatchResourcesResponse,
@@ -17,9 +20,10 @@ use super::proto::health::{
 use super::proto::registration::registration_server::{Registration, RegistrationServer};
 use super::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 use super::proto::{v1, v1beta1};
-use super::{PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use super::socket::{listen, make_dir};
+use crate::host::HostRoot;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -30,19 +34,106 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+/// The registration type the kubelet's plugin watcher routes to its DRA manager.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The service versions this plugin serves (`PluginInfo.supported_versions`).
+/// The health service is listed too: the kubelet opens the health stream only for a plugin
+/// that names it (k8s.io/kubernetes v1.37.2 `pkg/kubelet/cm/dra/plugin`, `pickHealthService`).
+pub const SUPPORTED_VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"];
+
+/// `var/lib/kubelet/plugins_registry`: where the kubelet watches for registration sockets.
+pub fn registry_dir(host: &HostRoot) -> PathBuf {
+    host.path("var/lib/kubelet/plugins_registry")
+}
+
+/// `/var/lib/kubelet/plugins/<driver>` as the host names it: the plugin's data directory
+/// (service socket, and what the driver keeps there). Logical (before the root).
+pub fn plugin_dir_logical(driver: &str) -> String {
+    format!("/var/lib/kubelet/plugins/{driver}")
+}
+
+/// One device as NodePrepareResources returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// One device's health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub device: String,
+    pub healthy: bool,
+    pub message: String,
+}
+
+/// What a driver has to offer, read now: the pool it publishes and every device's health.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resources {
+    pub pool: Pool,
+    pub health: Vec<Health>,
+}
+
+/// A DRA driver as the kit serves it (upstream's `DRAPlugin` interface). Its methods are
+/// called from one thread, one at a time. Results are by claim UID; an error is what the
+/// kubelet puts in the Pod's events (the kit sends its whole chain).
+pub trait DraDriver {
+    type Error: std::error::Error + 'static;
+
+    /// Once, before the sockets exist: the driver's clean-up of what an earlier run left
+    /// (`claims` tells which claims the API server still has). Returns what was done, one
+    /// line each, for the log.
+    fn start(&mut self, claims: &dyn ClaimSource) -> Vec<String>;
+
+    /// A claim this driver prepared already and answers for from its own record (the kubelet
+    /// retries, or a second Pod shares the claim): its devices. The kit does not read such a
+    /// claim from the API server.
+    fn prepared(&self, _claim: &ClaimRef) -> Option<Vec<PreparedDevice>> {
+        None
+    }
+
+    /// NodePrepareResources for `claims` (read and UID-checked by the kit), due by `deadline`
+    /// (the gRPC call's).
+    fn prepare_resource_claims(
+        &mut self,
+        claims: &[Claim],
+        deadline: Option<Instant>,
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, Self::Error>>;
+
+    /// NodeUnprepareResources for `claims`, due by `deadline`.
+    fn unprepare_resource_claims(
+        &mut self,
+        claims: &[ClaimRef],
+        deadline: Option<Instant>,
+    ) -> BTreeMap<String, Result<(), Self::Error>>;
+
+    /// The pool to publish and the health to stream, read now (after each call, every poll,
+    /// on a kernel uevent).
+    fn resources(&mut self) -> Result<Resources, Self::Error>;
+}
+
 /// Where the plugin listens and who it is.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The DRA driver name it registers under.
+    pub driver: String,
+    /// The pool its devices are in (the node's name): what the health stream names.
+    pub pool: String,
     /// The kubelet's registration directory (`/var/lib/kubelet/plugins_registry`).
     pub registry_dir: PathBuf,
     /// The plugin's own directory (`/var/lib/kubelet/plugins/<driver>`): the service socket.
     pub plugin_dir: PathBuf,
+    /// How often the driver's resources are read again.
     pub poll: Duration,
+    /// Whether kernel uevents wake the poll at once (the live host; a `--root` tree has none).
+    pub uevents: bool,
 }
 
 impl Config {
-    pub fn registration_socket(&self, driver: &str) -> PathBuf {
-        self.registry_dir.join(format!("{driver}-reg.sock"))
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
     }
 
     pub fn service_socket(&self) -> PathBuf {
@@ -66,14 +157,6 @@ pub enum ServerError {
     },
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
-    #[error(transparent)]
-    Prepare(#[from] super::prepare::PrepareError),
-    #[error("cannot read the boot id ({}); the plugin needs it to tell a reboot from a restart", .path.display())]
-    BootId {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 type PrepareReply = BTreeMap<String, Result<Vec<PreparedDevice>, String>>;
@@ -376,33 +459,59 @@ impl DraResourceHealth for HealthService {
     }
 }
 
-/// What the worker hands each fresh inventory to: the API server's ResourceSlices
+/// What the worker hands each fresh pool to: the API server's ResourceSlices
 /// ([`super::api::Publisher`]) in the plugin, nothing in tests without an API server.
 pub trait Publish: Send {
-    fn publish(&mut self, inv: &crate::model::Inventory);
+    fn publish(&mut self, pool: &Pool);
 }
 
 impl Publish for super::api::Publisher {
-    fn publish(&mut self, inv: &crate::model::Inventory) {
-        super::api::Publisher::publish(self, inv)
+    fn publish(&mut self, pool: &Pool) {
+        super::api::Publisher::publish(self, pool)
     }
 }
 
-/// The worker: runs the engine's calls one by one, keeps the health current and the node's
-/// ResourceSlices published.
-fn worker(
-    mut engine: Engine<'_>,
+/// One claim of a Prepare: answered from the driver's record, or read (UID checked) and
+/// handed to the driver.
+fn prepare_one<D: DraDriver>(
+    driver: &mut D,
+    source: &dyn ClaimSource,
+    c: &ClaimRef,
+    due: Option<Instant>,
+) -> Result<Vec<PreparedDevice>, String> {
+    if let Some(devices) = driver.prepared(c) {
+        return Ok(devices);
+    }
+    let claim = claims::fetch(source, c).map_err(|e| crate::model::ErrorChain(&e).to_string())?;
+    match driver
+        .prepare_resource_claims(std::slice::from_ref(&claim), due)
+        .remove(&c.uid)
+    {
+        Some(r) => r.map_err(|e| crate::model::ErrorChain(&e).to_string()),
+        None => Err(format!(
+            "the driver gave no result for claim {}/{} ({})",
+            c.namespace, c.name, c.uid
+        )),
+    }
+}
+
+/// The worker: runs the driver's calls one by one, keeps the health current and the node's
+/// ResourceSlices published. Claims are handed to the driver one at a time, so each claim's
+/// log line carries its own duration (lab/scenarios/drabench.sh reads it).
+fn worker<D: DraDriver>(
+    mut driver: D,
+    source: &dyn ClaimSource,
     jobs: mpsc::Receiver<Job>,
     health: watch::Sender<Vec<Health>>,
     poll: Duration,
     mut publisher: Option<Box<dyn Publish + '_>>,
 ) {
-    let mut refresh = |engine: &mut Engine<'_>| match crate::inventory::scan(engine.ops.root()) {
-        Ok(inv) => {
+    let mut refresh = |driver: &mut D| match driver.resources() {
+        Ok(r) => {
             if let Some(p) = publisher.as_mut() {
-                p.publish(&engine.as_offered(&inv));
+                p.publish(&r.pool);
             }
-            let h = engine.health(&inv);
+            let h = r.health;
             health.send_if_modified(|old| {
                 if *old != h {
                     for d in h.iter().filter(|d| !d.healthy) {
@@ -422,17 +531,15 @@ fn worker(
             crate::model::ErrorChain(&e)
         ),
     };
-    refresh(&mut engine);
+    refresh(&mut driver);
     loop {
         match jobs.recv_timeout(poll) {
             Ok(Job::Prepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
                     let t0 = Instant::now();
-                    let r = engine.prepare_until(&c, due).map_err(|e| {
-                        let m = crate::model::ErrorChain(&e).to_string();
+                    let r = prepare_one(&mut driver, source, &c, due).inspect_err(|m| {
                         warn!("prepare {}/{}: {m}", c.namespace, c.name);
-                        m
                     });
                     if r.is_ok() {
                         // The duration is what lab/scenarios/drabench.sh reads.
@@ -447,17 +554,23 @@ fn worker(
                     out.insert(c.uid, r);
                 }
                 let _ = reply.send(out);
-                refresh(&mut engine);
+                refresh(&mut driver);
             }
             Ok(Job::Unprepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
                     let t0 = Instant::now();
-                    let r = engine.unprepare_until(&c.uid, due).map_err(|e| {
-                        let m = crate::model::ErrorChain(&e).to_string();
-                        warn!("unprepare {}/{}: {m}", c.namespace, c.name);
-                        m
-                    });
+                    let r = match driver
+                        .unprepare_resource_claims(std::slice::from_ref(&c), due)
+                        .remove(&c.uid)
+                    {
+                        Some(r) => r.map_err(|e| crate::model::ErrorChain(&e).to_string()),
+                        None => Err(format!(
+                            "the driver gave no result for claim {}/{} ({})",
+                            c.namespace, c.name, c.uid
+                        )),
+                    }
+                    .inspect_err(|m| warn!("unprepare {}/{}: {m}", c.namespace, c.name));
                     if r.is_ok() {
                         info!(
                             "unprepared claim {}/{} ({}) in {} us",
@@ -470,92 +583,65 @@ fn worker(
                     out.insert(c.uid, r);
                 }
                 let _ = reply.send(out);
-                refresh(&mut engine);
+                refresh(&mut driver);
             }
-            Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => refresh(&mut engine),
+            Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => refresh(&mut driver),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
 }
 
-/// A unix socket listener at `path` (an old socket replaced), mode 0600.
-fn listen(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
-    let err = |e| ServerError::Listen {
-        path: path.to_path_buf(),
-        source: e,
-    };
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    let l = tokio::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(l)
-}
-
-fn make_dir(path: &Path, mode: Option<u32>) -> Result<(), ServerError> {
-    let err = |e| ServerError::Dir {
-        path: path.to_path_buf(),
-        source: e,
-    };
-    std::fs::create_dir_all(path).map_err(err)?;
-    if let Some(m) = mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(m)).map_err(err)?;
-    }
-    Ok(())
-}
-
-/// Serve until `shutdown` completes: the cleanup of claims left from before, then the
-/// sockets. Blocks (it runs its own runtime).
-pub fn run<'a>(
-    engine: Engine<'a>,
+/// Serve `driver` until `shutdown` completes: its start-up clean-up, then the sockets. Blocks
+/// (it runs its own runtime).
+pub fn run<'a, D: DraDriver + Send + 'a>(
+    driver: D,
     cfg: &Config,
+    source: Box<dyn ClaimSource + 'a>,
     publisher: Option<Box<dyn Publish + 'a>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let mut engine = engine;
-    for line in engine.cleanup_at_start() {
+    let mut driver = driver;
+    for line in driver.start(source.as_ref()) {
         info!("{line}");
     }
-    make_dir(&cfg.registry_dir, None)?;
-    make_dir(&cfg.plugin_dir, Some(0o700))?;
+    let dir = |path: &Path, mode| {
+        make_dir(path, mode).map_err(|e| ServerError::Dir {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    };
+    dir(&cfg.registry_dir, None)?;
+    dir(&cfg.plugin_dir, Some(0o700))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(ServerError::Runtime)?;
-    let driver = engine.me.driver.clone();
-    let pool = engine.me.pool.clone();
-    let live = engine.ops.root().root() == Path::new("/");
+    let pool = cfg.pool.clone();
     let (job_tx, job_rx) = mpsc::channel::<Job>();
     let (health_tx, health_rx) = watch::channel(Vec::new());
-    let reg_path = cfg.registration_socket(&driver);
+    let reg_path = cfg.registration_socket();
     let svc_path = cfg.service_socket();
     let shared = std::sync::Arc::new(Shared {
         jobs: Mutex::new(job_tx.clone()),
         health: health_rx,
-        driver,
+        driver: cfg.driver.clone(),
         endpoint: svc_path.to_string_lossy().into_owned(),
     });
     let poll = cfg.poll;
+    let listen = |path: &Path| {
+        listen(path).map_err(|e| ServerError::Listen {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    };
     std::thread::scope(|scope| {
-        scope.spawn(move || worker(engine, job_rx, health_tx, poll, publisher));
-        if live {
+        let source = source.as_ref();
+        scope.spawn(move || worker(driver, source, job_rx, health_tx, poll, publisher));
+        if cfg.uevents {
             // Kernel uevents wake the health refresh at once; the poll stays as the fallback.
-            match crate::host::uevents::UeventSocket::open() {
-                Ok(sock) => {
-                    let tx = job_tx.clone();
-                    std::thread::spawn(move || {
-                        while let Ok(ev) = sock.next(None) {
-                            if ev.is_some() && tx.send(Job::Wake).is_err() {
-                                break;
-                            }
-                        }
-                    });
-                }
-                Err(e) => warn!("no kernel uevents ({e}); polling only"),
-            }
+            let tx = job_tx.clone();
+            super::wake_on_uevents(move || tx.send(Job::Wake).is_ok());
         }
         drop(job_tx);
         let r = rt.block_on(async {
@@ -639,61 +725,117 @@ pub fn run<'a>(
 
 #[cfg(test)]
 mod tests {
-    //! The services over real unix sockets with tonic's client playing the kubelet, against
-    //! the `workstation` fixture host on the test kit's fake kernel (binds take the kernel's
-    //! visible effect on the tree).
-    use super::super::checkpoint;
-    use super::super::claim::Identity;
-    use super::super::proto::health::dra_resource_health_client::DraResourceHealthClient;
-    use super::super::proto::registration::registration_client::RegistrationClient;
     use super::*;
-    use crate::host::HostRoot;
-    use crate::testkit::FakeHost;
-    use serde_json::json;
+    use crate::containers::kubelet::proto::registration::registration_client::RegistrationClient;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
-    const GPU: &str = "pci-0000-01-00-0";
-
-    fn driver_of(root: &Path, a: &str) -> Option<String> {
-        std::fs::read_link(root.join("sys/bus/pci/devices").join(a).join("driver"))
-            .ok()
-            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+    /// Claims in memory, counting reads.
+    struct Source {
+        reads: Arc<AtomicUsize>,
     }
 
-    /// Re-point a function's driver link (a driver change behind gpupass's back).
-    fn set_driver(root: &Path, a: &str, driver: &str) {
-        let link = root.join("sys/bus/pci/devices").join(a).join("driver");
-        let t = std::fs::read_link(&link).unwrap();
-        let new = t.parent().unwrap().join(driver);
-        std::fs::remove_file(&link).unwrap();
-        std::os::unix::fs::symlink(new, &link).unwrap();
-    }
-
-    fn write_claim(dir: &Path, name: &str, uid: &str, device: &str) {
-        let c = json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "status": {"allocation": {
-                "devices": {"results": [{"request": "vfio", "driver": "vfio.gpupass.dev", "pool": "node-a", "device": device}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
-            }}
-        });
-        std::fs::create_dir_all(dir.join("default")).unwrap();
-        std::fs::write(dir.join(format!("default/{name}.json")), c.to_string()).unwrap();
-    }
-
-    async fn channel(p: &Path) -> tonic::transport::Channel {
-        for _ in 0..200 {
-            if p.exists() {
-                if let Ok(c) = crate::containers::deviceplugin::server::connect_unix(p).await {
-                    return c;
-                }
+    impl ClaimSource for Source {
+        fn get(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, claims::SourceError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            if name == "gone" {
+                return Err(claims::SourceError::NotFound {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    detail: "test".into(),
+                });
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            Ok(serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}")},
+                "spec": {}
+            }))
+            .unwrap())
         }
-        panic!("{} never came up", p.display());
     }
 
-    fn claim(uid: &str, name: &str) -> v1::Claim {
+    #[derive(Debug, thiserror::Error)]
+    #[error("refused {0}")]
+    struct Refused(String);
+
+    /// A driver that prepares any claim as one device and remembers it.
+    #[derive(Default)]
+    struct Fake {
+        calls: Arc<Mutex<Vec<String>>>,
+        done: BTreeMap<String, Vec<PreparedDevice>>,
+    }
+
+    impl DraDriver for Fake {
+        type Error = Refused;
+
+        fn start(&mut self, _: &dyn ClaimSource) -> Vec<String> {
+            self.calls.lock().unwrap().push("start".into());
+            Vec::new()
+        }
+
+        fn prepared(&self, c: &ClaimRef) -> Option<Vec<PreparedDevice>> {
+            self.done.get(&c.uid).cloned()
+        }
+
+        fn prepare_resource_claims(
+            &mut self,
+            claims: &[Claim],
+            _: Option<Instant>,
+        ) -> BTreeMap<String, Result<Vec<PreparedDevice>, Refused>> {
+            let mut out = BTreeMap::new();
+            for c in claims {
+                self.calls
+                    .lock()
+                    .unwrap()
+                    .push(format!("prepare {}", c.asked.uid));
+                let r = if c.asked.name == "bad" {
+                    Err(Refused(c.asked.name.clone()))
+                } else {
+                    let d = vec![PreparedDevice {
+                        request: "r".into(),
+                        pool: "p".into(),
+                        device: format!("dev-{}", c.asked.name),
+                        cdi_device_ids: vec![format!("k/c={}", c.asked.uid)],
+                    }];
+                    self.done.insert(c.asked.uid.clone(), d.clone());
+                    Ok(d)
+                };
+                out.insert(c.asked.uid.clone(), r);
+            }
+            out
+        }
+
+        fn unprepare_resource_claims(
+            &mut self,
+            claims: &[ClaimRef],
+            _: Option<Instant>,
+        ) -> BTreeMap<String, Result<(), Refused>> {
+            claims
+                .iter()
+                .map(|c| {
+                    self.calls.lock().unwrap().push(format!("unprepare {}", c.uid));
+                    self.done.remove(&c.uid);
+                    (c.uid.clone(), Ok(()))
+                })
+                .collect()
+        }
+
+        fn resources(&mut self) -> Result<Resources, Refused> {
+            Ok(Resources {
+                pool: Pool::default(),
+                health: vec![Health {
+                    device: "dev-a".into(),
+                    healthy: true,
+                    message: String::new(),
+                }],
+            })
+        }
+    }
+
+    fn claim(name: &str, uid: &str) -> v1::Claim {
         v1::Claim {
             namespace: "default".into(),
             uid: uid.into(),
@@ -701,71 +843,32 @@ mod tests {
         }
     }
 
-    /// The next health message in which `device` has `want`, within 10 s.
-    async fn health_of(
-        s: &mut tonic::Streaming<NodeWatchResourcesResponse>,
-        device: &str,
-        want: HealthStatus,
-    ) -> DeviceHealth {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let m = tokio::time::timeout_at(deadline, s.message())
-                .await
-                .expect("health in time")
-                .unwrap()
-                .unwrap();
-            if let Some(d) = m.devices.into_iter().find(|d| {
-                d.device
-                    .as_ref()
-                    .is_some_and(|i| i.device_name == device && i.pool_name == "node-a")
-            }) {
-                if d.health == want as i32 {
-                    return d;
-                }
-            }
-        }
-    }
-
+    /// The kit alone, with a driver that is not gpupass's: it registers, reads each claim and
+    /// checks its UID before the driver sees it, answers a claim the driver says it prepared
+    /// without reading it, turns a driver's or a read's error into the claim's error, serves
+    /// v1beta1 by conversion, and removes its sockets when it stops.
     #[test]
-    fn registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets() {
+    fn the_kit_serves_any_driver_and_reads_only_claims_it_must() {
         let t = tempfile::tempdir().unwrap();
-        let root = t.path().join("host");
-        crate::testkit::fixtures::build("workstation", &root).unwrap();
-        std::fs::create_dir_all(root.join("proc/sys/kernel/random")).unwrap();
-        std::fs::write(root.join("proc/sys/kernel/random/boot_id"), "b0-boot\n").unwrap();
-        let claims = t.path().join("claims");
-        write_claim(&claims, "gpu", "u1", GPU);
-        write_claim(&claims, "gpu2", "u2", GPU);
-        write_claim(&claims, "nope", "u3", "pci-0000-02-00-0");
         let cfg = Config {
+            driver: "x.example.com".into(),
+            pool: "node-a".into(),
             registry_dir: t.path().join("registry"),
             plugin_dir: t.path().join("plugin"),
-            poll: Duration::from_millis(20),
+            poll: Duration::from_millis(50),
+            uevents: false,
         };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let reads = Arc::new(AtomicUsize::new(0));
+        let fake = Fake::default();
+        let calls = fake.calls.clone();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let server = {
-            let (root, cfg, claims) = (root.clone(), cfg.clone(), claims.clone());
+            let (cfg, reads) = (cfg.clone(), reads.clone());
             std::thread::spawn(move || {
-                let ops = FakeHost::new(HostRoot::new(&root));
-                let me = Identity {
-                    driver: "vfio.gpupass.dev".into(),
-                    node: "node-a".into(),
-                    pool: "node-a".into(),
-                };
-                let engine = Engine::new(
-                    &ops,
-                    Box::new(super::super::source::Dir { dir: claims }),
-                    me,
-                    crate::inventory::backend::Policy::Auto,
-                    "b0-boot".into(),
-                )
-                .unwrap()
-                // Longer than the call's deadline below: the deadline bounds the wait.
-                .with_lock_wait(Duration::from_secs(30));
-                run(engine, &cfg, None, async {
+                run(fake, &cfg, Box::new(Source { reads }), None, async {
                     let _ = stop_rx.await;
                 })
-                .unwrap();
+                .unwrap()
             })
         };
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -773,192 +876,82 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            // Registration: what the kubelet's plugin watcher asks first.
-            let reg = cfg.registration_socket("vfio.gpupass.dev");
-            let info = RegistrationClient::new(channel(&reg).await)
+            let connect = |p: PathBuf| async move {
+                for _ in 0..200 {
+                    if let Ok(c) = super::super::socket::connect_unix(&p).await {
+                        return c;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                panic!("{} never came up", p.display());
+            };
+            let info = RegistrationClient::new(connect(cfg.registration_socket()).await)
                 .get_info(InfoRequest {})
                 .await
                 .unwrap()
                 .into_inner();
-            assert_eq!(info.r#type, "DRAPlugin");
-            assert_eq!(info.name, "vfio.gpupass.dev");
             assert_eq!(
-                info.supported_versions,
-                ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
+                (info.r#type.as_str(), info.name.as_str()),
+                ("DRAPlugin", "x.example.com")
             );
-            assert_eq!(PathBuf::from(&info.endpoint), cfg.service_socket());
-            for p in [&reg, &cfg.service_socket()] {
-                assert_eq!(std::fs::metadata(p).unwrap().permissions().mode() & 0o777, 0o600, "{}", p.display());
-            }
-            assert_eq!(std::fs::metadata(&cfg.plugin_dir).unwrap().permissions().mode() & 0o777, 0o700);
-
-            let svc = channel(&cfg.service_socket()).await;
-            let mut health = DraResourceHealthClient::new(svc.clone())
-                .node_watch_resources(NodeWatchResourcesRequest {})
-                .await
-                .unwrap()
-                .into_inner();
-            health_of(&mut health, GPU, HealthStatus::Healthy).await;
-
-            // Another gpupass holds the lock: a Prepare due in 2 s waits for it only until
-            // its deadline (less the margin), fails naming the lock, and changes nothing.
+            let svc = connect(cfg.service_socket()).await;
             let mut dra = v1::dra_plugin_client::DraPluginClient::new(svc.clone());
-            let held = crate::change::journal::lock(&HostRoot::new(&root), Duration::ZERO).unwrap();
-            let mut req = Request::new(v1::NodePrepareResourcesRequest {
-                claims: vec![claim("u1", "gpu")],
-            });
-            req.set_timeout(Duration::from_secs(2));
-            let t0 = std::time::Instant::now();
-            let r = dra.node_prepare_resources(req).await.unwrap().into_inner();
-            assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-            let err = &r.claims["u1"].error;
-            assert!(err.contains("another gpupass") && err.contains("did not finish within 1."), "{err}");
-            assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("nvidia"));
-            drop(held);
-
-            // Prepare: the whole group (GPU and its audio function) goes to vfio-pci.
             let r = dra
                 .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                    claims: vec![claim("u1", "gpu")],
+                    claims: vec![
+                        claim("a", "uid-a"),
+                        claim("a", "uid-old"),
+                        claim("bad", "uid-bad"),
+                        claim("gone", "uid-gone"),
+                    ],
                 })
                 .await
                 .unwrap()
                 .into_inner();
-            let c = &r.claims["u1"];
-            assert_eq!(c.error, "");
-            assert_eq!(c.devices.len(), 1);
-            assert_eq!(c.devices[0].device_name, GPU);
-            assert_eq!(c.devices[0].pool_name, "node-a");
-            assert_eq!(c.devices[0].request_names, ["vfio"]);
-            assert_eq!(
-                c.devices[0].cdi_device_ids,
-                [
-                    format!("vfio.gpupass.dev/claim=u1-{GPU}"),
-                    "vfio.gpupass.dev/metadata=u1_vfio".to_string()
-                ]
-            );
-            assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("vfio-pci"));
-            assert_eq!(driver_of(&root, "0000:01:00.1").as_deref(), Some("vfio-pci"));
-            let spec = std::fs::read_to_string(root.join("var/run/cdi/vfio.gpupass.dev_claim_u1.json")).unwrap();
-            let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
-            assert_eq!(spec["kind"], "vfio.gpupass.dev/claim");
-            let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|n| n["path"].as_str().unwrap())
-                .collect();
-            assert_eq!(nodes, ["/dev/vfio/vfio", "/dev/vfio/1"], "legacy: this fixture kernel has no VFIO cdev");
-            let meta = std::fs::read_to_string(
-                root.join("var/lib/kubelet/plugins/vfio.gpupass.dev/dra-device-metadata/default_gpu/vfio/metadata.json"),
-            )
-            .unwrap();
-            let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&meta)
-                .into_iter::<serde_json::Value>()
-                .map(Result::unwrap)
-                .collect();
-            assert_eq!(docs.len(), 2);
-            assert_eq!(docs[0]["apiVersion"], "metadata.resource.k8s.io/v1beta1");
-            assert_eq!(docs[1]["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
-            for d in &docs {
-                assert_eq!(d["metadata"]["uid"], "u1");
-                assert_eq!(
-                    d["requests"][0]["devices"][0]["attributes"]["resource.kubernetes.io/pciBusID"]["string"],
-                    "0000:01:00.0"
-                );
-            }
-            let mspec = std::fs::read_to_string(root.join("var/run/cdi/vfio.gpupass.dev_metadata_u1_vfio.json")).unwrap();
-            assert!(mspec.contains("/var/run/kubernetes.io/dra-device-attributes/resourceclaims/gpu/vfio/vfio.gpupass.dev-metadata.json"), "{mspec}");
-            let writes = std::fs::read_to_string(crate::change::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count();
-
-            // Kubelet retries: the same answer, no host change.
+            assert_eq!(r.claims["uid-a"].error, "");
+            assert_eq!(r.claims["uid-a"].devices[0].device_name, "dev-a");
+            assert_eq!(r.claims["uid-a"].devices[0].cdi_device_ids, ["k/c=uid-a"]);
+            assert!(r.claims["uid-old"]
+                .error
+                .contains("the API server has UID uid-a, the kubelet asked for uid-old"));
+            assert_eq!(r.claims["uid-bad"].error, "refused bad");
+            assert!(r.claims["uid-gone"]
+                .error
+                .starts_with("claim default/gone not found"));
+            assert_eq!(reads.load(Ordering::SeqCst), 4);
+            // A retry of a prepared claim: answered from the driver's record, not read again.
             let again = dra
                 .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                    claims: vec![claim("u1", "gpu")],
+                    claims: vec![claim("a", "uid-a")],
                 })
                 .await
                 .unwrap()
                 .into_inner();
-            assert_eq!(again, r);
-            assert_eq!(
-                std::fs::read_to_string(crate::change::journal::journal_path(&HostRoot::new(&root))).unwrap().lines().count(),
-                writes
-            );
-
-            // A second claim for the same group is refused naming the first; a device not
-            // offered here and a UID that is not the claim's are refused too.
-            let r2 = dra
-                .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                    claims: vec![claim("u2", "gpu2"), claim("u3", "nope"), claim("u9", "gpu")],
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert!(r2.claims["u2"].error.contains("is prepared for claim default/gpu (u1)"), "{}", r2.claims["u2"].error);
-            assert!(r2.claims["u3"].error.contains("is not a device this node offers"), "{}", r2.claims["u3"].error);
-            assert!(r2.claims["u9"].error.contains("the API server has UID u1"), "{}", r2.claims["u9"].error);
-            assert!(r2.claims.values().all(|c| c.devices.is_empty()));
-
-            // Health: the audio function taken by its host driver behind gpupass's back (the
-            // stream only speaks on a change: it was Healthy all along).
-            set_driver(&root, "0000:01:00.1", "snd_hda_intel");
-            let h = health_of(&mut health, GPU, HealthStatus::Unhealthy).await;
-            assert!(h.message.contains("0000:01:00.1"), "{}", h.message);
-            set_driver(&root, "0000:01:00.1", "vfio-pci");
-            health_of(&mut health, GPU, HealthStatus::Healthy).await;
-
-            // Unprepare: both functions back on their drivers, files and entry gone; twice is fine.
-            for _ in 0..2 {
-                let u = dra
-                    .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                        claims: vec![claim("u1", "gpu")],
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                assert_eq!(u.claims["u1"].error, "");
-            }
-            assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("nvidia"));
-            assert_eq!(driver_of(&root, "0000:01:00.1").as_deref(), Some("snd_hda_intel"));
-            assert!(!root.join("var/run/cdi/vfio.gpupass.dev_claim_u1.json").exists());
-            assert!(!root.join("var/run/cdi/vfio.gpupass.dev_metadata_u1_vfio.json").exists());
-            assert!(!root.join("var/lib/kubelet/plugins/vfio.gpupass.dev/dra-device-metadata/default_gpu").exists());
-            let cp = checkpoint::load(&checkpoint::path(&HostRoot::new(&root), "vfio.gpupass.dev")).unwrap();
-            assert!(cp.claims.is_empty());
-
-            // v1beta1 serves the same.
+            assert_eq!(again.claims["uid-a"], r.claims["uid-a"]);
+            assert_eq!(reads.load(Ordering::SeqCst), 4);
             let mut beta = v1beta1::dra_plugin_client::DraPluginClient::new(svc);
-            let b = beta
-                .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
-                    claims: vec![v1beta1::Claim {
-                        namespace: "default".into(),
-                        uid: "u2".into(),
-                        name: "gpu2".into(),
-                    }],
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(b.claims["u2"].error, "");
-            assert_eq!(b.claims["u2"].devices[0].device_name, GPU);
             let u = beta
                 .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest {
                     claims: vec![v1beta1::Claim {
                         namespace: "default".into(),
-                        uid: "u2".into(),
-                        name: "gpu2".into(),
+                        uid: "uid-a".into(),
+                        name: "a".into(),
                     }],
                 })
                 .await
                 .unwrap()
                 .into_inner();
-            assert_eq!(u.claims["u2"].error, "");
+            assert_eq!(u.claims["uid-a"].error, "");
         });
         stop_tx.send(()).unwrap();
         server.join().unwrap();
-        assert!(!cfg.registration_socket("vfio.gpupass.dev").exists());
+        assert_eq!(
+            *calls.lock().unwrap(),
+            ["start", "prepare uid-a", "prepare uid-bad", "unprepare uid-a"],
+            "the driver sees only claims read with the UID asked for, one call at a time"
+        );
+        assert!(!cfg.registration_socket().exists());
         assert!(!cfg.service_socket().exists());
-        assert_eq!(driver_of(&root, "0000:01:00.0").as_deref(), Some("nvidia"));
     }
 
     #[test]

@@ -1,19 +1,19 @@
-//! The API server, through kube-rs: the ResourceClaims Prepare reads ([`Claims`], a
-//! [`ClaimSource`]) and this node's ResourceSlices ([`Publisher`]), republished when the host
-//! changes.
+//! The API server, through kube-rs: the ResourceClaims the kit reads for Prepare ([`Claims`],
+//! a [`ClaimSource`]) and this node's ResourceSlices ([`Publisher`]), republished when the
+//! driver's pool changes.
 //!
-//! The plugin's worker is a plain thread (the engine is synchronous: it writes sysfs under a
-//! lock), so [`Kube`] owns a small runtime of its own and every call is a `block_on` bounded by
-//! a timeout; an unreachable API server makes a call fail after that time, never hang.
+//! The plugin's worker is a plain thread (a driver may be synchronous: gpupass's writes sysfs
+//! under a lock), so [`Kube`] owns a small runtime of its own and every call is a `block_on`
+//! bounded by a timeout; an unreachable API server makes a call fail after that time, never
+//! hang.
 //!
 //! What the publisher writes is decided by a pure function, [`reconcile`]: the slices that
-//! exist for this node and driver (listed by field selector) against the ones the inventory
-//! renders ([`super::slices::render`]); a change bumps the pool's generation (the scheduler
-//! uses only the newest generation of a pool) and deletes slices the pool no longer has.
+//! exist for this node and driver (listed by field selector) against the ones the pool renders
+//! ([`super::pool::render`]); a change bumps the pool's generation (the scheduler uses only the
+//! newest generation of a pool) and deletes slices the pool no longer has.
 
-use super::slices::{self, SliceOptions};
-use super::source::{checked_names, ClaimSource, SourceError};
-use crate::model::Inventory;
+use super::claims::{checked_names, ClaimSource, SourceError};
+use super::pool::{self, Pool, SliceOptions};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{CounterSet, Device, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -179,20 +179,20 @@ fn pool_counters(s: &[ResourceSlice]) -> Vec<CounterSet> {
     in_slice_order(s, |x| x.spec.shared_counters.as_ref())
 }
 
-/// What turns `existing` (this node's and driver's slices) into the pool `inv` renders: nothing
+/// What turns `existing` (this node's and driver's slices) into `pool` rendered: nothing
 /// when the newest generation already holds exactly those devices in that many slices with the
 /// same owner; otherwise every slice of the next generation created or replaced, then the ones
 /// left over deleted.
 pub fn reconcile(
     existing: &[ResourceSlice],
-    inv: &Inventory,
+    pool: &Pool,
     node: &str,
     driver: &str,
     owner: Option<&OwnerReference>,
 ) -> Vec<SliceOp> {
     let newest = existing.iter().map(|s| s.spec.pool.generation).max();
-    let mut want = slices::render(
-        inv,
+    let mut want = pool::render(
+        pool.clone(),
         &SliceOptions {
             node: node.to_string(),
             driver: driver.to_string(),
@@ -246,14 +246,14 @@ pub fn reconcile(
 }
 
 /// Publishes this node's pool and keeps it current: [`Publisher::publish`] is called with each
-/// fresh inventory; it writes only when the devices changed since the last success, and after
-/// a failure tries again with a growing pause (2 s, doubling to 60 s).
+/// fresh pool; it writes only when the pool changed since the last success, and after a
+/// failure tries again with a growing pause (2 s, doubling to 60 s).
 #[derive(Debug)]
 pub struct Publisher {
     pub api: Arc<Kube>,
     pub node: String,
     pub driver: String,
-    published: Option<slices::Pool>,
+    published: Option<Pool>,
     retry: Option<(Instant, Duration)>,
 }
 
@@ -268,10 +268,9 @@ impl Publisher {
         }
     }
 
-    /// Brings the API server's slices to `inv`'s pool when they may differ.
-    pub fn publish(&mut self, inv: &Inventory) {
-        let devices = slices::pool(inv);
-        if self.published.as_ref() == Some(&devices) {
+    /// Brings the API server's slices to `pool` when they may differ.
+    pub fn publish(&mut self, pool: &Pool) {
+        if self.published.as_ref() == Some(pool) {
             return;
         }
         if let Some((at, _)) = self.retry {
@@ -280,10 +279,10 @@ impl Publisher {
             }
         }
         let t0 = Instant::now();
-        match self.sync(inv) {
+        match self.sync(pool) {
             Ok(summary) => {
                 info!("{summary} in {} ms", t0.elapsed().as_millis());
-                self.published = Some(devices);
+                self.published = Some(pool.clone());
                 self.retry = None;
             }
             Err(e) => {
@@ -300,12 +299,12 @@ impl Publisher {
         }
     }
 
-    /// One reconcile of the API server's slices of this node with `inv` (list, then create,
+    /// One reconcile of the API server's slices of this node with `pool` (list, then create,
     /// replace and delete what differs), whether or not they may differ: what [`publish`]
     /// does when they may, without its retry pacing (benches/dra.rs times it).
     ///
     /// [`publish`]: Publisher::publish
-    pub fn sync(&self, inv: &Inventory) -> Result<String, CallError> {
+    pub fn sync(&self, pool: &Pool) -> Result<String, CallError> {
         let node = self.node.clone();
         let owner = self
             .api
@@ -324,12 +323,12 @@ impl Publisher {
                 .list(&ListParams::default().fields(&fields))
                 .await
         })?;
-        let ops = reconcile(&existing.items, inv, &self.node, &self.driver, Some(&owner));
+        let ops = reconcile(&existing.items, pool, &self.node, &self.driver, Some(&owner));
         if ops.is_empty() {
             return Ok(format!(
                 "ResourceSlices of node {} already current ({} devices)",
                 self.node,
-                slices::devices(inv).len()
+                pool.devices.len()
             ));
         }
         let mut generation = 0;
@@ -374,7 +373,7 @@ impl Publisher {
             "published the ResourceSlices of node {} (driver {}, pool generation {generation}, {} devices): {made} created, {replaced} replaced, {deleted} deleted",
             self.node,
             self.driver,
-            slices::devices(inv).len()
+            pool.devices.len()
         ))
     }
 }
@@ -383,12 +382,18 @@ impl Publisher {
 mod tests {
     use super::*;
 
-    fn inv() -> Inventory {
-        crate::inventory::scan(&crate::host::HostRoot::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/hosts/workstation"
-        )))
-        .unwrap()
+    /// A pool of three devices (what a driver gives the kit).
+    fn inv() -> Pool {
+        Pool {
+            devices: ["pci-0000-01-00-0", "pci-0000-02-00-0", "pci-0000-41-00-0"]
+                .iter()
+                .map(|n| Device {
+                    name: n.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            counter_sets: Vec::new(),
+        }
     }
 
     fn owner() -> OwnerReference {
@@ -441,7 +446,7 @@ mod tests {
             .all(|o| matches!(o, SliceOp::Create(s) if s.spec.pool.generation == 1
             && s.metadata.owner_references.as_deref() == Some(&[owner()][..]))));
         let now = applied(&[], &ops);
-        assert_eq!(pool_devices(&now), slices::devices(&inv));
+        assert_eq!(pool_devices(&now), inv.devices);
         assert_eq!(
             reconcile(&now, &inv, "n1", "vfio.gpupass.dev", Some(&owner())),
             Vec::new()
@@ -472,7 +477,7 @@ mod tests {
             "{ops:?}"
         );
         let after = applied(&fewer, &ops);
-        assert_eq!(pool_devices(&after), slices::devices(&inv));
+        assert_eq!(pool_devices(&after), inv.devices);
         assert_eq!(
             reconcile(&after, &inv, "n1", "vfio.gpupass.dev", Some(&owner())),
             Vec::new()
@@ -488,11 +493,11 @@ mod tests {
         );
         let mut extra = now.clone();
         let mut s = now[0].clone();
-        s.metadata.name = Some(slices::slice_name("n1", "vfio.gpupass.dev", 7));
+        s.metadata.name = Some(pool::slice_name("n1", "vfio.gpupass.dev", 7));
         extra.push(s);
         let ops = reconcile(&extra, &inv, "n1", "vfio.gpupass.dev", Some(&owner()));
         assert!(
-            ops.contains(&SliceOp::Delete(slices::slice_name("n1", "vfio.gpupass.dev", 7))),
+            ops.contains(&SliceOp::Delete(pool::slice_name("n1", "vfio.gpupass.dev", 7))),
             "{ops:?}"
         );
         assert_eq!(applied(&extra, &ops).len(), now.len());
