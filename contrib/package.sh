@@ -143,9 +143,10 @@ Files: gpupass has no configuration file. Persistent state is the driverctl over
 mdevctl definitions above (shared with driverctl and mdevctl; purging gpupass leaves them).
 The bind journal and its lock are in /run/gpupass, made when first needed.
 
-The binary is linked statically (glibc included) and is not position-independent: its start
-costs a third of a dynamic build's page faults, which the OCI hook pays at every container
-start. The same binary is released on its own as gpupass-<version>-x86_64-linux.
+The binary is linked statically (glibc included) and is not position-independent: no dynamic
+loader runs at its start, which the OCI hook pays at every container start (`gpupass
+--version`: 34 minor page faults, against 145 for a dynamically linked PIE build of the same
+code). The same binary is released on its own as gpupass-<version>-x86_64-linux.
 EOF
 gzip -9n "$doc/README.Debian"
 

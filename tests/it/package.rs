@@ -137,7 +137,8 @@ fn the_package_installs_runs_and_purges_leaving_nothing() {
     );
     let v = ok(&Command::new(&bin).arg("--version").output().unwrap());
     assert_eq!(v, format!("gpupass {}\n", env!("CARGO_PKG_VERSION")));
-    let args = ["--root", host("workstation").to_str().unwrap(), "list"];
+    let workstation = host("workstation");
+    let args = ["--root", workstation.to_str().unwrap(), "list"];
     let listed = ok(&Command::new(&bin)
         .args(args)
         .env_remove("GPUPASS_ROOT")
@@ -230,18 +231,20 @@ fn the_package_installs_runs_and_purges_leaving_nothing() {
     // Nothing left: outside dpkg's own database the root is as before; in the database no file
     // of the package's.
     let admin_rel = PathBuf::from("var/lib/dpkg");
-    let left: Vec<String> = listing(&root)
+    let after = listing(&root);
+    let left: Vec<String> = after
         .difference(&before)
         .filter(|p| !Path::new(p.as_str()).starts_with(&admin_rel))
         .cloned()
         .collect();
     assert!(left.is_empty(), "left in the root after the purge: {left:?}");
-    let gone: Vec<&String> = before.difference(&listing(&root)).collect();
+    let gone: Vec<&String> = before.difference(&after).collect();
     assert!(gone.is_empty(), "removed from the root by the purge: {gone:?}");
     let info: Vec<String> = std::fs::read_dir(admin.join("info"))
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("gpupass."))
         .collect();
     assert!(info.is_empty(), "dpkg's info still holds {info:?}");
     let status = std::fs::read_to_string(admin.join("status")).unwrap();
