@@ -10,10 +10,12 @@
 #
 # The binary: `cargo build --release --target x86_64-unknown-linux-gnu --features dra` with
 # RUSTFLAGS `-C target-feature=+crt-static -C relocation-model=static` (what contrib/install.sh
-# and the QEMU lab build, lab/lab.sh), stripped. Built with `dra`: the DRA kubelet plugin adds
-# ~4 MB to a ~16 MB binary and nothing to the start-up of the other commands
-# (docs/performance.md, "Start-up"), so one package serves the host commands and the node
-# plugin. The package holds: /usr/bin/gpupass; the boot unit (contrib/systemd, in
+# and the QEMU lab build, lab/lab.sh), stripped. Built with `dra`, one package for the host
+# commands and the node plugin: the DRA kubelet plugin (kube-rs, k8s-openapi, rustls) doubles
+# the stripped binary (18.4 MB against 9.3 MB without it) and adds 1-2 minor faults to
+# `--version` (60-62 against 59-60) and 6 to the no-op OCI hook (106-108 against 100-101;
+# `/usr/bin/time -f %R`, 3 runs each, 2026-12-06), so a second package would save disk, not
+# start-up, and give nodes two binaries to keep in step. GPUPASS_PKG_FEATURES= builds without. The package holds: /usr/bin/gpupass; the boot unit (contrib/systemd, in
 # /lib/systemd/system, not enabled); the udev rule (contrib/udev, /lib/udev/rules.d); the man
 # page (`gpupass man`); bash, zsh and fish completions (`gpupass completions`); the copyright
 # file (with the crates and glibc linked in), the changelog and README.Debian; lintian
