@@ -93,6 +93,8 @@ chmod 0644 "$root/lib/systemd/system/gpupass-startup.service" "$root/lib/udev/ru
 } | gzip -9n >"$doc/changelog.Debian.gz"
 
 # The copyright file: gpupass, and what the static binary links in.
+pciids=$(cargo tree --offline --locked -e build --target $triple --prefix none --format '{p}' \
+  2>/dev/null | grep -m1 '^pci-ids ' | sed 's/ (\*)$//' || true)
 libc_src=$(dpkg-query -W -f='${source:Package} (= ${source:Version})' libc6-dev 2>/dev/null || true)
 {
   cat <<EOF
@@ -101,7 +103,9 @@ Upstream-Name: gpupass
 Comment: /usr/bin/gpupass is linked statically. Besides gpupass it holds the GNU C
  Library (${libc_src:-glibc}; LGPL-2.1+, /usr/share/common-licenses/LGPL-2.1) and the Rust
  crates below (name version: license, from Cargo.lock by cargo tree), each under the
- license its crate states.
+ license its crate states; and the PCI ID database (pci.ids) of the pci-ids crate
+ ($pciids; the crate MIT, the database GPL-2+ or BSD-3-Clause), which build.rs
+ writes into the binary.
  .
 EOF
   cargo tree --offline --locked -e normal,no-proc-macro --target $triple \
