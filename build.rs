@@ -117,6 +117,7 @@ fn main() {
     // Without either feature nothing below prints a rerun-if-changed line, and cargo would
     // rerun this script on every change in the package.
     println!("cargo:rerun-if-changed=build.rs");
+    write_pci_ids();
     if feature("deviceplugin") {
         compile_protos();
     }
@@ -164,4 +165,71 @@ fn build_firmware() {
             &out.join(format!("test-{name}.bin")),
         );
     }
+}
+
+/// The pci.ids names as tables that need no relocation at start-up (src/inventory/pciids.rs
+/// reads them and describes the format): the `pci-ids` crate's database, walked once here.
+fn write_pci_ids() {
+    use std::collections::HashMap;
+    let mut names: Vec<u8> = Vec::new();
+    let mut seen: HashMap<&'static str, u32> = HashMap::new();
+    let mut name = |s: &'static str| -> u32 {
+        *seen.entry(s).or_insert_with(|| {
+            assert!(
+                s.len() < 256 && names.len() < 1 << 24,
+                "pci.ids name too long: {s:?}"
+            );
+            let packed = (names.len() as u32) << 8 | s.len() as u32;
+            names.extend_from_slice(s.as_bytes());
+            packed
+        })
+    };
+    let mut vendors: Vec<&pci_ids::Vendor> = pci_ids::Vendors::iter().collect();
+    vendors.sort_by_key(|v| v.id());
+    let (mut v_rec, mut d_rec, mut s_rec) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut nd, mut ns) = (0u32, 0u32);
+    for v in &vendors {
+        v_rec.extend_from_slice(&v.id().to_le_bytes());
+        v_rec.extend_from_slice(&name(v.name()).to_le_bytes());
+        let mut devices: Vec<&pci_ids::Device> = v.devices().collect();
+        devices.sort_by_key(|d| d.id());
+        for d in devices {
+            let first = ns;
+            for s in d.subsystems() {
+                s_rec.extend_from_slice(&s.subvendor().to_le_bytes());
+                s_rec.extend_from_slice(&s.subdevice().to_le_bytes());
+                s_rec.extend_from_slice(&name(s.name()).to_le_bytes());
+                ns += 1;
+            }
+            d_rec.extend_from_slice(&v.id().to_le_bytes());
+            d_rec.extend_from_slice(&d.id().to_le_bytes());
+            d_rec.extend_from_slice(&name(d.name()).to_le_bytes());
+            d_rec.extend_from_slice(&first.to_le_bytes());
+            d_rec.extend_from_slice(&(ns - first).to_le_bytes());
+            nd += 1;
+        }
+    }
+    let mut classes: Vec<&pci_ids::Class> = pci_ids::Classes::iter().collect();
+    classes.sort_by_key(|c| c.id());
+    let (mut c_rec, mut sc_rec, mut nsc) = (Vec::new(), Vec::new(), 0u32);
+    for c in &classes {
+        c_rec.push(c.id());
+        c_rec.extend_from_slice(&name(c.name()).to_le_bytes());
+        let mut subs: Vec<&pci_ids::Subclass> = c.subclasses().collect();
+        subs.sort_by_key(|s| s.id());
+        for s in subs {
+            sc_rec.extend_from_slice(&[c.id(), s.id()]);
+            sc_rec.extend_from_slice(&name(s.name()).to_le_bytes());
+            nsc += 1;
+        }
+    }
+    let mut db = Vec::new();
+    for n in [vendors.len() as u32, nd, ns, classes.len() as u32, nsc] {
+        db.extend_from_slice(&n.to_le_bytes());
+    }
+    for part in [&v_rec, &d_rec, &s_rec, &c_rec, &sc_rec, &names] {
+        db.extend_from_slice(part);
+    }
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("pci_ids.bin");
+    std::fs::write(out, db).unwrap();
 }

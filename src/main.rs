@@ -3,7 +3,11 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = gpupass::cli::parse();
-    gpupass::cli::init_logging(cli.globals.verbose, cli.globals.log_format, cli.globals.color);
+    // No subscriber unless logs are asked for (or a plugin runs): the registry costs the short
+    // commands more than their own work (docs/performance.md, "Start-up").
+    if cli.wants_logging() {
+        gpupass::cli::init_logging(cli.globals.verbose, cli.globals.log_format, cli.globals.color);
+    }
     tracing::debug!(faults = gpupass::minor_faults(), "arguments parsed");
     // Block-buffered: a pretty JSON inventory is tens of thousands of lines, and the line-
     // buffered stdout would make one write(2) per line.

@@ -35,6 +35,10 @@ command -v strip >/dev/null || need+=(binutils)
 command -v unshare >/dev/null || need+=(util-linux)
 # tests/it/mdev.rs runs Debian's mdevctl (chrooted into fixture trees) for interop checks.
 command -v mdevctl >/dev/null || need+=(mdevctl)
+# tests/it/package.rs: contrib/package.sh's Debian package checked by lintian, its unit enabled
+# in the throwaway root by systemd's own `systemctl --root` (dpkg comes with every Debian system).
+command -v lintian >/dev/null || need+=(lintian)
+command -v systemctl >/dev/null || need+=(systemd)
 # VM outputs: libvirt's RNG schemas + virsh test driver (tests/it/vm_outputs.rs), and the libvirt
 # API for `--features libvirt` (tests/it/vm_attach.rs).
 command -v virt-xml-validate >/dev/null || need+=(libvirt-clients)

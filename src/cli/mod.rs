@@ -107,9 +107,23 @@ nodes named by its `gpupass.dev/devices` annotation (reads the OCI state on stdi
 /// argument of the tree before it parses, which was 40% of a `bind`'s instructions. The
 /// small tree is made from the same definitions (the command's `Args`, [`Globals`], the same
 /// about texts), and `tests/cli.rs` checks that both trees parse, explain and refuse alike.
+///
+/// `gpupass --version` (or `-V`) alone is answered before clap: it is what scripts and package
+/// checks run to see that gpupass is there, and the whole tree costs it most of its start
+/// (docs/performance.md, "Start-up"); the line is clap's (`version_line_is_claps`).
 pub fn parse() -> Cli {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let mut cmd = command_for(args.get(1).and_then(|a| a.to_str()));
+    if args.len() == 2 && (args[1] == "--version" || args[1] == "-V") {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let code = match out.write_all(VERSION_LINE.as_bytes()).and_then(|()| out.flush()) {
+            Ok(()) => 0,
+            // As clap does when stdout is closed or full.
+            Err(_) => 1,
+        };
+        std::process::exit(code);
+    }
+    let mut cmd = command_for(command_name(&args));
     let matches = cmd.try_get_matches_from_mut(args).unwrap_or_else(|e| e.exit());
     // Leaked, not freed: freeing the tree costs more than the exit does.
     std::mem::forget(cmd);
@@ -118,8 +132,37 @@ pub fn parse() -> Cli {
     cli
 }
 
-/// The clap tree to parse a command line whose first argument is `first`: the whole tree, or
-/// for the hot commands a tree of that command alone.
+/// The command named on a command line (`args[0]` is the program): the first argument after
+/// the global options (`gpupass --root DIR -v mdev create ...` names `mdev`). `None` at an
+/// option that is not a global one, where the whole tree must parse (and explain) it.
+pub fn command_name<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Option<&str> {
+    const WITH_VALUE: [&str; 4] = ["--root", "--from-json", "--log-format", "--color"];
+    let mut it = args.iter().skip(1).map(|a| a.as_ref().to_str());
+    while let Some(a) = it.next() {
+        let a = a?;
+        if a == "--json"
+            || a == "--verbose"
+            || (a.len() > 1 && a.starts_with('-') && a[1..].bytes().all(|b| b == b'v'))
+        {
+            continue;
+        }
+        if WITH_VALUE.contains(&a) {
+            it.next();
+            continue;
+        }
+        if WITH_VALUE
+            .iter()
+            .any(|o| a.strip_prefix(o).is_some_and(|r| r.starts_with('=')))
+        {
+            continue;
+        }
+        return if a.starts_with('-') { None } else { Some(a) };
+    }
+    None
+}
+
+/// The clap tree to parse a command line whose command is `first` ([`command_name`]): the whole
+/// tree, or for the hot commands a tree of that command alone.
 pub fn command_for(first: Option<&str>) -> clap::Command {
     use clap::{Args, CommandFactory, Subcommand};
     let sub = match first {
@@ -140,6 +183,9 @@ pub fn command_for(first: Option<&str>) -> clap::Command {
         .arg_required_else_help(true);
     Globals::augment_args(top).subcommand(sub)
 }
+
+/// What `gpupass --version` prints.
+pub const VERSION_LINE: &str = concat!("gpupass ", env!("CARGO_PKG_VERSION"), "\n");
 
 /// Exit statuses, shown in `--help` and the man page.
 pub const EXIT_STATUS_HELP: &str = "EXIT STATUS:
@@ -181,6 +227,25 @@ pub enum Shell {
     Bash,
     Zsh,
     Fish,
+}
+
+impl Cli {
+    /// Whether this command line needs a log subscriber ([`init_logging`]): when -v or
+    /// `--log-format json` asks for logs, and for the long-running plugins, whose warnings
+    /// (`tracing::warn!`) go to the log at every verbosity. No other command logs below -v, so
+    /// the others start without the subscriber and its registry.
+    pub fn wants_logging(&self) -> bool {
+        if self.globals.verbose > 0 || self.globals.log_format == LogFormat::Json {
+            return true;
+        }
+        match self.command {
+            #[cfg(feature = "deviceplugin")]
+            Command::DevicePlugin(_) => true,
+            #[cfg(feature = "dra")]
+            Command::DraPlugin(_) | Command::Dra(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// Set up `tracing` on stderr from -v and --log-format. Quiet (warnings only) by default.
@@ -501,11 +566,78 @@ mod parse_tests {
             &["gpupass", "mdev", "--help"],
             &["gpupass", "mdev", "create", "--help"],
         ];
-        for argv in cases {
+        let globals_first: &[&[&str]] = &[
+            &[
+                "gpupass",
+                "--root",
+                "/tmp/x",
+                "mdev",
+                "create",
+                "-p",
+                "mtty",
+                "-t",
+                "mtty-1",
+                "--dry-run",
+            ],
+            &["gpupass", "-vv", "--log-format=json", "bind", "01:00.0"],
+            &["gpupass", "--json", "--color", "never", "oci-hook"],
+            &["gpupass", "--from-json=f.json", "-v", "unbind", "--all"],
+            &[
+                "gpupass",
+                "--verbose",
+                "--root=/tmp/x",
+                "mdev",
+                "remove",
+                "--help",
+            ],
+            &["gpupass", "--root", "/tmp/x", "mdev"],
+        ];
+        for argv in cases.iter().chain(globals_first) {
+            let name = command_name(argv);
+            assert!(name.is_some(), "{argv:?}");
             let full = parse_with(Cli::command(), argv);
-            let small = parse_with(command_for(argv.get(1).copied()), argv);
+            let small = parse_with(command_for(name), argv);
             assert_eq!(full, small, "{argv:?}");
         }
+    }
+
+    /// The line `--version` prints before clap is the one clap would print.
+    #[test]
+    fn version_line_is_claps() {
+        assert_eq!(Cli::command().render_version(), VERSION_LINE);
+    }
+
+    /// Logging is set up for -v, --log-format json and the plugins, not for the rest.
+    #[test]
+    fn logging_only_when_asked_for_or_long_running() {
+        let wants = |argv: &[&str]| Cli::try_parse_from(argv).unwrap().wants_logging();
+        assert!(!wants(&["gpupass", "list"]));
+        assert!(!wants(&["gpupass", "oci-hook"]));
+        assert!(!wants(&["gpupass", "mdev", "list", "--log-format", "text"]));
+        assert!(wants(&["gpupass", "list", "-v"]));
+        assert!(wants(&["gpupass", "bind", "01:00.0", "--log-format", "json"]));
+        #[cfg(feature = "deviceplugin")]
+        assert!(wants(&["gpupass", "device-plugin"]));
+    }
+
+    /// The command is found after the global options; an unknown option, `--` or nothing
+    /// leaves it to the whole tree.
+    #[test]
+    fn the_command_is_named_after_the_global_options() {
+        let name = |a: &[&str]| command_name(a).map(str::to_string);
+        assert_eq!(
+            name(&["gpupass", "--root", "mdev", "bind"]).as_deref(),
+            Some("bind")
+        );
+        assert_eq!(
+            name(&["gpupass", "-vvv", "--color=never", "list"]).as_deref(),
+            Some("list")
+        );
+        assert_eq!(name(&["gpupass", "--bogus", "bind"]), None);
+        assert_eq!(name(&["gpupass", "-x", "bind"]), None);
+        assert_eq!(name(&["gpupass", "--", "bind"]), None);
+        assert_eq!(name(&["gpupass", "--root"]), None);
+        assert_eq!(name(&["gpupass"]), None);
     }
 
     #[test]

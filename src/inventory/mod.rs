@@ -20,6 +20,7 @@ mod groups;
 mod mdev;
 pub mod native;
 mod parse;
+mod pciids;
 mod platform;
 mod reader;
 pub mod readiness;

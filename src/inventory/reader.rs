@@ -6,23 +6,9 @@ use super::*;
 
 /// pci.ids names: [vendor, device, subsystem, class].
 pub(super) fn names(vendor: u16, device: u16, sub: Option<(u16, u16)>, class: u32) -> Names {
-    use pci_ids::FromId;
-    let vname = pci_ids::Vendor::from_id(vendor).map(|v| v.name());
-    let dev = pci_ids::Device::from_vid_pid(vendor, device);
-    let dname = dev.map(|d| d.name());
-    let sname = match (dev, sub) {
-        (Some(d), Some((sv, sd))) => d
-            .subsystems()
-            .find(|s| s.subvendor() == sv && s.subdevice() == sd)
-            .map(|s| s.name()),
-        _ => None,
-    };
-    let base = (class >> 16) as u8;
-    let subc = (class >> 8) as u8;
-    let cname = pci_ids::Subclass::from_cid_sid(base, subc)
-        .map(|s| s.name())
-        .or_else(|| pci_ids::Class::from_id(base).map(|c| c.name()));
-    [vname, dname, sname, cname]
+    let (dname, sname) = super::pciids::device(vendor, device, sub);
+    let cname = super::pciids::class((class >> 16) as u8, (class >> 8) as u8);
+    [super::pciids::vendor(vendor), dname, sname, cname]
 }
 
 /// Host-wide tables read once per scan rather than once per device.

@@ -33,6 +33,7 @@ mod labqemu;
 mod labtool;
 mod mdev;
 mod oci_hook;
+mod package;
 mod refresh;
 /// Needs libvirt's client library: `cargo test --features libvirt --test it vm_attach::`.
 #[cfg(feature = "libvirt")]
