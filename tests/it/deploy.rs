@@ -614,8 +614,10 @@ fn bad_values_are_refused_with_the_field_named() {
 
 // ---------------------------------------------------------------- the image
 
-/// A static gpupass with `dra probe`: the QEMU lab's (target/lab), an image build's
-/// (target/image), or one built now by deploy/image/build.sh --profile lab.
+/// A static gpupass with `dra probe`: the package's static release binary (contrib/package.sh,
+/// the one tests/it/package.rs builds and installs, so a test run builds it once for both), the
+/// QEMU lab's (target/lab) or an image build's (target/image) when one is there already, else
+/// the package's built now with `contrib/package.sh --bin-only`.
 fn static_binary() -> PathBuf {
     static B: OnceLock<PathBuf> = OnceLock::new();
     B.get_or_init(|| {
@@ -628,6 +630,7 @@ fn static_binary() -> PathBuf {
                     .is_ok_and(|o| o.status.success())
         };
         for p in [
+            "target/x86_64-unknown-linux-gnu/release/gpupass",
             "target/lab/x86_64-unknown-linux-gnu/lab/gpupass",
             "target/image/x86_64-unknown-linux-gnu/release/gpupass",
             "target/image/x86_64-unknown-linux-gnu/lab/gpupass",
@@ -636,18 +639,18 @@ fn static_binary() -> PathBuf {
                 return root.join(p);
             }
         }
-        let t = tempfile::tempdir().unwrap();
-        let o = Command::new(root.join("deploy/image/build.sh"))
-            .args(["--profile", "lab", "--out"])
-            .arg(t.path().join("x.tar"))
+        let o = Command::new(root.join("contrib/package.sh"))
+            .arg("--bin-only")
+            .current_dir(&root)
             .output()
             .unwrap();
         assert!(
             o.status.success(),
-            "deploy/image/build.sh --profile lab: {}",
+            "contrib/package.sh --bin-only: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        let p = root.join("target/image/x86_64-unknown-linux-gnu/lab/gpupass");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let p = root.join(out.lines().last().expect("package.sh names the binary").trim());
         assert!(has_probe(&p), "{} has no `dra probe`", p.display());
         p
     })
