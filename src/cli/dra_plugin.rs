@@ -110,16 +110,10 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     };
     let engine = Driver::new(ops, me, args.backend, boot_id).map_err(Error::host)?;
     let cfg = plugin::Config {
-        driver: engine.me.driver.clone(),
         pool: engine.me.pool.clone(),
-        registry_dir: args
-            .registry_dir
-            .unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
-        plugin_dir: args
-            .plugin_dir
-            .unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(&args.driver))),
         poll: std::time::Duration::from_millis(args.poll_ms),
         uevents: engine.ops.root().root() == std::path::Path::new("/"),
+        ..sockets(ctx, &args.driver, args.registry_dir, args.plugin_dir)
     };
     plugin::run(
         engine,
@@ -201,20 +195,27 @@ pub fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> 
     }
 }
 
-fn run_probe(ctx: &Ctx, args: ProbeArgs, out: &mut dyn Write) -> Result<Exit> {
-    let cfg = plugin::Config {
-        registry_dir: args
-            .registry_dir
-            .unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
-        plugin_dir: args
-            .plugin_dir
-            .unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(&args.driver))),
-        driver: args.driver,
-        // Neither is used by the probe, a client of the two sockets.
+/// Where the plugin of `driver` listens: the two directories given, else the kubelet's under
+/// the root. The pool, poll and uevents are the server's to set.
+fn sockets(
+    ctx: &Ctx,
+    driver: &str,
+    registry_dir: Option<PathBuf>,
+    plugin_dir: Option<PathBuf>,
+) -> plugin::Config {
+    plugin::Config {
+        driver: driver.to_string(),
         pool: String::new(),
+        registry_dir: registry_dir.unwrap_or_else(|| plugin::registry_dir(&ctx.host)),
+        plugin_dir: plugin_dir.unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(driver))),
         poll: std::time::Duration::from_millis(500),
         uevents: false,
-    };
+    }
+}
+
+fn run_probe(ctx: &Ctx, args: ProbeArgs, out: &mut dyn Write) -> Result<Exit> {
+    // The probe is a client of the two sockets: only where they are matters.
+    let cfg = sockets(ctx, &args.driver, args.registry_dir, args.plugin_dir);
     let line =
         dra::probe::probe(&cfg, std::time::Duration::from_secs(args.timeout_s)).map_err(Error::host)?;
     writeln!(out, "{line}")?;
