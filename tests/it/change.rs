@@ -9,15 +9,11 @@
 use crate::util::*;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn fake_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    let mut c = crate::util::fake_kernel(&[]);
     c.arg("--root").arg(root).args(args);
-    c.env_remove("GPUPASS_ROOT")
-        .env_remove("GPUPASS_FAIL_WRITE")
-        .env_remove("GPUPASS_CRASH_AFTER_WRITE")
-        .env("GPUPASS_FAKE_KERNEL", "1");
     for (k, v) in env {
         c.env(k, v);
     }

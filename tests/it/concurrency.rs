@@ -6,7 +6,6 @@
 
 use crate::util::{driver, run_bounded, scratch_host};
 use std::path::Path;
-use std::process::Command;
 
 /// Functions the workers fight over, by group (qemu-lab: the capture of the lab's kernel).
 const GROUPS: &[&[&str]] = &[
@@ -18,11 +17,9 @@ const WORKERS: usize = 8;
 const ROUNDS: usize = 8;
 
 fn gp(root: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    let mut c = crate::util::fake_kernel(&[]);
     c.arg("--root").arg(root).args(args);
-    c.env_remove("GPUPASS_ROOT")
-        .env("GPUPASS_FAKE_KERNEL", "1")
-        .env("GPUPASS_LOCK_TIMEOUT", "120");
+    c.env("GPUPASS_LOCK_TIMEOUT", "120");
     run_bounded(c, 180)
 }
 

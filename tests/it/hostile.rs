@@ -13,9 +13,8 @@ const NIC: &str = "0000:03:00.0";
 const NVME: &str = "0000:02:00.0";
 
 fn gp(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    let mut c = crate::util::fake_kernel(&[]);
     c.arg("--root").arg(root).args(args);
-    c.env_remove("GPUPASS_ROOT").env("GPUPASS_FAKE_KERNEL", "1");
     for (k, v) in env {
         c.env(k, v);
     }

@@ -19,12 +19,8 @@ fn fake(root: &Path, args: &[&str]) -> Output {
 }
 
 fn fake_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpupass"));
+    let mut c = crate::util::fake_kernel(&[]);
     c.arg("--root").arg(root).args(args);
-    c.env_remove("GPUPASS_ROOT")
-        .env_remove("GPUPASS_FAIL_WRITE")
-        .env_remove("GPUPASS_CRASH_AFTER_WRITE")
-        .env("GPUPASS_FAKE_KERNEL", "1");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -971,12 +967,10 @@ fn an_mdev_change_plans_from_the_host_as_it_is_once_the_lock_is_held() {
     let u = "0b5b6c1e-7d2a-4f3e-9a8b-1c2d3e4f5a6b";
     let host = gpupass::host::HostRoot::new(r);
     let lock = gpupass::change::journal::lock(&host, std::time::Duration::ZERO).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_gpupass"))
+    let child = crate::util::fake_kernel(&[])
         .arg("--root")
         .arg(r)
         .args(["mdev", "define", "-p", "mdpy", "-t", "mdpy-vga", "-u", u])
-        .env_remove("GPUPASS_ROOT")
-        .env("GPUPASS_FAKE_KERNEL", "1")
         .env("GPUPASS_LOCK_TIMEOUT", "30")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

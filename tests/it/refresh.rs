@@ -5,12 +5,7 @@ use crate::util::*;
 fn run(root: &str, args: &[&str]) -> std::process::Output {
     let mut a = vec!["--root", root];
     a.extend_from_slice(args);
-    std::process::Command::new(env!("CARGO_BIN_EXE_gpupass"))
-        .args(&a)
-        .env("GPUPASS_FAKE_KERNEL", "1")
-        .env_remove("GPUPASS_ROOT")
-        .output()
-        .unwrap()
+    fake_kernel(&a).output().unwrap()
 }
 
 fn spec(t: &tempfile::TempDir) -> serde_json::Value {
