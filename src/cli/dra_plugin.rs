@@ -210,6 +210,7 @@ fn sockets(
         plugin_dir: plugin_dir.unwrap_or_else(|| ctx.host.path(&plugin::plugin_dir_logical(driver))),
         poll: std::time::Duration::from_millis(500),
         uevents: false,
+        health_every: crate::containers::kubelet::plugin::HEALTH_EVERY,
     }
 }
 

@@ -172,6 +172,7 @@ mod tests {
             plugin_dir: t.path().join("plugin"),
             poll: Duration::from_millis(20),
             uevents: false,
+            health_every: Duration::from_millis(100),
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = {
@@ -242,6 +243,7 @@ mod tests {
             plugin_dir: d.path().join("plug"),
             poll: Duration::from_millis(100),
             uevents: false,
+            health_every: Duration::from_millis(100),
         };
         let e = probe(&cfg, Duration::from_secs(2)).unwrap_err();
         let m = e.to_string();

@@ -115,6 +115,7 @@ fn registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets
         plugin_dir: t.path().join("plugin"),
         poll: Duration::from_millis(20),
         uevents: false,
+        health_every: Duration::from_millis(100),
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = {

@@ -30,7 +30,7 @@ use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
@@ -129,7 +129,20 @@ pub struct Config {
     pub poll: Duration,
     /// Whether kernel uevents wake the poll at once (the live host; a `--root` tree has none).
     pub uevents: bool,
+    /// How often the health stream sends every device's health again when nothing changed
+    /// ([`HEALTH_EVERY`] in the plugin), so that the kubelet never marks a device Unknown.
+    pub health_every: Duration,
 }
+
+/// How often the plugin sends the full health list when nothing changed. The kubelet marks a
+/// device Unknown when it has had no message for it within the device's
+/// `health_check_timeout_seconds` (its default, `DefaultHealthTimeout`, is 30 s when the field
+/// is 0): every 10 s against a timeout of [`HEALTH_TIMEOUT_S`] leaves two messages' slack.
+pub const HEALTH_EVERY: Duration = Duration::from_secs(10);
+
+/// The `health_check_timeout_seconds` each device's health carries: three times
+/// [`HEALTH_EVERY`], the kubelet's own default.
+pub const HEALTH_TIMEOUT_S: i64 = 30;
 
 impl Config {
     pub fn registration_socket(&self) -> PathBuf {
@@ -425,7 +438,7 @@ pub fn health_message(pool: &str, h: &[Health], now_s: i64) -> NodeWatchResource
                     HealthStatus::Unhealthy
                 } as i32,
                 last_updated_time: now_s,
-                health_check_timeout_seconds: 0,
+                health_check_timeout_seconds: HEALTH_TIMEOUT_S,
                 message: d.message.chars().take(1024).collect(),
             })
             .collect(),
@@ -442,6 +455,7 @@ fn unix_now() -> i64 {
 struct HealthService {
     shared: std::sync::Arc<Shared>,
     pool: String,
+    every: Duration,
 }
 
 #[tonic::async_trait]
@@ -452,10 +466,34 @@ impl DraResourceHealth for HealthService {
         &self,
         _: Request<NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let pool = self.pool.clone();
-        let s = tokio_stream::wrappers::WatchStream::new(self.shared.health.clone())
-            .map(move |h| Ok(health_message(&pool, &h, unix_now())));
-        Ok(Response::new(Box::pin(s)))
+        // Every device's health at once, again at each change, and again every `every` when
+        // nothing changed (a stream that only spoke on changes left the kubelet's timeout to
+        // turn healthy devices Unknown). The stream ends when the worker drops the sender.
+        let (pool, every) = (self.pool.clone(), self.every);
+        let mut rx = self.shared.health.clone();
+        let (tx, out) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let h = rx.borrow_and_update().clone();
+                if tx.send(Ok(health_message(&pool, &h, unix_now()))).await.is_err() {
+                    break; // the kubelet closed the stream
+                }
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            break; // the worker ended: so does the stream
+                        }
+                        tick.reset();
+                    }
+                    _ = tick.tick() => {}
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
     }
 }
 
@@ -618,6 +656,7 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
         .build()
         .map_err(ServerError::Runtime)?;
     let pool = cfg.pool.clone();
+    let health_every = cfg.health_every;
     let (job_tx, job_rx) = mpsc::channel::<Job>();
     let (health_tx, health_rx) = watch::channel(Vec::new());
     let reg_path = cfg.registration_socket();
@@ -662,6 +701,7 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
                 .add_service(DraResourceHealthServer::new(HealthService {
                     shared: shared.clone(),
                     pool,
+                    every: health_every,
                 }))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::UnixListenerStream::new(svc),
@@ -857,6 +897,7 @@ mod tests {
             plugin_dir: t.path().join("plugin"),
             poll: Duration::from_millis(50),
             uevents: false,
+            health_every: Duration::from_millis(100),
         };
         let reads = Arc::new(AtomicUsize::new(0));
         let fake = Fake::default();
@@ -895,6 +936,38 @@ mod tests {
                 ("DRAPlugin", "x.example.com")
             );
             let svc = connect(cfg.service_socket()).await;
+            // The health stream: every device at once, then again every `health_every` while
+            // nothing changes, each with the timeout the kubelet is to hold it to.
+            let mut health =
+                super::super::proto::health::dra_resource_health_client::DraResourceHealthClient::new(
+                    svc.clone(),
+                )
+                .node_watch_resources(super::super::proto::health::NodeWatchResourcesRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            let start = Instant::now();
+            let mut seen = Vec::new();
+            while seen.len() < 3 {
+                let m = tokio::time::timeout(Duration::from_secs(5), health.message())
+                    .await
+                    .expect("a health message within 5 s")
+                    .unwrap()
+                    .expect("the stream goes on");
+                seen.push(m);
+            }
+            assert!(
+                start.elapsed() >= Duration::from_millis(150),
+                "three messages came in {:?}: resent on the interval, not at once",
+                start.elapsed()
+            );
+            for m in &seen {
+                assert_eq!(m.devices.len(), 1);
+                assert_eq!(m.devices[0].device.as_ref().unwrap().device_name, "dev-a");
+                assert_eq!(m.devices[0].device.as_ref().unwrap().pool_name, "node-a");
+                assert_eq!(m.devices[0].health, HealthStatus::Healthy as i32);
+                assert_eq!(m.devices[0].health_check_timeout_seconds, HEALTH_TIMEOUT_S);
+            }
             let mut dra = v1::dra_plugin_client::DraPluginClient::new(svc.clone());
             let r = dra
                 .node_prepare_resources(v1::NodePrepareResourcesRequest {
