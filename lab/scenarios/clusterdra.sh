@@ -11,7 +11,7 @@
 # lab-timeout: 900
 # lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
 # lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
-# lab-steps: legacy-opens legacy-metadata legacy-pod-deleted legacy-group-restored
+# lab-steps: legacy-opens legacy-metadata legacy-health-stays legacy-pod-deleted legacy-group-restored
 # lab-steps: mdev-counters-published mdev-claim-allocated mdev-pod-running mdev-instance-created
 # lab-steps: mdev-opens mdev-metadata mdev-pod-deleted mdev-instance-removed
 # lab-steps-6.12: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
@@ -158,6 +158,17 @@ if grep -q 'resource.kubernetes.io/pciBusID":{"string":"'"$VGA"'"' "$CL_LOG/dra-
 else
   lab_fail legacy-metadata "no metadata file with pciBusID $VGA in the container: $(ls -R $PDIR 2>&1 | head -20 | tr '\n' ' ')"
 fi
+# Health that never goes stale (#45): the kubelet turns a device Unknown when the plugin's
+# health stream says nothing of it within its health_check_timeout_seconds (30 s; the plugin
+# sends the full list every 10 s). After 40 quiet seconds the Pod's allocatedResourcesStatus
+# (ResourceHealthStatus, beta and on in 1.37) must still say Healthy for the claim's device.
+t=$(cl_t)
+sleep 40
+hs=$(kc get pod dra-legacy -o jsonpath='{range .status.containerStatuses[*].allocatedResourcesStatus[*]}{.name}: {range .resources[*]}{.resourceID}={.health} {end}{end}' 2>&1)
+case $hs in
+  *"$DEV=Healthy"*) lab_pass legacy-health-stays "after $(cl_since "$t") s with nothing changed: $hs" ;;
+  *) lab_fail legacy-health-stays "after $(cl_since "$t") s: allocatedResourcesStatus '$hs', want $DEV=Healthy" ;;
+esac
 end_claim legacy dra-legacy
 
 # 1b. A mediated device (KEP-4815 counters): the mtty sample parent is a counter set on the API
