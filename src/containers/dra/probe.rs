@@ -150,11 +150,7 @@ async fn bounded<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::claim::Identity;
-    use super::super::prepare::Driver;
     use super::*;
-    use crate::host::HostRoot;
-    use crate::testkit::FakeHost;
 
     /// A plugin served on the `workstation` fixture (fake kernel) answers; one that stopped
     /// does not; another driver's name finds no socket.
@@ -165,44 +161,9 @@ mod tests {
         crate::testkit::fixtures::build("workstation", &root).unwrap();
         let claims = t.path().join("claims");
         std::fs::create_dir_all(&claims).unwrap();
-        let cfg = Config {
-            driver: "vfio.gpupass.dev".into(),
-            pool: "node-a".into(),
-            registry_dir: t.path().join("registry"),
-            plugin_dir: t.path().join("plugin"),
-            poll: Duration::from_millis(20),
-            uevents: false,
-            health_every: Duration::from_millis(100),
-        };
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = {
-            let (root, cfg) = (root.clone(), cfg.clone());
-            std::thread::spawn(move || {
-                let ops = FakeHost::new(HostRoot::new(&root));
-                let me = Identity {
-                    driver: "vfio.gpupass.dev".into(),
-                    node: "node-a".into(),
-                    pool: "node-a".into(),
-                };
-                let driver = Driver::new(
-                    &ops,
-                    me,
-                    crate::inventory::backend::Policy::Auto,
-                    "b0-boot".into(),
-                )
-                .unwrap();
-                crate::containers::kubelet::plugin::run(
-                    driver,
-                    &cfg,
-                    Box::new(crate::containers::kubelet::claims::Dir { dir: claims }),
-                    None,
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                )
-                .unwrap();
-            })
-        };
+        let cfg = super::super::tests::test_config(t.path());
+        let (server, stop_tx) =
+            super::super::tests::serve(&root, &cfg, &claims, super::super::prepare::DEFAULT_LOCK_WAIT);
         let svc = cfg.service_socket();
         let reg = cfg.registration_socket();
         for _ in 0..400 {

@@ -97,6 +97,52 @@ async fn health_of(
     }
 }
 
+/// The plugin directories of a test under `dir`, driver `vfio.gpupass.dev`, pool `node-a`.
+pub(super) fn test_config(dir: &Path) -> Config {
+    Config {
+        driver: "vfio.gpupass.dev".into(),
+        pool: "node-a".into(),
+        registry_dir: dir.join("registry"),
+        plugin_dir: dir.join("plugin"),
+        poll: Duration::from_millis(20),
+        uevents: false,
+        health_every: Duration::from_millis(100),
+    }
+}
+
+/// gpupass's driver on the fake kernel over the host tree `root`, its claims read from
+/// `claims`, served by the kit per `cfg` on a thread of its own until the sender is used.
+pub(super) fn serve(
+    root: &Path,
+    cfg: &Config,
+    claims: &Path,
+    lock_wait: Duration,
+) -> (std::thread::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (root, cfg, claims) = (root.to_path_buf(), cfg.clone(), claims.to_path_buf());
+    let server = std::thread::spawn(move || {
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let me = Identity {
+            driver: cfg.driver.clone(),
+            node: cfg.pool.clone(),
+            pool: cfg.pool.clone(),
+        };
+        let driver = Driver::new(
+            &ops,
+            me,
+            crate::inventory::backend::Policy::Auto,
+            "b0-boot".into(),
+        )
+        .unwrap()
+        .with_lock_wait(lock_wait);
+        run(driver, &cfg, Box::new(Dir { dir: claims }), None, async {
+            let _ = stop_rx.await;
+        })
+        .unwrap();
+    });
+    (server, stop_tx)
+}
+
 #[test]
 fn registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets() {
     let t = tempfile::tempdir().unwrap();
@@ -108,40 +154,9 @@ fn registers_prepares_serializes_watches_health_and_unprepares_over_unix_sockets
     write_claim(&claims, "gpu", "u1", GPU);
     write_claim(&claims, "gpu2", "u2", GPU);
     write_claim(&claims, "nope", "u3", "pci-0000-02-00-0");
-    let cfg = Config {
-        driver: "vfio.gpupass.dev".into(),
-        pool: "node-a".into(),
-        registry_dir: t.path().join("registry"),
-        plugin_dir: t.path().join("plugin"),
-        poll: Duration::from_millis(20),
-        uevents: false,
-        health_every: Duration::from_millis(100),
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = {
-        let (root, cfg, claims) = (root.clone(), cfg.clone(), claims.clone());
-        std::thread::spawn(move || {
-            let ops = FakeHost::new(HostRoot::new(&root));
-            let me = Identity {
-                driver: "vfio.gpupass.dev".into(),
-                node: "node-a".into(),
-                pool: "node-a".into(),
-            };
-            let driver = Driver::new(
-                &ops,
-                me,
-                crate::inventory::backend::Policy::Auto,
-                "b0-boot".into(),
-            )
-            .unwrap()
-            // Longer than the call's deadline below: the deadline bounds the wait.
-            .with_lock_wait(Duration::from_secs(30));
-            run(driver, &cfg, Box::new(Dir { dir: claims }), None, async {
-                let _ = stop_rx.await;
-            })
-            .unwrap();
-        })
-    };
+    let cfg = test_config(t.path());
+    // A lock wait longer than the call's deadline below: the deadline bounds the wait.
+    let (server, stop_tx) = serve(&root, &cfg, &claims, Duration::from_secs(30));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
