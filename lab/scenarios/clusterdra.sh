@@ -11,7 +11,8 @@
 # lab-timeout: 900
 # lab-steps: leg drivers-before plugin-start plugin-registered slices-published refused-not-published
 # lab-steps: manifests-applied legacy-claim-allocated legacy-pod-running legacy-group-on-vfio
-# lab-steps: legacy-opens legacy-metadata legacy-health-stays legacy-pod-deleted legacy-group-restored
+# lab-steps: legacy-opens legacy-metadata legacy-health-stays legacy-host-unbind-refused
+# lab-steps: legacy-pod-deleted legacy-group-restored
 # lab-steps: mdev-counters-published mdev-claim-allocated mdev-pod-running mdev-instance-created
 # lab-steps: mdev-opens mdev-metadata mdev-pod-deleted mdev-instance-removed
 # lab-steps-6.12: iommufd-claim-allocated iommufd-pod-running iommufd-opens iommufd-pod-deleted
@@ -169,6 +170,18 @@ case $hs in
   *"$DEV=Healthy"*) lab_pass legacy-health-stays "after $(cl_since "$t") s with nothing changed: $hs" ;;
   *) lab_fail legacy-health-stays "after $(cl_since "$t") s: allocatedResourcesStatus '$hs', want $DEV=Healthy" ;;
 esac
+# One owner per group (#45): the journal records the claim as the group's holder, so the host's
+# `gpupass unbind --all` refuses to take the group from under the running Pod, naming the claim,
+# and changes nothing.
+gpupass unbind --all > "$CL_LOG/host-unbind.txt" 2>&1
+rc=$?
+lab_file host-unbind.txt "$CL_LOG/host-unbind.txt"
+if [ "$rc" != 0 ] && grep -q "held by claim default/$(claim_of dra-legacy)" "$CL_LOG/host-unbind.txt" &&
+  [ "$(group_drivers)" = "vfio-pci vfio-pci" ]; then
+  lab_pass legacy-host-unbind-refused "exit $rc, $(grep -m1 'held by claim' "$CL_LOG/host-unbind.txt" | cut -c1-200); group still $(group_drivers)"
+else
+  lab_fail legacy-host-unbind-refused "exit $rc, drivers $(group_drivers): $(tr '\n' ';' < "$CL_LOG/host-unbind.txt" | cut -c1-400)"
+fi
 end_claim legacy dra-legacy
 
 # 1b. A mediated device (KEP-4815 counters): the mtty sample parent is a counter set on the API

@@ -4,7 +4,7 @@
 //! rollback). `gpupass recover` is the engine's ([`crate::change::recover`]).
 
 use super::facts::{self, HostFacts};
-use super::{plan_bind, plan_unbind, BindError, BindRequest, Plan, UnbindRequest};
+use super::{plan_bind, plan_unbind, BindError, BindRequest, Plan, Refusal, UnbindRequest};
 use crate::change::engine::current_driver;
 use crate::change::journal::{OpenChange, Replay};
 use crate::change::{ChangeError, Followup, Object, Part, Session};
@@ -412,8 +412,21 @@ pub fn bind_then(
         force,
         announce,
         follow,
-        |inv, facts, _| plan_bind(inv, facts, req),
+        |inv, facts, replay| held_refusals(plan_bind(inv, facts, req), replay, "binding"),
     )
+}
+
+/// The host CLI's plan with a refusal for each function a live claim holds (one owner per
+/// group): never a DRA claim's own plan, which the claim's prepare checks itself.
+fn held_refusals(mut plan: Plan, replay: &Replay, action: &str) -> Plan {
+    for f in &plan.functions {
+        let key = f.address.to_string();
+        if let Some((_, h)) = replay.holders_against(None, &[key], &[]).into_iter().next() {
+            plan.refusals
+                .push(Refusal::held_by_claim(f.address, &h.label, action));
+        }
+    }
+    plan
 }
 
 /// `gpupass unbind`, then `follow` in the same session once the unbind committed.
@@ -442,7 +455,7 @@ pub fn unbind_then(
         force,
         announce,
         follow,
-        |inv, facts, replay| plan_unbind(inv, facts, &replay.bound, req),
+        |inv, facts, replay| held_refusals(plan_unbind(inv, facts, &replay.bound, req), replay, "unbinding"),
     )
 }
 

@@ -99,6 +99,16 @@ impl Refusal {
         )
     }
 
+    /// A function a live DRA claim holds (the journal's holds, [`crate::change::Holds`]):
+    /// the host does not take it from under the claim's Pod unless forced.
+    pub fn held_by_claim(address: PciAddress, holder: &str, action: &str) -> Self {
+        Refusal::forceable(
+            address,
+            format!("is held by {holder}, which a Pod is using; {action} it would take it from under that Pod"),
+            "delete that claim's Pod (the kubelet then unprepares it and gives the group back), or pass --force if the claim is gone (a plugin removed while it was prepared)",
+        )
+    }
+
     /// Bind (and persist) of a bridge: VFIO assigns endpoints.
     pub fn bridge_bind(address: PciAddress) -> Self {
         Refusal::hard(

@@ -580,7 +580,8 @@ impl<'a> Session<'a> {
     /// made, the checks between them, and `commit`. On a failure every object goes back to
     /// its state before (journaled as `undo`s, then `rolled_back`); if even that fails the
     /// transaction stays open for `gpupass recover`. An empty plan changes and journals
-    /// nothing.
+    /// nothing, unless it takes or gives back holds ([`Plan::moves_holds`]): then its
+    /// `change` and `commit` are all it writes.
     pub fn apply(&mut self, plan: &Plan) -> Result<Outcome, ChangeError> {
         if let Some((t, key)) = self.conflict(plan) {
             return Err(ChangeError::Unfinished {
@@ -588,7 +589,7 @@ impl<'a> Session<'a> {
                 key: key.replacen(':', " ", 1),
             });
         }
-        if plan.is_empty() {
+        if plan.is_empty() && !plan.moves_holds() {
             return Ok(Outcome::default());
         }
         self.run_journaled(plan, None)
@@ -685,6 +686,8 @@ fn run(
             source: std::io::Error::other(e),
         })?,
         writes: plan.write_count(),
+        holds: plan.holds.clone(),
+        releases: plan.releases,
     })?;
     let mut out = Outcome::default();
     let mut failure: Option<(usize, Option<Step>, Cause)> = None;

@@ -31,7 +31,7 @@
 //! before it reads the host until its journal entry is closed, so two gpupass processes never
 //! plan from the same stale view or interleave writes.
 
-use super::{Action, BoundState, ChangeError, DriverState, FuncPlan, Object};
+use super::{Action, BoundState, ChangeError, DriverState, FuncPlan, Holds, Object};
 use crate::host::HostRoot;
 use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
@@ -97,6 +97,12 @@ pub enum Record {
         owner: Option<String>,
         changes: serde_json::Value,
         writes: usize,
+        /// What `owner` holds once the plan commits ([`Holds`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holds: Option<Holds>,
+        /// `owner` gives back what it held once the plan commits.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        releases: bool,
     },
     /// More of transaction `txn`'s plan: a part planned after the plan's earlier writes
     /// (`change::Session::apply_then`), its objects (`changes`) and its `writes`, journaled
@@ -109,9 +115,12 @@ pub enum Record {
         changes: serde_json::Value,
         writes: usize,
     },
-    /// Compacted journal: the functions bound by gpupass and their previous state.
+    /// Compacted journal: the functions bound by gpupass and their previous state, and what
+    /// live owners hold.
     State {
         bound: Vec<(PciAddress, DriverState)>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        held: Vec<(String, Vec<Holder>)>,
     },
 }
 
@@ -136,7 +145,22 @@ pub struct OpenChange {
     /// Last write announced (0: none); it may or may not have happened.
     pub at: usize,
     pub at_path: Option<String>,
+    pub holds: Option<Holds>,
+    pub releases: bool,
 }
+
+/// One holder of a key ([`Holds`]): the owner tag (`dra-claim:UID`), its label for people,
+/// and whether it shares the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    pub owner: String,
+    pub label: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
+}
+
+/// Who holds what: key (an address or an mdev parent) -> its holders.
+pub type Held = std::collections::BTreeMap<String, Vec<Holder>>;
 
 impl OpenChange {
     pub fn describe(&self) -> String {
@@ -180,6 +204,8 @@ impl OpenChange {
 #[derive(Debug, Clone, Default)]
 pub struct Replay {
     pub bound: BoundState,
+    /// What live owners hold (their committed [`Holds`], until a plan of theirs releases).
+    pub held: Held,
     /// Unfinished plans, oldest first.
     pub open: Vec<OpenChange>,
     /// Lines that could not be parsed (a torn last line after a crash mid-append).
@@ -258,6 +284,8 @@ pub fn replay(text: &str) -> Replay {
                     writes,
                     at: 0,
                     at_path: None,
+                    holds: None,
+                    releases: false,
                 })
             }
             Record::Change {
@@ -268,6 +296,8 @@ pub fn replay(text: &str) -> Replay {
                 owner,
                 changes,
                 writes,
+                holds,
+                releases,
                 ..
             } => open.push(OpenChange {
                 txn,
@@ -279,6 +309,8 @@ pub fn replay(text: &str) -> Replay {
                 writes,
                 at: 0,
                 at_path: None,
+                holds,
+                releases,
             }),
             Record::Step { txn, n, path, .. } => {
                 if let Some(t) = open.iter_mut().find(|t| t.txn == txn) {
@@ -315,6 +347,7 @@ pub fn replay(text: &str) -> Replay {
                 if let Some(i) = open.iter().position(|t| t.txn == txn) {
                     let t = open.remove(i);
                     settle(&mut r.bound, &t);
+                    settle_holds(&mut r.held, &t);
                 }
             }
             Record::RolledBack { txn, .. } => {
@@ -325,14 +358,87 @@ pub fn replay(text: &str) -> Replay {
                     let t = open.remove(i);
                     if to == "after" {
                         settle(&mut r.bound, &t);
+                        settle_holds(&mut r.held, &t);
                     }
                 }
             }
-            Record::State { bound } => r.bound = bound.into_iter().collect(),
+            Record::State { bound, held } => {
+                r.bound = bound.into_iter().collect();
+                r.held = held.into_iter().collect();
+            }
         }
     }
     r.open = open;
     r
+}
+
+/// Apply a completed transaction's holds: an owner's release drops every key it held; its
+/// [`Holds`] replace what it held before.
+fn settle_holds(held: &mut Held, t: &OpenChange) {
+    let Some(owner) = t.owner.as_deref() else {
+        return;
+    };
+    if t.releases || t.holds.is_some() {
+        for hs in held.values_mut() {
+            hs.retain(|h| h.owner != owner);
+        }
+        held.retain(|_, hs| !hs.is_empty());
+    }
+    let Some(h) = &t.holds else { return };
+    let keys = h
+        .alone
+        .iter()
+        .map(|k| (k, false))
+        .chain(h.shared.iter().map(|k| (k, true)));
+    for (k, shared) in keys {
+        held.entry(k.clone()).or_default().push(Holder {
+            owner: owner.to_string(),
+            label: h.label.clone(),
+            shared,
+        });
+    }
+}
+
+impl Replay {
+    /// What `owner` holds now, as [`Holds`] keys (alone, shared), each sorted.
+    pub fn held_by(&self, owner: &str) -> (Vec<String>, Vec<String>) {
+        let (mut alone, mut shared) = (Vec::new(), Vec::new());
+        for (k, hs) in &self.held {
+            for h in hs.iter().filter(|h| h.owner == owner) {
+                if h.shared {
+                    shared.push(k.clone());
+                } else {
+                    alone.push(k.clone());
+                }
+            }
+        }
+        (alone, shared)
+    }
+
+    /// The holders that keep `owner` from holding `alone` (anyone else) and `shared` (anyone
+    /// else who holds it alone), each with the key: one owner per group.
+    pub fn holders_against<'r>(
+        &'r self,
+        owner: Option<&str>,
+        alone: &[String],
+        shared: &[String],
+    ) -> Vec<(String, &'r Holder)> {
+        let mut out = Vec::new();
+        let keys = alone
+            .iter()
+            .map(|k| (k, false))
+            .chain(shared.iter().map(|k| (k, true)));
+        for (k, sharing) in keys {
+            for h in self.held.get(k).into_iter().flatten() {
+                let other = Some(h.owner.as_str()) != owner;
+                let known = out.iter().any(|(_, o): &(String, &Holder)| o.owner == h.owner);
+                if other && !(sharing && h.shared) && !known {
+                    out.push((k.clone(), h));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Apply a completed transaction's function moves to the "bound by gpupass" state.
@@ -483,7 +589,7 @@ impl Journal {
         fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
         if replay.open.is_empty() && (replay.records > 1 || replay.bad_lines > 0) {
-            compact(&path, &replay.bound).map_err(jerr(&path, host))?;
+            compact(&path, &replay.bound, &replay.held).map_err(jerr(&path, host))?;
         }
         let file = OpenOptions::new()
             .create(true)
@@ -520,11 +626,12 @@ impl Journal {
     }
 }
 
-fn compact(path: &Path, bound: &BoundState) -> io::Result<()> {
+fn compact(path: &Path, bound: &BoundState, held: &Held) -> io::Result<()> {
     let line = serde_json::to_string(&Line {
         v: VERSION,
         rec: Record::State {
             bound: bound.iter().map(|(a, s)| (*a, s.clone())).collect(),
+            held: held.iter().map(|(k, h)| (k.clone(), h.clone())).collect(),
         },
     })
     .map_err(io::Error::other)?;
@@ -693,7 +800,112 @@ mod tests {
             owner: None,
             changes: serde_json::to_value(objects).unwrap(),
             writes,
+            holds: None,
+            releases: false,
         }
+    }
+
+    fn owned(txn: &str, owner: &str, holds: Option<Holds>, releases: bool) -> Record {
+        Record::Change {
+            txn: txn.into(),
+            time: 0,
+            pid: 1,
+            domain: "dra".into(),
+            what: "files".into(),
+            owner: Some(owner.into()),
+            changes: serde_json::json!([]),
+            writes: 0,
+            holds,
+            releases,
+        }
+    }
+
+    fn holds(label: &str, alone: &[&str], shared: &[&str]) -> Option<Holds> {
+        Some(Holds {
+            label: label.into(),
+            alone: alone.iter().map(|s| s.to_string()).collect(),
+            shared: shared.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    /// One owner per group: a committed plan's holds are replayed (a rolled-back one's are
+    /// not), a second owner is refused what another holds alone, sharers of an mdev parent
+    /// keep each other company, a release gives everything back, and compaction keeps what
+    /// is held.
+    #[test]
+    fn holds_are_replayed_released_and_compacted() {
+        let c = |t: &str| line(Record::Commit { txn: t.into() });
+        let text = [
+            line(owned(
+                "a",
+                "dra-claim:A",
+                holds("claim ns/a (A)", &["0000:00:05.0", "0000:00:05.1"], &[]),
+                false,
+            )),
+            c("a"),
+            line(owned(
+                "b",
+                "dra-claim:B",
+                holds("claim ns/b (B)", &["0000:00:06.0"], &[]),
+                false,
+            )),
+            line(Record::RolledBack {
+                txn: "b".into(),
+                error: "x".into(),
+            }),
+            line(owned(
+                "m1",
+                "dra-claim:M1",
+                holds("claim ns/m1 (M1)", &[], &["mtty"]),
+                false,
+            )),
+            c("m1"),
+            line(owned(
+                "m2",
+                "dra-claim:M2",
+                holds("claim ns/m2 (M2)", &[], &["mtty"]),
+                false,
+            )),
+            c("m2"),
+        ]
+        .join("\n");
+        let r = replay(&text);
+        let keys: Vec<&String> = r.held.keys().collect();
+        assert_eq!(keys, ["0000:00:05.0", "0000:00:05.1", "mtty"], "{:?}", r.held);
+        assert_eq!(r.held["mtty"].len(), 2);
+        // Another claim on the group is refused, naming the holder; the holder itself is not.
+        let k = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let against = r.holders_against(Some("dra-claim:C"), &k(&["0000:00:05.1"]), &[]);
+        assert_eq!(against.len(), 1);
+        assert_eq!(against[0].1.label, "claim ns/a (A)");
+        assert!(r
+            .holders_against(Some("dra-claim:A"), &k(&["0000:00:05.0"]), &[])
+            .is_empty());
+        // The host CLI (no owner) is refused too.
+        assert_eq!(r.holders_against(None, &k(&["0000:00:05.0"]), &[]).len(), 1);
+        // A third vGPU shares the parent; a whole-device claim on it is refused by both.
+        assert!(r
+            .holders_against(Some("dra-claim:M3"), &[], &k(&["mtty"]))
+            .is_empty());
+        assert_eq!(
+            r.holders_against(Some("dra-claim:W"), &k(&["mtty"]), &[]).len(),
+            2
+        );
+        // A release gives back all of A's keys.
+        let text2 = format!(
+            "{text}\n{}\n{}",
+            line(owned("u", "dra-claim:A", None, true)),
+            c("u")
+        );
+        let r2 = replay(&text2);
+        assert!(!r2.held.contains_key("0000:00:05.0"), "{:?}", r2.held);
+        assert_eq!(r2.held["mtty"].len(), 2);
+        // Compaction keeps the holders.
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("journal.jsonl");
+        compact(&p, &r.bound, &r.held).unwrap();
+        let back = replay(&std::fs::read_to_string(&p).unwrap());
+        assert_eq!(back.held, r.held);
     }
 
     #[test]
@@ -722,7 +934,7 @@ mod tests {
         .unwrap();
         j.append(Record::Commit { txn: "t".into() }).unwrap();
         let r = read(&host).unwrap();
-        compact(&journal_path(&host), &r.bound).unwrap();
+        compact(&journal_path(&host), &r.bound, &r.held).unwrap();
         let r2 = read(&host).unwrap();
         assert_eq!(r.bound, r2.bound);
         assert_eq!(r2.bound.len(), 1);

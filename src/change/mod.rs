@@ -400,14 +400,39 @@ pub struct Plan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     pub parts: Vec<Part>,
+    /// What the owner holds once the plan commits ([`Holds`]), replacing what it held before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<Holds>,
+    /// The owner gives back everything it held once the plan commits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub releases: bool,
+}
+
+/// What an owner (a DRA claim) holds while it lives: the functions it has alone (a claim's
+/// device and its IOMMU-group companions) and those it shares with owners of its kind (the
+/// parent of a claim's mediated devices, which other claims' vGPUs may share). Recorded in
+/// the journal's `change` record and replayed ([`journal::Replay::held`]), so that a second
+/// claim on the same group or parent, or `gpupass unbind` on the host, is refused naming the
+/// holder.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holds {
+    /// Who, for people: `claim NAMESPACE/NAME (UID)`.
+    pub label: String,
+    /// Keys held alone: PCI addresses (`0000:01:00.0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alone: Vec<String>,
+    /// Keys held together with other sharing holders: mdev parents (an address, or a
+    /// virtual parent's name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<String>,
 }
 
 impl Plan {
     /// A plan of one part.
     pub fn of(part: Part) -> Plan {
         Plan {
-            owner: None,
             parts: vec![part],
+            ..Plan::default()
         }
     }
 
@@ -415,6 +440,11 @@ impl Plan {
     pub fn owned_by(mut self, owner: impl Into<String>) -> Plan {
         self.owner = Some(owner.into());
         self
+    }
+
+    /// Whether the plan must be journaled even with no write: it takes or gives back holds.
+    pub fn moves_holds(&self) -> bool {
+        self.holds.is_some() || self.releases
     }
 
     /// Add a part (after the ones already there: parts run in order). Empty parts are

@@ -44,6 +44,23 @@ pub fn owner(uid: &str) -> String {
     format!("{OWNER_PREFIX}{uid}")
 }
 
+/// A claim as the journal knows its plans: the owner tag ([`owner`]) and, for people, the
+/// claim's `NAMESPACE/NAME (UID)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub tag: String,
+    pub label: String,
+}
+
+impl Owner {
+    pub fn claim(uid: &str, label: &str) -> Owner {
+        Owner {
+            tag: owner(uid),
+            label: format!("claim {label}"),
+        }
+    }
+}
+
 /// What every claim's owner tag begins with.
 pub const OWNER_PREFIX: &str = "dra-claim:";
 
@@ -68,6 +85,16 @@ pub enum ApplyError {
     Bind(#[from] BindError),
     #[error(transparent)]
     Change(#[from] ChangeError),
+    /// Another live claim holds a function of the claim's groups, or the parent of its
+    /// mediated devices (one owner per group, whatever the scheduler allocated).
+    #[error(
+        "{key} is held by {holder}{how}: one owner per group, a claim may not share an IOMMU group or an mdev parent with another claim's devices; the claim is refused and nothing was changed (once that claim's Pod is deleted the kubelet unprepares it and this claim can be prepared)"
+    )]
+    Held {
+        key: String,
+        holder: String,
+        how: &'static str,
+    },
 }
 
 impl ApplyError {
@@ -77,7 +104,7 @@ impl ApplyError {
     pub fn changed_nothing(&self) -> bool {
         let change = match self {
             ApplyError::Change(c) | ApplyError::Bind(BindError::Change(c)) => c,
-            ApplyError::Bind(_) => return true,
+            ApplyError::Bind(_) | ApplyError::Held { .. } => return true,
         };
         match change {
             ChangeError::Failed(f) => f.rollback_ok(),
@@ -139,7 +166,7 @@ pub struct Mdev {
 pub fn prepare(
     ops: &dyn HostOps,
     wait: Duration,
-    owner: &str,
+    owner: &Owner,
     what: &str,
     members: &[PciAddress],
     mdevs: &[Mdev],
@@ -147,7 +174,28 @@ pub fn prepare(
 ) -> Result<Applied, ApplyError> {
     let host = ops.root().clone();
     let mut session = Session::lock(ops, wait)?;
-    let mut plan = Plan::default().owned_by(owner);
+    let holds = holds_of(&host, &owner.label, members, mdevs);
+    if let Some((key, h)) = session
+        .replay()
+        .holders_against(Some(&owner.tag), &holds.alone, &holds.shared)
+        .into_iter()
+        .next()
+    {
+        return Err(ApplyError::Held {
+            key,
+            holder: h.label.clone(),
+            how: if h.shared {
+                " (the parent of its mediated devices)"
+            } else {
+                ""
+            },
+        });
+    }
+    let mut plan = Plan::default().owned_by(&owner.tag);
+    // A retry of a prepared claim holds what it held: nothing to journal for that.
+    if session.replay().held_by(&owner.tag) != (holds.alone.clone(), holds.shared.clone()) {
+        plan.holds = Some(holds);
+    }
     let mut moved = Vec::new();
     let needs_bind = members
         .iter()
@@ -194,6 +242,40 @@ pub fn prepare(
     Ok(Applied { moved, wrote })
 }
 
+/// What a claim holds while it lives: each listed function's whole IOMMU group alone (read
+/// from its `iommu_group/devices`; the function itself where it has none), and the parents
+/// of its mediated devices shared.
+fn holds_of(host: &HostRoot, label: &str, members: &[PciAddress], mdevs: &[Mdev]) -> crate::change::Holds {
+    let mut alone: Vec<String> = Vec::new();
+    for a in members {
+        let dir = host
+            .sys_bus_pci_devices()
+            .join(a.to_string())
+            .join("iommu_group/devices");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.is_empty() {
+            names.push(a.to_string());
+        }
+        alone.extend(names);
+    }
+    alone.sort();
+    alone.dedup();
+    let mut shared: Vec<String> = mdevs.iter().map(|m| m.parent.clone()).collect();
+    shared.sort();
+    shared.dedup();
+    crate::change::Holds {
+        label: label.to_string(),
+        alone,
+        shared,
+    }
+}
+
 /// The host's CDI specs (`cdi generate --write`'s) refreshed in a claim's session once its
 /// plan committed ([`crate::containers::cdi::refresh_in`]), from `view` when the host was
 /// read after the writes; a failure is logged, the claim's change stands.
@@ -230,6 +312,8 @@ pub fn unprepare(
     let host = ops.root().clone();
     let mut session = Session::lock(ops, wait)?;
     let mut plan = Plan::default().owned_by(owner);
+    let (alone, shared) = session.replay().held_by(owner);
+    plan.releases = !alone.is_empty() || !shared.is_empty();
     let mut moved = Vec::new();
     let remove: Vec<crate::change::Object> = mdevs
         .iter()

@@ -244,7 +244,7 @@ impl<'a> Driver<'a> {
         let r = apply::prepare(
             self.ops,
             self.wait_for(deadline),
-            &apply::owner(&c.uid),
+            &apply::Owner::claim(&c.uid, &label),
             &format!("files of claim {label}"),
             &members,
             &mdevs,
@@ -853,12 +853,25 @@ mod tests {
         assert_eq!(journal(&root), j);
         assert_eq!(state(&root), after);
         // Unprepare: the plan's undo, one plan owned by the claim (the journal folded the
-        // committed prepare into its `state` record first).
+        // committed prepare into its `state` record first, which keeps what the claim holds),
+        // releasing the claim's hold on the group.
         restarted.unprepare("u1").unwrap();
         assert_eq!(state(&root), before);
         let j = journal(&root);
         assert_eq!(j.matches("\"op\":\"change\"").count(), 1, "{j}");
-        assert_eq!(j.matches("\"owner\":\"dra-claim:u1\"").count(), 1, "{j}");
+        assert_eq!(
+            j.matches("\"owner\":\"dra-claim:u1\",\"changes\"").count(),
+            1,
+            "{j}"
+        );
+        assert_eq!(
+            j.matches("\"owner\":\"dra-claim:u1\",\"label\"").count(),
+            2,
+            "{j}"
+        );
+        assert_eq!(j.matches("\"releases\":true").count(), 1, "{j}");
+        let r = crate::change::journal::read(&HostRoot::new(&root)).unwrap();
+        assert!(r.held.is_empty(), "{:?}", r.held);
         assert_eq!(j.matches("\"domain\":\"unbind+dra\"").count(), 1, "{j}");
         assert_eq!(j.matches("\"op\":\"step\"").count(), 9, "{j}");
         assert!(!root
@@ -867,6 +880,84 @@ mod tests {
             .join("dra-device-metadata/default_gpu")
             .exists());
         assert!(restarted.checkpoint().claims.is_empty());
+    }
+
+    /// One owner per group, whatever the scheduler allocated and whatever the plugin's
+    /// checkpoint says: the journal records what a live claim holds. A second claim given the
+    /// device a live claim holds (a double allocation, as with the scheduler's counters off),
+    /// seen by a plugin whose checkpoint was lost (a reinstall), is refused naming the holder
+    /// and changes nothing; the host's `gpupass unbind` (and `--all`) refuse to take the
+    /// group from under the claim's Pod unless forced; once the first claim is unprepared
+    /// the second prepares.
+    #[test]
+    fn one_owner_per_group_against_a_second_claim_and_the_host() {
+        let (_t, root, claims) = lab_claim();
+        let c2 = serde_json::json!({
+            "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
+            "status": {"allocation": {
+                "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+            }}
+        });
+        std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
+        let second = ClaimRef {
+            namespace: "default".into(),
+            uid: "u2".into(),
+            name: "gpu2".into(),
+        };
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let mut e = engine(&ops, &claims);
+        e.prepare(&gpu_claim()).unwrap();
+        let held = state(&root);
+        let j = journal(&root);
+        // A plugin that lost its checkpoint knows nothing of u1: the journal does.
+        let cp = root
+            .join("var/lib/kubelet/plugins")
+            .join(DRIVER)
+            .join("checkpoint.json");
+        let kept = std::fs::read(&cp).unwrap();
+        std::fs::remove_file(&cp).unwrap();
+        let mut fresh = engine(&ops, &claims);
+        let err = crate::model::ErrorChain(&fresh.prepare(&second).unwrap_err()).to_string();
+        assert!(
+            err.contains("is held by claim default/gpu (u1)") && err.contains("one owner per group"),
+            "{err}"
+        );
+        assert_eq!(state(&root), held);
+        assert_eq!(journal(&root), j, "a refused claim journals nothing");
+        assert!(fresh.checkpoint().claims.is_empty());
+        drop(fresh);
+        std::fs::write(&cp, kept).unwrap();
+        let mut e = engine(&ops, &claims);
+        let unbind = |addresses: Vec<PciAddress>, all: bool, force: bool| {
+            let req = crate::bind::UnbindRequest {
+                addresses,
+                group: None,
+                all,
+                only: false,
+            };
+            crate::bind::apply::unbind(&ops, &req, force, false, &|_| {})
+        };
+        let vga: PciAddress = "0000:00:05.0".parse().unwrap();
+        for all in [false, true] {
+            let addrs = if all { Vec::new() } else { vec![vga] };
+            let err = crate::model::ErrorChain(&unbind(addrs, all, false).unwrap_err()).to_string();
+            assert!(err.contains("held by claim default/gpu (u1)"), "{err}");
+            assert!(err.contains("--force"), "{err}");
+            assert_eq!(state(&root), held);
+        }
+        // The claim gone (unprepared), the second one prepares and holds the group in turn.
+        e.unprepare("u1").unwrap();
+        e.prepare(&second).unwrap();
+        let err = crate::model::ErrorChain(&unbind(vec![vga], false, false).unwrap_err()).to_string();
+        assert!(err.contains("held by claim default/gpu2 (u2)"), "{err}");
+        // Forced, the host takes it back (a claim whose plugin is gone).
+        unbind(vec![vga], false, true).unwrap();
+        assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("bochs-drm"));
+        // The claim's unprepare then gives back what is left and releases its hold.
+        e.unprepare("u2").unwrap();
+        let r = crate::change::journal::read(&HostRoot::new(&root)).unwrap();
+        assert!(r.held.is_empty(), "{:?}", r.held);
     }
 
     /// A `require-iommufd` claim on a node whose kernel has no iommufd (this 6.1 host: no
