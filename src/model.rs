@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 /// Version of the JSON document layout. Bumped only on incompatible changes; new optional
 /// fields do not bump it.
-pub const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// A PCI function address: `domain:bus:device.function`, printed as `0000:01:00.0`.
 ///
@@ -42,12 +42,12 @@ impl PciAddress {
     }
 
     /// The same slot (domain, bus, device): functions of one multifunction card.
-    pub fn same_slot(&self, other: &PciAddress) -> bool {
+    pub(crate) fn same_slot(&self, other: &PciAddress) -> bool {
         self.domain == other.domain && self.bus == other.bus && self.device == other.device
     }
 
     /// `0000:01:00` — the slot without the function.
-    pub fn slot_string(&self) -> String {
+    pub(crate) fn slot_string(&self) -> String {
         format!("{:04x}:{:02x}:{:02x}", self.domain, self.bus, self.device)
     }
 }
@@ -199,7 +199,7 @@ pub struct Bar {
 
 /// Whether `s` is an mdev UUID: 8-4-4-4-12 hex digits (either case), the form the kernel names
 /// mdev instances in. The one UUID rule every command uses (arguments, sysfs names, device IDs).
-pub fn is_uuid(s: &str) -> bool {
+pub(crate) fn is_uuid(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 36
         && b.iter().enumerate().all(|(i, c)| match i {
@@ -210,7 +210,7 @@ pub fn is_uuid(s: &str) -> bool {
 
 /// `s` as the canonical (lower-case) mdev UUID when [`is_uuid`] holds: the one spelling every
 /// consumer stores and compares (the kernel's, and mdevctl's).
-pub fn canonical_uuid(s: &str) -> Option<String> {
+pub(crate) fn canonical_uuid(s: &str) -> Option<String> {
     is_uuid(s).then(|| s.to_ascii_lowercase())
 }
 
@@ -279,11 +279,11 @@ pub struct HexId<const N: usize> {
 }
 
 /// A PCI vendor, device or subsystem ID: four hex digits.
-pub type PciId = HexId<4>;
+pub(crate) type PciId = HexId<4>;
 /// A PCI class code (base class, subclass, programming interface): six hex digits.
-pub type ClassCode = HexId<6>;
+pub(crate) type ClassCode = HexId<6>;
 /// A PCI revision ID: two hex digits.
-pub type Revision = HexId<2>;
+pub(crate) type Revision = HexId<2>;
 
 impl<const N: usize> HexId<N> {
     /// `v` in `N` hex digits; `None` when it does not fit.
@@ -314,20 +314,20 @@ impl<const N: usize> HexId<N> {
 }
 
 impl PciId {
-    pub fn from_u16(v: u16) -> Self {
+    pub(crate) fn from_u16(v: u16) -> Self {
         Self::low_digits(v.into())
     }
 }
 
 impl ClassCode {
     /// The class code in the low 24 bits of `v`.
-    pub fn from_bits(v: u32) -> Self {
+    pub(crate) fn from_bits(v: u32) -> Self {
         Self::low_digits(v & 0xff_ffff)
     }
 }
 
 impl Revision {
-    pub fn from_u8(v: u8) -> Self {
+    pub(crate) fn from_u8(v: u8) -> Self {
         Self::low_digits(v.into())
     }
 }
@@ -469,11 +469,11 @@ pub struct PciDevice {
 }
 
 impl PciDevice {
-    pub fn class_code(&self) -> u32 {
+    pub(crate) fn class_code(&self) -> u32 {
         self.class.value()
     }
 
-    pub fn base_class(&self) -> u8 {
+    pub(crate) fn base_class(&self) -> u8 {
         (self.class_code() >> 16) as u8
     }
 
@@ -486,21 +486,8 @@ impl PciDevice {
         matches!(self.base_class(), 0x03 | 0x12)
     }
 
-    /// Multimedia audio / HD audio (class 04 01 or 04 03): the HDMI audio of a GPU.
-    pub fn is_audio(&self) -> bool {
-        self.base_class() == 0x04 && matches!(self.subclass(), 0x01 | 0x03)
-    }
-
-    pub fn vendor_id_u16(&self) -> u16 {
-        self.vendor_id.value() as u16
-    }
-
-    pub fn device_id_u16(&self) -> u16 {
-        self.device_id.value() as u16
-    }
-
     /// A short human name: the pci.ids device name, else `vendor:device`.
-    pub fn display_name(&self) -> String {
+    pub(crate) fn display_name(&self) -> String {
         match (&self.vendor_name, &self.device_name) {
             (Some(v), Some(d)) => format!("{v} {d}"),
             (Some(v), None) => format!("{v} device {}", self.device_id),
@@ -569,7 +556,7 @@ pub struct IommufdFacts {
 }
 
 /// Whether a driver name is a VFIO driver (vfio-pci or a variant such as `mlx5_vfio_pci`).
-pub fn is_vfio_driver(driver: &str) -> bool {
+pub(crate) fn is_vfio_driver(driver: &str) -> bool {
     // `-` and `_` are the same character in a module name; compared without building the
     // normalised name (this runs for every function and group member of a scan).
     let same = |a: &[u8], b: &[u8]| {
@@ -585,7 +572,7 @@ pub fn is_vfio_driver(driver: &str) -> bool {
 }
 
 /// Whether a bound driver keeps a group viable for VFIO (kernel `vfio_dev_driver_allowed`).
-pub fn driver_allows_vfio(driver: Option<&str>) -> bool {
+pub(crate) fn driver_allows_vfio(driver: Option<&str>) -> bool {
     match driver {
         None => true,
         Some(d) => is_vfio_driver(d) || d == "pci-stub" || d == "pci_stub",
@@ -626,7 +613,7 @@ pub enum NotReady {
 
 impl NotReady {
     /// The blocking members as `0000:01:00.1 (snd_hda_intel), ...` (empty for other reasons).
-    pub fn blocker_list(&self) -> String {
+    pub(crate) fn blocker_list(&self) -> String {
         match self {
             NotReady::NotViable { blockers, .. } => blockers
                 .iter()
@@ -657,7 +644,7 @@ impl fmt::Display for NotReady {
 
 impl PciDevice {
     /// The first readiness check: bound to a VFIO driver.
-    pub fn check_vfio_driver(&self) -> Result<(), NotReady> {
+    pub(crate) fn check_vfio_driver(&self) -> Result<(), NotReady> {
         if self.driver.as_deref().is_some_and(is_vfio_driver) {
             Ok(())
         } else {
@@ -691,7 +678,7 @@ pub struct IommuGroup {
 
 impl IommuGroup {
     /// The viability check: VFIO opens a group only when no member is on a host driver.
-    pub fn check_viable(&self) -> Result<(), NotReady> {
+    pub(crate) fn check_viable(&self) -> Result<(), NotReady> {
         if self.viable {
             Ok(())
         } else {
@@ -786,17 +773,10 @@ impl Inventory {
         self.groups.iter().find(|g| g.number == number)
     }
 
-    /// The group of a device, if it has one.
-    pub fn group_of(&self, addr: &PciAddress) -> Option<&IommuGroup> {
-        self.device(addr)
-            .and_then(|d| d.iommu_group)
-            .and_then(|n| self.group(n))
-    }
-
     /// The group VFIO will open for `d`, when `d` passes the first three readiness checks
     /// ([`NotReady`]): a VFIO driver, an IOMMU group, a viable group. For consumers that check
     /// the device nodes themselves, per backend.
-    pub fn vfio_group(&self, d: &PciDevice) -> Result<&IommuGroup, NotReady> {
+    pub(crate) fn vfio_group(&self, d: &PciDevice) -> Result<&IommuGroup, NotReady> {
         d.check_vfio_driver()?;
         let g = d
             .iommu_group
@@ -824,7 +804,7 @@ impl Inventory {
 /// An error and its causes, joined with ": " (`outer: cause: cause`), as `main` prints an error
 /// (anyhow's `{:#}`): for the places that print or embed an error themselves (a warning that
 /// goes on, one error carried inside another).
-pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+pub(crate) struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -34,7 +34,7 @@ pub struct Outcome {
 }
 
 /// The function's driver now (`driver` link), `None` when driverless.
-pub fn current_driver(host: &HostRoot, a: &PciAddress) -> Option<String> {
+pub(crate) fn current_driver(host: &HostRoot, a: &PciAddress) -> Option<String> {
     link_name(&host.pci_device(a).join("driver")).ok().flatten()
 }
 
@@ -189,12 +189,12 @@ pub struct Failure {
 }
 
 impl Failure {
-    pub fn rollback_ok(&self) -> bool {
+    pub(crate) fn rollback_ok(&self) -> bool {
         self.rollback.is_ok()
     }
 
     /// `rolled back, nothing changed: ...`, or that the rollback failed too.
-    pub fn rollback_text(&self) -> String {
+    pub(crate) fn rollback_text(&self) -> String {
         match &self.rollback {
             Ok(lines) if lines.is_empty() => "nothing changed".to_string(),
             Ok(lines) => format!("rolled back, nothing changed: {}", lines.join(", ")),
@@ -567,7 +567,7 @@ impl<'a> Session<'a> {
     }
 
     /// The first unfinished plan that touches an object of `plan`, and the key they share.
-    pub fn conflict(&self, plan: &Plan) -> Option<(&OpenChange, String)> {
+    pub(crate) fn conflict(&self, plan: &Plan) -> Option<(&OpenChange, String)> {
         let mine: Vec<String> = plan.objects().iter().flat_map(Object::keys).collect();
         self.replay
             .open
@@ -660,7 +660,7 @@ impl Followup for () {
 
 /// What [`Session::apply_then`] calls after the plan's writes: the part that follows, planned
 /// from the host as it is then (its error rolls the plan back).
-pub type Then<'f> =
+pub(crate) type Then<'f> =
     &'f mut dyn FnMut(&HostRoot) -> Result<super::Part, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The body of [`Session::apply`] and [`Session::apply_then`].

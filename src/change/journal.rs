@@ -37,7 +37,7 @@ use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,7 @@ const VERSION: u32 = 1;
 /// One journal line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Record {
+pub(crate) enum Record {
     /// The bind/unbind header of older versions (read, never written now).
     Begin {
         txn: String,
@@ -215,11 +215,11 @@ pub struct Replay {
     pub size: u64,
 }
 
-pub fn journal_path(host: &HostRoot) -> PathBuf {
+pub(crate) fn journal_path(host: &HostRoot) -> PathBuf {
     host.run_gpupass().join("journal.jsonl")
 }
 
-pub fn lock_path(host: &HostRoot) -> PathBuf {
+pub(crate) fn lock_path(host: &HostRoot) -> PathBuf {
     host.run_gpupass().join("lock")
 }
 
@@ -417,7 +417,7 @@ impl Replay {
 
     /// The holders that keep `owner` from holding `alone` (anyone else) and `shared` (anyone
     /// else who holds it alone), each with the key: one owner per group.
-    pub fn holders_against<'r>(
+    pub(crate) fn holders_against<'r>(
         &'r self,
         owner: Option<&str>,
         alone: &[String],
@@ -518,7 +518,7 @@ fn try_flock(f: &File) -> io::Result<bool> {
 }
 
 /// How long to wait for another gpupass: `GPUPASS_LOCK_TIMEOUT` seconds, default 30.
-pub fn lock_timeout() -> Duration {
+pub(crate) fn lock_timeout() -> Duration {
     let s = std::env::var("GPUPASS_LOCK_TIMEOUT")
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())
@@ -570,7 +570,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, ChangeError> {
 }
 
 /// The open journal, for appending.
-pub struct Journal {
+pub(crate) struct Journal {
     path: PathBuf,
     /// `path` as the user sees it (without the root).
     display: PathBuf,
@@ -608,7 +608,7 @@ impl Journal {
     }
 
     /// Append one record durably: one write of the whole line, then fdatasync.
-    pub fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
+    pub(crate) fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
         let mut line =
             serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| ChangeError::Journal {
                 path: self.display.clone(),
@@ -639,7 +639,7 @@ fn compact(path: &Path, bound: &BoundState, held: &Held) -> io::Result<()> {
 }
 
 /// A new transaction id: pid and time.
-pub fn new_txn() -> (String, u64) {
+pub(crate) fn new_txn() -> (String, u64) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -651,7 +651,7 @@ pub fn new_txn() -> (String, u64) {
 
 /// For commands that do not change drivers: if an unfinished plan is in the journal and its
 /// process is gone (the lock is free), say so on stderr. Never fails.
-pub fn warn_unfinished(host: &HostRoot) {
+pub(crate) fn warn_unfinished(host: &HostRoot) {
     let path = journal_path(host);
     if !path.exists() {
         return;
@@ -680,13 +680,6 @@ pub fn warn_unfinished(host: &HostRoot) {
             t.describe()
         ));
     }
-}
-
-/// Read the whole lock file (tests).
-pub fn lock_holder(host: &HostRoot) -> Option<String> {
-    let mut s = String::new();
-    File::open(lock_path(host)).ok()?.read_to_string(&mut s).ok()?;
-    Some(s.trim().to_string())
 }
 
 #[cfg(test)]

@@ -198,22 +198,11 @@ impl Step {
     }
 
     /// A write: journaled as a `step`, counted by the failpoints and by [`Plan::write_count`].
-    pub fn is_write(&self) -> bool {
+    pub(crate) fn is_write(&self) -> bool {
         matches!(
             self,
             Step::Write { .. } | Step::WriteFile { .. } | Step::RemoveFile { .. }
         )
-    }
-
-    /// The path and the value a write's journal `step` records (a file's content is in the
-    /// plan's [`Object::File`]; the step says its size).
-    pub fn journal_value(&self) -> Option<(&str, String)> {
-        match self {
-            Step::Write { path, value, .. } => Some((path, value.clone())),
-            Step::WriteFile { path, contents } => Some((path, format!("({} bytes)", contents.len()))),
-            Step::RemoveFile { path, .. } => Some((path, "(remove)".into())),
-            _ => None,
-        }
     }
 }
 
@@ -377,7 +366,7 @@ impl Part {
 /// A file's content now, byte for byte (`None`: absent, not a regular file, or unreadable),
 /// `path` as on the host. (Not `host::read_bounded`, which trims the trailing newline a
 /// driverctl file ends with.)
-pub fn read_file_now(host: &HostRoot, path: &str) -> Option<String> {
+pub(crate) fn read_file_now(host: &HostRoot, path: &str) -> Option<String> {
     use std::io::Read;
     let f = std::fs::File::open(host.path(path)).ok()?;
     if !f.metadata().ok()?.is_file() {
@@ -389,7 +378,7 @@ pub fn read_file_now(host: &HostRoot, path: &str) -> Option<String> {
 }
 
 /// The path of `p` (built by [`HostRoot`]) as on the host: what steps and objects carry.
-pub fn logical(host: &HostRoot, p: &std::path::Path) -> String {
+pub(crate) fn logical(host: &HostRoot, p: &std::path::Path) -> String {
     host.display(p)
 }
 
@@ -443,7 +432,7 @@ impl Plan {
     }
 
     /// Whether the plan must be journaled even with no write: it takes or gives back holds.
-    pub fn moves_holds(&self) -> bool {
+    pub(crate) fn moves_holds(&self) -> bool {
         self.holds.is_some() || self.releases
     }
 
@@ -470,7 +459,7 @@ impl Plan {
     }
 
     /// The plan's writes: the unit of the journal's `step`s and of the failpoints.
-    pub fn write_count(&self) -> usize {
+    pub(crate) fn write_count(&self) -> usize {
         self.steps().filter(|s| s.is_write()).count()
     }
 

@@ -16,17 +16,17 @@ pub mod ops;
 pub mod logical {
     use crate::model::PciAddress;
 
-    pub const DRIVERS_PROBE: &str = "/sys/bus/pci/drivers_probe";
+    pub(crate) const DRIVERS_PROBE: &str = "/sys/bus/pci/drivers_probe";
 
-    pub fn override_path(a: &PciAddress) -> String {
+    pub(crate) fn override_path(a: &PciAddress) -> String {
         format!("/sys/bus/pci/devices/{a}/driver_override")
     }
 
-    pub fn driver_link_path(a: &PciAddress) -> String {
+    pub(crate) fn driver_link_path(a: &PciAddress) -> String {
         format!("/sys/bus/pci/devices/{a}/driver")
     }
 
-    pub fn unbind_path(driver: &str) -> String {
+    pub(crate) fn unbind_path(driver: &str) -> String {
         format!("/sys/bus/pci/drivers/{driver}/unbind")
     }
 
@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 
 /// Largest attribute gpupass reads. sysfs attributes are at most one page; procfs
 /// `information` files and `modules.alias`-style tables are read with their own limits.
-pub const ATTR_LIMIT: u64 = 64 * 1024;
+pub(crate) const ATTR_LIMIT: u64 = 64 * 1024;
 
 /// Root of all host paths.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +84,7 @@ impl HostRoot {
     pub fn sys(&self) -> PathBuf {
         self.path("sys")
     }
-    pub fn proc_dir(&self) -> PathBuf {
+    pub(crate) fn proc_dir(&self) -> PathBuf {
         self.path("proc")
     }
     pub fn dev(&self) -> PathBuf {
@@ -93,113 +93,114 @@ impl HostRoot {
     pub fn etc(&self) -> PathBuf {
         self.path("etc")
     }
-    pub fn sys_bus_pci(&self) -> PathBuf {
+    #[cfg(test)]
+    pub(crate) fn sys_bus_pci(&self) -> PathBuf {
         self.path("sys/bus/pci")
     }
-    pub fn sys_bus_pci_devices(&self) -> PathBuf {
+    pub(crate) fn sys_bus_pci_devices(&self) -> PathBuf {
         self.path("sys/bus/pci/devices")
     }
-    pub fn pci_device(&self, addr: &crate::model::PciAddress) -> PathBuf {
+    pub(crate) fn pci_device(&self, addr: &crate::model::PciAddress) -> PathBuf {
         self.sys_bus_pci_devices().join(addr.to_string())
     }
-    pub fn sys_bus_pci_drivers(&self) -> PathBuf {
+    pub(crate) fn sys_bus_pci_drivers(&self) -> PathBuf {
         self.path("sys/bus/pci/drivers")
     }
     pub fn iommu_groups(&self) -> PathBuf {
         self.path("sys/kernel/iommu_groups")
     }
-    pub fn mdev_bus_class(&self) -> PathBuf {
+    pub(crate) fn mdev_bus_class(&self) -> PathBuf {
         self.path("sys/class/mdev_bus")
     }
-    pub fn mdev_devices(&self) -> PathBuf {
+    pub(crate) fn mdev_devices(&self) -> PathBuf {
         self.path("sys/bus/mdev/devices")
     }
-    pub fn sys_module(&self, name: &str) -> PathBuf {
+    pub(crate) fn sys_module(&self, name: &str) -> PathBuf {
         self.sys_modules().join(name)
     }
-    pub fn dev_vfio(&self) -> PathBuf {
+    pub(crate) fn dev_vfio(&self) -> PathBuf {
         self.path("dev/vfio")
     }
     /// `/dev/vfio/devices/<name>`: a VFIO device cdev (`vfio0`).
-    pub fn vfio_cdev_node(&self, name: &str) -> PathBuf {
+    pub(crate) fn vfio_cdev_node(&self, name: &str) -> PathBuf {
         self.dev_vfio_devices().join(name)
     }
     /// `/dev/vfio/devices`: the VFIO device cdevs.
-    pub fn dev_vfio_devices(&self) -> PathBuf {
+    pub(crate) fn dev_vfio_devices(&self) -> PathBuf {
         self.path("dev/vfio/devices")
     }
     /// `/dev/iommu`: iommufd.
-    pub fn dev_iommu(&self) -> PathBuf {
+    pub(crate) fn dev_iommu(&self) -> PathBuf {
         self.path("dev/iommu")
     }
     /// `/sys/class/misc/<name>`: a misc character device (`vfio`, `iommu`).
-    pub fn sys_class_misc(&self, name: &str) -> PathBuf {
+    pub(crate) fn sys_class_misc(&self, name: &str) -> PathBuf {
         self.path("sys/class/misc").join(name)
     }
     /// The running kernel's build config: `/proc/config.gz` (gzip) and `/boot/config-<release>`.
-    pub fn kernel_configs(&self, release: &str) -> [PathBuf; 2] {
+    pub(crate) fn kernel_configs(&self, release: &str) -> [PathBuf; 2] {
         [
             self.path("boot").join(format!("config-{release}")),
             self.proc_config_gz(),
         ]
     }
     /// `/proc/config.gz`: the running kernel's build config, compressed.
-    pub fn proc_config_gz(&self) -> PathBuf {
+    pub(crate) fn proc_config_gz(&self) -> PathBuf {
         self.path("proc/config.gz")
     }
     /// `/sys/devices`: where every device directory really is (the bus and class links
     /// point into it).
-    pub fn sys_devices(&self) -> PathBuf {
+    pub(crate) fn sys_devices(&self) -> PathBuf {
         self.path("sys/devices")
     }
     /// `/sys/module`: a directory per loaded (or built-in) module.
-    pub fn sys_modules(&self) -> PathBuf {
+    pub(crate) fn sys_modules(&self) -> PathBuf {
         self.path("sys/module")
     }
     /// `/sys/firmware/acpi/tables`: `DMAR` (Intel IOMMU), `IVRS` (AMD IOMMU).
-    pub fn acpi_tables(&self) -> PathBuf {
+    pub(crate) fn acpi_tables(&self) -> PathBuf {
         self.path("sys/firmware/acpi/tables")
     }
     /// `/proc/cmdline`: the kernel command line.
-    pub fn proc_cmdline(&self) -> PathBuf {
+    pub(crate) fn proc_cmdline(&self) -> PathBuf {
         self.path("proc/cmdline")
     }
     /// `/proc/sys/kernel/osrelease`: the running kernel's release.
-    pub fn proc_osrelease(&self) -> PathBuf {
+    pub(crate) fn proc_osrelease(&self) -> PathBuf {
         self.path("proc/sys/kernel/osrelease")
     }
     /// `/proc/interrupts`: interrupt counts per CPU (interrupt remapping shows there).
-    pub fn proc_interrupts(&self) -> PathBuf {
+    pub(crate) fn proc_interrupts(&self) -> PathBuf {
         self.path("proc/interrupts")
     }
     /// `/proc/cpuinfo`: the CPU's address sizes.
-    pub fn proc_cpuinfo(&self) -> PathBuf {
+    pub(crate) fn proc_cpuinfo(&self) -> PathBuf {
         self.path("proc/cpuinfo")
     }
     /// `/dev/dri`: DRM device nodes.
-    pub fn dev_dri(&self) -> PathBuf {
+    pub(crate) fn dev_dri(&self) -> PathBuf {
         self.path("dev/dri")
     }
     /// `/dev/kvm`, which `gpupass boot` opens.
     pub fn dev_kvm(&self) -> PathBuf {
         self.path("dev/kvm")
     }
-    pub fn nvidia_gpus_proc(&self) -> PathBuf {
+    pub(crate) fn nvidia_gpus_proc(&self) -> PathBuf {
         self.path("proc/driver/nvidia/gpus")
     }
-    pub fn driverctl_dir(&self) -> PathBuf {
+    pub(crate) fn driverctl_dir(&self) -> PathBuf {
         self.path("etc/driverctl.d")
     }
-    pub fn mdevctl_dir(&self) -> PathBuf {
+    pub(crate) fn mdevctl_dir(&self) -> PathBuf {
         self.path("etc/mdevctl.d")
     }
     /// `lib/modules/<release>` for the running kernel's module tables.
-    pub fn modules_dir(&self, release: &str) -> PathBuf {
+    pub(crate) fn modules_dir(&self, release: &str) -> PathBuf {
         self.path("lib/modules").join(release)
     }
 
     /// `var/run/cdi`: CDI's dynamic spec directory (podman, containerd, CRI-O read it).
-    pub fn cdi_dynamic_dir(&self) -> PathBuf {
+    pub(crate) fn cdi_dynamic_dir(&self) -> PathBuf {
         self.path("var/run/cdi")
     }
     /// `etc/cdi`: CDI's static spec directory.
@@ -207,11 +208,11 @@ impl HostRoot {
         self.path("etc/cdi")
     }
     /// `var/run/gpupass`: gpupass's own runtime state (e.g. how a CDI spec was generated).
-    pub fn gpupass_run_dir(&self) -> PathBuf {
+    pub(crate) fn gpupass_run_dir(&self) -> PathBuf {
         self.path("var/run/gpupass")
     }
     /// `etc/ld.so.cache`: the dynamic linker's cache of libraries.
-    pub fn ld_so_cache(&self) -> PathBuf {
+    pub(crate) fn ld_so_cache(&self) -> PathBuf {
         self.path("etc/ld.so.cache")
     }
     /// `var/lib/kubelet/device-plugins`: where the kubelet and device plugins put sockets.
@@ -219,11 +220,11 @@ impl HostRoot {
         self.path("var/lib/kubelet/device-plugins")
     }
     /// `sys/fs/cgroup`: the cgroup hierarchies (v1 controllers in subdirectories, or v2).
-    pub fn cgroup_root(&self) -> PathBuf {
+    pub(crate) fn cgroup_root(&self) -> PathBuf {
         self.path("sys/fs/cgroup")
     }
     /// `sys/bus/pci/drivers/<name>` (a loaded PCI driver).
-    pub fn pci_driver(&self, name: &str) -> PathBuf {
+    pub(crate) fn pci_driver(&self, name: &str) -> PathBuf {
         self.sys_bus_pci_drivers().join(name)
     }
     /// `sys/bus/pci/drivers_probe`: writing an address asks the bus to probe it.
@@ -231,32 +232,32 @@ impl HostRoot {
         self.path("sys/bus/pci/drivers_probe")
     }
     /// `run/gpupass`: journal and lock of the commands that change drivers.
-    pub fn run_gpupass(&self) -> PathBuf {
+    pub(crate) fn run_gpupass(&self) -> PathBuf {
         self.path("run/gpupass")
     }
-    pub fn proc_self_mountinfo(&self) -> PathBuf {
+    pub(crate) fn proc_self_mountinfo(&self) -> PathBuf {
         self.path("proc/self/mountinfo")
     }
-    pub fn proc_self_mounts(&self) -> PathBuf {
+    pub(crate) fn proc_self_mounts(&self) -> PathBuf {
         self.path("proc/self/mounts")
     }
-    pub fn proc_swaps(&self) -> PathBuf {
+    pub(crate) fn proc_swaps(&self) -> PathBuf {
         self.path("proc/swaps")
     }
     /// `sys/class/<class>` (block, net, drm, graphics, vtconsole).
-    pub fn sys_class(&self, class: &str) -> PathBuf {
+    pub(crate) fn sys_class(&self, class: &str) -> PathBuf {
         self.path("sys/class").join(class)
     }
     /// `sys/devices/system/node`: the NUMA nodes.
-    pub fn sys_numa_nodes(&self) -> PathBuf {
+    pub(crate) fn sys_numa_nodes(&self) -> PathBuf {
         self.path("sys/devices/system/node")
     }
     /// `sys/dev/block/<major:minor>`.
-    pub fn sys_dev_block(&self, majmin: &str) -> PathBuf {
+    pub(crate) fn sys_dev_block(&self, majmin: &str) -> PathBuf {
         self.path("sys/dev/block").join(majmin)
     }
     /// `proc/<pid>` of one process.
-    pub fn proc_pid(&self, pid: u32) -> PathBuf {
+    pub(crate) fn proc_pid(&self, pid: u32) -> PathBuf {
         self.proc_dir().join(pid.to_string())
     }
 
@@ -272,7 +273,7 @@ impl HostRoot {
 /// An open sysfs directory: attributes are opened relative to it (`openat`), so reading the
 /// twenty-odd attributes of a device walks its path once instead of twenty times, and a device
 /// that disappears mid-read fails consistently instead of half-way through a new path walk.
-pub struct AttrDir {
+pub(crate) struct AttrDir {
     fd: rustix::fd::OwnedFd,
 }
 
@@ -287,27 +288,9 @@ impl AttrDir {
         Ok(AttrDir { fd })
     }
 
-    /// Names of the entries, unsorted, without `.` and `..` (getdents on the open descriptor).
-    pub fn names(&self) -> io::Result<Vec<String>> {
-        names_of_dir_fd(&self.fd)
-    }
-
-    /// Names of the entries with whether each is a regular file (the `d_type` of
-    /// `getdents64`; sysfs fills it in).
-    pub fn entries(&self) -> io::Result<Vec<(String, bool)>> {
-        entries_of_dir_fd(&self.fd)
-    }
-
     /// [`for_each_entry`] on this directory.
-    pub fn for_each_entry(&self, f: impl FnMut(&[u8], bool)) -> io::Result<()> {
+    pub(crate) fn for_each_entry(&self, f: impl FnMut(&[u8], bool)) -> io::Result<()> {
         for_each_entry(&self.fd, f)
-    }
-
-    /// Read at most `limit` bytes of an attribute (lossy UTF-8, trailing newline trimmed).
-    pub fn read(&self, name: &str, limit: usize) -> io::Result<String> {
-        let mut buf = Vec::new();
-        self.read_into(name, limit, true, &mut buf)?;
-        Ok(utf8(&buf).into_owned())
     }
 
     /// Read at most `limit` bytes of an attribute into `buf`, trailing newlines and NULs
@@ -320,7 +303,7 @@ impl AttrDir {
     ///
     /// A sysfs attribute's `show()` fills its whole page on the first read, so a read shorter
     /// than the buffer is the end of the file; this saves the second, empty read per attribute.
-    pub fn read_into<P: rustix::path::Arg>(
+    pub(crate) fn read_into<P: rustix::path::Arg>(
         &self,
         name: P,
         limit: usize,
@@ -363,7 +346,11 @@ impl AttrDir {
 
     /// A symlink's whole target into `buf` (cleared first, its capacity kept); `false` when the
     /// link does not exist.
-    pub fn link_into<P: rustix::path::Arg + Copy>(&self, name: P, buf: &mut Vec<u8>) -> io::Result<bool> {
+    pub(crate) fn link_into<P: rustix::path::Arg + Copy>(
+        &self,
+        name: P,
+        buf: &mut Vec<u8>,
+    ) -> io::Result<bool> {
         buf.clear();
         buf.reserve(256);
         loop {
@@ -380,30 +367,16 @@ impl AttrDir {
             }
         }
     }
-
-    /// A symlink's whole target (lossy UTF-8), `None` when it does not exist.
-    pub fn link_target(&self, name: &str) -> io::Result<Option<String>> {
-        let mut buf = Vec::new();
-        Ok(self.link_into(name, &mut buf)?.then(|| utf8(&buf).into_owned()))
-    }
-
-    /// The last component of a symlink's target, `None` when it does not exist.
-    pub fn link_name(&self, name: &str) -> io::Result<Option<String>> {
-        let mut buf = Vec::new();
-        Ok(self
-            .link_into(name, &mut buf)?
-            .then(|| utf8(last_component(&buf)).into_owned()))
-    }
 }
 
 /// The bytes after the last `/` (all of them when there is none).
-pub fn last_component(b: &[u8]) -> &[u8] {
+pub(crate) fn last_component(b: &[u8]) -> &[u8] {
     b.rsplit(|c| *c == b'/').next().unwrap_or(b)
 }
 
 /// Bytes as text: borrowed when they are UTF-8 (sysfs always is), else lossily converted.
 /// `from_utf8` validates far faster than the lossy decoder walks valid input.
-pub fn utf8(b: &[u8]) -> std::borrow::Cow<'_, str> {
+pub(crate) fn utf8(b: &[u8]) -> std::borrow::Cow<'_, str> {
     match std::str::from_utf8(b) {
         Ok(s) => std::borrow::Cow::Borrowed(s),
         Err(_) => String::from_utf8_lossy(b),
@@ -428,7 +401,7 @@ fn regular_only(fd: &rustix::fd::OwnedFd) -> io::Result<u64> {
 /// Read at most `limit` bytes of a host file (sysfs, procfs, configuration) as UTF-8 (lossy),
 /// trimmed of the trailing newline. Only regular files are read, and the open does not block
 /// (see [`regular_only`]); files the user names (`--from-json`) use [`read_bounded_any`].
-pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = fs::OpenOptions::new()
         .read(true)
@@ -441,7 +414,7 @@ pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
 
 /// Like [`read_bounded`], but any readable file, pipes included (`--from-json <(ssh host gpupass
 /// list --all --json)`): for files the user names, never for host paths.
-pub fn read_bounded_any(path: &Path, limit: u64) -> io::Result<String> {
+pub(crate) fn read_bounded_any(path: &Path, limit: u64) -> io::Result<String> {
     read_all_bounded_sized(fs::File::open(path)?, limit, None)
 }
 
@@ -482,7 +455,7 @@ fn read_all_bounded_sized(f: fs::File, limit: u64, size: Option<u64>) -> io::Res
 }
 
 /// Read at most `limit` bytes of a file as raw bytes.
-pub fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let f = fs::File::open(path)?;
     let mut buf = Vec::new();
     f.take(limit).read_to_end(&mut buf)?;
@@ -490,13 +463,13 @@ pub fn read_bounded_bytes(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
 }
 
 /// Read a sysfs attribute (bounded to [`ATTR_LIMIT`]).
-pub fn read_attr(path: &Path) -> io::Result<String> {
+pub(crate) fn read_attr(path: &Path) -> io::Result<String> {
     read_bounded(path, ATTR_LIMIT)
 }
 
 /// The last path component a symlink points at (`driver -> ../../bus/pci/drivers/nvidia` gives
 /// `nvidia`), `None` when the link does not exist.
-pub fn link_name(path: &Path) -> io::Result<Option<String>> {
+pub(crate) fn link_name(path: &Path) -> io::Result<Option<String>> {
     match fs::read_link(path) {
         Ok(t) => Ok(t.file_name().map(|n| n.to_string_lossy().into_owned())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -507,7 +480,7 @@ pub fn link_name(path: &Path) -> io::Result<Option<String>> {
 /// Lexically join a relative symlink target onto the directory holding the link
 /// (`sys/bus/pci/devices` + `../../../devices/pci0000:00/X` = `sys/devices/pci0000:00/X`).
 /// Valid for sysfs, whose link directories are real directories.
-pub fn join_link(dir: &Path, target: &Path) -> PathBuf {
+pub(crate) fn join_link(dir: &Path, target: &Path) -> PathBuf {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let (d, t) = (dir.as_os_str().as_bytes(), target.as_os_str().as_bytes());
     // The bytes directly when `dir` is in normal form (no empty, `.` or `..` component, no
@@ -620,7 +593,7 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
 }
 
 /// Parse a sysfs hex attribute like `0x10de`.
-pub fn parse_hex(s: &str) -> Option<u64> {
+pub(crate) fn parse_hex(s: &str) -> Option<u64> {
     let t = s.trim();
     let t = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
     if t.is_empty() || t.len() > 16 {
@@ -630,7 +603,7 @@ pub fn parse_hex(s: &str) -> Option<u64> {
 }
 
 /// Sorted names of the entries of a directory; empty when it does not exist.
-pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
+pub(crate) fn dir_names(path: &Path) -> io::Result<Vec<String>> {
     let fd = match rustix::fs::open(
         path,
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
@@ -649,12 +622,12 @@ pub fn dir_names(path: &Path) -> io::Result<Vec<String>> {
 /// `getdents64` into one buffer: an open, two `getdents64` and a close per directory, where
 /// `readdir(3)` adds an `fstat`. sysfs and procfs directories are read by the thousand in a
 /// scan, so the call count is the cost.
-pub fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
+pub(crate) fn names_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<String>> {
     Ok(entries_of_dir_fd(fd)?.into_iter().map(|(n, _)| n).collect())
 }
 
 /// [`names_of_dir_fd`] with whether each entry is a regular file (`d_type`).
-pub fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, bool)>> {
+pub(crate) fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, bool)>> {
     let mut v = Vec::new();
     for_each_entry(fd, |n, regular| v.push((utf8(n).into_owned(), regular)))?;
     Ok(v)
@@ -663,7 +636,7 @@ pub fn entries_of_dir_fd(fd: &impl rustix::fd::AsFd) -> io::Result<Vec<(String, 
 /// Call `f` with the name and "is a regular file" (`d_type`) of each entry of an open
 /// directory, without `.`, `..` and dot-files, read with `getdents64`; nothing is allocated
 /// per entry.
-pub fn for_each_entry(fd: &impl rustix::fd::AsFd, mut f: impl FnMut(&[u8], bool)) -> io::Result<()> {
+pub(crate) fn for_each_entry(fd: &impl rustix::fd::AsFd, mut f: impl FnMut(&[u8], bool)) -> io::Result<()> {
     let mut buf = Vec::with_capacity(16 * 1024);
     let mut it = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
     while let Some(e) = it.next() {
@@ -681,7 +654,7 @@ pub fn for_each_entry(fd: &impl rustix::fd::AsFd, mut f: impl FnMut(&[u8], bool)
 /// A file some process holds open: `proc/<pid>/fd/<n>` whose link text (the path as the
 /// process opened it) `wanted` accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenFile {
+pub(crate) struct OpenFile {
     pub pid: u32,
     pub comm: String,
     pub target: String,
@@ -693,7 +666,7 @@ pub struct OpenFile {
 /// opening and listing an empty `fd` directory (on a typical host half the pids are kernel
 /// threads). Trees that only imitate procfs (fixtures, snapshots) get every `fd` directory
 /// read. Each process appears once per target.
-pub fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFile>, usize) {
+pub(crate) fn open_files(host: &HostRoot, wanted: &dyn Fn(&str) -> bool) -> (Vec<OpenFile>, usize) {
     use rustix::fs::{Mode, OFlags};
     let mut out: Vec<OpenFile> = Vec::new();
     let mut unreadable = 0;

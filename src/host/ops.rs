@@ -12,7 +12,6 @@
 //! environment variables (it says so once on stderr when one is set).
 
 use super::HostRoot;
-use crate::model::PciAddress;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io;
@@ -106,7 +105,7 @@ pub trait HostOps: Send + Sync {
 
 /// The running kernel.
 #[derive(Debug)]
-pub struct RealHost {
+pub(crate) struct RealHost {
     root: HostRoot,
     log: Mutex<Vec<(PathBuf, String)>>,
 }
@@ -156,9 +155,4 @@ impl HostOps for RealHost {
     fn writes(&self) -> Vec<(PathBuf, String)> {
         self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
-
-/// Address of a device path's last component, when it is one.
-pub fn addr_of(p: &Path) -> Option<PciAddress> {
-    p.file_name()?.to_str()?.parse().ok()
 }

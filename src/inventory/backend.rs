@@ -29,10 +29,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The kernel release that brought the VFIO device cdev.
-pub const CDEV_SINCE: (u32, u32) = (6, 6);
+pub(crate) const CDEV_SINCE: (u32, u32) = (6, 6);
 
 /// What the kernel needs for iommufd, as errors and `check` say it.
-pub const IOMMUFD_NEEDS: &str = "iommufd needs Linux 6.6 or newer built with CONFIG_IOMMUFD and \
+pub(crate) const IOMMUFD_NEEDS: &str = "iommufd needs Linux 6.6 or newer built with CONFIG_IOMMUFD and \
 CONFIG_VFIO_DEVICE_CDEV, /dev/iommu (modprobe iommufd), and the function on vfio-pci";
 
 /// `--backend`: which node set a consumer gets.
@@ -86,7 +86,7 @@ impl FromStr for Policy {
 
 /// Why the host's kernel cannot serve iommufd at all ([`iommufd_ready`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IommufdNotReady {
+pub(crate) enum IommufdNotReady {
     /// The scan's own reason (`Inventory::iommufd`).
     #[error("{0}")]
     Unusable(String),
@@ -99,7 +99,7 @@ pub enum IommufdNotReady {
 /// Two VFIO backends' nodes in one node set ([`check_one_backend`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("mixed VFIO backends: {first} ({first_backend}) and {other} ({other_backend}) in one node set")]
-pub struct MixedBackends {
+pub(crate) struct MixedBackends {
     pub first: String,
     pub first_backend: Backend,
     pub other: String,
@@ -116,7 +116,7 @@ pub enum BackendError {
 }
 
 /// `major.minor` of a kernel release string (`6.1.0-27-amd64` -> (6, 1)).
-pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut it = release.split(|c: char| !c.is_ascii_digit());
     let major = it.next()?.parse().ok()?;
     let minor = it.next()?.parse().ok()?;
@@ -125,7 +125,7 @@ pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
 
 /// A `CONFIG_X` setting in a kernel config: `Some(true)` for `=y`/`=m`, `Some(false)` for
 /// `# CONFIG_X is not set`, `None` when the config does not mention it.
-pub fn config_value(config: &str, name: &str) -> Option<bool> {
+pub(crate) fn config_value(config: &str, name: &str) -> Option<bool> {
     let set = format!("{name}=");
     let unset = format!("# {name} is not set");
     for l in config.lines() {
@@ -157,7 +157,7 @@ fn read_config(host: &HostRoot, release: Option<&str>) -> (Option<String>, Optio
 }
 
 /// Read the iommufd facts of the host and fill `inv.iommufd` and every device's `backends`.
-pub fn annotate(host: &HostRoot, inv: &mut Inventory) {
+pub(crate) fn annotate(host: &HostRoot, inv: &mut Inventory) {
     let misc = read_bounded(&host.path("proc/misc"), 64 * 1024).unwrap_or_default();
     let misc_has = |n: &str| misc.lines().any(|l| l.split_whitespace().nth(1) == Some(n));
     let loaded =
@@ -230,7 +230,7 @@ pub fn annotate(host: &HostRoot, inv: &mut Inventory) {
 }
 
 /// The members of group `g` bound to a VFIO driver (the ones a consumer can be handed).
-pub fn vfio_members<'a>(inv: &'a Inventory, g: &IommuGroup) -> Vec<&'a PciDevice> {
+pub(crate) fn vfio_members<'a>(inv: &'a Inventory, g: &IommuGroup) -> Vec<&'a PciDevice> {
     g.members
         .iter()
         .filter_map(|a| inv.device(a))
@@ -240,7 +240,7 @@ pub fn vfio_members<'a>(inv: &'a Inventory, g: &IommuGroup) -> Vec<&'a PciDevice
 
 /// Fill every device's and group's `backends` from the inventory alone (also for inventories
 /// saved by versions that did not record them).
-pub fn fill_backends(inv: &mut Inventory) {
+pub(crate) fn fill_backends(inv: &mut Inventory) {
     let backends: Vec<Vec<Backend>> = inv.devices.iter().map(|d| servable(inv, d)).collect();
     for (d, b) in inv.devices.iter_mut().zip(backends) {
         d.backends = b;
@@ -271,7 +271,7 @@ pub fn fill_backends(inv: &mut Inventory) {
 }
 
 /// Whether the host's kernel can serve iommufd at all (not per device), and why not.
-pub fn iommufd_ready(inv: &Inventory) -> Result<(), IommufdNotReady> {
+pub(crate) fn iommufd_ready(inv: &Inventory) -> Result<(), IommufdNotReady> {
     match &inv.iommufd {
         Some(f) if f.usable => Ok(()),
         Some(f) => Err(IommufdNotReady::Unusable(
@@ -286,7 +286,7 @@ pub fn iommufd_ready(inv: &Inventory) -> Result<(), IommufdNotReady> {
 
 /// The backends that can serve `d` now: on a VFIO driver, in a viable group, with that
 /// backend's nodes present. Pure: reads only the inventory.
-pub fn servable(inv: &Inventory, d: &PciDevice) -> Vec<Backend> {
+pub(crate) fn servable(inv: &Inventory, d: &PciDevice) -> Vec<Backend> {
     let mut out = Vec::new();
     if !d.driver.as_deref().is_some_and(is_vfio_driver) {
         return out;
@@ -308,7 +308,7 @@ pub fn servable(inv: &Inventory, d: &PciDevice) -> Vec<Backend> {
 }
 
 /// Why `d` cannot use iommufd now (for errors and warnings).
-pub fn why_not_iommufd(inv: &Inventory, d: &PciDevice) -> String {
+pub(crate) fn why_not_iommufd(inv: &Inventory, d: &PciDevice) -> String {
     if let Err(r) = iommufd_ready(inv) {
         return r.to_string();
     }
@@ -333,7 +333,11 @@ pub fn nodes(backend: Backend, group: u32, devs: &[&PciDevice]) -> Vec<String> {
 }
 
 /// [`nodes`] from the cdev names (`vfioN`) themselves (an mdev's cdev has no [`PciDevice`]).
-pub fn node_paths<'a>(backend: Backend, group: u32, cdevs: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+pub(crate) fn node_paths<'a>(
+    backend: Backend,
+    group: u32,
+    cdevs: impl IntoIterator<Item = &'a str>,
+) -> Vec<String> {
     match backend {
         Backend::Legacy => vec!["/dev/vfio/vfio".into(), format!("/dev/vfio/{group}")],
         Backend::Iommufd => {
@@ -345,7 +349,7 @@ pub fn node_paths<'a>(backend: Backend, group: u32, cdevs: impl IntoIterator<Ite
 }
 
 /// Which backend a node path belongs to, if any.
-pub fn node_backend(path: &str) -> Option<Backend> {
+pub(crate) fn node_backend(path: &str) -> Option<Backend> {
     let p = path.trim_end_matches('/');
     if p == "/dev/iommu" || p.starts_with("/dev/vfio/devices/") {
         Some(Backend::Iommufd)
@@ -360,7 +364,7 @@ pub fn node_backend(path: &str) -> Option<Backend> {
 }
 
 /// The one rule every node set gpupass hands out keeps: VFIO nodes of one backend only.
-pub fn check_one_backend<'a>(
+pub(crate) fn check_one_backend<'a>(
     paths: impl IntoIterator<Item = &'a str>,
 ) -> Result<Option<Backend>, MixedBackends> {
     let mut seen: Option<(Backend, &str)> = None;
@@ -406,7 +410,7 @@ pub fn choose(policy: Policy, d: &PciDevice) -> Option<Backend> {
 /// and a function already on VFIO must have its cdev. `extra` is a further reason iommufd
 /// cannot be used (e.g. the target libvirt is too old): an error for `iommufd`, legacy for
 /// `auto`.
-pub fn resolve_vm(
+pub(crate) fn resolve_vm(
     policy: Policy,
     inv: &Inventory,
     addrs: &[PciAddress],

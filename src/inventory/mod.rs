@@ -59,7 +59,7 @@ pub enum InventoryError {
 
 /// Order devices for display: GPUs (and accelerators) first, then everything else, each by
 /// address.
-pub fn sort_devices(devices: &mut [PciDevice]) {
+pub(crate) fn sort_devices(devices: &mut [PciDevice]) {
     // The key once per device: `is_gpu` parses the class text.
     devices.sort_by_cached_key(|d| (!d.is_gpu(), d.address));
 }
@@ -180,7 +180,7 @@ pub(super) fn in_chunks<T: Sync, R: Send>(
 /// The devices are read light: identity, class, driver, override, group, boot VGA, SR-IOV
 /// parent and VFIO cdev, without NUMA placement, BARs, revision, reset methods, SR-IOV
 /// counts, mdev types or NVIDIA details (`LIGHT_SKIPS`), which no such plan looks at.
-pub fn scan_groups(
+pub(crate) fn scan_groups(
     host: &HostRoot,
     addrs: &[PciAddress],
     groups: &[u32],
@@ -279,7 +279,7 @@ pub fn scan_groups(
 /// `sys/class/mdev_bus` lists it (else, for a vGPU function or a name to suggest against,
 /// everything above); [`MdevScope::Instances`] reads only the active instances (`remove` and
 /// `stop` of a UUID look at nothing else).
-pub fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, InventoryError> {
+pub(crate) fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, InventoryError> {
     let bus = host.sys_bus_pci_devices();
     let mut warnings = Vec::new();
     let mut inv = Inventory {
@@ -353,7 +353,7 @@ pub fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, Inv
 
 /// What [`scan_mdev`] reads beyond the active instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MdevScope<'a> {
+pub(crate) enum MdevScope<'a> {
     /// Every parent and vGPU function.
     All,
     /// The parent the user named (a name or a PCI address, short or full).
@@ -363,7 +363,7 @@ pub enum MdevScope<'a> {
 }
 
 /// Load an inventory saved with `--json`.
-pub fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
+pub(crate) fn load_json(path: &Path) -> Result<Inventory, InventoryError> {
     let text = host::read_bounded_any(path, 256 * 1024 * 1024).map_err(|e| InventoryError::BadJson {
         path: path.to_path_buf(),
         reason: e.to_string(),

@@ -83,7 +83,7 @@ fn module_state(host: &HostRoot, release: Option<&str>, name: &str) -> ModState 
 }
 
 /// Assess readiness from the host tree and its inventory.
-pub fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
+pub(crate) fn assess(host: &HostRoot, inv: &Inventory) -> Readiness {
     let mut items = Vec::new();
     let cmdline = read_bounded(&host.proc_cmdline(), 64 * 1024).unwrap_or_default();
     let args: Vec<&str> = cmdline.split_whitespace().collect();

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// `scan_mdev` finds the parents, types and instances `scan` finds, on every shipped

@@ -67,7 +67,7 @@ fn held<'s, 'a>(session: &'s mut Option<Session<'a>>) -> &'s mut Session<'a> {
 
 /// `type` on `parent`: an unknown type, or (NVIDIA vGPU, whose catalog shrinks with
 /// capacity) none left, says so.
-pub fn resolve_type<'a>(parent: &'a Parent, ty: &str) -> Result<&'a TypeInfo, MdevError> {
+pub(crate) fn resolve_type<'a>(parent: &'a Parent, ty: &str) -> Result<&'a TypeInfo, MdevError> {
     parent.find_type(ty).ok_or_else(|| {
         // NVIDIA vGPU catalogs shrink with capacity: an empty one means "used up".
         if parent.kind == ParentKind::NvidiaVgpu && parent.types.is_empty() {
@@ -88,7 +88,7 @@ pub fn resolve_type<'a>(parent: &'a Parent, ty: &str) -> Result<&'a TypeInfo, Md
 }
 
 /// The definitions, their warnings said once.
-pub fn read_defs(host: &HostRoot) -> Vec<Definition> {
+pub(crate) fn read_defs(host: &HostRoot) -> Vec<Definition> {
     let (d, warnings) = defs::read_all(host);
     for w in warnings {
         messages::warn(w);

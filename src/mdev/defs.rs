@@ -73,7 +73,7 @@ fn attrs_as_objects<S: serde::Serializer>(a: &[(String, String)], s: S) -> Resul
 
 impl Definition {
     /// The file's content, byte for byte what mdevctl writes.
-    pub fn to_mdevctl_json(&self) -> String {
+    pub(crate) fn to_mdevctl_json(&self) -> String {
         let attrs: Vec<Value> = self
             .attrs
             .iter()
@@ -165,13 +165,13 @@ pub enum DefinitionError {
 }
 
 /// Path of a definition file.
-pub fn path_of(host: &HostRoot, parent: &str, uuid: &str) -> PathBuf {
+pub(crate) fn path_of(host: &HostRoot, parent: &str, uuid: &str) -> PathBuf {
     host.mdevctl_dir().join(parent).join(uuid)
 }
 
 /// All definitions, sorted by (parent, uuid). Unreadable or malformed files are skipped and
 /// reported in the second list (a broken file must not hide the others).
-pub fn read_all(host: &HostRoot) -> (Vec<Definition>, Vec<String>) {
+pub(crate) fn read_all(host: &HostRoot) -> (Vec<Definition>, Vec<String>) {
     let base = host.mdevctl_dir();
     let mut defs = Vec::new();
     let mut warnings = Vec::new();
@@ -246,7 +246,7 @@ pub fn find<'a>(
 /// there, then the definition), applied by the change engine atomically, journaled, undone
 /// by `gpupass recover` after a crash (which also removes the parent's directory the write
 /// made, once empty, as `undefine` does).
-pub fn define_part(host: &HostRoot, d: &Definition) -> Part {
+pub(crate) fn define_part(host: &HostRoot, d: &Definition) -> Part {
     let path = crate::change::logical(host, &path_of(host, &d.parent, &d.uuid));
     let mut p = Part::new(
         super::plan::DOMAIN,
@@ -257,7 +257,7 @@ pub fn define_part(host: &HostRoot, d: &Definition) -> Part {
 }
 
 /// The part of a plan that removes a definition file (and its parent directory once empty).
-pub fn undefine_part(host: &HostRoot, d: &Definition) -> Part {
+pub(crate) fn undefine_part(host: &HostRoot, d: &Definition) -> Part {
     let path = crate::change::logical(host, &path_of(host, &d.parent, &d.uuid));
     let mut p = Part::new(
         super::plan::DOMAIN,

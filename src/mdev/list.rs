@@ -138,7 +138,7 @@ pub fn defined(inv: &Inventory, parents: &[super::types::Parent], defs: &[Defini
 }
 
 /// `gpupass mdev list` as text.
-pub fn render_active(rows: &[Active], unreadable: usize) -> String {
+pub(crate) fn render_active(rows: &[Active], unreadable: usize) -> String {
     if rows.is_empty() {
         return "no active mediated devices or NVIDIA vGPU VFs\n".into();
     }
@@ -202,7 +202,7 @@ pub fn render_active(rows: &[Active], unreadable: usize) -> String {
 }
 
 /// `gpupass mdev list --defined` as text.
-pub fn render_defined(rows: &[Defined]) -> String {
+pub(crate) fn render_defined(rows: &[Defined]) -> String {
     if rows.is_empty() {
         return "no mdev definitions (etc/mdevctl.d is empty)\n".into();
     }

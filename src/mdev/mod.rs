@@ -143,7 +143,7 @@ pub enum MdevError {
 
 impl MdevError {
     /// Errors that are the caller's (exit status 2) rather than the host's (1).
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(self, MdevError::Usage(_))
     }
 }
@@ -264,12 +264,12 @@ impl FromStr for InstanceRef {
 }
 
 /// Levenshtein distance, for "did you mean" (strsim's, over chars).
-pub fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     strsim::levenshtein(a, b)
 }
 
 /// The candidate closest to `input` by edit distance (ties: the first).
-pub fn closest<'a>(input: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(input: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     candidates
         .into_iter()
         .min_by_key(|c| edit_distance(&input.to_ascii_lowercase(), &c.to_ascii_lowercase()))

@@ -21,7 +21,7 @@ pub type Created = Vec<String>;
 /// given or generated for mdev; free VFs for NVIDIA vGPU), then `attrs` in order on each mdev;
 /// and the instances it makes. Every refusal comes from here, before anything is written.
 #[allow(clippy::too_many_arguments)]
-pub fn plan_create(
+pub(crate) fn plan_create(
     host: &HostRoot,
     action: &str,
     inv: &Inventory,
@@ -144,7 +144,7 @@ fn check_unused(
 
 /// The plan of removing an active mdev (`1` to `sys/bus/mdev/devices/<uuid>/remove`, `mdev
 /// remove` and `stop`), unless it is open, and the instance's parent.
-pub fn plan_remove_mdev(
+pub(crate) fn plan_remove_mdev(
     host: &HostRoot,
     inv: &Inventory,
     open: &OpenNodes,
@@ -165,7 +165,7 @@ pub fn plan_remove_mdev(
 
 /// The plan of clearing an NVIDIA vGPU VF (`0` to `nvidia/current_vgpu_type`), unless it is
 /// open, and the physical function (the parent).
-pub fn plan_remove_vgpu(
+pub(crate) fn plan_remove_vgpu(
     host: &HostRoot,
     inv: &Inventory,
     open: &OpenNodes,

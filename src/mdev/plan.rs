@@ -22,13 +22,13 @@ pub use crate::change::{
     mdev_create_path as create_path, mdev_instance_path as instance_path, vgpu_type_path,
 };
 /// An mdev plan: the engine's plan, of one part of domain `mdev`.
-pub type MdevPlan = crate::change::Plan;
+pub(crate) type MdevPlan = crate::change::Plan;
 
 /// The journal's domain name of these plans.
-pub const DOMAIN: &str = "mdev";
+pub(crate) const DOMAIN: &str = "mdev";
 
 /// The steps that take `c` from before to after.
-pub fn steps_for(c: &Change) -> Vec<Step> {
+pub(crate) fn steps_for(c: &Change) -> Vec<Step> {
     match c {
         Change::Create {
             uuid,
@@ -134,7 +134,7 @@ pub fn execute(ops: &dyn HostOps, plan: &MdevPlan) -> Result<(), MdevError> {
 
 /// [`execute`] in a session that holds the lock already: the command read the host and made
 /// `plan` under it, so no other gpupass changed what the plan was made from in between.
-pub fn execute_in(session: &mut crate::change::Session<'_>, plan: &MdevPlan) -> Result<(), MdevError> {
+pub(crate) fn execute_in(session: &mut crate::change::Session<'_>, plan: &MdevPlan) -> Result<(), MdevError> {
     let host = session.ops().root().clone();
     session
         .apply(plan)
@@ -143,7 +143,7 @@ pub fn execute_in(session: &mut crate::change::Session<'_>, plan: &MdevPlan) -> 
 }
 
 /// The engine's error in the words the mdev commands have always used.
-pub fn mdev_error(host: &HostRoot, plan: &MdevPlan, e: ChangeError) -> MdevError {
+pub(crate) fn mdev_error(host: &HostRoot, plan: &MdevPlan, e: ChangeError) -> MdevError {
     match e {
         ChangeError::Unfinished { open, .. } => MdevError::Unfinished(open.describe()),
         ChangeError::Failed(f) => step_error(host, plan, *f),

@@ -47,7 +47,7 @@ pub struct Parent {
 }
 
 impl Parent {
-    pub fn find_type(&self, ty: &str) -> Option<&TypeInfo> {
+    pub(crate) fn find_type(&self, ty: &str) -> Option<&TypeInfo> {
         self.types.iter().find(|t| t.t.id == ty).or_else(|| {
             // vGPU types may be named by their profile name ("NVIDIA H200-2-35C") too.
             (self.kind == ParentKind::NvidiaVgpu)
@@ -55,7 +55,7 @@ impl Parent {
                 .flatten()
         })
     }
-    pub fn type_ids(&self) -> Vec<String> {
+    pub(crate) fn type_ids(&self) -> Vec<String> {
         self.types.iter().map(|t| t.t.id.clone()).collect()
     }
 }
@@ -143,7 +143,7 @@ fn vgpu_parent(inv: &Inventory, name_addr: PciAddress, vfs: &[&crate::model::Pci
 }
 
 /// The vGPU name of a type id, looked up in any VF of the same GPU that still offers it.
-pub fn vgpu_type_name(inv: &Inventory, pf: Option<PciAddress>, id: &str) -> Option<String> {
+pub(crate) fn vgpu_type_name(inv: &Inventory, pf: Option<PciAddress>, id: &str) -> Option<String> {
     inv.devices
         .iter()
         .filter(|d| pf.is_none() || d.physfn == pf || Some(d.address) == pf)

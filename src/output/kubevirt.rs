@@ -197,10 +197,10 @@ fn permitted_value(p: &Permitted, external: bool) -> Value {
 }
 
 /// The feature gate KubeVirt 1.9 needs for iommufd host devices.
-pub const IOMMUFD_GATE: &str = "IOMMUFD";
+pub(crate) const IOMMUFD_GATE: &str = "IOMMUFD";
 
 /// JSON form: a merge patch for the KubeVirt CR; with iommufd, the `IOMMUFD` gate too.
-pub fn json_patch(plan: &KubevirtPlan) -> Value {
+pub(crate) fn json_patch(plan: &KubevirtPlan) -> Value {
     let (p, external, iommufd) = (&plan.permitted, plan.external, plan.iommufd);
     let mut v =
         json!({ "spec": { "configuration": { "permittedHostDevices": permitted_value(p, external) } } });

@@ -21,7 +21,7 @@ use crate::model::BarKind;
 use crate::output::selection::Selection;
 
 /// QEMU's default q35 64-bit window (hw/pci-host/q35.c).
-pub const QEMU_Q35_DEFAULT_HOLE64: u64 = 32 << 30;
+pub(crate) const QEMU_Q35_DEFAULT_HOLE64: u64 = 32 << 30;
 
 /// `--pci-hole64`: how the 64-bit window is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,7 +81,7 @@ pub struct Mmio64 {
 
 /// The 64-bit memory BARs (0-5) of the selected PCI functions; mdevs have no host BARs to
 /// size from.
-pub fn bars64(sel: &Selection) -> (u64, usize) {
+pub(crate) fn bars64(sel: &Selection) -> (u64, usize) {
     sel.functions()
         .flat_map(|f| f.device.bars.iter())
         .filter(|b| b.index <= 5 && b.kind == BarKind::Memory && b.is_64bit && b.size > 0)
@@ -122,10 +122,6 @@ impl GuestFirmware {
     }
 }
 
-/// OVMF never uses more physical address bits than this (PlatformInitLib's
-/// `PlatformAddressWidthFromCpuid` limits a CPU's width to 46 to avoid 5-level paging).
-pub const OVMF_MAX_PHYS_BITS: u32 = 46;
-
 const GIB: u64 = 1 << 30;
 
 fn align_up(v: u64, a: u64) -> u64 {
@@ -138,7 +134,7 @@ fn align_up(v: u64, a: u64) -> u64 {
 /// The exclusive end of guest RAM in q35's address map: QEMU keeps all of a guest below
 /// 4 GiB when it has less than 2.75 GiB, else 2 GiB below 4 GiB and the rest from 4 GiB up;
 /// the 64-bit window starts at or above 4 GiB either way. `None` (RAM not known): 4 GiB.
-pub fn q35_ram_top(ram: Option<u64>) -> u64 {
+pub(crate) fn q35_ram_top(ram: Option<u64>) -> u64 {
     match ram {
         Some(r) if r >= 0xb000_0000 => (4 * GIB).saturating_add(r - 2 * GIB),
         _ => 4 * GIB,
@@ -146,9 +142,9 @@ pub fn q35_ram_top(ram: Option<u64>) -> u64 {
 }
 
 /// Where AMD's HyperTransport hole starts (1012 GiB; it ends at 1 TiB).
-pub const AMD_HT_START: u64 = 0xfd_0000_0000;
+pub(crate) const AMD_HT_START: u64 = 0xfd_0000_0000;
 /// Where QEMU puts an AMD guest's RAM above 4 GiB when the layout would reach the hole.
-pub const AMD_ABOVE_1TB_START: u64 = 1 << 40;
+pub(crate) const AMD_ABOVE_1TB_START: u64 = 1 << 40;
 
 /// The top of guest RAM as QEMU lays it out, and whether it moved the RAM above 4 GiB to
 /// 1 TiB: for an AMD guest CPU (`-cpu host` on an AMD host) QEMU (hw/i386/pc.c,
@@ -156,7 +152,7 @@ pub const AMD_ABOVE_1TB_START: u64 = 1 << 40;
 /// address it would use, the 64-bit window's end (`pci-hole64-size` above the RAM, aligned to
 /// 1 GiB), reaches the HyperTransport hole at 1012 GiB; its own start check then refuses the
 /// layout with "phys-bits too low" when the moved window ends past the CPU's width.
-pub fn qemu_ram_top(ram: Option<u64>, window: u64, amd: bool) -> (u64, bool) {
+pub(crate) fn qemu_ram_top(ram: Option<u64>, window: u64, amd: bool) -> (u64, bool) {
     let top = q35_ram_top(ram);
     if amd && align_up(top, GIB).saturating_add(window).saturating_sub(1) >= AMD_HT_START {
         (top - 4 * GIB + AMD_ABOVE_1TB_START, true)
@@ -184,7 +180,7 @@ impl Placement {
 }
 
 /// The least `b` with `end <= 2^b`.
-pub fn bits_for(end: u64) -> u32 {
+pub(crate) fn bits_for(end: u64) -> u32 {
     if end <= 1 {
         0
     } else {
@@ -244,7 +240,7 @@ pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u6
 }
 
 /// The 64-bit BARs of each guest slot of `sel`: (sum, largest).
-pub fn slot_bars(sel: &Selection) -> Vec<(u64, u64)> {
+pub(crate) fn slot_bars(sel: &Selection) -> Vec<(u64, u64)> {
     sel.slots()
         .map(|g| {
             g.functions
@@ -261,7 +257,13 @@ pub fn slot_bars(sel: &Selection) -> Vec<(u64, u64)> {
 
 /// The most guest RAM with which the window still ends within `bits` (`None`: not even with
 /// none).
-pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)], amd: bool) -> Option<u64> {
+pub(crate) fn max_ram(
+    fw: GuestFirmware,
+    bits: u32,
+    window: u64,
+    slots: &[(u64, u64)],
+    amd: bool,
+) -> Option<u64> {
     let fits =
         |r: u64| place(fw, Some(r), window, slots, amd).end <= 1u64.checked_shl(bits).unwrap_or(u64::MAX);
     if !fits(0) {
@@ -281,7 +283,7 @@ pub fn max_ram(fw: GuestFirmware, bits: u32, window: u64, slots: &[(u64, u64)], 
 }
 
 /// The largest power-of-two window (1 GiB or more) that ends within `bits` over `ram`.
-pub fn max_window(
+pub(crate) fn max_window(
     fw: GuestFirmware,
     ram: Option<u64>,
     bits: u32,
@@ -370,7 +372,7 @@ impl Widths {
     }
 
     /// The narrowest width the window must fit (the IOMMU's on a tie).
-    pub fn narrowest(&self) -> Option<(u32, WidthSource)> {
+    pub(crate) fn narrowest(&self) -> Option<(u32, WidthSource)> {
         match (self.iommu, self.guest()) {
             (Some(i), Some(g)) if g.0 < i => Some(g),
             (Some(i), _) => Some((i, WidthSource::Iommu)),
@@ -379,7 +381,7 @@ impl Widths {
     }
 
     /// Why the guest's address bits are limited to `limit`, for the notes.
-    pub fn limit_reason(&self, limit: u32) -> String {
+    pub(crate) fn limit_reason(&self, limit: u32) -> String {
         match (self.phys_bits, self.iommu) {
             (Some(p), _) if p == limit => "--phys-bits".to_string(),
             (_, Some(i)) if i == limit => format!(
@@ -397,7 +399,7 @@ impl Widths {
 /// smaller of the two. Without it OVMF, which sizes its own aperture from the CPU's width, may put
 /// BARs at addresses the IOMMU cannot map for peer-to-peer DMA. `None`: the host CPU's width as
 /// it is (`host-phys-bits=on` alone).
-pub fn phys_bits_limit(w: &Widths) -> Option<u32> {
+pub(crate) fn phys_bits_limit(w: &Widths) -> Option<u32> {
     let iommu = w.iommu.filter(|i| match w.cpu {
         Some(c) => *i < c,
         None => true,
@@ -539,7 +541,7 @@ impl std::error::Error for WindowRefusal {}
 /// Place `mmio` as `fw` does over `ram` bytes of guest RAM (`None`: QEMU's default) and check
 /// its end against the narrowest of `widths`. `slots`: the selection's 64-bit BARs per guest
 /// slot ([`slot_bars`], SeaBIOS packs them).
-pub fn fit_window(
+pub(crate) fn fit_window(
     fw: GuestFirmware,
     ram: Option<u64>,
     mmio: Mmio64,
@@ -571,7 +573,7 @@ pub fn fit_window(
 /// What VFIO pins: all guest RAM, once per IOMMU address space, plus 1 GiB for what QEMU maps
 /// besides (the rule libvirt applies, `qemuDomainGetMemLockLimitBytes`): one address space
 /// without a vIOMMU; with one, each VFIO device gets its own (`devices` of them).
-pub fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
+pub(crate) fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
     let spaces = if viommu { devices.max(1) as u64 } else { 1 };
     ram.saturating_mul(spaces).saturating_add(1 << 30)
 }
@@ -581,7 +583,10 @@ pub fn memlock_bytes(ram: u64, viommu: bool, devices: usize) -> u64 {
 /// bridges above each GPU: GPU -> switch downstream port -> switch upstream port) share a
 /// clique, numbered by first appearance; a switch with one selected GPU gets none. The guest
 /// driver only enables P2P between GPUs of one clique.
-pub fn p2p_cliques(sel: &Selection, inv: &crate::model::Inventory) -> Vec<(crate::model::PciAddress, u8)> {
+pub(crate) fn p2p_cliques(
+    sel: &Selection,
+    inv: &crate::model::Inventory,
+) -> Vec<(crate::model::PciAddress, u8)> {
     let switch_of = |f: &crate::output::selection::SelectedFunction| {
         let down = f.device.parent?;
         let up = inv.device(&down)?.parent?;
@@ -684,7 +689,7 @@ pub enum HugePages {
 
 impl HugePages {
     /// The page size in KiB, `None` for `off`.
-    pub fn kib(self) -> Option<u64> {
+    pub(crate) fn kib(self) -> Option<u64> {
         match self {
             HugePages::Off => None,
             HugePages::Mib2 => Some(2048),
@@ -715,7 +720,7 @@ pub struct Cell {
 
 impl Cell {
     /// `0-3`, or `4` for a single vCPU.
-    pub fn vcpu_list(&self) -> String {
+    pub(crate) fn vcpu_list(&self) -> String {
         if self.vcpus.0 == self.vcpus.1 {
             self.vcpus.0.to_string()
         } else {
@@ -740,7 +745,7 @@ pub struct Expanders {
 }
 
 /// The host node a target sits on: a PCI slot's first function's, an mdev's parent's.
-pub fn target_node(t: &crate::output::selection::Target) -> Option<i32> {
+pub(crate) fn target_node(t: &crate::output::selection::Target) -> Option<i32> {
     use crate::output::selection::Target;
     match t {
         Target::Slot(g) => g.functions.first().and_then(|f| f.device.numa_node),
@@ -751,7 +756,7 @@ pub fn target_node(t: &crate::output::selection::Target) -> Option<i32> {
 
 /// The host CPUs of `node`: the node's `cpulist`, else the `local_cpulist` of a selected
 /// function on it.
-pub fn node_cpus(sel: &Selection, inv: &crate::model::Inventory, node: i32) -> Option<String> {
+pub(crate) fn node_cpus(sel: &Selection, inv: &crate::model::Inventory, node: i32) -> Option<String> {
     inv.numa_nodes
         .iter()
         .find(|n| n.node == node)
@@ -818,7 +823,7 @@ pub fn expanders(
 }
 
 /// `0, 1`.
-pub fn join_nodes(nodes: &[i32]) -> String {
+pub(crate) fn join_nodes(nodes: &[i32]) -> String {
     nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
 }
 
@@ -826,7 +831,7 @@ pub fn join_nodes(nodes: &[i32]) -> String {
 /// the guest is bound to have free (`free_hugepages`; the whole host when the guest is not
 /// bound). `demand` is (host node or `None` for anywhere, KiB). The host's hugepage pools come
 /// from the inventory; a host that reports none is not checked (`Ok(false)`).
-pub fn check_hugepages(
+pub(crate) fn check_hugepages(
     inv: &crate::model::Inventory,
     pages: HugePages,
     memory_kib: u64,
@@ -893,7 +898,7 @@ pub fn check_hugepages(
 }
 
 /// A power-of-two size for QEMU and notes: `64G`, `2T`, `512M`.
-pub fn size_suffix(v: u64) -> String {
+pub(crate) fn size_suffix(v: u64) -> String {
     if v >= 1 << 40 && v % (1 << 40) == 0 {
         format!("{}T", v >> 40)
     } else if v % (1 << 30) == 0 {

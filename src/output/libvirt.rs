@@ -62,14 +62,14 @@ pub struct LibvirtVersion {
 
 impl LibvirtVersion {
     /// `<driver iommufd='yes'/>` on a PCI hostdev (libvirt NEWS, 12.1.0).
-    pub const HOSTDEV_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 1 };
+    pub(crate) const HOSTDEV_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 1 };
     /// The domain-wide `<iommufd enabled='yes'/>` (libvirt NEWS, 12.2.0).
-    pub const DOMAIN_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 2 };
+    pub(crate) const DOMAIN_IOMMUFD: LibvirtVersion = LibvirtVersion { major: 12, minor: 2 };
     /// `limit` on `<maxphysaddr mode='passthrough'/>` (libvirt 9.3; 9.0's RNG has no such
     /// attribute, 12.9's has).
-    pub const MAXPHYSADDR_LIMIT: LibvirtVersion = LibvirtVersion { major: 9, minor: 3 };
+    pub(crate) const MAXPHYSADDR_LIMIT: LibvirtVersion = LibvirtVersion { major: 9, minor: 3 };
     /// The target when the installed libvirt cannot be read: Debian 12's.
-    pub const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
+    pub(crate) const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
 
     /// What this target can express with iommufd.
     pub fn iommufd(self) -> IommufdXml {
@@ -303,7 +303,7 @@ fn target_label(t: &Target) -> String {
 
 /// Check `--display` against the selection: it must hit at least one display-capable mdev.
 /// Returns notes for the mdevs it does not apply to.
-pub fn check_display(sel: &Selection, opts: &HostdevOptions) -> Result<Vec<String>, LibvirtError> {
+pub(crate) fn check_display(sel: &Selection, opts: &HostdevOptions) -> Result<Vec<String>, LibvirtError> {
     if !opts.display {
         return Ok(Vec::new());
     }
@@ -494,12 +494,12 @@ impl<'a> FromPlan<'a> {
 
 /// `<maxphysaddr mode='passthrough'/>`, with `limit` (libvirt 9.3+).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MaxPhysAddr {
+pub(crate) struct MaxPhysAddr {
     pub limit: Option<u32>,
 }
 
 /// libvirt's QEMU namespace (`<qemu:override>`, `<qemu:commandline>`).
-pub const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
+pub(crate) const QEMU_NS: &str = "http://libvirt.org/schemas/domain/qemu/1.0";
 
 fn text_element(w: &mut W, name: &str, attrs: &[(&str, &str)], text: &str) -> io::Result<()> {
     w.create_element(name)

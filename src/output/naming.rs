@@ -31,14 +31,14 @@
 use crate::model::{Inventory, MdevInstance, PciAddress, PciDevice};
 
 /// Longest name part Kubernetes accepts in a qualified name.
-pub const MAX_NAME_PART: usize = 63;
+pub(crate) const MAX_NAME_PART: usize = 63;
 
 /// DNS domain used as the resource prefix for a PCI vendor id (4 hex digits, any case):
 /// `nvidia.com` (10de), `amd.com` (1002), `intel.com` (8086), the domains those vendors' own
 /// plugins register under; any other vendor gets `pci-<vendor id>.gpupass.io` (a DNS subdomain
 /// of gpupass's own, so it can never collide with a vendor plugin's resource; no `-`, so the
 /// environment name made from it is a POSIX name).
-pub fn vendor_domain(vendor_id: &str) -> String {
+pub(crate) fn vendor_domain(vendor_id: &str) -> String {
     match vendor_id.trim_start_matches("0x").to_ascii_lowercase().as_str() {
         "10de" => "nvidia.com".into(),
         "1002" => "amd.com".into(),
@@ -63,7 +63,7 @@ fn qualified_part(s: &str) -> Option<String> {
 
 /// The NAME part for a PCI device: pci.ids device name in the NVIDIA plugin's convention, or
 /// the lower-case device id when there is no name (or nothing usable is left of it).
-pub fn pci_device_name_part(device_name: Option<&str>, device_id: &str) -> String {
+pub(crate) fn pci_device_name_part(device_name: Option<&str>, device_id: &str) -> String {
     let from_name = device_name.and_then(|n| {
         let mut out = String::with_capacity(n.len());
         let mut in_space = false;
@@ -88,7 +88,7 @@ pub fn pci_device_name_part(device_name: Option<&str>, device_id: &str) -> Strin
 }
 
 /// `nvidia.com/AD102_GEFORCE_RTX_4090` for a PCI function (by vendor id and pci.ids name).
-pub fn pci_resource_name(dev: &PciDevice) -> String {
+pub(crate) fn pci_resource_name(dev: &PciDevice) -> String {
     format!(
         "{}/{}",
         vendor_domain(&dev.vendor_id),
@@ -98,7 +98,7 @@ pub fn pci_resource_name(dev: &PciDevice) -> String {
 
 /// `nvidia.com/GRID_T4_1Q` for an mdev type: the type's `name` (its directory id when it has
 /// no name) with whitespace runs and `-` as `_`, under the parent's vendor domain.
-pub fn mdev_resource_name(parent_vendor_id: &str, type_name: &str) -> String {
+pub(crate) fn mdev_resource_name(parent_vendor_id: &str, type_name: &str) -> String {
     let joined = type_name.split_whitespace().collect::<Vec<_>>().join("_");
     let cleaned: String = joined
         .chars()
@@ -111,7 +111,7 @@ pub fn mdev_resource_name(parent_vendor_id: &str, type_name: &str) -> String {
 
 /// The resource name of an mdev instance: its type's name (the type id when the parent does not
 /// list it) under its parent's vendor domain (`0000` when the parent is unknown).
-pub fn mdev_instance_resource_name(inv: &Inventory, m: &MdevInstance) -> String {
+pub(crate) fn mdev_instance_resource_name(inv: &Inventory, m: &MdevInstance) -> String {
     let parent = m.parent.parse::<PciAddress>().ok().and_then(|a| inv.device(&a));
     let type_name = parent
         .and_then(|p| {
@@ -128,7 +128,7 @@ pub fn mdev_instance_resource_name(inv: &Inventory, m: &MdevInstance) -> String 
 
 /// KubeVirt's environment variable for a resource: `PCI_RESOURCE` + `nvidia.com/X` →
 /// `PCI_RESOURCE_NVIDIA_COM_X` (prefixes KubeVirt uses: `PCI_RESOURCE`, `MDEV_PCI_RESOURCE`).
-pub fn resource_env_var(prefix: &str, resource_name: &str) -> String {
+pub(crate) fn resource_env_var(prefix: &str, resource_name: &str) -> String {
     let v = resource_name.to_uppercase().replace(['/', '.'], "_");
     let name = format!("{prefix}_{v}");
     debug_assert!(is_posix_env_name(&name), "{name} is not a POSIX environment name");

@@ -147,14 +147,14 @@ impl Default for VmPlan {
 
 impl VmPlan {
     /// The guest's address bits are to be set: a window lies above RAM, or they are limited.
-    pub fn sets_address_bits(&self) -> bool {
+    pub(crate) fn sets_address_bits(&self) -> bool {
         self.mmio.is_some() || self.phys_limit.is_some()
     }
 }
 
 /// The NUMA placement for `mode`: one node's CPUs and memory, expanders mirroring several
 /// nodes, or nothing. `guest`: (vCPUs, RAM KiB, page KiB) when known.
-pub fn numa_plan(
+pub(crate) fn numa_plan(
     sel: &Selection,
     inv: &Inventory,
     mode: NumaMode,

@@ -67,7 +67,7 @@ impl QemuVersion {
 
     /// The version in `qemu-system-x86_64 --version`'s first line: `QEMU emulator version
     /// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)`.
-    pub fn from_version_output(text: &str) -> Option<QemuVersion> {
+    pub(crate) fn from_version_output(text: &str) -> Option<QemuVersion> {
         let line = text.lines().next()?;
         let rest = line.trim().strip_prefix("QEMU emulator version ")?;
         rest.split_whitespace().next()?.parse().ok()
@@ -138,7 +138,7 @@ pub struct QemuOptions {
 
 /// The first bus number of expander `i` (`pxb-pcie,bus_nr=`): 0x80, 0x90, ... so each gets 16
 /// buses for its root ports and `pcie.0` keeps 0x00-0x7f.
-pub fn pxb_bus_nr(i: usize) -> usize {
+pub(crate) fn pxb_bus_nr(i: usize) -> usize {
     0x80 + 0x10 * i
 }
 
@@ -151,7 +151,7 @@ pub struct PassedFds {
 }
 
 /// The id of the one iommufd object the arguments create.
-pub const IOMMUFD_ID: &str = "iommufd0";
+pub(crate) const IOMMUFD_ID: &str = "iommufd0";
 
 impl Default for QemuOptions {
     fn default() -> Self {
@@ -173,12 +173,12 @@ impl Default for QemuOptions {
 /// This is deliberately not built from `HostRoot`: it is not a path gpupass reads, it is an
 /// argument for a QEMU process that runs on the real host, where sysfs is at `/sys` — even
 /// when gpupass rendered from a snapshot (`--root`) or a saved inventory (`--from-json`).
-pub fn mdev_sysfsdev_for_qemu(uuid: &str) -> String {
+pub(crate) fn mdev_sysfsdev_for_qemu(uuid: &str) -> String {
     format!("/sys/bus/mdev/devices/{uuid}")
 }
 
 /// Escape a value for a QEMU `-device` option list (`,` → `,,`).
-pub fn escape_value(v: &str) -> String {
+pub(crate) fn escape_value(v: &str) -> String {
     v.replace(',', ",,")
 }
 
@@ -418,7 +418,7 @@ pub fn args(sel: &Selection, opts: &QemuOptions, plan: &VmPlan) -> Result<Vec<St
 }
 
 /// Quote one argument for a POSIX shell when it needs it.
-pub fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     let safe = !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-+=.,:/@%".contains(&b));

@@ -65,7 +65,7 @@ impl fmt::Display for DeviceArg {
 
 /// Who will consume the output: decides the driver rule and the hints in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consumer {
+pub(crate) enum Consumer {
     /// libvirt with `managed='yes'`: libvirt detaches the functions itself at VM start.
     LibvirtManaged,
     /// libvirt with `managed='no'`: the functions must already be on a VFIO driver.
@@ -77,7 +77,7 @@ pub enum Consumer {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct SelectOptions {
+pub(crate) struct SelectOptions {
     /// Emit only the named functions, not their IOMMU-group companions.
     pub only: bool,
     pub consumer: Consumer,
@@ -103,7 +103,7 @@ pub struct SlotGroup {
 }
 
 impl SlotGroup {
-    pub fn is_multifunction(&self) -> bool {
+    pub(crate) fn is_multifunction(&self) -> bool {
         self.functions.len() > 1
     }
 
@@ -126,7 +126,7 @@ pub struct SelectedMdev {
 impl SelectedMdev {
     /// A display-capable vGPU: a vfio-pci mdev whose parent is a display controller
     /// (class 03). Only these can take libvirt `display='on'` / QEMU `display=on`.
-    pub fn display_capable(&self) -> bool {
+    pub(crate) fn display_capable(&self) -> bool {
         let api_pci = self
             .mdev_type
             .as_ref()
@@ -217,7 +217,11 @@ fn is_nvidia_vendor_vgpu(d: &PciDevice) -> bool {
 }
 
 /// Resolve `args` into a [`Selection`].
-pub fn select(inv: &Inventory, args: &[DeviceArg], opts: SelectOptions) -> Result<Selection, SelectError> {
+pub(crate) fn select(
+    inv: &Inventory,
+    args: &[DeviceArg],
+    opts: SelectOptions,
+) -> Result<Selection, SelectError> {
     /// A guest slot in first-mention order: a host slot (index into `slots`) or an mdev.
     enum Entry {
         Slot(usize),

@@ -5,7 +5,7 @@ use crate::model::{Bar, BarKind, Inventory, PciDevice};
 use std::fmt::Write;
 
 /// Left-aligned columns; the last column is not padded.
-pub fn columns(rows: &[Vec<String>]) -> String {
+pub(crate) fn columns(rows: &[Vec<String>]) -> String {
     let n = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let mut widths = vec![0; n];
     for r in rows {

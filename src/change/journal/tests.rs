@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn fp(addr: &str, before: Option<&str>, after: Option<&str>) -> FuncPlan {
@@ -248,4 +247,12 @@ fn lock_excludes_and_compaction_keeps_state() {
     assert_eq!(r2.bound.len(), 1);
     drop(l);
     assert!(lock(&host, Duration::from_millis(0)).is_ok());
+}
+
+/// Read the whole lock file.
+fn lock_holder(host: &HostRoot) -> Option<String> {
+    use std::io::Read;
+    let mut s = String::new();
+    File::open(lock_path(host)).ok()?.read_to_string(&mut s).ok()?;
+    Some(s.trim().to_string())
 }

@@ -30,14 +30,14 @@ const ENTRY: usize = 24;
 const OLD_ENTRY: usize = 12;
 
 /// ELF libc6 library (entry flag low byte).
-pub const FLAG_ELF_LIBC6: i32 = 0x0003;
+pub(crate) const FLAG_ELF_LIBC6: i32 = 0x0003;
 /// x86-64 64-bit ABI (entry flag high byte).
-pub const FLAG_X8664_LIB64: i32 = 0x0300;
+pub(crate) const FLAG_X8664_LIB64: i32 = 0x0300;
 /// AArch64 64-bit ABI.
-pub const FLAG_AARCH64_LIB64: i32 = 0x0a00;
+pub(crate) const FLAG_AARCH64_LIB64: i32 = 0x0a00;
 
 /// The entry flags of the libraries this build's ABI loads.
-pub fn native_flags() -> i32 {
+pub(crate) fn native_flags() -> i32 {
     if cfg!(target_arch = "aarch64") {
         FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64
     } else {

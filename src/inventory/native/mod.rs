@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 /// Why `container list` could not answer.
 #[derive(Debug, thiserror::Error)]
-pub enum ContainerError {
+pub(crate) enum ContainerError {
     #[error("no PCI function {addr} on this host; `gpupass list` shows the GPUs")]
     NoSuchDevice { addr: PciAddress },
     #[error(
@@ -34,7 +34,7 @@ Device Minor; is the driver fully loaded?"
 
 /// The user-space libraries of the NVIDIA driver (utility, compute, video, graphics), by the
 /// part of the file name before `.so`.
-pub const NVIDIA_LIBRARIES: &[&str] = &[
+pub(crate) const NVIDIA_LIBRARIES: &[&str] = &[
     "libnvidia-ml",
     "libnvidia-cfg",
     "libcuda",
@@ -70,7 +70,7 @@ pub const NVIDIA_LIBRARIES: &[&str] = &[
 ];
 
 /// The driver's binaries a container may need.
-pub const NVIDIA_BINARIES: &[&str] = &[
+pub(crate) const NVIDIA_BINARIES: &[&str] = &[
     "nvidia-smi",
     "nvidia-debugdump",
     "nvidia-persistenced",
@@ -80,7 +80,8 @@ pub const NVIDIA_BINARIES: &[&str] = &[
 ];
 
 /// Control nodes shared by every GPU on the native driver.
-pub const NVIDIA_CONTROL_NODES: &[&str] = &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
+pub(crate) const NVIDIA_CONTROL_NODES: &[&str] =
+    &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"];
 
 /// IPC sockets of the driver's daemons, root-relative.
 const NVIDIA_IPCS: &[&str] = &[
@@ -140,13 +141,13 @@ pub struct DriverFiles {
 
 impl DriverFiles {
     /// The per-GPU node `/dev/nvidia<minor>`, if it was found.
-    pub fn gpu_node(&self, minor: u32) -> Option<&str> {
+    pub(crate) fn gpu_node(&self, minor: u32) -> Option<&str> {
         let want = format!("/dev/nvidia{minor}");
         self.device_nodes.iter().find(|n| **n == want).map(|s| s.as_str())
     }
 
     /// The control nodes found (`/dev/nvidiactl`, ...), in [`NVIDIA_CONTROL_NODES`] order.
-    pub fn control_nodes(&self) -> Vec<&str> {
+    pub(crate) fn control_nodes(&self) -> Vec<&str> {
         NVIDIA_CONTROL_NODES
             .iter()
             .filter_map(|c| {
@@ -317,7 +318,7 @@ pub fn discover(host: &HostRoot) -> DriverFiles {
 }
 
 /// The device nodes one native GPU needs: `/dev/nvidia<minor>` and the control nodes.
-pub fn gpu_nodes<'a>(
+pub(crate) fn gpu_nodes<'a>(
     inv: &Inventory,
     files: &'a DriverFiles,
     addr: &PciAddress,
@@ -346,7 +347,7 @@ pub fn gpu_nodes<'a>(
 /// `gpupass container list` as text: one host path per line, device nodes, binaries,
 /// libraries, IPC sockets (the order of `nvidia-container-cli list`). With `device`, only that
 /// GPU's node is listed among the per-GPU nodes.
-pub fn list_text(
+pub(crate) fn list_text(
     inv: &Inventory,
     files: &DriverFiles,
     device: Option<&PciAddress>,
@@ -382,7 +383,7 @@ pub fn list_text(
 }
 
 /// `gpupass container list --json`: the same, structured; with `device`, only its nodes.
-pub fn list_json(
+pub(crate) fn list_json(
     inv: &Inventory,
     files: &DriverFiles,
     device: Option<&PciAddress>,

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 /// Kind used when `--kind` is not given.
-pub const DEFAULT_KIND: &str = "gpupass.dev/pci";
+pub(crate) const DEFAULT_KIND: &str = "gpupass.dev/pci";
 
 /// Mount options for the driver's files: read-only bind mounts, no device files, no setuid.
 const RO_BIND: &[&str] = &["ro", "nosuid", "nodev", "bind"];
@@ -78,7 +78,7 @@ newer; pin {needed} or drop --cdi-version"
 impl CdiError {
     /// The command line asked for what cannot be (a pinned `--cdi-version` below what the
     /// spec's fields need): exit status 2.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(self, CdiError::VersionTooLow { .. })
     }
 }
@@ -89,7 +89,7 @@ pub struct CdiVersion(pub u32, pub u32, pub u32);
 
 impl CdiVersion {
     /// Versions a CDI loader accepts (0.1.0 and 0.2.0 are no longer loadable).
-    pub const KNOWN: &'static [CdiVersion] = &[
+    pub(crate) const KNOWN: &'static [CdiVersion] = &[
         CdiVersion(0, 3, 0),
         CdiVersion(0, 4, 0),
         CdiVersion(0, 5, 0),
@@ -99,7 +99,7 @@ impl CdiVersion {
         CdiVersion(1, 0, 0),
         CdiVersion(1, 1, 0),
     ];
-    pub const EARLIEST: CdiVersion = CdiVersion(0, 3, 0);
+    pub(crate) const EARLIEST: CdiVersion = CdiVersion(0, 3, 0);
 }
 
 impl fmt::Display for CdiVersion {
@@ -341,7 +341,7 @@ pub struct Rendered {
 }
 
 /// The lowest `cdiVersion` the spec's fields need, and the field that needs it.
-pub fn min_version(spec: &Spec) -> (CdiVersion, &'static str) {
+pub(crate) fn min_version(spec: &Spec) -> (CdiVersion, &'static str) {
     let mut v = (CdiVersion::EARLIEST, "nothing");
     let mut need = |nv: CdiVersion, why: &'static str| {
         if nv > v.0 {
@@ -396,7 +396,7 @@ fn pci_env(devs: &[&PciDevice]) -> Vec<String> {
 }
 
 /// The rule every spec keeps: each device carries the VFIO nodes of one backend only.
-pub fn check_backends(devices: &[Device]) -> Result<(), CdiError> {
+pub(crate) fn check_backends(devices: &[Device]) -> Result<(), CdiError> {
     for d in devices {
         backend::check_one_backend(d.container_edits.device_nodes.iter().map(|n| n.path.as_str())).map_err(
             |e| CdiError::MixedBackends {
@@ -655,7 +655,7 @@ pub fn to_json(spec: &Spec) -> String {
 
 /// File name in `var/run/cdi` for a kind: `gpupass.json` for the default kind, else
 /// `gpupass-<vendor>_<class>.json`.
-pub fn spec_file_name(kind: &Kind) -> String {
+pub(crate) fn spec_file_name(kind: &Kind) -> String {
     if kind.to_string() == DEFAULT_KIND {
         "gpupass.json".into()
     } else {
@@ -666,7 +666,7 @@ pub fn spec_file_name(kind: &Kind) -> String {
 /// How a written spec was generated, kept in `var/run/gpupass/cdi/<file>.options.json` so that
 /// the refresh after a change (`containers::cdi::refresh_in`) regenerates it the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub options: Options,
     /// The spec was removed because nothing was left to describe; refresh recreates it.
     #[serde(default)]
@@ -681,7 +681,7 @@ impl Recorded {
 }
 
 /// Where the record of a spec's options lives.
-pub fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
+pub(crate) fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
     host.gpupass_run_dir()
         .join("cdi")
         .join(format!("{spec_name}.options.json"))

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::host::HostRoot;
 use crate::output::selection::{select, Consumer, SelectOptions};

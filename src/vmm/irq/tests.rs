@@ -1,4 +1,3 @@
-
 use super::*;
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A device like QEMU's std VGA: 16 MiB prefetchable BAR0, 4 KiB BAR2, and a 64-bit BAR4.

@@ -1,4 +1,3 @@
-
 use super::super::emulated;
 use super::*;
 use kvm_ioctls::VcpuExit;

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::model::Backend;
 use crate::vmm::kvmstats::KvmCounts;
