@@ -50,7 +50,11 @@ pub fn host_ops(root: HostRoot) -> Box<dyn HostOps> {
         .map(|s| std::time::Duration::from_secs_f64(s.min(3600.0)));
     if fake {
         let host = FakeHost::new(root).before_apply(std::env::var("GPUPASS_FAKE_BEFORE_APPLY").ok());
-        Box::new(Failpoints::new(host).at(fail_at, crash_after).pause_before_apply(pause))
+        Box::new(
+            Failpoints::new(host)
+                .at(fail_at, crash_after)
+                .pause_before_apply(pause),
+        )
     } else {
         Box::new(
             Failpoints::new(RealHost::new(root))

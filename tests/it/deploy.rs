@@ -598,7 +598,10 @@ fn changed_values_reach_the_pod() {
         .map(|e| {
             (
                 e["name"].as_str().unwrap().to_string(),
-                e["value"].as_str().unwrap_or("(from the downward API)").to_string(),
+                e["value"]
+                    .as_str()
+                    .unwrap_or("(from the downward API)")
+                    .to_string(),
             )
         })
         .collect();
@@ -639,7 +642,10 @@ fn bad_values_are_refused_with_the_field_named() {
         assert!(e.contains(says), "{set}: {e}");
     }
     let e = render(&["apiServer.host=10.0.2.2"]).expect_err("a host without a port");
-    assert!(e.contains("apiServer.port is required with apiServer.host"), "{e}");
+    assert!(
+        e.contains("apiServer.port is required with apiServer.host"),
+        "{e}"
+    );
     let e = render(&["serviceAccount.create=false"]).expect_err("no service account name");
     assert!(e.contains("serviceAccount.name is required"), "{e}");
     // resource.k8s.io/v1 is served from 1.34: an older cluster is refused before anything is made.

@@ -76,7 +76,10 @@ pub fn judge() -> Judge {
         check("images-built", |o| {
             let b = built(o)?;
             if b[0].1 == b[1].1 {
-                return Err(format!("lab-1 and lab-2 have one digest {}: the upgrade would change nothing", b[0].1));
+                return Err(format!(
+                    "lab-1 and lab-2 have one digest {}: the upgrade would change nothing",
+                    b[0].1
+                ));
             }
             Ok(format!("{} {}; {} {}", b[0].0, b[0].1, b[1].0, b[1].1))
         }),
@@ -96,17 +99,25 @@ pub fn judge() -> Judge {
         check("plugin-host-network", |o| {
             let p = pod(o, "install-pod")?;
             if p["spec"]["hostNetwork"] != true {
-                return Err(format!("spec.hostNetwork is {}, want true (lab values)", p["spec"]["hostNetwork"]));
+                return Err(format!(
+                    "spec.hostNetwork is {}, want true (lab values)",
+                    p["spec"]["hostNetwork"]
+                ));
             }
             let host = env(&p, "KUBERNETES_SERVICE_HOST")?;
             let port = env(&p, "KUBERNETES_SERVICE_PORT")?;
             if host != "10.0.2.2" || port.parse::<u16>().is_err() {
-                return Err(format!("KUBERNETES_SERVICE_HOST/PORT {host}:{port}, want 10.0.2.2 and the API port"));
+                return Err(format!(
+                    "KUBERNETES_SERVICE_HOST/PORT {host}:{port}, want 10.0.2.2 and the API port"
+                ));
             }
             let log = o.cmd("install-log")?;
             let want = format!("API server https://{host}:{port}");
             if !all(&log).contains(&want) {
-                return Err(format!("the plugin's log does not say {want:?}: {}", one_line(&all(&log))));
+                return Err(format!(
+                    "the plugin's log does not say {want:?}: {}",
+                    one_line(&all(&log))
+                ));
             }
             Ok(format!("hostNetwork, KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port} (the kubelet's own would be the Service's ClusterIP)"))
         }),
@@ -146,7 +157,12 @@ pub fn judge() -> Judge {
             if !devices.iter().any(|d| d == "pci-0000-00-05-0") {
                 return Err(format!("no pci-0000-00-05-0 among {devices:?}"));
             }
-            Ok(format!("{} slices, {} devices: {}", items.len(), devices.len(), devices.join(" ")))
+            Ok(format!(
+                "{} slices, {} devices: {}",
+                items.len(),
+                devices.len(),
+                devices.join(" ")
+            ))
         }),
         check("device-classes", |o| {
             let v = o.cmd("install-classes")?.json()?;
@@ -155,13 +171,19 @@ pub fn judge() -> Judge {
                 let n = i["metadata"]["name"].as_str().unwrap_or("?");
                 if n.ends_with(DRIVER) {
                     if i["metadata"]["labels"]["app.kubernetes.io/managed-by"] != "Helm" {
-                        return Err(format!("DeviceClass {n} is not the release's (no managed-by Helm label)"));
+                        return Err(format!(
+                            "DeviceClass {n} is not the release's (no managed-by Helm label)"
+                        ));
                     }
                     names.push(n.to_string());
                 }
             }
             names.sort();
-            let want = [format!("mdev.{DRIVER}"), format!("nvidia-gpu-iommufd.{DRIVER}"), DRIVER.to_string()];
+            let want = [
+                format!("mdev.{DRIVER}"),
+                format!("nvidia-gpu-iommufd.{DRIVER}"),
+                DRIVER.to_string(),
+            ];
             if names != want {
                 return Err(format!("DeviceClasses {names:?}, want {want:?}"));
             }
@@ -199,14 +221,19 @@ pub fn judge() -> Judge {
             let old = f.get("old.pod")?;
             let new = p["metadata"]["name"].as_str().unwrap_or("");
             if new.is_empty() || new == old {
-                return Err(format!("the plugin Pod is {new:?}, the one before the upgrade was {old:?}"));
+                return Err(format!(
+                    "the plugin Pod is {new:?}, the one before the upgrade was {old:?}"
+                ));
             }
             let old_id = pod(o, "install-pod")?["status"]["containerStatuses"][0]["imageID"].clone();
             let new_id = &p["status"]["containerStatuses"][0]["imageID"];
             if &old_id == new_id {
                 return Err(format!("the new Pod runs imageID {new_id}, as the old one did"));
             }
-            Ok(format!("{old} -> {new}: {img}, {} s after helm upgrade", f.get("seconds")?))
+            Ok(format!(
+                "{old} -> {new}: {img}, {} s after helm upgrade",
+                f.get("seconds")?
+            ))
         }),
         check("upgrade-group-held", |o| {
             let f = o.facts("upgraded")?;
@@ -214,7 +241,9 @@ pub fn judge() -> Judge {
             drivers_are(&f, VFIO)?;
             let claim = f.get("claim")?;
             in_checkpoint(&f, claim)?;
-            Ok(format!("{n} samples during the rollout, all vfio-pci; claim {claim} in the checkpoint"))
+            Ok(format!(
+                "{n} samples during the rollout, all vfio-pci; claim {claim} in the checkpoint"
+            ))
         }),
         check("upgrade-takeover", |o| {
             let f = o.facts("a-deleted")?;
@@ -222,9 +251,13 @@ pub fn judge() -> Judge {
             let log = all(&o.cmd("upgrade-log-after")?);
             let l = line_with(&log, &format!("({claim})"))?;
             if !l.contains("unprepared claim") {
-                return Err(format!("the new plugin's line for {claim} is not an Unprepare: {l}"));
+                return Err(format!(
+                    "the new plugin's line for {claim} is not an Unprepare: {l}"
+                ));
             }
-            Ok(format!("the new Pod unprepared the claim the old one prepared: {l}"))
+            Ok(format!(
+                "the new Pod unprepared the claim the old one prepared: {l}"
+            ))
         }),
         check("upgrade-restored", |o| given_back(o, "a-deleted", "a-recover")),
         // 5. helm uninstall with a claim held; installed again.
@@ -236,7 +269,10 @@ pub fn judge() -> Judge {
             f.is("plugin.pods", "")?;
             f.is("reg.sock", "absent")?;
             f.is("release", "")?;
-            Ok(format!("{}; no plugin Pod, no registration socket", one_line(&c.out)))
+            Ok(format!(
+                "{}; no plugin Pod, no registration socket",
+                one_line(&c.out)
+            ))
         }),
         check("uninstall-group-stays", |o| {
             let f = o.facts("uninstalled")?;
@@ -263,7 +299,11 @@ pub fn judge() -> Judge {
             }
             f.is("reg.sock", "present")?;
             drivers_are(&f, VFIO)?;
-            Ok(format!("plugin {} registered {} s after helm install", f.get("plugin.pods")?.trim(), f.get("seconds")?))
+            Ok(format!(
+                "plugin {} registered {} s after helm install",
+                f.get("plugin.pods")?.trim(),
+                f.get("seconds")?
+            ))
         }),
         check("reinstall-unprepared", |o| {
             let f = o.facts("b-deleted")?;
@@ -271,7 +311,9 @@ pub fn judge() -> Judge {
             let log = all(&o.cmd("reinstall-log")?);
             let l = line_with(&log, &format!("({claim})"))?;
             if !l.contains("unprepared claim") {
-                return Err(format!("the reinstalled plugin's line for {claim} is not an Unprepare: {l}"));
+                return Err(format!(
+                    "the reinstalled plugin's line for {claim} is not an Unprepare: {l}"
+                ));
             }
             given_back(o, "b-deleted", "b-recover")?;
             Ok(l)
@@ -281,14 +323,18 @@ pub fn judge() -> Judge {
             let c = o.cmd("race-bind")?;
             let pid = pause_pid(&c)?;
             o.facts("race-held")?.is("bind.running", "yes")?;
-            Ok(format!("gpupass bind (pid {pid}) held the lock before its first write"))
+            Ok(format!(
+                "gpupass bind (pid {pid}) held the lock before its first write"
+            ))
         }),
         check("race-prepare-refused", |o| {
             let pid = pause_pid(&o.cmd("race-bind")?)?;
             let ev = o.cmd("race-events")?;
             let l = line_with(&ev.out, "is changing devices")?;
             if !l.contains(&format!("another gpupass (pid {pid})")) {
-                return Err(format!("the Prepare's refusal does not name the bind's pid {pid}: {l}"));
+                return Err(format!(
+                    "the Prepare's refusal does not name the bind's pid {pid}: {l}"
+                ));
             }
             Ok(l)
         }),
@@ -304,9 +350,14 @@ pub fn judge() -> Judge {
             drivers_are(&f, HOST)?;
             let claim_free = f.get("checkpoint")?.trim().is_empty();
             if !claim_free {
-                return Err(format!("the checkpoint holds {:?} while the bind held the lock", f.get("checkpoint")?));
+                return Err(format!(
+                    "the checkpoint holds {:?} while the bind held the lock",
+                    f.get("checkpoint")?
+                ));
             }
-            Ok(format!("{n} samples while the lock was held, and after: {HOST}; no claim checkpointed"))
+            Ok(format!(
+                "{n} samples while the lock was held, and after: {HOST}; no claim checkpointed"
+            ))
         }),
         check("race-bind-won", |o| {
             let c = o.cmd("race-bind")?;
@@ -326,7 +377,9 @@ pub fn judge() -> Judge {
             let claim = f.get("claim")?;
             not_in_checkpoint(&f, claim)?;
             f.is("open", "0")?;
-            Ok(format!("claim {claim} unprepared; the group stays on vfio-pci, where the host's bind put it"))
+            Ok(format!(
+                "claim {claim} unprepared; the group stays on vfio-pci, where the host's bind put it"
+            ))
         }),
         check("race-host-unbind", |o| {
             o.cmd("race-unbind")?.rc_is(0)?;
@@ -405,7 +458,11 @@ fn samples_all(f: &Facts, want: &str) -> Result<usize, String> {
         return Err(format!("after {}: no samples", f.name));
     }
     match s.iter().find(|w| **w != want) {
-        Some(w) => Err(format!("after {}: a sample read {w:?}, want {want:?} throughout: {}", f.name, s.join(" "))),
+        Some(w) => Err(format!(
+            "after {}: a sample read {w:?}, want {want:?} throughout: {}",
+            f.name,
+            s.join(" ")
+        )),
         None => Ok(s.len()),
     }
 }
@@ -446,7 +503,9 @@ fn imported(o: &Out, import: &str, ls: &str, n: usize) -> Verdict {
     if !row.split_whitespace().any(|w| w == d) {
         return Err(format!("containerd has {r} as {}, built as {d}", one_line(row)));
     }
-    Ok(format!("{r} {d} in containerd (k8s.io), the digest deploy/image/build.sh printed"))
+    Ok(format!(
+        "{r} {d} in containerd (k8s.io), the digest deploy/image/build.sh printed"
+    ))
 }
 
 /// `helm install`/`upgrade` said the release is deployed at `revision`.
@@ -474,7 +533,10 @@ fn pod_ready(p: &Value, image: &str) -> Verdict {
         ));
     }
     if p["spec"]["containers"][0]["image"] != image {
-        return Err(format!("the Pod runs {}, want {image}", p["spec"]["containers"][0]["image"]));
+        return Err(format!(
+            "the Pod runs {}, want {image}",
+            p["spec"]["containers"][0]["image"]
+        ));
     }
     Ok(format!(
         "{} Running, Ready, {image} (imageID {})",
@@ -501,7 +563,10 @@ fn service_account(o: &Out, p: &Value) -> Verdict {
     let sa = o.facts("sa")?;
     sa.is("name", SA)?;
     if p["spec"]["serviceAccountName"] != SA {
-        return Err(format!("serviceAccountName {}, want {SA}", p["spec"]["serviceAccountName"]));
+        return Err(format!(
+            "serviceAccountName {}, want {SA}",
+            p["spec"]["serviceAccountName"]
+        ));
     }
     let ct = &p["spec"]["containers"][0];
     let spec = ct.to_string();
@@ -509,10 +574,11 @@ fn service_account(o: &Out, p: &Value) -> Verdict {
         return Err(format!("the container names a kubeconfig: {}", one_line(&spec)));
     }
     let vols = p["spec"]["volumes"].as_array().ok_or("no spec.volumes")?;
-    if let Some(v) = vols
-        .iter()
-        .find(|v| v["hostPath"]["path"].as_str().is_some_and(|h| h.starts_with("/lab") || h.contains("kube/config")))
-    {
+    if let Some(v) = vols.iter().find(|v| {
+        v["hostPath"]["path"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("/lab") || h.contains("kube/config"))
+    }) {
         return Err(format!("a host path with credentials is mounted: {v}"));
     }
     let token = vols
@@ -533,8 +599,13 @@ fn service_account(o: &Out, p: &Value) -> Verdict {
         return Err(format!("the token volume {token} is not mounted at {TOKEN_DIR}"));
     }
     let log = all(&o.cmd("install-log")?);
-    let l = line_with(&log, &format!("with the token {TOKEN_DIR}/token (in-cluster configuration)"))?;
-    Ok(format!("serviceAccountName {SA}, token volume {token} at {TOKEN_DIR}, no kubeconfig; the plugin: {l}"))
+    let l = line_with(
+        &log,
+        &format!("with the token {TOKEN_DIR}/token (in-cluster configuration)"),
+    )?;
+    Ok(format!(
+        "serviceAccountName {SA}, token volume {token} at {TOKEN_DIR}, no kubeconfig; the plugin: {l}"
+    ))
 }
 
 fn least_privilege(o: &Out) -> Verdict {
@@ -556,7 +627,11 @@ fn least_privilege(o: &Out) -> Verdict {
         if got != *want {
             return Err(format!(
                 "system:serviceaccount:{NS}:{SA} can-i {q}: {answer}, want {}",
-                if *want { "yes (the code does it)" } else { "no (the plugin never needs it)" }
+                if *want {
+                    "yes (the code does it)"
+                } else {
+                    "no (the plugin never needs it)"
+                }
             ));
         }
         if got {
@@ -582,7 +657,9 @@ fn prepared(o: &Out, f: &Facts, log: &str) -> Verdict {
     drivers_are(f, VFIO)?;
     let claim = f.get("claim")?;
     in_checkpoint(f, claim)?;
-    Ok(format!("claim {claim}: {VFIO}, /dev/vfio/{g} opened in the container, in the checkpoint"))
+    Ok(format!(
+        "claim {claim}: {VFIO}, /dev/vfio/{g} opened in the container, in the checkpoint"
+    ))
 }
 
 /// After the Pod's deletion: the drivers back, the claim out of the checkpoint, no unfinished
@@ -595,7 +672,10 @@ fn given_back(o: &Out, facts: &str, recover: &str) -> Verdict {
     f.is("open", "0")?;
     let r = o.cmd(recover)?;
     r.out_has("nothing to recover")?;
-    Ok(format!("{HOST} again, claim {claim} out of the checkpoint; {}", one_line(&r.out)))
+    Ok(format!(
+        "{HOST} again, claim {claim} out of the checkpoint; {}",
+        one_line(&r.out)
+    ))
 }
 
 /// The pid the paused bind printed (`GPUPASS_PAUSE_BEFORE_APPLY=...: holding the lock ... (pid N)`).
