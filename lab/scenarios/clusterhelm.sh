@@ -59,16 +59,17 @@ state() {
 ready_pod() { crictl ps -a --label "io.kubernetes.pod.name=$1" -q | grep -q . && cl_logs "$1" | grep -qx READY; }
 # plugin_ready [NOT]: one plugin Pod, other than NOT, Ready, and the kubelet registered it.
 plugin_ready() {
-  _p=$(plugin_pod)
-  [ -n "$_p" ] && [ "$_p" != "${1:-}" ] &&
-    [ "$(kc -n "$NS" get pod "$_p" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ] &&
-    cl_logs "$_p" | grep -q "the kubelet registered $DRIVER"
+  _pr=$(plugin_pod)
+  [ -n "$_pr" ] && [ "$_pr" != "${1:-}" ] &&
+    [ "$(kc -n "$NS" get pod "$_pr" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ] &&
+    cl_logs "$_pr" | grep -q "the kubelet registered $DRIVER"
 }
 # plugin_facts NAME: the plugin Pod (its spec and status as JSON) and its log, through the CRI.
+# (Not _p: lab_file's variable.)
 plugin_facts() {
-  _p=$(plugin_pod)
-  lab_cmd "$1-pod" kc -n "$NS" get pod "$_p" -o json
-  lab_cmd "$1-log" cl_logs "$_p"
+  _pf=$(plugin_pod)
+  lab_cmd "$1-pod" kc -n "$NS" get pod "$_pf" -o json
+  lab_cmd "$1-log" cl_logs "$_pf"
 }
 # sample_drivers SECONDS: the group's drivers every 2 s for SECONDS, "vga+aud" words.
 sample_drivers() {
@@ -110,11 +111,12 @@ plugin_facts install
 lab_cmd install-slices kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o json
 lab_cmd install-classes kc get deviceclasses -o json
 SA=$(kc -n "$NS" get pod "$(plugin_pod)" -o jsonpath='{.spec.serviceAccountName}')
-# What the service account may do: each question to the API server's authorizer.
+# What the service account may do: each question to the API server's authorizer (its answer,
+# yes or no, on stdout; stderr has kubectl's warnings on cluster-scoped resources).
 cani() {
   while read -r _verb _res _ns _sub; do
     _a=$(kubectl --kubeconfig "$CL/admin.kubeconfig" auth can-i "$_verb" "$_res" --as="system:serviceaccount:$NS:$SA" \
-      $([ "$_ns" != - ] && echo "-n $_ns") $([ "$_sub" != - ] && echo "--subresource=$_sub") 2>&1)
+      $([ "$_ns" != - ] && echo "-n $_ns") $([ "$_sub" != - ] && echo "--subresource=$_sub") 2> /dev/null)
     echo "$_verb $_res $_ns $_sub $_a"
   done << EOF
 get resourceclaims.resource.k8s.io default -
