@@ -590,7 +590,7 @@ fn changed_values_reach_the_pod() {
     ]);
     let spec = &one(&docs, "DaemonSet")["spec"]["template"]["spec"];
     assert_eq!(spec["hostNetwork"], true);
-    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(spec["dnsPolicy"], "Default");
     let env: Vec<(String, String)> = spec["containers"][0]["env"]
         .as_array()
         .unwrap()
