@@ -9,7 +9,7 @@
 # lab-modules: 9p
 # lab-modules: overlay
 # lab-modules: virtio_net
-# lab-timeout: 900
+# lab-timeout: 1500
 # lab-judge: rust
 #
 # Judged in Rust (docs/lab.md, "Judged scenarios"): after the cluster's bring-up (the shared

@@ -249,3 +249,86 @@ fn the_report_takes_steps_and_verdict_from_the_judge() {
         "{v}"
     );
 }
+
+// ---------------------------------------------------------------- clusterhelm
+
+/// `clusterhelm`'s judge on a copy of its committed output with one thing changed: exactly the
+/// step that reads it fails, saying what is wrong.
+fn clusterhelm_fails(change: impl FnOnce(&Path)) -> (Vec<String>, String) {
+    let t = copy_of("clusterhelm");
+    change(t.path());
+    failed(&judge("clusterhelm", t.path()))
+}
+
+#[test]
+fn clusterhelm_a_right_the_plugin_does_not_need_fails_least_privilege() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        edit(d, "can-i.out", "delete pods default - no", "delete pods default - yes")
+    });
+    assert_eq!(bad, ["least-privilege"], "{why}");
+    assert!(why.contains("can-i delete pods default -: yes, want no"), "{why}");
+}
+
+#[test]
+fn clusterhelm_a_forbidden_call_in_a_plugin_log_fails() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        let p = d.join("upgrade-log.out");
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        text.push_str("WARN gpupass: cannot publish the ResourceSlices: resourceslices is forbidden: User \"system:serviceaccount:gpupass-system:gpupass\" cannot list\n");
+        std::fs::write(&p, text).unwrap();
+    });
+    assert_eq!(bad, ["no-forbidden"], "{why}");
+    assert!(why.contains("upgrade-log: WARN"), "{why}");
+}
+
+#[test]
+fn clusterhelm_an_admin_kubeconfig_in_the_pod_fails_the_service_account_step() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        edit(
+            d,
+            "install-pod.out",
+            "\"dra-plugin\",",
+            "\"dra-plugin\", \"--kubeconfig=/lab/cluster/admin.kubeconfig\",",
+        )
+    });
+    assert_eq!(bad, ["plugin-service-account"], "{why}");
+    assert!(why.contains("the container names a kubeconfig"), "{why}");
+}
+
+#[test]
+fn clusterhelm_another_digest_in_containerd_fails_the_import() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        let built = std::fs::read_to_string(d.join("images-built.out")).unwrap();
+        let digest = built.lines().next().unwrap().split_whitespace().nth(1).unwrap().to_string();
+        edit(d, "images-1.out", &digest, &format!("sha256:{}", "0".repeat(64)));
+    });
+    assert_eq!(bad, ["image-imported"], "{why}");
+    assert!(why.contains("built as sha256:"), "{why}");
+}
+
+#[test]
+fn clusterhelm_a_group_moved_while_the_host_held_the_lock_fails_the_race() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        edit(d, "race-held.facts", "vga.driver=bochs-drm", "vga.driver=vfio-pci")
+    });
+    assert_eq!(bad, ["race-nothing-written"], "{why}");
+    assert!(why.contains("after race-held: drivers"), "{why}");
+}
+
+#[test]
+fn clusterhelm_no_refusal_event_fails_the_race() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        std::fs::remove_file(d.join("race-events.out")).unwrap();
+    });
+    assert_eq!(bad, ["race-prepare-refused"], "{why}");
+    assert!(why.contains("race-events.out is missing"), "{why}");
+}
+
+#[test]
+fn clusterhelm_a_group_lost_during_the_upgrade_fails() {
+    let (bad, why) = clusterhelm_fails(|d| {
+        edit(d, "upgraded.facts", "samples= vfio-pci+vfio-pci", "samples= bochs-drm+snd_hda_intel")
+    });
+    assert_eq!(bad, ["upgrade-group-held"], "{why}");
+    assert!(why.contains("a sample read \"bochs-drm+snd_hda_intel\""), "{why}");
+}
