@@ -613,15 +613,10 @@ fn least_privilege(o: &Out) -> Verdict {
     let mut yes = 0;
     let mut no = 0;
     for (q, want) in CAN {
-        let l = c
-            .out
-            .lines()
-            .find(|l| l.starts_with(&format!("{q} ")))
-            .ok_or_else(|| format!("no answer to `{q}`: {}", one_line(&c.out)))?;
-        let answer = l[q.len()..].trim();
-        let got = match answer {
+        let answer = can_i_answer(&c.out, q)?;
+        let got = match answer.as_str() {
             "yes" => true,
-            a if a.starts_with("no") => false,
+            "no" => false,
             a => return Err(format!("`{q}`: {a:?} is neither yes nor no")),
         };
         if got != *want {
@@ -641,6 +636,26 @@ fn least_privilege(o: &Out) -> Verdict {
         }
     }
     Ok(format!("{yes} rights the code uses: yes; {no} it does not need (delete pods, list secrets, claim status, watch, node writes, ...): no"))
+}
+
+/// kubectl's answer to question `q` in the guest's `QUESTION ANSWER` lines: the last word
+/// before the next question (a kubectl that also printed a warning, "resource 'nodes' is not
+/// namespace scoped", has its answer on a line of its own after it).
+fn can_i_answer(out: &str, q: &str) -> Result<String, String> {
+    let questions: Vec<String> = CAN.iter().map(|(q, _)| format!("{q} ")).collect();
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(&format!("{q} ")));
+    let first = lines
+        .next()
+        .ok_or_else(|| format!("no answer to `{q}`: {}", one_line(out)))?;
+    let mut block = vec![&first[q.len()..]];
+    block.extend(lines.take_while(|l| !questions.iter().any(|x| l.starts_with(x.as_str()))));
+    block
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| l.split_whitespace().last())
+        .map(str::to_string)
+        .ok_or_else(|| format!("`{q}`: no answer"))
 }
 
 /// A claim's Pod runs with the group: its container opened the group's node and said READY,
