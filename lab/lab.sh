@@ -425,6 +425,40 @@ cluster_host_down() {
   fi
 }
 
+# carry_deploy WORK: what `clusterhelm` installs (docs/deploy.md, "In the cluster lab"), in
+# WORK/deploy, shared read-only with the guest over virtio-9p at /opt/deploy (mount tag
+# "deploy"): helm (deploy/tools/build-helm.sh, built once and cached), the chart
+# (deploy/helm/gpupass as committed), and two images of this boot's gpupass made by
+# deploy/image/build.sh --binary: gpupass.dev/gpupass:lab-1 and :lab-2, the second packaged
+# with SOURCE_DATE_EPOCH one second later (another config and layer time stamp: another
+# digest, as a rebuild from a later commit gives), for the upgrade. images.txt: "TAG DIGEST
+# FILE" as build.sh printed them, which the guest compares with what containerd imported.
+DEPLOY_DIR=''
+carry_deploy() {
+  local helm_dir epoch n line w1 ref w3 digest
+  [[ -n $GPUPASS_BIN ]] || die "lab-carry deploy packages the lab's gpupass into an image: $GPUPASS_WHY"
+  DEPLOY_DIR=$1/deploy
+  mkdir -p "$DEPLOY_DIR"
+  log "helm (deploy/tools/build-helm.sh)"
+  "$REPO/deploy/tools/build-helm.sh" >&2 || die "could not build helm (deploy/tools/build-helm.sh, above)"
+  helm_dir=$("$REPO/deploy/tools/build-helm.sh" --print-dir)
+  cp "$helm_dir/bin/helm" "$DEPLOY_DIR/helm"
+  cp -r "$REPO/deploy/helm/gpupass" "$DEPLOY_DIR/chart"
+  epoch=$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)
+  : >"$DEPLOY_DIR/images.txt"
+  for n in 1 2; do
+    line=$(SOURCE_DATE_EPOCH=$((epoch + n - 1)) "$REPO/deploy/image/build.sh" --binary "$GPUPASS_BIN" \
+      --tag "gpupass.dev/gpupass:lab-$n" --out "$DEPLOY_DIR/gpupass-lab-$n.oci.tar" | tail -1) ||
+      die "deploy/image/build.sh --binary $GPUPASS_BIN failed"
+    # "image REF digest sha256:... size BYTES file FILE"
+    read -r w1 ref w3 digest _ <<<"$line"
+    [[ $w1 == image && $w3 == digest && $digest == sha256:* ]] ||
+      die "deploy/image/build.sh printed '$line', not 'image REF digest sha256:...'"
+    echo "$ref $digest gpupass-lab-$n.oci.tar" >>"$DEPLOY_DIR/images.txt"
+  done
+  log "deploy: helm $("$DEPLOY_DIR/helm" version --short 2>/dev/null), images $(awk '{ printf "%s %s; ", $1, $2 }' "$DEPLOY_DIR/images.txt")"
+}
+
 # carry_libvirt WORK: WORK/libvirt, shared read-write with the guest, and
 # lab/tools/libvirtnative.py serving it for this boot: the guest writes NAME.xml and NAME.req,
 # the host answers with `virsh -c qemu:///session domxml-to-native` of it (Debian 12's libvirt
@@ -624,6 +658,11 @@ build_initramfs() { # WORK SCENARIOS...
     if scenario_decl "$s" carry | grep -qw cluster && [[ -z $CLUSTER_DIR ]]; then
       carry_cluster "$root"
     fi
+    # "# lab-carry: deploy": helm, the chart and two images of gpupass at /opt/deploy over 9p
+    # (mount tag "deploy"; carry_deploy).
+    if scenario_decl "$s" carry | grep -qw deploy && [[ -z $DEPLOY_DIR ]]; then
+      carry_deploy "$(dirname "$root")"
+    fi
     # "# lab-carry: libvirt": libvirt's QEMU driver on the host turns domain XML that the guest
     # writes into QEMU command lines, over virtio-9p at /lab/libvirt (read-write, mount tag
     # "libvirt"; lab/tools/libvirtnative.py).
@@ -727,6 +766,12 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
       -netdev user,id=clnode,net=10.0.2.0/24,host=10.0.2.2,ipv6=off
       -device virtio-net-pci,netdev=clnode,bus=pcie.0,addr=0x11,mac=52:54:00:c1:00:01
       -device virtio-net-pci,bus=pcie.0,addr=0x12,mac=52:54:00:c1:00:02)
+  fi
+  # "# lab-carry: deploy": helm, the chart and the images, read-only over virtio-9p at 00:13.0.
+  if [[ -n $DEPLOY_DIR ]]; then
+    # shellcheck disable=SC2054
+    QEMU+=(-fsdev "local,id=deployfs,path=$DEPLOY_DIR,security_model=none,readonly=on"
+      -device virtio-9p-pci,fsdev=deployfs,mount_tag=deploy,bus=pcie.0,addr=0x13)
   fi
   # "# lab-carry: libvirt": the host's libvirt conversions, read-write over virtio-9p at 00:10.0.
   if [[ -n $LIBVIRT_DIR ]]; then

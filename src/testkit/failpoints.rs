@@ -8,6 +8,7 @@ use crate::host::HostRoot;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 /// `H` with failpoints.
 #[derive(Debug)]
@@ -17,6 +18,7 @@ pub struct Failpoints<H> {
     fail_at: Option<usize>,
     crash_after: Option<usize>,
     panic_after: Option<usize>,
+    pause_before_apply: Option<Duration>,
 }
 
 impl<H: HostOps> Failpoints<H> {
@@ -28,6 +30,7 @@ impl<H: HostOps> Failpoints<H> {
             fail_at: None,
             crash_after: None,
             panic_after: None,
+            pause_before_apply: None,
         }
     }
 
@@ -35,6 +38,14 @@ impl<H: HostOps> Failpoints<H> {
     pub fn at(mut self, fail_at: Option<usize>, crash_after: Option<usize>) -> Self {
         self.fail_at = fail_at;
         self.crash_after = crash_after;
+        self
+    }
+
+    /// Sleep `pause` between a bind's or unbind's plan and its first write, with the lock held
+    /// and nothing written yet (`GPUPASS_PAUSE_BEFORE_APPLY`): the window in which another
+    /// gpupass (the DRA plugin's Prepare, the lab's race) meets the lock.
+    pub fn pause_before_apply(mut self, pause: Option<Duration>) -> Self {
+        self.pause_before_apply = pause;
         self
     }
 
@@ -102,6 +113,16 @@ impl<H: HostOps> HostOps for Failpoints<H> {
     }
 
     fn before_apply(&self) {
+        if let Some(p) = self.pause_before_apply {
+            eprintln!(
+                "gpupass: GPUPASS_PAUSE_BEFORE_APPLY={}: holding the lock for {} s before the first write (pid {})",
+                p.as_secs_f64(),
+                p.as_secs_f64(),
+                std::process::id()
+            );
+            std::thread::sleep(p);
+            eprintln!("gpupass: GPUPASS_PAUSE_BEFORE_APPLY: applying now");
+        }
         self.inner.before_apply()
     }
 

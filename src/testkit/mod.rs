@@ -15,6 +15,9 @@
 //!   - `GPUPASS_CRASH_AFTER_WRITE=N`: the process aborts right after the N-th successful
 //!     write, as a power cut or `kill -9` would (on the real kernel too: the lab's crash
 //!     tests).
+//!   - `GPUPASS_PAUSE_BEFORE_APPLY=SECONDS`: a bind or unbind sleeps between its plan and its
+//!     first write, holding the lock with nothing written (the lab's `clusterhelm` race of a
+//!     host bind and a DRA Prepare).
 //!
 //! The fixture generators (`crate::testkit::hostgen`, `crate::testkit::fixtures`) are behind the same feature.
 
@@ -40,10 +43,23 @@ pub fn host_ops(root: HostRoot) -> Box<dyn HostOps> {
     let fake = std::env::var("GPUPASS_FAKE_KERNEL").is_ok_and(|v| v == "1") && root.root() != Path::new("/");
     let fail_at = env_usize("GPUPASS_FAIL_WRITE");
     let crash_after = env_usize("GPUPASS_CRASH_AFTER_WRITE");
+    let pause = std::env::var("GPUPASS_PAUSE_BEFORE_APPLY")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| std::time::Duration::from_secs_f64(s.min(3600.0)));
     if fake {
         let host = FakeHost::new(root).before_apply(std::env::var("GPUPASS_FAKE_BEFORE_APPLY").ok());
-        Box::new(Failpoints::new(host).at(fail_at, crash_after))
+        Box::new(
+            Failpoints::new(host)
+                .at(fail_at, crash_after)
+                .pause_before_apply(pause),
+        )
     } else {
-        Box::new(Failpoints::new(RealHost::new(root)).at(fail_at, crash_after))
+        Box::new(
+            Failpoints::new(RealHost::new(root))
+                .at(fail_at, crash_after)
+                .pause_before_apply(pause),
+        )
     }
 }

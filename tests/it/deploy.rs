@@ -579,6 +579,41 @@ fn changed_values_reach_the_pod() {
             "{cel}"
         );
     }
+    // A cluster whose Service ClusterIP does not route from the nodes (no kube-proxy: the
+    // cluster lab, docs/deploy.md "Clusters without kube-proxy"): the API server's own address
+    // in the two variables kube-rs's in-cluster configuration reads, after NODE_NAME, and the
+    // node's network namespace. The credentials stay the service account's.
+    let docs = rendered(&[
+        "apiServer.host=10.0.2.2",
+        "apiServer.port=6443",
+        "kubeletPlugin.hostNetwork=true",
+    ]);
+    let spec = &one(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "Default");
+    let env: Vec<(String, String)> = spec["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["value"]
+                    .as_str()
+                    .unwrap_or("(from the downward API)")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("NODE_NAME", "(from the downward API)"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.2.2"),
+            ("KUBERNETES_SERVICE_PORT", "6443"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
     // logLevel 0: no -v at all.
     let quiet = rendered(&["logLevel=0"]);
     let args = strs(&one(&quiet, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -599,10 +634,18 @@ fn bad_values_are_refused_with_the_field_named() {
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("kubelet.pluginsDir=relative/plugins", "pluginsDir"),
         ("kubeletPlugin.privilegd=true", "privilegd"),
+        ("apiServer.host=https://10.0.2.2", "apiServer/host"),
+        ("apiServer.port=70000", "apiServer/port"),
+        ("apiServer.hots=10.0.2.2", "hots"),
     ] {
         let e = render(&[set]).expect_err(set);
         assert!(e.contains(says), "{set}: {e}");
     }
+    let e = render(&["apiServer.host=10.0.2.2"]).expect_err("a host without a port");
+    assert!(
+        e.contains("apiServer.port is required with apiServer.host"),
+        "{e}"
+    );
     let e = render(&["serviceAccount.create=false"]).expect_err("no service account name");
     assert!(e.contains("serviceAccount.name is required"), "{e}");
     // resource.k8s.io/v1 is served from 1.34: an older cluster is refused before anything is made.

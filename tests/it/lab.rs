@@ -181,7 +181,7 @@ impl Boot {
 }
 
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
-const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
+const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra", "clusterhelm"];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
 /// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg,
@@ -674,6 +674,15 @@ mod cluster_6_12 {
     #[test]
     fn clusterdra() {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
+    }
+
+    /// The chart installed with helm (docs/deploy.md, "In the cluster lab"): the image imported
+    /// with its digest, the plugin a DaemonSet Pod on its ServiceAccount (least privilege asked
+    /// of the authorizer), upgrade and uninstall with a claim held, a host bind racing a
+    /// Prepare. Judged by tests/it/labjudge/clusterhelm.rs.
+    #[test]
+    fn clusterhelm() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterhelm");
     }
 }
 

@@ -81,6 +81,14 @@ impl Kube {
                     .await
                     .map_err(|e| ApiError::Infer(crate::model::ErrorChain(&e).to_string()))?,
             };
+            // Which credentials, said once at the start: a Pod's plugin must show the service
+            // account (in-cluster), never an admin's kubeconfig (docs/deploy.md).
+            let creds = match (kubeconfig, cfg.auth_info.token_file.as_deref()) {
+                (Some(p), _) => format!("the kubeconfig {}", p.display()),
+                (None, Some(t)) => format!("the token {t} (in-cluster configuration)"),
+                (None, None) => "the kubeconfig of KUBECONFIG or ~/.kube/config".to_string(),
+            };
+            info!("API server {} with {creds}", cfg.cluster_url);
             cfg.connect_timeout = Some(timeout);
             cfg.read_timeout = Some(timeout);
             cfg.write_timeout = Some(timeout);
