@@ -181,7 +181,14 @@ impl Boot {
 }
 
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
-const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra", "clusterhelm"];
+const CLUSTER_SCENARIOS: &[&str] = &[
+    "cluster",
+    "clusterdp",
+    "clusterhook",
+    "clusterdra",
+    "clusterhelm",
+    "clusterslices",
+];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
 /// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg,
@@ -683,6 +690,12 @@ mod cluster_6_12 {
     #[test]
     fn clusterhelm() {
         assert_scenario(run(), "6.12 (cluster)", "clusterhelm");
+    }
+
+    /// Judged in Rust (tests/it/labjudge/clusterslices.rs).
+    #[test]
+    fn clusterslices() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterslices");
     }
 }
 

@@ -18,6 +18,8 @@
 //!   ([`crate::containers::kubelet`]: registration, sockets, the DRAPlugin services, claim
 //!   fetching, publishing, serialization) serves it as a
 //!   [`DraDriver`](crate::containers::kubelet::plugin::DraDriver).
+//! - [`signals`]: the kernel's signals of a function's condition (power state, config space,
+//!   AER counts, a lost driver) read from sysfs, which make a device unhealthy (and tainted).
 //! - [`probe`]: `gpupass dra probe`, whether a running plugin's sockets and worker answer (the
 //!   Helm chart's liveness probe).
 
@@ -27,6 +29,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod prepare;
 pub mod probe;
+pub mod signals;
 pub mod slices;
 pub mod slots;
 #[cfg(test)]

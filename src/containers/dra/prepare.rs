@@ -11,12 +11,15 @@
 use super::apply;
 use super::checkpoint::{self, Checkpoint, Entry, State};
 use super::claim::{self, ClaimRef, Identity, Prepared, PreparedDevice};
+use super::signals::{self, Problem};
 use super::slices;
 use crate::containers::kubelet::claims::{Claim, ClaimSource, SourceError};
 use crate::containers::kubelet::plugin::{DraDriver, Resources};
+use crate::containers::kubelet::pool::Pool;
 use crate::host::ops::HostOps;
 use crate::inventory::backend::Policy;
 use crate::model::{Inventory, PciAddress};
+use k8s_openapi::api::resource::v1::DeviceTaint;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -79,6 +82,10 @@ pub struct Driver<'a> {
     /// Every device name health was ever reported for (a device that vanishes stays on the
     /// health stream as unhealthy).
     known: BTreeSet<String>,
+    /// What the kernel's signals were last time (signals.rs).
+    tracker: signals::Tracker,
+    /// The unhealthy devices of the last health refresh, with their problem's code.
+    unhealthy: BTreeMap<String, &'static str>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
@@ -104,6 +111,8 @@ impl<'a> Driver<'a> {
             checkpoint_path,
             checkpoint,
             known: BTreeSet::new(),
+            tracker: signals::Tracker::default(),
+            unhealthy: BTreeMap::new(),
             lock_wait: DEFAULT_LOCK_WAIT,
         })
     }
@@ -480,9 +489,48 @@ impl<'a> Driver<'a> {
             .values()
             .filter(|e| e.boot_id == self.boot_id && e.state == State::Completed)
             .collect();
-        let h = health(inv, &prepared, &self.known);
-        self.known.extend(h.iter().map(|d| d.device.clone()));
-        h
+        let mut h = health(inv, &prepared, &self.known);
+        self.known.extend(h.iter().map(|(d, _)| d.device.clone()));
+        // The kernel's signals of each healthy device's functions (signals.rs).
+        let now = Instant::now();
+        let held: BTreeMap<&PciAddress, ()> = prepared
+            .iter()
+            .flat_map(|e| e.devices.iter().flat_map(|d| d.members.iter()))
+            .map(|a| (a, ()))
+            .collect();
+        let mut members: BTreeMap<String, Vec<PciAddress>> = slices::publishable(inv)
+            .into_iter()
+            .map(|p| (p.name, p.members))
+            .collect();
+        for e in &prepared {
+            for d in &e.devices {
+                members
+                    .entry(d.device.clone())
+                    .or_insert_with(|| d.members.clone());
+            }
+        }
+        for (dev, code) in h.iter_mut() {
+            let Some(ms) = members.get(&dev.device) else {
+                continue;
+            };
+            for a in ms {
+                let Some(f) = inv.device(a) else { continue };
+                let r = signals::read(self.ops.root(), a);
+                let p = self
+                    .tracker
+                    .judge(a, f.driver.as_deref(), held.contains_key(a), &r, now);
+                if let (Some(p), true) = (p, dev.healthy) {
+                    dev.healthy = false;
+                    dev.message = p.message;
+                    *code = Some(p.code);
+                }
+            }
+        }
+        self.unhealthy = h
+            .iter()
+            .filter_map(|(d, c)| c.map(|c| (d.device.clone(), c)))
+            .collect();
+        h.into_iter().map(|(d, _)| d).collect()
     }
 }
 
@@ -523,9 +571,12 @@ impl DraDriver for Driver<'_> {
     /// node offers) and the health of the host as it is.
     fn resources(&mut self) -> Result<Resources, PrepareError> {
         let inv = self.scan()?;
+        let health = self.health(&inv);
         Ok(Resources {
-            pool: slices::pool(&self.as_offered(&inv)),
-            health: self.health(&inv),
+            // An unhealthy device is tainted (NoSchedule): the scheduler gives it only to a
+            // claim that tolerates the taint, which Prepare then serves like any other.
+            pool: tainted(slices::pool(&self.as_offered(&inv)), &self.unhealthy),
+            health,
         })
     }
 }
@@ -565,72 +616,116 @@ fn files_of(driver: &str, e: &Entry) -> Vec<String> {
     v
 }
 
-/// Health, pure: see [`Driver::health`].
-pub fn health(inv: &Inventory, prepared: &[&Entry], known: &BTreeSet<String>) -> Vec<Health> {
-    let mut out: BTreeMap<String, Health> = BTreeMap::new();
-    let slots: Vec<String> = super::slots::offered(inv).into_iter().map(|s| s.name).collect();
-    for name in slices::publishable(inv).into_iter().map(|p| p.name).chain(slots) {
-        out.insert(
-            name.clone(),
+/// Health, pure: see [`Driver::health`]. Each unhealthy device with its problem's code (the
+/// taint's value).
+pub fn health(
+    inv: &Inventory,
+    prepared: &[&Entry],
+    known: &BTreeSet<String>,
+) -> Vec<(Health, Option<&'static str>)> {
+    let mut out: BTreeMap<String, (Health, Option<&'static str>)> = BTreeMap::new();
+    let healthy = |name: &str| {
+        (
             Health {
-                device: name,
+                device: name.to_string(),
                 healthy: true,
                 message: String::new(),
             },
-        );
+            None,
+        )
+    };
+    let slots: Vec<String> = super::slots::offered(inv).into_iter().map(|s| s.name).collect();
+    for name in slices::publishable(inv).into_iter().map(|p| p.name).chain(slots) {
+        out.insert(name.clone(), healthy(&name));
     }
     for e in prepared {
         for d in &e.devices {
-            let mut problem = None;
+            let mut problem: Option<Problem> = None;
             if let Some(m) = &d.mdev {
                 match inv.mdev(&m.uuid) {
                     None => {
-                        problem = Some(format!(
-                            "mdev {} ({} on {}) is gone",
-                            m.uuid, m.mdev_type, m.parent
+                        problem = Some(Problem::new(
+                            "gone",
+                            format!("mdev {} ({} on {}) is gone", m.uuid, m.mdev_type, m.parent),
                         ))
                     }
                     Some(i) if i.iommu_group.is_none() => {
-                        problem = Some(format!("mdev {} has no IOMMU group any more", m.uuid))
+                        problem = Some(Problem::new(
+                            "no-group",
+                            format!("mdev {} has no IOMMU group any more", m.uuid),
+                        ))
                     }
                     Some(_) => {}
                 }
             }
             for a in &d.members {
                 let Some(f) = inv.device(a) else {
-                    problem = Some(format!("{a} is gone"));
+                    problem = Some(Problem::new("gone", format!("{a} is gone")));
                     break;
                 };
                 if let Err(r) = inv.vfio_group(f) {
                     let who = r.blocker_list();
-                    problem = Some(if who.is_empty() {
-                        format!("{a}: {r}")
-                    } else {
-                        format!("{a}: {r}: {who} left VFIO behind gpupass's back")
-                    });
+                    problem = Some(Problem::new(
+                        "left-vfio",
+                        if who.is_empty() {
+                            format!("{a}: {r}")
+                        } else {
+                            format!("{a}: {r}: {who} left VFIO behind gpupass's back")
+                        },
+                    ));
                     break;
                 }
             }
             out.insert(
                 d.device.clone(),
-                Health {
-                    device: d.device.clone(),
-                    healthy: problem.is_none(),
-                    message: problem.unwrap_or_default(),
-                },
+                (
+                    Health {
+                        device: d.device.clone(),
+                        healthy: problem.is_none(),
+                        message: problem.as_ref().map(|p| p.message.clone()).unwrap_or_default(),
+                    },
+                    problem.map(|p| p.code),
+                ),
             );
         }
     }
     // A slot that is no longer offered (its type filled up) is not a failed device: only
     // prepared slots are judged, above.
     for k in known.iter().filter(|k| !k.starts_with("mdev-")) {
-        out.entry(k.clone()).or_insert_with(|| Health {
-            device: k.clone(),
-            healthy: false,
-            message: "no longer on this node (removed, or its IOMMU group changed)".into(),
+        out.entry(k.clone()).or_insert_with(|| {
+            (
+                Health {
+                    device: k.clone(),
+                    healthy: false,
+                    message: "no longer on this node (removed, or its IOMMU group changed)".into(),
+                },
+                Some("gone"),
+            )
         });
     }
     out.into_values().collect()
+}
+
+/// The key of the taint an unhealthy device is published with (its value: the problem's code).
+pub const TAINT_KEY: &str = "gpupass.dev/unhealthy";
+
+/// The effect of that taint: NoSchedule (docs/dra.md, "Taints": new claims do not get the
+/// device; a Pod that has it keeps running, and its status says Unhealthy).
+pub const TAINT_EFFECT: &str = "NoSchedule";
+
+/// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code).
+pub fn tainted(mut pool: Pool, unhealthy: &BTreeMap<String, &'static str>) -> Pool {
+    for d in &mut pool.devices {
+        if let Some(code) = unhealthy.get(&d.name) {
+            d.taints.get_or_insert_with(Vec::new).push(DeviceTaint {
+                key: TAINT_KEY.into(),
+                value: Some((*code).into()),
+                effect: TAINT_EFFECT.into(),
+                time_added: None,
+            });
+        }
+    }
+    pool
 }
 
 #[cfg(test)]
@@ -1066,6 +1161,64 @@ mod tests {
         e.unprepare("u1").unwrap();
         let after = crate::inventory::scan(&host).unwrap();
         assert_eq!(super::super::slices::devices(&e.as_offered(&after)), before);
+    }
+
+    /// The kernel's signals reach the pool: a function that lost its host driver makes its
+    /// device unhealthy and tainted NoSchedule (driver-lost); a claim for it is prepared all
+    /// the same (the scheduler let it through: a toleration); prepared and on vfio-pci it is
+    /// healthy, in D3cold it is not; given back driverless it is tainted again, and a driver
+    /// clears it.
+    #[test]
+    fn an_unhealthy_device_is_tainted_and_a_claim_for_it_is_prepared_all_the_same() {
+        let (_t, root, claims) = lab_claim();
+        let ops = FakeHost::new(HostRoot::new(&root));
+        let mut e = engine(&ops, &claims);
+        let dev = "pci-0000-00-05-0";
+        let look = |e: &mut Kit| {
+            let r = DraDriver::resources(&mut e.d).unwrap();
+            let h = r.health.iter().find(|h| h.device == dev).cloned().unwrap();
+            let d = r.pool.devices.iter().find(|d| d.name == dev).cloned().unwrap();
+            let t: Vec<(String, String)> = d
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.value.unwrap_or_default(), t.effect))
+                .collect();
+            (h, t)
+        };
+        let (h, t) = look(&mut e);
+        assert!(h.healthy && t.is_empty(), "{h:?} {t:?}");
+        let link = root.join("sys/bus/pci/devices/0000:00:05.1/driver");
+        let target = std::fs::read_link(&link).unwrap();
+        std::fs::remove_file(&link).unwrap();
+        let (h, t) = look(&mut e);
+        assert!(!h.healthy, "{h:?}");
+        assert!(
+            h.message.contains("0000:00:05.1 lost its driver snd_hda_intel"),
+            "{}",
+            h.message
+        );
+        assert_eq!(t, [("driver-lost".to_string(), "NoSchedule".to_string())]);
+        // Tolerated by the claim (the scheduler's business): Prepare does not refuse it.
+        e.prepare(&gpu_claim()).unwrap();
+        let (h, t) = look(&mut e);
+        assert!(
+            h.healthy && t.is_empty(),
+            "prepared, both on vfio-pci: {h:?} {t:?}"
+        );
+        let ps = root.join("sys/bus/pci/devices/0000:00:05.0/power_state");
+        std::fs::write(&ps, "D3cold\n").unwrap();
+        let (h, t) = look(&mut e);
+        assert!(!h.healthy && h.message.contains("D3cold"), "{h:?}");
+        assert_eq!(t, [("d3cold".to_string(), "NoSchedule".to_string())]);
+        std::fs::write(&ps, "D0\n").unwrap();
+        assert!(look(&mut e).0.healthy);
+        e.unprepare("u1").unwrap();
+        let (h, t) = look(&mut e);
+        assert!(!h.healthy && t.len() == 1, "given back driverless: {h:?} {t:?}");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let (h, t) = look(&mut e);
+        assert!(h.healthy && t.is_empty(), "{h:?} {t:?}");
     }
 
     /// A failure at any write of the prepare plan rolls the whole plan back (the bind and the

@@ -17,11 +17,12 @@ use super::pool::{self, Pool, SliceOptions};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{CounterSet, Device, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Why the API server could not be reached or configured.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,9 @@ pub enum ApiError {
 pub struct Kube {
     rt: tokio::runtime::Runtime,
     client: kube::Client,
+    /// The same server without a read timeout: a watch is quiet for minutes when nothing
+    /// changes (the server ends it after [`WATCH_TIMEOUT_S`]).
+    watch_client: kube::Client,
     /// The longest one call may take.
     pub timeout: Duration,
 }
@@ -63,7 +67,7 @@ impl Kube {
             .enable_all()
             .build()
             .map_err(ApiError::Runtime)?;
-        let client = rt.block_on(async {
+        let (client, watch_client) = rt.block_on(async {
             let mut cfg = match kubeconfig {
                 Some(p) => {
                     let kc = kube::config::Kubeconfig::read_from(p).map_err(|e| ApiError::Kubeconfig {
@@ -90,12 +94,22 @@ impl Kube {
             };
             info!("API server {} with {creds}", cfg.cluster_url);
             cfg.connect_timeout = Some(timeout);
-            cfg.read_timeout = Some(timeout);
+            cfg.read_timeout = None;
             cfg.write_timeout = Some(timeout);
-            kube::Client::try_from(cfg)
-                .map_err(|e| ApiError::Client(crate::model::ErrorChain(&e).to_string()))
+            let make = |c: kube::Config| {
+                kube::Client::try_from(c)
+                    .map_err(|e| ApiError::Client(crate::model::ErrorChain(&e).to_string()))
+            };
+            let watch_client = make(cfg.clone())?;
+            cfg.read_timeout = Some(timeout);
+            Ok::<_, ApiError>((make(cfg)?, watch_client))
         })?;
-        Ok(Arc::new(Kube { rt, client, timeout }))
+        Ok(Arc::new(Kube {
+            rt,
+            client,
+            watch_client,
+            timeout,
+        }))
     }
 
     /// Runs `f` on the client's runtime, at most `timeout`.
@@ -210,6 +224,7 @@ pub fn reconcile(
     for s in &mut want {
         s.metadata.owner_references = owner.map(|o| vec![o.clone()]);
     }
+    keep_taint_times(&mut want, existing);
     let same = existing.iter().all(|s| Some(s.spec.pool.generation) == newest)
         && existing.len() == want.len()
         && existing
@@ -253,9 +268,41 @@ pub fn reconcile(
     ops
 }
 
+/// Gives each taint of `want` the `timeAdded` the API server set on the same taint (key, value,
+/// effect) of the same device in `existing`: the server stamps a taint written without one, so
+/// a pool rendered again (with none) would otherwise differ from what is published at every
+/// comparison and be written forever. A taint not published yet keeps none (the server stamps
+/// it).
+fn keep_taint_times(want: &mut [ResourceSlice], existing: &[ResourceSlice]) {
+    let published: Vec<&Device> = existing
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .collect();
+    for d in want.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()) {
+        let Some(old) = published.iter().find(|o| o.name == d.name) else {
+            continue;
+        };
+        for t in d.taints.iter_mut().flatten().filter(|t| t.time_added.is_none()) {
+            t.time_added = old
+                .taints
+                .iter()
+                .flatten()
+                .find(|o| o.key == t.key && o.value == t.value && o.effect == t.effect)
+                .and_then(|o| o.time_added.clone());
+        }
+    }
+}
+
+/// How long one watch of this node's slices lasts before the server ends it and the watch
+/// starts again (`timeoutSeconds`).
+pub const WATCH_TIMEOUT_S: u32 = 290;
+
 /// Publishes this node's pool and keeps it current: [`Publisher::publish`] is called with each
-/// fresh pool; it writes only when the pool changed since the last success, and after a
-/// failure tries again with a growing pause (2 s, doubling to 60 s).
+/// fresh pool; it reconciles with the API server when the pool changed since the last success
+/// or when its watch ([`Publisher::watch`]) saw this node's slices change (anyone's delete,
+/// edit or create: the kubelet's wipe at start, an admin's `kubectl delete`, a restarted API
+/// server), and writes only what differs ([`reconcile`]); after a failure it tries again with a
+/// growing pause (2 s, doubling to 60 s).
 #[derive(Debug)]
 pub struct Publisher {
     pub api: Arc<Kube>,
@@ -263,6 +310,17 @@ pub struct Publisher {
     pub driver: String,
     published: Option<Pool>,
     retry: Option<(Instant, Duration)>,
+    /// Set by the watch: the API server's slices may no longer be what was published.
+    stale: Arc<AtomicBool>,
+    watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
 }
 
 impl Publisher {
@@ -273,12 +331,80 @@ impl Publisher {
             driver,
             published: None,
             retry: None,
+            stale: Arc::new(AtomicBool::new(false)),
+            watcher: None,
         }
     }
 
-    /// Brings the API server's slices to `pool` when they may differ.
+    /// Watches this node's and driver's slices (field selector, as [`Publisher::sync`] lists
+    /// them; the watch starts again after each [`WATCH_TIMEOUT_S`], a dropped connection or a
+    /// restarted API server, from the server's current state): any event marks the published
+    /// slices stale and calls `wake`, so the next [`Publisher::publish`] reconciles within the
+    /// time the worker takes to run (the plugin wakes at once). Events of the publisher's own
+    /// writes cost one list and write nothing. While no watch can be had, the slices are
+    /// reconciled at each retry (2 s doubling to 30 s).
+    pub fn watch(&mut self, wake: impl Fn() + Send + Sync + 'static) {
+        let client = self.api.watch_client.clone();
+        let fields = format!("spec.nodeName={},spec.driver={}", self.node, self.driver);
+        let stale = self.stale.clone();
+        let node = self.node.clone();
+        let task = self.api.rt.spawn(async move {
+            use tokio_stream::StreamExt;
+            let mark = || {
+                stale.store(true, Ordering::SeqCst);
+                wake();
+            };
+            let mut pause = Duration::from_secs(2);
+            loop {
+                let wp = WatchParams::default().fields(&fields).timeout(WATCH_TIMEOUT_S);
+                // "0": the server's current slices first (as ADDED), then their changes.
+                match Api::<ResourceSlice>::all(client.clone()).watch(&wp, "0").await {
+                    Ok(events) => {
+                        let mut events = std::pin::pin!(events);
+                        while let Some(ev) = events.next().await {
+                            match ev {
+                                Ok(
+                                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
+                                ) => {
+                                    pause = Duration::from_secs(2);
+                                    mark();
+                                }
+                                Ok(WatchEvent::Bookmark(_)) => {}
+                                Ok(WatchEvent::Error(e)) => {
+                                    warn!("the watch of node {node}'s ResourceSlices ended: {}", e.message);
+                                    break;
+                                }
+                                Err(e) => {
+                                    warn!(
+                                        "the watch of node {node}'s ResourceSlices broke: {}",
+                                        crate::model::ErrorChain(&e)
+                                    );
+                                    break;
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    Err(e) => warn!(
+                        "cannot watch node {node}'s ResourceSlices (reconciling every {} s meanwhile): {}",
+                        pause.as_secs(),
+                        crate::model::ErrorChain(&e)
+                    ),
+                }
+                mark();
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        });
+        if let Some(old) = self.watcher.replace(task.abort_handle()) {
+            old.abort();
+        }
+    }
+
+    /// Brings the API server's slices to `pool` when they may differ: the pool changed since
+    /// the last success, or the watch saw them change.
     pub fn publish(&mut self, pool: &Pool) {
-        if self.published.as_ref() == Some(pool) {
+        if self.published.as_ref() == Some(pool) && !self.stale.load(Ordering::SeqCst) {
             return;
         }
         if let Some((at, _)) = self.retry {
@@ -287,13 +413,29 @@ impl Publisher {
             }
         }
         let t0 = Instant::now();
-        match self.sync(pool) {
-            Ok(summary) => {
-                info!("{summary} in {} ms", t0.elapsed().as_millis());
+        // Cleared before the list: an event during the reconcile sets it again.
+        let was_stale = self.stale.swap(false, Ordering::SeqCst);
+        match self.sync_counted(pool) {
+            Ok((writes, summary)) => {
+                if was_stale && writes == 0 {
+                    debug!(
+                        "{summary} (after a watch event) in {} ms",
+                        t0.elapsed().as_millis()
+                    );
+                } else {
+                    info!(
+                        "{summary}{} in {} ms",
+                        if was_stale { " (after a watch event)" } else { "" },
+                        t0.elapsed().as_millis()
+                    );
+                }
                 self.published = Some(pool.clone());
                 self.retry = None;
             }
             Err(e) => {
+                if was_stale {
+                    self.stale.store(true, Ordering::SeqCst);
+                }
                 let pause = self.retry.map_or(Duration::from_secs(2), |(_, p)| {
                     (p * 2).min(Duration::from_secs(60))
                 });
@@ -313,6 +455,11 @@ impl Publisher {
     ///
     /// [`publish`]: Publisher::publish
     pub fn sync(&self, pool: &Pool) -> Result<String, CallError> {
+        self.sync_counted(pool).map(|(_, s)| s)
+    }
+
+    /// [`Publisher::sync`], with the number of writes it made.
+    fn sync_counted(&self, pool: &Pool) -> Result<(usize, String), CallError> {
         let node = self.node.clone();
         let owner = self
             .api
@@ -333,10 +480,13 @@ impl Publisher {
         })?;
         let ops = reconcile(&existing.items, pool, &self.node, &self.driver, Some(&owner));
         if ops.is_empty() {
-            return Ok(format!(
-                "ResourceSlices of node {} already current ({} devices)",
-                self.node,
-                pool.devices.len()
+            return Ok((
+                0,
+                format!(
+                    "ResourceSlices of node {} already current ({} devices)",
+                    self.node,
+                    pool.devices.len()
+                ),
             ));
         }
         let mut generation = 0;
@@ -377,11 +527,14 @@ impl Publisher {
                 }
             }
         }
-        Ok(format!(
-            "published the ResourceSlices of node {} (driver {}, pool generation {generation}, {} devices): {made} created, {replaced} replaced, {deleted} deleted",
-            self.node,
-            self.driver,
-            pool.devices.len()
+        Ok((
+            made + replaced + deleted,
+            format!(
+                "published the ResourceSlices of node {} (driver {}, pool generation {generation}, {} devices): {made} created, {replaced} replaced, {deleted} deleted",
+                self.node,
+                self.driver,
+                pool.devices.len()
+            ),
         ))
     }
 }
@@ -518,5 +671,97 @@ mod tests {
         assert!(after
             .iter()
             .all(|s| s.metadata.owner_references.as_deref() == Some(&[o2.clone()][..])));
+    }
+
+    /// A device tainted as gpupass's driver taints an unhealthy one.
+    fn tainted(mut inv: Pool, i: usize) -> Pool {
+        inv.devices[i].taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+            key: "gpupass.dev/unhealthy".into(),
+            value: Some("driver-lost".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+        inv
+    }
+
+    /// What the API server does to a taint written without a time: it stamps one.
+    fn stamped(mut v: Vec<ResourceSlice>) -> Vec<ResourceSlice> {
+        for d in v.iter_mut().flat_map(|s| s.spec.devices.iter_mut().flatten()) {
+            for t in d.taints.iter_mut().flatten() {
+                t.time_added.get_or_insert_with(|| {
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        "2026-12-06T05:00:00Z".parse().unwrap(),
+                    )
+                });
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn a_taint_the_server_stamped_is_not_written_again_and_goes_when_the_device_heals() {
+        let sick = tainted(inv(), 1);
+        let o = Some(owner());
+        let now = stamped(applied(&[], &reconcile(&[], &inv(), "n1", "d", o.as_ref())));
+        // The device turns unhealthy: one replace with the taint, no time of gpupass's own.
+        let ops = reconcile(&now, &sick, "n1", "d", o.as_ref());
+        assert!(!ops.is_empty());
+        let after = stamped(applied(&now, &ops));
+        let t = &pool_devices(&after)[1].taints.clone().unwrap()[0];
+        assert_eq!(
+            (t.key.as_str(), t.effect.as_str()),
+            ("gpupass.dev/unhealthy", "NoSchedule")
+        );
+        // The same sick pool again (every poll): the stamped taint is the same taint, nothing
+        // is written.
+        assert_eq!(reconcile(&after, &sick, "n1", "d", o.as_ref()), Vec::new());
+        // Healed: the taint goes.
+        let healed = applied(&after, &reconcile(&after, &inv(), "n1", "d", o.as_ref()));
+        assert!(pool_devices(&healed).iter().all(|d| d.taints.is_none()));
+        assert_eq!(reconcile(&healed, &inv(), "n1", "d", o.as_ref()), Vec::new());
+        // Another problem on the same device is another taint: written.
+        let mut other = sick.clone();
+        other.devices[1].taints.as_mut().unwrap()[0].value = Some("aer".into());
+        assert!(!reconcile(&after, &other, "n1", "d", o.as_ref()).is_empty());
+    }
+
+    #[test]
+    fn slices_deleted_or_edited_behind_the_plugins_back_are_put_back_and_only_those() {
+        let o = Some(owner());
+        let pool = Pool {
+            devices: (0..200)
+                .map(|i| Device {
+                    name: format!("pci-0000-{:02x}-00-0", i),
+                    ..Default::default()
+                })
+                .collect(),
+            counter_sets: Vec::new(),
+        };
+        let now = applied(&[], &reconcile(&[], &pool, "n1", "d", o.as_ref()));
+        assert_eq!(now.len(), 2, "200 devices: two slices");
+        // The kubelet's wipe at its start: every slice gone; all created again.
+        let ops = reconcile(&[], &pool, "n1", "d", o.as_ref());
+        assert!(ops.iter().all(|o| matches!(o, SliceOp::Create(_))) && ops.len() == 2);
+        // `kubectl delete resourceslice` of one: the pool is incomplete (the other slice
+        // says two): a new generation, the survivor replaced, the deleted one created.
+        let one = vec![now[1].clone()];
+        let ops = reconcile(&one, &pool, "n1", "d", o.as_ref());
+        let after = applied(&one, &ops);
+        assert_eq!(pool_devices(&after), pool.devices);
+        assert!(after.iter().all(|s| s.spec.pool.generation == 2));
+        assert_eq!(reconcile(&after, &pool, "n1", "d", o.as_ref()), Vec::new());
+        // An edit (a device removed by hand): put back.
+        let mut edited = now.clone();
+        edited[0].spec.devices.as_mut().unwrap().pop();
+        let ops = reconcile(&edited, &pool, "n1", "d", o.as_ref());
+        assert!(!ops.is_empty());
+        assert_eq!(pool_devices(&applied(&edited, &ops)), pool.devices);
+        // An edit of the pool's generation alone (all slices still agree): not a difference
+        // worth a write.
+        let mut bumped = now.clone();
+        for s in &mut bumped {
+            s.spec.pool.generation = 9;
+        }
+        assert_eq!(reconcile(&bumped, &pool, "n1", "d", o.as_ref()), Vec::new());
     }
 }

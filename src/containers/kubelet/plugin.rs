@@ -501,11 +501,19 @@ impl DraResourceHealth for HealthService {
 /// ([`super::api::Publisher`]) in the plugin, nothing in tests without an API server.
 pub trait Publish: Send {
     fn publish(&mut self, pool: &Pool);
+
+    /// Start watching what was published; `wake` makes the worker publish again at once (the
+    /// published slices changed behind the plugin's back). Nothing by default.
+    fn watch(&mut self, _wake: Box<dyn Fn() + Send + Sync>) {}
 }
 
 impl Publish for super::api::Publisher {
     fn publish(&mut self, pool: &Pool) {
         super::api::Publisher::publish(self, pool)
+    }
+
+    fn watch(&mut self, wake: Box<dyn Fn() + Send + Sync>) {
+        super::api::Publisher::watch(self, wake)
     }
 }
 
@@ -674,6 +682,15 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
             source: e,
         })
     };
+    let mut publisher = publisher;
+    if let Some(p) = publisher.as_mut() {
+        // Slices deleted or edited by anyone (the kubelet wipes them at its start): published
+        // again at once.
+        let tx = job_tx.clone();
+        p.watch(Box::new(move || {
+            let _ = tx.send(Job::Wake);
+        }));
+    }
     std::thread::scope(|scope| {
         let source = source.as_ref();
         scope.spawn(move || worker(driver, source, job_rx, health_tx, poll, publisher));

@@ -17,13 +17,14 @@ use serde_json::Value;
 
 pub mod bind;
 pub mod clusterhelm;
+pub mod clusterslices;
 pub mod mdev;
 #[cfg(test)]
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 3] {
-    [bind::judge(), mdev::judge(), clusterhelm::judge()]
+pub fn judges() -> [Judge; 4] {
+    [bind::judge(), mdev::judge(), clusterhelm::judge(), clusterslices::judge()]
 }
 
 /// The judge of `scenario`, if it has one.

@@ -67,9 +67,24 @@ fn known_failures(scenario: &str) -> Vec<String> {
         .collect()
 }
 
+/// Judged scenarios whose first passing run's outputs are not committed yet: `clusterslices`
+/// (written 2026-12-06 on h/slices; no lab slot was free before the session ended). Copy the
+/// `.out`, `.err`, `.rc` and `.facts` files of a passing `lab/lab.sh --kernel 6.12 run cluster
+/// clusterslices` to tests/fixtures/lab/clusterslices and empty this list.
+const AWAITING_FIXTURE: &[&str] = &["clusterslices"];
+
 #[test]
 fn real_outputs_pass() {
-    for j in judges() {
+    for s in AWAITING_FIXTURE {
+        assert!(
+            !fixture(s).exists(),
+            "tests/fixtures/lab/{s} exists now: take {s} off AWAITING_FIXTURE"
+        );
+    }
+    for j in judges()
+        .into_iter()
+        .filter(|j| !AWAITING_FIXTURE.contains(&j.scenario))
+    {
         if !known_failures(j.scenario).is_empty() {
             continue;
         }
@@ -161,6 +176,73 @@ fn mdev_broken_outputs_fail() {
     let (bad, why) = failed(&judge("mdev", t.path()));
     assert_eq!(bad, ["mdevctl-present"], "{why}");
     assert!(why.contains("the lab runner must copy /usr/bin/mdevctl"), "{why}");
+}
+
+/// clusterslices, broken the ways a wrong plugin would leave it: slices that kept their UIDs
+/// over the kubelet's restart (never wiped, or never put back), a write in the quiet minute, a
+/// device not tainted while sick, a claim without a toleration allocated anyway, the Pod's
+/// health never Unhealthy.
+#[test]
+#[ignore = "needs tests/fixtures/lab/clusterslices from a passing run (AWAITING_FIXTURE)"]
+fn clusterslices_broken_outputs_fail() {
+    let cs = "clusterslices";
+    let t = copy_of(cs);
+    let before = std::fs::read_to_string(t.path().join("kubelet-uids.facts")).unwrap();
+    let uid = before
+        .lines()
+        .find_map(|l| l.strip_prefix("before="))
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        t.path().join("kubelet-uids.facts"),
+        format!("before={uid}\nafter={uid}\n"),
+    )
+    .unwrap();
+    let (bad, why) = failed(&judge(cs, t.path()));
+    assert_eq!(bad, ["kubelet-slices-back"], "{why}");
+    assert!(why.contains("want a new one"), "{why}");
+
+    let t = copy_of(cs);
+    let p = t.path().join("metrics-after.out");
+    let mut m = std::fs::read_to_string(&p).unwrap();
+    m.push_str("apiserver_request_total{code=\"200\",component=\"apiserver\",dry_run=\"\",group=\"resource.k8s.io\",resource=\"resourceslices\",scope=\"resource\",subresource=\"\",verb=\"PUT\",version=\"v1\"} 3\n");
+    std::fs::write(&p, m).unwrap();
+    let (bad, why) = failed(&judge(cs, t.path()));
+    assert_eq!(bad, ["no-write-when-same"], "{why}");
+    assert!(why.contains("3 resourceslices writes in "), "{why}");
+
+    let t = copy_of(cs);
+    std::fs::copy(
+        t.path().join("slices-start.out"),
+        t.path().join("slices-tainted.out"),
+    )
+    .unwrap();
+    let (bad, why) = failed(&judge(cs, t.path()));
+    assert_eq!(bad, ["taint-published"], "{why}");
+    assert!(why.contains("has no gpupass.dev/unhealthy taint"), "{why}");
+
+    let t = copy_of(cs);
+    std::fs::copy(
+        t.path().join("tolerated-claim.out"),
+        t.path().join("untolerated-claim.out"),
+    )
+    .unwrap();
+    let (bad, why) = failed(&judge(cs, t.path()));
+    assert_eq!(bad, ["taint-claim-pending"], "{why}");
+    assert!(
+        why.contains("the claim without a toleration was allocated"),
+        "{why}"
+    );
+
+    let t = copy_of(cs);
+    std::fs::copy(
+        t.path().join("health-well-pod.out"),
+        t.path().join("health-sick-pod.out"),
+    )
+    .unwrap();
+    let (bad, why) = failed(&judge(cs, t.path()));
+    assert_eq!(bad, ["health-unhealthy-in-pod"], "{why}");
+    assert!(why.contains("=Healthy, want Unhealthy"), "{why}");
 }
 
 /// A scenario is judged exactly when its script says `# lab-judge: rust`, and then it declares
