@@ -61,9 +61,7 @@ pub fn judge() -> Judge {
                 f.get(&format!("group.{AMD}"))?
             ))
         }),
-        check("amd-opens", |o| {
-            opens(o, "node2.held-amd-log", AMD)
-        }),
+        check("amd-opens", |o| opens(o, "node2.held-amd-log", AMD)),
         // 2. lab's own group, pinned to lab, prepared on lab only.
         check("vga-on-lab", |o| {
             pod_on(o, "vga-pod", "lab")?;
@@ -170,11 +168,15 @@ pub fn judge() -> Judge {
     }
 }
 
-/// The cluster library's lines of one node (`cluster.txt`: "STEP PASS|FAIL detail"): no FAIL,
-/// and node-ready among them.
+/// The cluster library's bring-up lines of one node (`cluster.txt`: "STEP PASS|FAIL detail"):
+/// no FAIL, and node-ready among them (its teardown line is `teardown-*`'s).
 fn bringup(o: &Out, prefix: &str) -> Verdict {
     let t = o.text(&format!("{prefix}cluster.txt"))?;
-    if let Some(l) = t.lines().find(|l| l.split_whitespace().nth(1) == Some("FAIL")) {
+    if let Some(l) = t
+        .lines()
+        .filter(|l| !l.starts_with("teardown "))
+        .find(|l| l.split_whitespace().nth(1) == Some("FAIL"))
+    {
         return Err(format!("{prefix}cluster.txt: {l}"));
     }
     t.lines()
@@ -259,9 +261,14 @@ fn start_drivers(f: &Facts, node: &str, amd: bool) -> Verdict {
     drivers(f, &[(VGA, "bochs-drm"), (HDA, "snd_hda_intel")])?;
     if amd {
         drivers(f, &[(AMD, "none"), (AMD_HDA, "snd_hda_intel")])?;
-        let (g1, g2) = (f.get(&format!("group.{AMD}"))?, f.get(&format!("group.{AMD_HDA}"))?);
+        let (g1, g2) = (
+            f.get(&format!("group.{AMD}"))?,
+            f.get(&format!("group.{AMD_HDA}"))?,
+        );
         if g1.is_empty() || g1 != g2 {
-            return Err(format!("{AMD} in group {g1:?}, {AMD_HDA} in {g2:?}: want one group"));
+            return Err(format!(
+                "{AMD} in group {g1:?}, {AMD_HDA} in {g2:?}: want one group"
+            ));
         }
     } else if f.map.contains_key(&format!("drv.{AMD}")) {
         return Err(format!("lab has {AMD}: only lab2 should"));
@@ -291,7 +298,7 @@ fn plugin_registered(o: &Out, prefix: &str) -> Verdict {
     let want = format!("the kubelet registered {DRIVER}");
     log.lines()
         .find(|l| l.contains(&want))
-        .map(|l| one_line(l))
+        .map(one_line)
         .ok_or_else(|| format!("{prefix}dra-plugin.log never says {want:?}"))
 }
 
@@ -379,7 +386,9 @@ fn allocated(o: &Out, name: &str, node: &str, device: &str) -> Verdict {
     }
     let sel = alloc["nodeSelector"].to_string();
     if !sel.contains(&format!("\"{node}\"")) {
-        return Err(format!("the allocation's nodeSelector does not name {node}: {sel}"));
+        return Err(format!(
+            "the allocation's nodeSelector does not name {node}: {sel}"
+        ));
     }
     Ok(format!(
         "claim {}: {drv}/{pool}/{dev}, for node {node}",
@@ -396,7 +405,10 @@ fn opens(o: &Out, name: &str, bus_id: &str) -> Verdict {
     }
     let want = format!("\"resource.kubernetes.io/pciBusID\":{{\"string\":\"{bus_id}\"}}");
     if !c.out.contains(&want) {
-        return Err(format!("{name}: no metadata with pciBusID {bus_id}: {}", one_line(&c.out)));
+        return Err(format!(
+            "{name}: no metadata with pciBusID {bus_id}: {}",
+            one_line(&c.out)
+        ));
     }
     Ok(format!("{}; metadata pciBusID {bus_id}", ok.join(", ")))
 }
