@@ -13,9 +13,9 @@
 # lab-timeout: 2400
 # The second guest's own devices: an ATI Radeon 7000 (ati-vga model rv100, 1002:5159, no driver in
 # the lab kernel) and an ICH6 HD Audio function (intel-hda 8086:2668, snd_hda_intel) in one slot,
-# 00:13.0 + 00:13.1: one IOMMU group, a GPU and its audio companion as 00:05 is.
-# lab-qemu-node2: -device ati-vga,model=rv100,bus=pcie.0,addr=0x13.0x0,multifunction=on
-# lab-qemu-node2: -audiodev none,id=snd2 -device intel-hda,bus=pcie.0,addr=0x13.0x1,id=hda2 -device hda-duplex,bus=hda2.0,audiodev=snd2
+# 00:18.0 + 00:18.1: one IOMMU group, a GPU and its audio companion as 00:05 is.
+# lab-qemu-node2: -device ati-vga,model=rv100,bus=pcie.0,addr=0x18.0x0,multifunction=on
+# lab-qemu-node2: -audiodev none,id=snd2 -device intel-hda,bus=pcie.0,addr=0x18.0x1,id=hda2 -device hda-duplex,bus=hda2.0,audiodev=snd2
 #
 # Both guests run this script; lab/cluster/guest.sh names the node from the kernel command line.
 # lab (the first guest) drives: it runs kubectl and every step on the API server. lab2 serves:
@@ -31,9 +31,9 @@
 DRIVER=vfio.gpupass.dev
 PDIR=/var/lib/kubelet/plugins/$DRIVER
 CM=clustertwo
-# The functions whose drivers the judge follows: 00:05.x on both nodes, 00:13.x on lab2.
+# The functions whose drivers the judge follows: 00:05.x on both nodes, 00:18.x on lab2.
 FUNCS="0000:00:05.0 0000:00:05.1"
-[ "$CL_NODE" = lab2 ] && FUNCS="$FUNCS 0000:00:13.0 0000:00:13.1"
+[ "$CL_NODE" = lab2 ] && FUNCS="$FUNCS 0000:00:18.0 0000:00:18.1"
 
 lab_result() {
   _step=$1 _st=$2
@@ -107,8 +107,8 @@ if [ "$CL_NODE" = lab2 ]; then
         node_facts held
         ;;
       released)
-        # The Pod is gone: the kubelet's Unprepare gave 00:13.x back (waited for, up to 180 s).
-        cl_wait 180 sh -c "[ \"\$(basename \$(readlink /sys/bus/pci/devices/0000:00:13.1/driver) 2>/dev/null)\" = snd_hda_intel ] && [ ! -e /sys/bus/pci/devices/0000:00:13.0/driver ]"
+        # The Pod is gone: the kubelet's Unprepare gave 00:18.x back (waited for, up to 180 s).
+        cl_wait 180 sh -c "[ \"\$(basename \$(readlink /sys/bus/pci/devices/0000:00:18.1/driver) 2>/dev/null)\" = snd_hda_intel ] && [ ! -e /sys/bus/pci/devices/0000:00:18.0/driver ]"
         node_facts released
         lab_cmd released-recover gpupass recover --dry-run
         ;;
@@ -135,10 +135,10 @@ phase() {
 }
 kc create configmap "$CM" --from-literal=phase=start > /dev/null 2>&1
 
-# Both nodes Ready; both pools published (lab2's with its 00:13.0 group).
+# Both nodes Ready; both pools published (lab2's with its 00:18.0 group).
 cl_wait 900 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node lab2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 lab_cmd nodes kc get nodes -o json
-cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices --field-selector spec.nodeName=lab2,spec.driver=$DRIVER -o jsonpath='{.items[*].spec.devices[*].name}' | grep -qw pci-0000-00-13-0"
+cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices --field-selector spec.nodeName=lab2,spec.driver=$DRIVER -o jsonpath='{.items[*].spec.devices[*].name}' | grep -qw pci-0000-00-18-0"
 lab_cmd slices kc get resourceslices -o json
 
 # The shipped DeviceClasses and claim examples, and the claim for what only lab2 has.
@@ -165,7 +165,7 @@ lab_cmd manifests kc apply -f "$CL/dra/deviceclass.yaml" -f "$CL/dra/claim-examp
 claim_of() { kc get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
 running() { [ "$(kc get pod "$1" -o jsonpath='{.status.containerStatuses[0].ready}')" = true ]; }
 
-# 1. What only lab2 has: the scheduler places the Pod there, lab2's plugin prepares 00:13.
+# 1. What only lab2 has: the scheduler places the Pod there, lab2's plugin prepares 00:18.
 cl_claim_pod two-amd two-amd
 cl_wait 600 running two-amd
 lab_cmd amd-pod kc get pod two-amd -o json

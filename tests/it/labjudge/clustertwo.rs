@@ -4,7 +4,7 @@
 //! (lab/lab.sh, `node2_collect`): `node2.held.facts` is what lab2 read while the Pods ran.
 //!
 //! The devices differ: lab2 alone has an ATI Radeon 7000 (QEMU's `ati-vga`, 1002:5159, no host
-//! driver) with an ICH6 HDA function (snd_hda_intel) in slot 00:13, one IOMMU group; both have
+//! driver) with an ICH6 HDA function (snd_hda_intel) in slot 00:18, one IOMMU group; both have
 //! the VGA + HDA group 00:05 (bochs-drm, snd_hda_intel).
 
 use std::collections::BTreeMap;
@@ -16,11 +16,11 @@ use super::{check, one_line, Check, Facts, Judge, Out, Verdict};
 const DRIVER: &str = "vfio.gpupass.dev";
 const VGA: &str = "0000:00:05.0";
 const HDA: &str = "0000:00:05.1";
-const AMD: &str = "0000:00:13.0";
-const AMD_HDA: &str = "0000:00:13.1";
+const AMD: &str = "0000:00:18.0";
+const AMD_HDA: &str = "0000:00:18.1";
 /// The DRA devices (named after the group's lead function).
 const VGA_DEV: &str = "pci-0000-00-05-0";
-const AMD_DEV: &str = "pci-0000-00-13-0";
+const AMD_DEV: &str = "pci-0000-00-18-0";
 /// What only lab2 has, as the claim selects it.
 const AMD_VENDOR: &str = "1002";
 
@@ -255,7 +255,7 @@ fn two_nodes_ready(o: &Out) -> Verdict {
         .join(", "))
 }
 
-/// Before anything: the groups on their own drivers (00:13.0 has none in the lab kernel).
+/// Before anything: the groups on their own drivers (00:18.0 has none in the lab kernel).
 fn start_drivers(f: &Facts, node: &str, amd: bool) -> Verdict {
     f.is("node", node)?;
     drivers(f, &[(VGA, "bochs-drm"), (HDA, "snd_hda_intel")])?;
@@ -302,7 +302,7 @@ fn plugin_registered(o: &Out, prefix: &str) -> Verdict {
         .ok_or_else(|| format!("{prefix}dra-plugin.log never says {want:?}"))
 }
 
-/// Every slice of the driver: its pool is its node's; lab2's offer 00:13's group (vendor 1002),
+/// Every slice of the driver: its pool is its node's; lab2's offer 00:18's group (vendor 1002),
 /// lab's do not; both offer 00:05's.
 fn own_pools(o: &Out) -> Verdict {
     let v = o.cmd("slices")?.json()?;

@@ -170,12 +170,12 @@ fn clustertwo_broken_outputs_fail() {
     edit(
         t.path(),
         "node2.end.facts",
-        "drv.0000:00:13.1=snd_hda_intel",
-        "drv.0000:00:13.1=vfio-pci",
+        "drv.0000:00:18.1=snd_hda_intel",
+        "drv.0000:00:18.1=vfio-pci",
     );
     let (bad, why) = failed(&judge("clustertwo", t.path()));
     assert_eq!(bad, ["end-drivers-lab2"], "{why}");
-    assert!(why.contains("0000:00:13.1 snd_hda_intel -> vfio-pci"), "{why}");
+    assert!(why.contains("0000:00:18.1 snd_hda_intel -> vfio-pci"), "{why}");
     // What lab2 read while the Pods ran, never shipped.
     let t = copy_of("clustertwo");
     std::fs::remove_file(t.path().join("node2.held.facts")).unwrap();
