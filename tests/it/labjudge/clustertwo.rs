@@ -104,7 +104,7 @@ pub fn judge() -> Judge {
         }),
         // 4. Deleting the Pods unprepares each on its node.
         check("pods-deleted", |o| {
-            for p in ["held-deleted", "amd-deleted", "vga-deleted"] {
+            for p in ["held-deleted", "running-deleted"] {
                 o.cmd(p)?.rc_is(0)?;
             }
             Ok("two-amd-held, two-amd, two-vga deleted".into())
