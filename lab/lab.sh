@@ -406,7 +406,8 @@ carry_cluster() {
   CLUSTER_HOST=$(dirname "$1")/cluster-host
   "$LAB_DIR/cluster/host.sh" ports "$CLUSTER_HOST" || die "could not choose the control plane's loopback ports"
   api=$(awk '$1 == "api" { print $2 }' "$CLUSTER_HOST/ports")
-  CL_SERVER=https://10.0.2.2:$api "$LAB_DIR/cluster/prep.sh" "$entry/bin" "$1/lab/cluster" ||
+  CL_SERVER=https://10.0.2.2:$api CL_EXTRA_NODES=$([[ $NODES == 2 ]] && echo lab2) \
+    "$LAB_DIR/cluster/prep.sh" "$entry/bin" "$1/lab/cluster" ||
     die "could not prepare the cluster lab's certificates and images (lab/cluster/prep.sh)"
   cp "$CLUSTER_HOST/ports" "$1/lab/cluster/host-ports"
   log "cluster control plane on the host's loopback (API server 127.0.0.1:$api, the guest's 10.0.2.2:$api)"
@@ -728,7 +729,8 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
     [[ -z $m ]] || ((m <= smp)) || smp=$m
   done
   # The big-BAR device's memory: a sparse file (no disk blocks until written).
-  truncate -s 16G "$work/bigbar.img"
+  local bigbar=$work/${QEMU_BIGBAR:-bigbar.img}
+  truncate -s 16G "$bigbar"
   # shellcheck disable=SC2054  # commas are QEMU's option syntax
   QEMU=("$QEMU_BIN" -accel tcg -M q35,kernel-irqchip=split -cpu max -m "$mem" -smp "$smp"
     -nodefaults -display none -no-reboot
@@ -747,7 +749,7 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
     -device bochs-display,bus=rp1
     # A 16 GiB 64-bit prefetchable BAR (ivshmem-plain BAR2), the stand-in for an
     # H100/H200 BAR1; the firmware places it above 4 GiB.
-    -object memory-backend-file,id=lab-bigbar,mem-path="$work/bigbar.img",size=16G,share=on
+    -object memory-backend-file,id=lab-bigbar,mem-path="$bigbar",size=16G,share=on
     -device ivshmem-plain,memdev=lab-bigbar,bus=pcie.0,addr=0xc
     # MSI-X (5 vectors), MSI and INTx without a vendor driver: e1000e's ICS register
     # raises an interrupt cause on demand (docs/lab.md).  No netdev: a NIC with no peer.
@@ -793,6 +795,51 @@ qemu_cmd() { # WORK EXTRA_APPEND SCENARIOS...
   done
 }
 
+# A two-node boot ("# lab-nodes: 2", docs/cluster.md "Two nodes"): a second guest, booted beside
+# the first from the same kernel and initramfs, with a QEMU of its own and so a user network of
+# its own (the host's control plane is 10.0.2.2 to both). Its kernel command line names its node
+# (lab.node=lab2, lab.nodeip=10.0.2.16, lab.podnet=10.88.2.0/24: lab/cluster/guest.sh), its
+# big-BAR file is its own, and the scenarios' "# lab-qemu-node2:" lines add the devices only it
+# has. Its console and data channel are files; after the boot its results join each scenario's
+# directory with the prefix "node2." (node2.guest.json, node2.console.log, node2.NAME for each
+# file it shipped).
+NODES=1 NODE2_PID='' QEMU2=()
+node2_cmd() { # WORK SCENARIOS...
+  local work=$1; shift
+  local s line
+  QEMU_BIGBAR=bigbar2.img qemu_cmd "$work" "lab.node=lab2 lab.nodeip=10.0.2.16 lab.podnet=10.88.2.0/24" "$@"
+  for s in "$@"; do
+    while IFS= read -r line; do
+      # shellcheck disable=SC2206  # word splitting of declared args is intended
+      [[ -n $line ]] && QEMU+=($line)
+    done < <(scenario_decl "$s" qemu-node2)
+  done
+  QEMU2=("${QEMU[@]}" -serial "file:$work/node2-console.log" -serial "file:$work/node2-data.log")
+  echo "${QEMU2[*]}" >"$work/node2-qemu.cmdline"
+}
+node2_down() {
+  [[ -n $NODE2_PID ]] || return 0
+  kill "$NODE2_PID" 2>/dev/null || true
+  wait "$NODE2_PID" 2>/dev/null || true
+  NODE2_PID=''
+}
+node2_collect() { # WORK SCENARIOS...
+  local work=$1 a f; shift
+  touch "$work/node2-data.log" "$work/node2-console.log"
+  python3 "$LAB_DIR/tools/labtool.py" collect --data "$work/node2-data.log" --out "$work/node2-out" -- "$@" ||
+    log "collect (the second guest) reported problems"
+  for a in "$@"; do
+    for f in "$work/node2-out/$a"/*; do
+      [[ -f $f ]] && cp "$f" "$OUT_ROOT/$a/node2.$(basename "$f")"
+    done
+    cp "$work/node2-console.log" "$OUT_ROOT/$a/node2.console.log"
+    cp "$work/node2-data.log" "$OUT_ROOT/$a/node2.channel.log"
+    cp "$work/node2-qemu.cmdline" "$OUT_ROOT/$a/node2.qemu.cmdline"
+    cp "$work/node2-qemu.rc" "$OUT_ROOT/$a/node2.qemu.rc" 2>/dev/null || true
+    tail -n 50 "$work/node2-qemu.log" >"$OUT_ROOT/$a/node2.qemu.log" 2>/dev/null || true
+  done
+}
+
 boot_timeout() {
   local t=$BASE_TIMEOUT s x
   for s in "$@"; do
@@ -832,17 +879,36 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     fi
   done
 
+  # "# lab-nodes: 2": two guests at once (a two-node cluster, docs/cluster.md "Two nodes").
+  for a in "${scen[@]}"; do
+    case $(scenario_decl "$a" nodes | head -1) in
+      '' | 1) ;;
+      2) NODES=2 ;;
+      *) die "scenario $a: '# lab-nodes:' takes 1 or 2" ;;
+    esac
+  done
+  if [[ $NODES == 2 ]]; then
+    for a in "${scen[@]}"; do
+      [[ $(scenario_decl "$a" nodes | head -1) == 2 ]] ||
+        die "scenario $a runs on one guest and ${scen[*]} asks for two: run the two-node scenarios in a boot of their own"
+    done
+  fi
+
   mkdir -p "$REPO/target/lab/work" "$OUT_ROOT"
   WORK=$(mktemp -d "$REPO/target/lab/work/run.XXXXXX")
-  trap 'cluster_host_down; libvirt_down; rm -rf "$WORK"' EXIT
+  trap 'node2_down; cluster_host_down; libvirt_down; rm -rf "$WORK"' EXIT
   local work=$WORK
   build_initramfs "$work" "${scen[@]}"
   log "initramfs $(du -h "$work/initramfs.cpio.gz" | cut -f1), prepared in $(elapsed "$t0") s"
 
-  qemu_cmd "$work" "" "${scen[@]}"
-  local data=$work/data.log console=$work/console.log tmo rc
-  QEMU+=(-serial stdio -serial "file:$data")
+  local tmo rc
   tmo=$(boot_timeout "${scen[@]}")
+  if [[ $NODES == 2 ]]; then
+    node2_cmd "$work" "${scen[@]}"
+  fi
+  qemu_cmd "$work" "" "${scen[@]}"
+  local data=$work/data.log console=$work/console.log
+  QEMU+=(-serial stdio -serial "file:$data")
   echo "${QEMU[*]}" >"$work/qemu.cmdline"
   log "booting (${scen[*]}), limit ${tmo} s"
   # A boot that runs out of time leaves a snapshot of L1's vCPU and interrupt controllers,
@@ -855,6 +921,11 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     </dev/null >/dev/null 2>&1 &
   local snap=$!
   local tb; tb=$(now)
+  if [[ $NODES == 2 ]]; then
+    log "booting the second guest (node lab2) beside it"
+    timeout -k 5 "$tmo" "${QEMU2[@]}" </dev/null >"$work/node2-qemu.log" 2>&1 &
+    NODE2_PID=$!
+  fi
   set +e
   if [[ -n ${GPUPASS_LAB_QUIET:-} ]]; then
     timeout -k 5 "$tmo" "${QEMU[@]}" </dev/null >"$console" 2>&1
@@ -867,6 +938,14 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   kill "$snap" 2>/dev/null
   set -e
   local boot_s; boot_s=$(elapsed "$tb")
+  if [[ $NODES == 2 ]]; then
+    local rc2=0
+    wait "$NODE2_PID" || rc2=$?
+    echo "$rc2" >"$work/node2-qemu.rc"
+    NODE2_PID=''
+    log "both guests ended: $(elapsed "$tb") s (the first after $boot_s s, QEMU exit $rc; the second's QEMU exit $(cat "$work/node2-qemu.rc"))"
+    boot_s=$(elapsed "$tb")
+  fi
   touch "$data"
   for a in "${scen[@]}"; do
     cp "$console" "$OUT_ROOT/$a/console.log"
@@ -899,6 +978,7 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   fi
   python3 "$LAB_DIR/tools/labtool.py" collect --data "$data" --out "$OUT_ROOT" -- "${scen[@]}" ||
     log "collect reported problems"
+  if [[ $NODES == 2 ]]; then node2_collect "$work" "${scen[@]}"; fi
 
   # Host-side checks: lab/scenarios/NAME.check, run with the scenario's
   # output dir; their LAB-RESULT lines join the report.

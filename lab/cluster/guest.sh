@@ -22,6 +22,20 @@ CL_HOST_IP=10.0.2.2
 CL_POD_NIC=pod0
 CL_POD_MAC=52:54:00:c1:00:02
 CL_SUBNET=10.88.1.0/24
+# A two-node boot (lab.sh, "# lab-nodes: 2"): the second guest's kernel command line names its
+# node (lab.node=lab2), its address on its own QEMU user network (lab.nodeip=10.0.2.16: each
+# guest has a user network of its own, the host is 10.0.2.2 in both) and its pods' subnet
+# (lab.podnet=10.88.2.0/24); the first guest's has none of them and is the node "lab".
+for _w in $(cat /proc/cmdline); do
+  case $_w in
+    lab.node=*) CL_NODE=${_w#lab.node=} ;;
+    lab.nodeip=*) CL_NODE_IP=${_w#lab.nodeip=} ;;
+    lab.podnet=*) CL_SUBNET=${_w#lab.podnet=} ;;
+  esac
+done
+# The kubelet's client certificate names its node (prep.sh: kubelet-NAME for the extra nodes).
+CL_KUBELET_KC=$CL/kubelet.kubeconfig
+[ "$CL_NODE" = lab ] || CL_KUBELET_KC=$CL/kubelet-$CL_NODE.kubeconfig
 export PATH=$CL_BIN:$PATH
 # Every kubectl call is bounded: kubectl's own --request-timeout is 0 (none), and one call that
 # stalls (the API server behind QEMU's user network, a connection left half open by the
@@ -98,7 +112,23 @@ cl_files() {
 # cl_kubelet: the kubelet started (its configuration written by cluster_up).
 cl_kubelet() {
   cl_start kubelet kubelet --config=/var/lib/kubelet/config.yaml \
-    --kubeconfig="$CL/kubelet.kubeconfig" --hostname-override="$CL_NODE" --node-ip="$CL_NODE_IP"
+    --kubeconfig="$CL_KUBELET_KC" --hostname-override="$CL_NODE" --node-ip="$CL_NODE_IP"
+}
+
+# cl_dra_up [SECONDS]: the gpupass DRA kubelet plugin on this node, started as clusterdra starts
+# it (a process of the guest, `gpupass dra-plugin --node $CL_NODE` with the admin kubeconfig, its
+# log $CL_LOG/dra-plugin.log); 0 once the kubelet has registered it. The one place to change
+# when the chart's DaemonSet runs the plugin instead (clustertwo uses it on both nodes).
+cl_dra_up() {
+  cl_start dra-plugin gpupass dra-plugin -v --node "$CL_NODE" --kubeconfig "$CL/admin.kubeconfig"
+  cl_wait "${1:-180}" grep -q "the kubelet registered vfio.gpupass.dev" "$CL_LOG/dra-plugin.log"
+}
+# cl_dra_down: the plugin cl_dra_up started, stopped with SIGTERM; 0 when it ended within 30 s.
+cl_dra_down() {
+  cl_alive dra-plugin || return 0
+  _dp=$(cat "$CL_RUN/dra-plugin.pid")
+  kill "$_dp"
+  cl_wait 30 sh -c "! kill -0 $_dp"
 }
 
 # cluster_up: the whole cluster, each stage a step; 0 when the node is Ready. Already up: 0.
@@ -369,15 +399,18 @@ cluster_last() {
   return 0
 }
 
-# cl_claim_pod NAME TEMPLATE: a Pod (namespace default) with one claim from TEMPLATE that opens
-# every VFIO/iommufd node it has, prints the KEP-5304 metadata it can see, says READY and waits
-# to be deleted (the DRA scenarios).
+# cl_claim_pod NAME TEMPLATE [NODE]: a Pod (namespace default) with one claim from TEMPLATE that
+# opens every VFIO/iommufd node it has, prints the KEP-5304 metadata it can see, says READY and
+# waits to be deleted (the DRA scenarios); with NODE, a nodeSelector for that node's hostname.
 cl_claim_pod() {
+  _sel=""
+  [ -z "${3:-}" ] || _sel="nodeSelector: {kubernetes.io/hostname: $3}"
   cat > "$1.yaml" << EOF
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: default}
 spec:
+  $_sel
   restartPolicy: Never
   automountServiceAccountToken: false
   dnsPolicy: Default

@@ -5,7 +5,8 @@
 #
 #   pki/      a CA of its own and every certificate and key the one-node cluster uses
 #             (openssl; ECDSA P-256), valid for two days, never reused
-#   *.kubeconfig   admin, kube-controller-manager, kube-scheduler, kubelet (the node "lab")
+#   *.kubeconfig   admin, kube-controller-manager, kube-scheduler, kubelet (the node "lab"),
+#             kubelet-NAME for each node of CL_EXTRA_NODES (a two-node boot: "lab2")
 #   images/   two OCI image archives for `ctr -n k8s.io images import`, built here from files
 #             of this machine, never pulled: the sandbox image registry.k8s.io/pause:<TAG>
 #             (Kubernetes' own pause, from the cluster build) and gpupass.dev/lab/busybox:<ver>
@@ -14,7 +15,7 @@
 #   lib.sh    lab/cluster/guest.sh: brings the cluster up and down in the guest
 #   dra/      the repo's contrib/dra/*.yaml (DeviceClasses, claim examples), applied as shipped
 #
-# Usage: [CL_SERVER=https://10.0.2.2:PORT] lab/cluster/prep.sh BINDIR OUTDIR
+# Usage: [CL_SERVER=https://10.0.2.2:PORT] [CL_EXTRA_NODES="lab2"] lab/cluster/prep.sh BINDIR OUTDIR
 #   BINDIR  the cluster build's bin/ (lab/cluster/build.sh --print-dir + /bin)
 #   OUTDIR  created; what lands in the guest's /lab/cluster
 # Exit status: 0 done, 2 a tool or input is missing (named).
@@ -71,6 +72,12 @@ cert controller-manager "/CN=system:kube-controller-manager" clientAuth
 cert scheduler "/CN=system:kube-scheduler" clientAuth
 # The node authorizer and NodeRestriction know a kubelet by this name and group.
 cert kubelet "/O=system:nodes/CN=system:node:lab" clientAuth
+# A two-node boot (lab.sh, "# lab-nodes: 2"): CL_EXTRA_NODES names the other guests' nodes, each
+# with its own kubelet certificate (kubelet-NAME.crt) and kubeconfig (kubelet-NAME.kubeconfig).
+for n in ${CL_EXTRA_NODES:-}; do
+  case $n in *[!a-z0-9-]*) die "CL_EXTRA_NODES: '$n' is not a node name (lowercase letters, digits, '-')" ;; esac
+  cert "kubelet-$n" "/O=system:nodes/CN=system:node:$n" clientAuth
+done
 # The service-account token signer.
 key sa
 openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
@@ -103,6 +110,7 @@ kubeconfig admin lab-admin
 kubeconfig controller-manager system:kube-controller-manager
 kubeconfig scheduler system:kube-scheduler
 kubeconfig kubelet system:node:lab
+for n in ${CL_EXTRA_NODES:-}; do kubeconfig "kubelet-$n" "system:node:$n"; done
 
 # --- the gpupass runtime handler's base OCI spec ----------------------------------------------
 # containerd's own default spec (`ctr oci spec`, no daemon needed) with `gpupass oci-hook` as

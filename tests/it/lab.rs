@@ -215,19 +215,26 @@ const L2_SCENARIOS_6_1: &[&str] = &["l2linux", "l2huge", "l2libvirt"];
 /// vCPUs, at a time).
 const CLUSTER_6_1_SCENARIOS: &[&str] = &["clusterdra"];
 
+/// Two nodes (docs/cluster.md, "Two nodes"): two 6.12 guests at once (`# lab-nodes: 2`, one vCPU
+/// and 1.5 GiB each), the nodes `lab` and `lab2`, joined to one control plane on the host, the
+/// DRA plugin on both. A boot of its own, started when the 6.1 cluster boot has ended (one
+/// cluster on the host at a time; its two vCPUs are as many as one cluster boot's).
+const CLUSTER_TWO_SCENARIOS: &[&str] = &["clustertwo"];
+
 /// Every boot the tests assert on. All are started at the first lab test, as processes: a test
 /// waiting for one holds a test thread, and with two threads (two cores) waiting in turn the
 /// boots would run one after another (the cluster's tests sort first and would hold both
 /// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
 /// 6.1 leg runs at once (Debian's kernel); the 6.12 leg and the cluster wait for the 6.12
 /// kernel (lab/lab.sh takes the cache's lock) and then run side by side.
-static BOOTS: [Boot; 6] = [
+static BOOTS: [Boot; 7] = [
     Boot::new("6.1", "6.1", SCENARIOS),
     Boot::new("6.12", "6.12", SCENARIOS),
     Boot::new("cluster-6.12", "6.12", CLUSTER_SCENARIOS),
     Boot::after("l2-6.1", "6.1", L2_SCENARIOS_6_1, "6.1"),
     Boot::after("l2-6.12", "6.12", L2_SCENARIOS, "6.12"),
     Boot::after("cluster-6.1", "6.1", CLUSTER_6_1_SCENARIOS, "cluster-6.12"),
+    Boot::after("cluster-two", "6.12", CLUSTER_TWO_SCENARIOS, "cluster-6.1"),
 ];
 
 /// Starts every boot that a selected test asserts on (all of them under a plain `cargo test`).
@@ -710,6 +717,19 @@ mod cluster_6_1 {
     #[test]
     fn clusterdra() {
         assert_scenario(lab_boot("cluster-6.1").run(), "6.1 (cluster)", "clusterdra");
+    }
+}
+
+/// Two nodes, one control plane: the plugin on both, each node its own pool; the claim only
+/// lab2's device matches runs on lab2, a second Pod for the held group stays Pending with the
+/// scheduler's reason, each node unprepares its own claims and ends on its original drivers.
+/// Judged by tests/it/labjudge/clustertwo.rs.
+mod cluster_two {
+    use super::*;
+
+    #[test]
+    fn clustertwo() {
+        assert_scenario(lab_boot("cluster-two").run(), "6.12 (two nodes)", "clustertwo");
     }
 }
 

@@ -18,13 +18,20 @@ use serde_json::Value;
 pub mod bind;
 pub mod clusterhelm;
 pub mod clusterslices;
+pub mod clustertwo;
 pub mod mdev;
 #[cfg(test)]
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 4] {
-    [bind::judge(), mdev::judge(), clusterhelm::judge(), clusterslices::judge()]
+pub fn judges() -> [Judge; 5] {
+    [
+        bind::judge(),
+        mdev::judge(),
+        clusterhelm::judge(),
+        clusterslices::judge(),
+        clustertwo::judge(),
+    ]
 }
 
 /// The judge of `scenario`, if it has one.

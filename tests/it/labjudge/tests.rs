@@ -494,3 +494,51 @@ fn clusterhelm_a_group_lost_during_the_upgrade_fails() {
     assert_eq!(bad, ["upgrade-group-held"], "{why}");
     assert!(why.contains("a sample read \"bochs-drm+snd_hda_intel\""), "{why}");
 }
+
+/// clustertwo (two nodes, one control plane): a run whose outputs say the wrong node, no
+/// scheduler reason, a function left on vfio-pci, or nothing from the second guest fails at
+/// exactly those steps.
+#[test]
+fn clustertwo_broken_outputs_fail() {
+    // The Pod for what only lab2 has, placed on lab.
+    let t = copy_of("clustertwo");
+    edit(
+        t.path(),
+        "amd-pod.out",
+        "\"nodeName\": \"lab2\"",
+        "\"nodeName\": \"lab\"",
+    );
+    let (bad, why) = failed(&judge("clustertwo", t.path()));
+    assert_eq!(bad, ["amd-on-lab2"], "{why}");
+    assert!(why.contains("on node \"lab\" (want lab2)"), "{why}");
+    // The held Pod's events without the scheduler's FailedScheduling.
+    let t = copy_of("clustertwo");
+    let ev = t.path().join("held-events.out");
+    let text = std::fs::read_to_string(&ev)
+        .unwrap()
+        .replace("FailedScheduling", "Scheduled");
+    std::fs::write(&ev, text).unwrap();
+    let (bad, why) = failed(&judge("clustertwo", t.path()));
+    assert_eq!(bad, ["held-reason"], "{why}");
+    assert!(
+        why.contains("no FailedScheduling event for two-amd-held"),
+        "{why}"
+    );
+    // lab2's audio function left on vfio-pci at the end.
+    let t = copy_of("clustertwo");
+    edit(
+        t.path(),
+        "node2.end.facts",
+        "drv.0000:00:18.1=snd_hda_intel",
+        "drv.0000:00:18.1=vfio-pci",
+    );
+    let (bad, why) = failed(&judge("clustertwo", t.path()));
+    assert_eq!(bad, ["end-drivers-lab2"], "{why}");
+    assert!(why.contains("0000:00:18.1 snd_hda_intel -> vfio-pci"), "{why}");
+    // What lab2 read while the Pods ran, never shipped.
+    let t = copy_of("clustertwo");
+    std::fs::remove_file(t.path().join("node2.held.facts")).unwrap();
+    let (bad, why) = failed(&judge("clustertwo", t.path()));
+    assert_eq!(bad, ["amd-prepared-on-lab2", "lab2-group-untouched"], "{why}");
+    assert!(why.contains("node2.held.facts is missing"), "{why}");
+}
