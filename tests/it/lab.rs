@@ -181,7 +181,7 @@ impl Boot {
 }
 
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
-const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
+const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra", "clusterbind"];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
 /// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg,
@@ -674,6 +674,14 @@ mod cluster_6_12 {
     #[test]
     fn clusterdra() {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
+    }
+
+    /// Binding conditions on the real scheduler: the group bound before the Pod is, a bind
+    /// failing as InUse sends the Pod back to the scheduler; judged in Rust
+    /// (tests/it/labjudge/clusterbind.rs).
+    #[test]
+    fn clusterbind() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterbind");
     }
 }
 

@@ -112,6 +112,8 @@ impl Driver<'_> {
         let inv = self.scan()?;
         let offered = claim::Offered::of(&self.as_offered(&inv));
         let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
+        // A backend the kernel cannot give fails here, before the bind, as it fails Prepare.
+        claim::precheck_backend(&inv, &checked)?;
         let devices: Vec<ClaimDevice> = checked
             .devices
             .iter()
