@@ -350,9 +350,13 @@ impl Watcher {
     /// One list, then watches from its resourceVersion until [`RESYNC`] is over or the watch
     /// fails.
     async fn list_and_watch(&mut self, stop: &AtomicBool) -> Result<(), BindingError> {
-        let api = Api::<ResourceClaim>::all(self.w.kube.client());
+        let client = self.w.kube.client();
         let t = self.w.kube.timeout;
-        let list = bounded(t, api.list(&ListParams::default())).await?;
+        let list = bounded(
+            t,
+            Api::<ResourceClaim>::all(client.clone()).list(&ListParams::default()),
+        )
+        .await?;
         let mut rv = list.metadata.resource_version.clone().unwrap_or_default();
         self.here.clear();
         for c in &list.items {
@@ -371,7 +375,8 @@ impl Watcher {
         let server_timeout = (t.as_secs().saturating_sub(2)).clamp(1, 290) as u32;
         while Instant::now() < until && !stop.load(Ordering::SeqCst) {
             let wp = WatchParams::default().timeout(server_timeout);
-            let mut stream = Box::pin(bounded(t, api.watch(&wp, &rv)).await?);
+            let mut stream =
+                Box::pin(bounded(t, Api::<ResourceClaim>::all(client.clone()).watch(&wp, &rv)).await?);
             while let Some(ev) = stream.next().await {
                 match ev.map_err(BindingError::Kube)? {
                     WatchEvent::Added(c) | WatchEvent::Modified(c) => {
@@ -449,10 +454,15 @@ impl Watcher {
                     .map(|t| t.to_string())
                     .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now().to_string());
                 let body = status_apply(&r, &self.w.driver, &devices, &outcome, &self.w.conditions, &now);
-                let api = Api::<ResourceClaim>::namespaced(self.w.kube.client(), &r.namespace);
                 let pp = PatchParams::apply(FIELD_MANAGER).force();
-                match bounded(self.w.kube.timeout, api.patch_status(&r.name, &pp, &Patch::Apply(&body))).await
-                {
+                let patch = Patch::Apply(&body);
+                let written = bounded(
+                    self.w.kube.timeout,
+                    Api::<ResourceClaim>::namespaced(self.w.kube.client(), &r.namespace)
+                        .patch_status(&r.name, &pp, &patch),
+                )
+                .await;
+                match written {
                     Ok(_) => info!(
                         "set {} on claim {}/{} ({})",
                         match &outcome {
