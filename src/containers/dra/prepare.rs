@@ -1557,7 +1557,8 @@ mod tests {
         let ops = FakeHost::new(host.clone());
         let mut e = engine(&ops, &claims);
         e.binding_conditions = true;
-        let conds = |e: &mut Kit<'_>| -> BTreeMap<String, (Option<Vec<String>>, Option<Vec<String>>)> {
+        type Conds = (Option<Vec<String>>, Option<Vec<String>>);
+        let conds = |e: &mut Kit<'_>| -> BTreeMap<String, Conds> {
             e.resources()
                 .unwrap()
                 .pool

@@ -206,7 +206,10 @@ pub fn status_apply(
 pub enum Event {
     /// Do the work for `devices` of `claim` before its Pod is bound; the answer is the
     /// condition's message (Ok) or the failure.
-    Bind { claim: Claim, devices: Vec<DeviceKey> },
+    Bind {
+        claim: Box<Claim>,
+        devices: Vec<DeviceKey>,
+    },
     /// The claim is no longer allocated here (deallocated, deleted, moved): undo what was done
     /// for it if the kubelet never prepared it.
     Release(ClaimRef),
@@ -423,10 +426,10 @@ impl Watcher {
             }
             Want::Bind(devices) => {
                 self.here.insert(r.uid.clone());
-                let claim = Claim {
+                let claim = Box::new(Claim {
                     asked: r.clone(),
                     object: c.clone(),
-                };
+                });
                 let t0 = Instant::now();
                 let Some(outcome) = (self.handler)(Event::Bind {
                     claim,
