@@ -485,6 +485,19 @@ fn bench(o: &Out, mode: &str) -> Verdict {
 mod tests {
     use super::secs;
 
+    /// A boot that shipped nothing fails every step, each naming a file the guest did not ship.
+    #[test]
+    fn nothing_shipped_fails_every_step_naming_the_file() {
+        let t = tempfile::tempdir().unwrap();
+        let j = super::judge();
+        let f = j.run(t.path());
+        assert_eq!(f.len(), j.checks.len());
+        for x in &f {
+            assert!(!x.pass, "{}: {}", x.step, x.detail);
+            assert!(x.detail.contains("the guest did not ship it"), "{}: {}", x.step, x.detail);
+        }
+    }
+
     #[test]
     fn rfc3339_seconds_are_read_to_the_second() {
         assert_eq!(secs("1970-01-01T00:00:00Z"), Some(0));
