@@ -32,6 +32,10 @@ w=$(mktemp -d /tmp/bindcond.XXXXXX)
 st=$w/st host=$w/host
 KC() { "$bin/kubectl" --kubeconfig "$st/admin.kubeconfig" --request-timeout=30s "$@"; }
 fail() { echo "FAIL: $*"; bad=1; }
+wait_for() { # SECONDS CMD...
+  local end=$((SECONDS + $1)); shift
+  until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done
+}
 bad=0
 sleep 7200 & runner=$!
 plugin=
@@ -69,6 +73,8 @@ kind: Node
 metadata: {name: lab, labels: {kubernetes.io/hostname: lab}}
 EOF
 KC patch node lab --subresource=status --type=merge -p "{\"status\":{\"capacity\":{\"cpu\":\"4\",\"memory\":\"8Gi\",\"pods\":\"110\"},\"allocatable\":{\"cpu\":\"4\",\"memory\":\"8Gi\",\"pods\":\"110\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"reason\":\"NoKubelet\",\"message\":\"benches/bindcond.sh\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$now\"}]}}" > /dev/null
+has_sa() { KC get serviceaccount default > /dev/null 2>&1; }
+wait_for 120 has_sa || { echo "setup failed: no default service account" >&2; exit 2; }
 KC apply -f "$here/contrib/dra/deviceclass.yaml" -f "$here/contrib/dra/claim-examples.yaml" > /dev/null
 
 start_plugin() { # LOG ARGS...
@@ -93,10 +99,6 @@ conds_of() {
   local c
   c=$(KC get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}' 2> /dev/null)
   KC get resourceclaim "${c:-none}" -o jsonpath='{range .status.devices[*].conditions[*]}{.type}={.status}/{.reason},{end}' 2> /dev/null
-}
-wait_for() { # SECONDS CMD...
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done
 }
 slices_have() { KC get resourceslices -o json | grep GroupBound > /dev/null; }
 on_vfio() { [ "$(drv 0000:00:05.0) $(drv 0000:00:05.1)" = "vfio-pci vfio-pci" ]; }
