@@ -494,7 +494,12 @@ mod tests {
         assert_eq!(f.len(), j.checks.len());
         for x in &f {
             assert!(!x.pass, "{}: {}", x.step, x.detail);
-            assert!(x.detail.contains("the guest did not ship it"), "{}: {}", x.step, x.detail);
+            assert!(
+                x.detail.contains("the guest did not ship it"),
+                "{}: {}",
+                x.step,
+                x.detail
+            );
         }
     }
 
