@@ -4,7 +4,7 @@
 use super::ctx::{write_json, Ctx};
 use super::error::{Error, Exit, Result};
 use crate::containers::dra::{self, claim::Identity, prepare::Driver, prepare::PrepareError, slices, slots};
-use crate::containers::kubelet::{api, claims, plugin};
+use crate::containers::kubelet::{api, binding, claims, plugin};
 use crate::inventory::backend::Policy;
 use std::io::Write;
 use std::path::PathBuf;
@@ -42,6 +42,19 @@ pub struct Args {
     /// The longest one API server call may take, in seconds
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
     pub api_timeout_s: u64,
+    /// Binding conditions (KEP-5007): publish groups that need a driver switch with them and
+    /// bind such a group before its Pod is bound (docs/dra.md). auto: where the API server
+    /// keeps them (a dry-run create says); on: always; off: never (Prepare binds, as before)
+    #[arg(long, value_enum, default_value_t = BindingConditions::Auto)]
+    pub binding_conditions: BindingConditions,
+}
+
+/// `--binding-conditions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BindingConditions {
+    Auto,
+    On,
+    Off,
 }
 
 /// A DRA driver name: a DNS subdomain of at most 63 characters (`DriverNameMaxLength`).
@@ -89,14 +102,51 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     crate::inventory::scan(&ctx.host)?;
     // Claims from a directory (no API server, no slices published), or from the API server,
     // which also gets this node's ResourceSlices.
+    let mut watch: Option<binding::Watch> = None;
     let (src, publisher): (Box<dyn claims::ClaimSource>, Option<api::Publisher>) = match args.claims_dir {
-        Some(dir) => (Box::new(claims::Dir { dir }), None),
+        Some(dir) => {
+            if args.binding_conditions == BindingConditions::On {
+                return Err(Error::usage(anyhow::anyhow!(
+                    "--binding-conditions on needs the API server (claim status is written there); drop --claims-dir or use --binding-conditions off"
+                )));
+            }
+            (Box::new(claims::Dir { dir }), None)
+        }
         None => {
             let kube = api::Kube::connect(
                 args.kubeconfig.as_deref(),
                 std::time::Duration::from_secs(args.api_timeout_s),
             )
             .map_err(Error::usage)?;
+            let w = binding::Watch {
+                kube: kube.clone(),
+                driver: args.driver.clone(),
+                pool: node.clone(),
+                conditions: dra::binding::conditions(),
+            };
+            let on = match args.binding_conditions {
+                BindingConditions::Off => false,
+                BindingConditions::On => true,
+                BindingConditions::Auto => match binding::probe(&kube, &args.driver, &node, &w.conditions) {
+                    Ok(kept) => {
+                        tracing::info!(
+                            "binding conditions: {} (the API server {} them on a dry-run ResourceSlice)",
+                            if kept { "on" } else { "off" },
+                            if kept { "keeps" } else { "drops" }
+                        );
+                        kept
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "binding conditions: off (cannot ask the API server whether it keeps them: {e}); --binding-conditions on forces them"
+                        );
+                        false
+                    }
+                },
+            };
+            if on {
+                watch = Some(w);
+            }
             (
                 Box::new(api::Claims(kube.clone())),
                 Some(api::Publisher::new(kube, node.clone(), args.driver.clone())),
@@ -108,18 +158,20 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
         pool: node.clone(),
         node,
     };
-    let engine = Driver::new(ops, me, args.backend, boot_id).map_err(Error::host)?;
+    let mut engine = Driver::new(ops, me, args.backend, boot_id).map_err(Error::host)?;
+    engine.binding_conditions = watch.is_some();
     let cfg = plugin::Config {
         pool: engine.me.pool.clone(),
         poll: std::time::Duration::from_millis(args.poll_ms),
         uevents: engine.ops.root().root() == std::path::Path::new("/"),
         ..sockets(ctx, &args.driver, args.registry_dir, args.plugin_dir)
     };
-    plugin::run(
+    plugin::run_with(
         engine,
         &cfg,
         src,
         publisher.map(|p| Box::new(p) as Box<dyn plugin::Publish>),
+        watch,
         shutdown(),
     )
     .map_err(Error::host)?;

@@ -188,10 +188,24 @@ fn host_mounts() -> Vec<(String, String, String, String, bool)> {
 
 /// The (API group, resource, verb) triples src/containers/kubelet/api.rs calls, read from its code:
 /// every `Api::<Kind>::<ctor>(...)` and the kube-rs method called on it.
+/// The files that talk to the API server: the publisher and claim reads, and the binding
+/// conditions' claim watcher.
+const API_FILES: [&str; 2] = [
+    "src/containers/kubelet/api.rs",
+    "src/containers/kubelet/binding.rs",
+];
+
 fn rbac_of_code() -> BTreeSet<(String, String, String)> {
-    let text = std::fs::read_to_string(manifest_dir().join("src/containers/kubelet/api.rs")).unwrap();
-    let code = text.split("#[cfg(test)]").next().unwrap();
     let mut out = BTreeSet::new();
+    for f in API_FILES {
+        rbac_of_file(f, &mut out);
+    }
+    out
+}
+
+fn rbac_of_file(file: &str, out: &mut BTreeSet<(String, String, String)>) {
+    let text = std::fs::read_to_string(manifest_dir().join(file)).unwrap();
+    let code = text.split("#[cfg(test)]").next().unwrap();
     let mut rest = code;
     while let Some(i) = rest.find("Api::<") {
         rest = &rest[i + "Api::<".len()..];
@@ -233,11 +247,22 @@ fn rbac_of_code() -> BTreeSet<(String, String, String)> {
         let verb = match method.as_str() {
             "get" | "list" | "create" | "delete" | "patch" | "watch" => method.clone(),
             "replace" => "update".into(),
-            m => panic!("api.rs calls Api::<{kind}>::{m}: map it to its RBAC verb (and subresource) here"),
+            // A claim's status.devices (binding conditions): the status subresource, and the
+            // per-driver synthetic subresource KEP-4817 checks for status.devices writes
+            // (`associated-node:` for a service account bound to the claim's node).
+            "patch_status" => {
+                out.insert((
+                    group.to_string(),
+                    format!("{resource}/driver"),
+                    "associated-node:patch".into(),
+                ));
+                out.insert((group.to_string(), format!("{resource}/status"), "patch".into()));
+                continue;
+            }
+            m => panic!("{file} calls Api::<{kind}>::{m}: map it to its RBAC verb (and subresource) here"),
         };
         out.insert((group.to_string(), resource.to_string(), verb));
     }
-    out
 }
 
 /// The rows of docs/deploy.md's permissions table (between `<!-- rbac -->` and `<!-- /rbac -->`).
@@ -268,11 +293,14 @@ fn rbac_of_chart(docs: &[Value]) -> BTreeSet<(String, String, String)> {
     for rule in role["rules"].as_array().unwrap() {
         let obj = rule.as_object().unwrap();
         let keys: BTreeSet<&str> = obj.keys().map(|k| k.as_str()).collect();
-        assert_eq!(
-            keys,
-            BTreeSet::from(["apiGroups", "resources", "verbs"]),
-            "{rule}"
-        );
+        // resourceNames only where it names the driver (resourceclaims/driver: KEP-4817's
+        // per-driver check of status.devices writes).
+        let mut allowed = BTreeSet::from(["apiGroups", "resources", "verbs"]);
+        if strs(&rule["resources"]) == ["resourceclaims/driver"] {
+            allowed.insert("resourceNames");
+            assert_eq!(strs(&rule["resourceNames"]).len(), 1, "one driver: {rule}");
+        }
+        assert_eq!(keys, allowed, "{rule}");
         for field in ["apiGroups", "resources", "verbs"] {
             for s in strs(&rule[field]) {
                 assert!(!s.contains('*'), "a wildcard in the ClusterRole: {rule}");
@@ -298,8 +326,12 @@ fn the_cluster_role_is_exactly_the_calls_the_code_makes_and_the_doc_lists() {
     // What api.rs does today (if this changes, the three below follow).
     assert!(code.contains(&("resource.k8s.io".into(), "resourceslices".into(), "update".into())));
     assert!(
-        !code.iter().any(|(_, r, _)| r.contains("/status")),
-        "claim status is not written"
+        code.contains(&(
+            "resource.k8s.io".into(),
+            "resourceclaims/status".into(),
+            "patch".into()
+        )),
+        "binding conditions are written on the claim's status"
     );
     // No other file talks to the API server.
     let out = Command::new("grep")
@@ -309,7 +341,7 @@ fn the_cluster_role_is_exactly_the_calls_the_code_makes_and_the_doc_lists() {
         .unwrap();
     let others: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| *l != "src/containers/kubelet/api.rs")
+        .filter(|l| !API_FILES.contains(l))
         .map(String::from)
         .collect();
     assert!(

@@ -188,6 +188,7 @@ const CLUSTER_SCENARIOS: &[&str] = &[
     "clusterdra",
     "clusterhelm",
     "clusterslices",
+    "clusterbind",
 ];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
@@ -703,6 +704,14 @@ mod cluster_6_12 {
     #[test]
     fn clusterslices() {
         assert_scenario(run(), "6.12 (cluster)", "clusterslices");
+    }
+
+    /// Binding conditions on the real scheduler: the group bound before the Pod is, a bind
+    /// failing as InUse sends the Pod back to the scheduler; judged in Rust
+    /// (tests/it/labjudge/clusterbind.rs).
+    #[test]
+    fn clusterbind() {
+        assert_scenario(run(), "6.12 (cluster)", "clusterbind");
     }
 }
 

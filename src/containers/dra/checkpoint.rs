@@ -3,7 +3,8 @@
 //! restart, and each entry carries the boot id (`/proc/sys/kernel/random/boot_id`) it was made
 //! under, so a node reboot (every bind gone with the old kernel) is told apart from a restart.
 //!
-//! An entry is written `started` before Prepare changes anything and `completed` after, and
+//! An entry is written `started` before Prepare changes anything and `completed` after
+//! (`bound` by the bind before binding of [`super::binding`], which Prepare then takes over), and
 //! records each function's driver before gpupass touched it: Unprepare gives back only the
 //! functions the plugin moved (a function that was on vfio-pci before, from a boot-time bind,
 //! `vfio-pci.ids=` or `gpupass persist`, stays there), and a retried Prepare after a crash
@@ -45,6 +46,11 @@ pub enum State {
     Started,
     /// Prepare finished; `prepared` is what the kubelet was told.
     Completed,
+    /// Bound before the Pod was bound (binding conditions, [`super::binding`]): the devices'
+    /// groups moved to vfio-pci, no files written, the kubelet has not prepared it yet. Written
+    /// before the bind (with the drivers before); Prepare takes it over, a claim deallocated or
+    /// deleted before Prepare is unprepared by the plugin itself.
+    Bound,
 }
 
 /// One claim.

@@ -13,6 +13,9 @@
 //! - [`checkpoint`]: prepared claims by UID, with the boot id, in one root-only file.
 //! - [`apply`]: the one adapter through which Prepare and Unprepare change the host (the
 //!   journaled group bind of [`crate::bind`], the file writes).
+//! - [`binding`]: binding conditions (KEP-5007): which devices carry them (a group not on
+//!   vfio-pci yet), the journaled group bind before the Pod is bound, its failure reasons, and
+//!   the undo for a claim that never reached Prepare.
 //! - [`prepare`]: gpupass's DRA driver ([`prepare::Driver`]): Prepare / Unprepare / health and
 //!   the resources it offers, composed from the above; the kubelet-plugin kit
 //!   ([`crate::containers::kubelet`]: registration, sockets, the DRAPlugin services, claim
@@ -25,6 +28,7 @@
 
 pub mod apply;
 pub mod attrs;
+pub mod binding;
 pub mod checkpoint;
 pub mod claim;
 pub mod prepare;

@@ -78,7 +78,7 @@ pub struct Driver<'a> {
     pub default: Policy,
     pub boot_id: String,
     pub checkpoint_path: PathBuf,
-    checkpoint: Checkpoint,
+    pub(super) checkpoint: Checkpoint,
     /// Every device name health was ever reported for (a device that vanishes stays on the
     /// health stream as unhealthy).
     known: BTreeSet<String>,
@@ -89,6 +89,9 @@ pub struct Driver<'a> {
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
+    /// Whether groups that need a driver switch are published with binding conditions and
+    /// bound before their Pod is ([`super::binding`]); off by default.
+    pub binding_conditions: bool,
 }
 
 /// One device's health (the kit's).
@@ -114,6 +117,7 @@ impl<'a> Driver<'a> {
             tracker: signals::Tracker::default(),
             unhealthy: BTreeMap::new(),
             lock_wait: DEFAULT_LOCK_WAIT,
+            binding_conditions: false,
         })
     }
 
@@ -139,11 +143,11 @@ impl<'a> Driver<'a> {
         &self.checkpoint
     }
 
-    fn save(&self) -> Result<(), PrepareError> {
+    pub(super) fn save(&self) -> Result<(), PrepareError> {
         Ok(checkpoint::save(&self.checkpoint_path, &self.checkpoint)?)
     }
 
-    fn scan(&self) -> Result<Inventory, PrepareError> {
+    pub(super) fn scan(&self) -> Result<Inventory, PrepareError> {
         Ok(crate::inventory::scan(self.ops.root())?)
     }
 
@@ -572,12 +576,29 @@ impl DraDriver for Driver<'_> {
     fn resources(&mut self) -> Result<Resources, PrepareError> {
         let inv = self.scan()?;
         let health = self.health(&inv);
+        let offered = self.as_offered(&inv);
+        let mut pool = slices::pool(&offered);
+        if self.binding_conditions {
+            super::binding::mark(&mut pool, &offered);
+        }
         Ok(Resources {
             // An unhealthy device is tainted (NoSchedule): the scheduler gives it only to a
             // claim that tolerates the taint, which Prepare then serves like any other.
-            pool: tainted(slices::pool(&self.as_offered(&inv)), &self.unhealthy),
+            pool: tainted(pool, &self.unhealthy),
             health,
         })
+    }
+
+    fn bind_before_binding(
+        &mut self,
+        claim: &Claim,
+        devices: &[crate::containers::kubelet::binding::DeviceKey],
+    ) -> Result<String, crate::containers::kubelet::binding::Failure> {
+        self.bind_early(claim, devices)
+    }
+
+    fn release_before_binding(&mut self, gone: &dyn Fn(&ClaimRef) -> bool) -> Vec<String> {
+        self.release_early(gone)
     }
 }
 
@@ -1754,5 +1775,114 @@ mod tests {
             Some("vfio-pci"),
             "the fake host did not reboot; a real reboot would have reset it"
         );
+    }
+
+    /// Binding conditions (super::binding): the group that needs a switch is published with
+    /// them (a group on vfio-pci already is not, and a group a claim moved keeps them); a
+    /// member held by a host process fails the bind before binding as `InUse`, naming the
+    /// holder, changing nothing; without the holder the group is bound (no files) and recorded
+    /// `bound` with the drivers before; a second bind changes nothing; Prepare then finds the
+    /// group bound and writes only the files, Unprepare gives it back; a claim bound before
+    /// binding and then gone is given back by the plugin, a prepared one is not.
+    #[test]
+    fn a_group_bound_before_binding_is_taken_over_by_prepare_or_given_back() {
+        use crate::containers::kubelet::binding::DeviceKey;
+        let (_t, root, claims) = lab_claim_with(|h| {
+            h.drm_node(&"0000:00:05.0".parse().unwrap(), "card0").unwrap();
+            h.open_fd(4321, "Xorg", 7, "/dev/dri/card0").unwrap();
+            h.add(
+                &DevSpec::new("00:06.0", 0x1234, 0x11e8, 0x00ff00)
+                    .group(5)
+                    .driver("vfio-pci"),
+            )
+            .unwrap();
+        });
+        let host = HostRoot::new(&root);
+        let ops = FakeHost::new(host.clone());
+        let mut e = engine(&ops, &claims);
+        e.binding_conditions = true;
+        type Conds = (Option<Vec<String>>, Option<Vec<String>>);
+        let conds = |e: &mut Kit<'_>| -> BTreeMap<String, Conds> {
+            e.resources()
+                .unwrap()
+                .pool
+                .devices
+                .into_iter()
+                .map(|d| (d.name, (d.binding_conditions, d.binding_failure_conditions)))
+                .collect()
+        };
+        let marked = (
+            Some(vec![super::super::binding::READY.to_string()]),
+            Some(vec![super::super::binding::FAILED.to_string()]),
+        );
+        let c = conds(&mut e);
+        assert_eq!(c["pci-0000-00-05-0"], marked);
+        assert_eq!(
+            c["pci-0000-00-06-0"],
+            (None, None),
+            "on vfio-pci already: no switch"
+        );
+        let keys = [DeviceKey {
+            request: "vfio".into(),
+            pool: "node-a".into(),
+            device: "pci-0000-00-05-0".into(),
+        }];
+        let claim = fetch(&e.src, &gpu_claim()).unwrap();
+        let before = state(&root);
+
+        let f = e.bind_early(&claim, &keys).unwrap_err();
+        assert_eq!(f.reason, "InUse", "{f:?}");
+        assert!(f.message.contains("is open by pid 4321 (Xorg)"), "{}", f.message);
+        assert_eq!(state(&root), before);
+        assert!(e.checkpoint().claims.is_empty());
+
+        std::fs::remove_dir_all(root.join("proc/4321")).unwrap();
+        let msg = e.bind_early(&claim, &keys).unwrap();
+        assert!(msg.contains("IOMMU group 4 on vfio-pci"), "{msg}");
+        assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("vfio-pci"));
+        assert_eq!(driver_of(&root, "0000:00:05.1").as_deref(), Some("vfio-pci"));
+        let entry = &e.checkpoint().claims["u1"];
+        assert_eq!(entry.state, State::Bound);
+        assert_eq!(
+            entry.drivers_before.values().cloned().collect::<Vec<_>>(),
+            [Some("bochs-drm".to_string()), Some("snd_hda_intel".to_string())]
+        );
+        assert!(
+            !state(&root).keys().any(|k| k.starts_with("var/")),
+            "no files before Prepare"
+        );
+        assert_eq!(
+            conds(&mut e)["pci-0000-00-05-0"],
+            marked,
+            "published as before the bind"
+        );
+        let j = journal(&root);
+        assert!(e.bind_early(&claim, &keys).unwrap().contains("already"));
+        assert_eq!(journal(&root), j, "a second bind writes nothing");
+
+        // Prepare takes it over: no bind, only the files; Unprepare gives the group back.
+        e.prepare(&gpu_claim()).unwrap();
+        assert_eq!(e.checkpoint().claims["u1"].state, State::Completed);
+        assert_eq!(
+            e.checkpoint().claims["u1"].drivers_before[&"0000:00:05.0".parse::<PciAddress>().unwrap()]
+                .as_deref(),
+            Some("bochs-drm")
+        );
+        assert!(state(&root).keys().any(|k| k.starts_with("var/run/cdi")));
+        assert!(
+            e.release_early(&|_| true).is_empty(),
+            "a prepared claim is the kubelet's"
+        );
+        e.unprepare("u1").unwrap();
+        assert_eq!(state(&root), before);
+
+        // Bound before binding, then deallocated: the plugin gives it back.
+        e.bind_early(&claim, &keys).unwrap();
+        assert!(e.release_early(&|c| c.uid != "u1").is_empty());
+        let lines = e.release_early(&|c| c.uid == "u1");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("given back"), "{lines:?}");
+        assert_eq!(state(&root), before);
+        assert!(e.checkpoint().claims.is_empty());
     }
 }

@@ -112,6 +112,11 @@ impl Kube {
         }))
     }
 
+    /// The client (for a thread with a runtime of its own: [`super::binding`]'s watcher).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// Runs `f` on the client's runtime, at most `timeout`.
     fn call<T, F>(&self, f: impl FnOnce(kube::Client) -> F) -> Result<T, CallError>
     where

@@ -15,6 +15,8 @@
 //!   its UID check.
 //! - [`pool`]: a driver's devices as ResourceSlices within the API's limits.
 //! - [`api`]: the API server through kube-rs: claims read, this node's ResourceSlices published.
+//! - [`binding`]: binding conditions (KEP-5007): the watch of the claims allocated to this node,
+//!   the driver's work before the Pod is bound, the outcome on the claim's device status.
 //! - [`plugin`]: the driver trait and the server: registration, `DRAPlugin` v1 and v1beta1 (one
 //!   conversion), `DRAResourceHealth` v1, calls serialized on one worker, claims fetched before
 //!   the driver sees them, the pool published and health streamed after each change.
@@ -23,6 +25,8 @@
 pub mod api;
 #[cfg(feature = "dra")]
 pub mod authority;
+#[cfg(feature = "dra")]
+pub mod binding;
 #[cfg(feature = "dra")]
 pub mod claims;
 #[cfg(feature = "dra")]

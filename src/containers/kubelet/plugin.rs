@@ -11,6 +11,7 @@
 //! resources: the pool it publishes ([`Publish`], the API server's ResourceSlices) and the
 //! health it streams. The driver implements Prepare and Unprepare on claims it is handed.
 
+use super::binding::{DeviceKey, Failure};
 use super::claims::{self, Claim, ClaimRef, ClaimSource};
 use super::pool::Pool;
 use super::proto::health::dra_resource_health_server::{DraResourceHealth, DraResourceHealthServer};
@@ -112,6 +113,24 @@ pub trait DraDriver {
     /// The pool to publish and the health to stream, read now (after each call, every poll,
     /// on a kernel uevent).
     fn resources(&mut self) -> Result<Resources, Self::Error>;
+
+    /// Binding conditions ([`super::binding`]): the work for `devices` of `claim` (allocated
+    /// to this node, its Pod not bound yet) that the devices' binding condition waits on; Ok is
+    /// the condition's message, an error the failure condition's reason and message. A driver
+    /// that publishes no binding conditions keeps this default.
+    fn bind_before_binding(&mut self, _claim: &Claim, _devices: &[DeviceKey]) -> Result<String, Failure> {
+        Err(Failure {
+            reason: "Unsupported".into(),
+            message: "this driver does no work before binding".into(),
+        })
+    }
+
+    /// Undo the work [`DraDriver::bind_before_binding`] did for every claim `gone` names (no
+    /// longer allocated here) that the kubelet never prepared. Returns what was done, one line
+    /// each, for the log.
+    fn release_before_binding(&mut self, _gone: &dyn Fn(&ClaimRef) -> bool) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Where the plugin listens and who it is.
@@ -179,6 +198,11 @@ type UnprepareReply = BTreeMap<String, Result<(), String>>;
 enum Job {
     Prepare(Vec<ClaimRef>, Option<Instant>, oneshot::Sender<PrepareReply>),
     Unprepare(Vec<ClaimRef>, Option<Instant>, oneshot::Sender<UnprepareReply>),
+    /// The claim watcher's ([`super::binding`]): its answer (a bind's outcome) on the sender.
+    Binding(
+        super::binding::Event,
+        mpsc::Sender<Option<Result<String, Failure>>>,
+    ),
     /// Something changed on the host: recompute health now.
     Wake,
     /// The servers stopped: end the worker.
@@ -631,10 +655,28 @@ fn worker<D: DraDriver>(
                 let _ = reply.send(out);
                 refresh(&mut driver);
             }
+            Ok(Job::Binding(ev, reply)) => {
+                let _ = reply.send(binding_job(&mut driver, ev));
+                refresh(&mut driver);
+            }
             Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => refresh(&mut driver),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+}
+
+/// One event of the claim watcher, on the worker.
+fn binding_job<D: DraDriver>(driver: &mut D, ev: super::binding::Event) -> Option<Result<String, Failure>> {
+    use super::binding::Event;
+    let released = match ev {
+        Event::Bind { claim, devices } => return Some(driver.bind_before_binding(&claim, &devices)),
+        Event::Release(c) => driver.release_before_binding(&|x: &ClaimRef| x.uid == c.uid),
+        Event::Sync(here) => driver.release_before_binding(&|x: &ClaimRef| !here.contains(&x.uid)),
+    };
+    for line in released {
+        info!("{line}");
+    }
+    None
 }
 
 /// Serve `driver` until `shutdown` completes: its start-up clean-up, then the sockets. Blocks
@@ -644,6 +686,19 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
     cfg: &Config,
     source: Box<dyn ClaimSource + 'a>,
     publisher: Option<Box<dyn Publish + 'a>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServerError> {
+    run_with(driver, cfg, source, publisher, None, shutdown)
+}
+
+/// [`run`], with the claim watcher of [`super::binding`] when `binding` is given (the driver
+/// publishes binding conditions).
+pub fn run_with<'a, D: DraDriver + Send + 'a>(
+    driver: D,
+    cfg: &Config,
+    source: Box<dyn ClaimSource + 'a>,
+    publisher: Option<Box<dyn Publish + 'a>>,
+    binding: Option<super::binding::Watch>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let mut driver = driver;
@@ -699,6 +754,19 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
             let tx = job_tx.clone();
             super::wake_on_uevents(move || tx.send(Job::Wake).is_ok());
         }
+        let watch_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(w) = binding {
+            let tx = Mutex::new(job_tx.clone());
+            let handler = move |ev| {
+                let (reply_tx, reply_rx) = mpsc::channel();
+                tx.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .send(Job::Binding(ev, reply_tx))
+                    .ok()?;
+                reply_rx.recv().ok().flatten()
+            };
+            super::binding::spawn(w, Box::new(handler), watch_stop.clone());
+        }
         drop(job_tx);
         let r = rt.block_on(async {
             // The service socket first: the kubelet dials it as soon as registration succeeds.
@@ -752,6 +820,7 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
                 reg_path.display()
             );
             shutdown.await;
+            watch_stop.store(true, std::sync::atomic::Ordering::SeqCst);
             accept.abort();
             // The worker first: it drops the health sender, which ends every health stream
             // (a graceful shutdown waits for open streams, and the kubelet keeps that one open).

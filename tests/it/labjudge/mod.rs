@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub mod bind;
+pub mod clusterbind;
 pub mod clusterhelm;
 pub mod clusterslices;
 pub mod clustertwo;
@@ -24,13 +25,14 @@ pub mod mdev;
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 5] {
+pub fn judges() -> [Judge; 6] {
     [
         bind::judge(),
         mdev::judge(),
         clusterhelm::judge(),
         clusterslices::judge(),
         clustertwo::judge(),
+        clusterbind::judge(),
     ]
 }
 
