@@ -915,10 +915,16 @@ cmd_run() { # [--update-fixture] SCENARIOS...
   # taken through QEMU's human monitor 10 s before the limit (hang-monitor.txt in each
   # scenario's directory): where a stuck guest was, halted or not, with which timer armed.
   QEMU+=(-monitor "unix:$work/monitor.sock,server=on,wait=off")
-  (sleep $((tmo > 20 ? tmo - 10 : tmo)) &&
-    python3 "$LAB_DIR/tools/labtool.py" monitor --socket "$work/monitor.sock" -- \
-      'info registers' 'info lapic' 'info pic' 'info irq' >"$work/hang-monitor.txt" 2>&1) \
-    </dev/null >/dev/null 2>&1 &
+  # Its sleep is killed with it (the TERM trap): a sleep left behind would keep every
+  # descriptor the runner inherited open for the boot's whole limit (a caller's lock, a pipe).
+  (
+    trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+    sleep $((tmo > 20 ? tmo - 10 : tmo)) &
+    sp=$!
+    wait "$sp" &&
+      python3 "$LAB_DIR/tools/labtool.py" monitor --socket "$work/monitor.sock" -- \
+        'info registers' 'info lapic' 'info pic' 'info irq' >"$work/hang-monitor.txt" 2>&1
+  ) </dev/null >/dev/null 2>&1 &
   local snap=$!
   local tb; tb=$(now)
   if [[ $NODES == 2 ]]; then
@@ -934,7 +940,6 @@ cmd_run() { # [--update-fixture] SCENARIOS...
     timeout -k 5 "$tmo" "${QEMU[@]}" </dev/null 2>&1 | tee "$console"
     rc=${PIPESTATUS[0]}
   fi
-  # (its sleep, holding no descriptor of ours, runs out on its own)
   kill "$snap" 2>/dev/null
   set -e
   local boot_s; boot_s=$(elapsed "$tb")
