@@ -181,7 +181,7 @@ impl Boot {
 }
 
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
-const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
+const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra", "clustervm"];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
 /// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg,
@@ -674,6 +674,14 @@ mod cluster_6_12 {
     #[test]
     fn clusterdra() {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
+    }
+
+    /// A VM in a Pod: a claim of class vm.vfio.gpupass.dev (the group and /dev/kvm), and its
+    /// unprivileged container boots `gpupass boot --dra-metadata` on the device under nested
+    /// KVM, legacy and iommufd (judged by tests/it/labjudge/clustervm.rs).
+    #[test]
+    fn clustervm() {
+        assert_scenario(run(), "6.12 (cluster)", "clustervm");
     }
 }
 

@@ -16,13 +16,14 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub mod bind;
+pub mod clustervm;
 pub mod mdev;
 #[cfg(test)]
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 2] {
-    [bind::judge(), mdev::judge()]
+pub fn judges() -> [Judge; 3] {
+    [bind::judge(), mdev::judge(), clustervm::judge()]
 }
 
 /// The judge of `scenario`, if it has one.
