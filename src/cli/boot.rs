@@ -89,9 +89,18 @@ fn from_metadata(path: &std::path::Path, backend: Option<Policy>) -> Result<(Tar
     };
     let (policy, why) = match (backend, d.backend) {
         (Some(p), _) => (Some(p), "--backend".to_string()),
-        (None, Some(Backend::Legacy)) => (Some(Policy::Legacy), "the claim's gpupass.dev/backend".to_string()),
-        (None, Some(Backend::Iommufd)) => (Some(Policy::Iommufd), "the claim's gpupass.dev/backend".to_string()),
-        (None, None) => (None, "the default (the metadata names no gpupass.dev/backend)".to_string()),
+        (None, Some(Backend::Legacy)) => (
+            Some(Policy::Legacy),
+            "the claim's gpupass.dev/backend".to_string(),
+        ),
+        (None, Some(Backend::Iommufd)) => (
+            Some(Policy::Iommufd),
+            "the claim's gpupass.dev/backend".to_string(),
+        ),
+        (None, None) => (
+            None,
+            "the default (the metadata names no gpupass.dev/backend)".to_string(),
+        ),
     };
     crate::messages::text(&format!(
         "gpupass: --dra-metadata: {} from {}; backend {} by {why}\n",

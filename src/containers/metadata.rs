@@ -20,7 +20,10 @@ use std::path::{Path, PathBuf};
 pub const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 
 /// The API versions of `DeviceMetadata` this reader understands (the shape is the same).
-pub const API_VERSIONS: [&str; 2] = ["metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"];
+pub const API_VERSIONS: [&str; 2] = [
+    "metadata.resource.k8s.io/v1beta1",
+    "metadata.resource.k8s.io/v1alpha1",
+];
 
 /// How deep a directory is searched (`resourceclaimtemplates/<claim>/<request>/<file>` is 3).
 const MAX_DEPTH: usize = 6;
@@ -81,7 +84,10 @@ impl Device {
             Some(Bootable::Mdev(u)) => format!("mdevUUID {u}"),
             None => "no pciBusID or mdevUUID".to_string(),
         };
-        format!("{} request {}: {}/{} ({what})", self.claim, self.request, self.driver, self.name)
+        format!(
+            "{} request {}: {}/{} ({what})",
+            self.claim, self.request, self.driver, self.name
+        )
     }
 }
 
@@ -194,7 +200,11 @@ fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<(), M
             if depth < MAX_DEPTH {
                 files_under(&p, depth + 1, out)?;
             }
-        } else if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with("-metadata.json")) {
+        } else if p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with("-metadata.json"))
+        {
             out.push(p);
         }
     }
@@ -224,7 +234,8 @@ pub fn find(path: &Path) -> Result<Device, MetadataError> {
         })?;
         devices.extend(parse(f, &text)?);
     }
-    let (mut bootable, others): (Vec<Device>, Vec<Device>) = devices.into_iter().partition(|d| d.target.is_some());
+    let (mut bootable, others): (Vec<Device>, Vec<Device>) =
+        devices.into_iter().partition(|d| d.target.is_some());
     match bootable.len() {
         1 => Ok(bootable.remove(0)),
         0 => Err(MetadataError::NoDevice {
@@ -265,7 +276,10 @@ mod tests {
         assert_eq!(d[0].request, "vfio");
         assert_eq!(d[0].name, "pci-0000-00-03-0");
         let iommufd = legacy_file().replace(r#""legacy""#, r#""iommufd""#);
-        assert_eq!(parse(Path::new("m"), &iommufd).unwrap()[0].backend, Some(Backend::Iommufd));
+        assert_eq!(
+            parse(Path::new("m"), &iommufd).unwrap()[0].backend,
+            Some(Backend::Iommufd)
+        );
     }
 
     #[test]
@@ -275,7 +289,10 @@ mod tests {
             {"driver":"gpu.example.com","name":"gpu-0","attributes":{"resource.kubernetes.io/pciBusID":{"string":"0000:3b:00.0"}}},
             {"driver":"net.example.com","name":"nic","attributes":{"ifName":{"string":"eth1"}}}]}]}"#;
         let d = parse(Path::new("m"), text).unwrap();
-        assert_eq!(d[0].target, Some(Bootable::Mdev("6b8f3c2e-5a1d-4e7b-9c0a-1f2e3d4c5b6a".into())));
+        assert_eq!(
+            d[0].target,
+            Some(Bootable::Mdev("6b8f3c2e-5a1d-4e7b-9c0a-1f2e3d4c5b6a".into()))
+        );
         assert_eq!(d[1].target, Some(Bootable::Pci("0000:3b:00.0".parse().unwrap())));
         assert_eq!(d[1].backend, None);
         assert_eq!(d[2].target, None);
@@ -286,18 +303,28 @@ mod tests {
         let p = Path::new("m.json");
         let e = parse(p, "{not json").unwrap_err().to_string();
         assert!(e.contains("m.json: not JSON"), "{e}");
-        let e = parse(p, r#"{"apiVersion":"metadata.resource.k8s.io/v9","kind":"DeviceMetadata"}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("holds only DeviceMetadata metadata.resource.k8s.io/v9"), "{e}");
+        let e = parse(
+            p,
+            r#"{"apiVersion":"metadata.resource.k8s.io/v9","kind":"DeviceMetadata"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("holds only DeviceMetadata metadata.resource.k8s.io/v9"),
+            "{e}"
+        );
         assert!(e.contains("metadata.resource.k8s.io/v1beta1 or"), "{e}");
         assert!(parse(p, "").unwrap_err().to_string().contains("empty"));
-        let e = parse(p, &legacy_file().replace("0000:00:03.0", "00:03")).unwrap_err().to_string();
+        let e = parse(p, &legacy_file().replace("0000:00:03.0", "00:03"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("attribute resource.kubernetes.io/pciBusID of device pci-0000-00-03-0 is \"00:03\", not a PCI address"),
             "{e}"
         );
-        let e = parse(p, &legacy_file().replace(r#""legacy""#, r#""vfio""#)).unwrap_err().to_string();
+        let e = parse(p, &legacy_file().replace(r#""legacy""#, r#""vfio""#))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not legacy or iommufd"), "{e}");
     }
 
@@ -321,16 +348,26 @@ mod tests {
         // A second claim: name one.
         let two = root.join("resourceclaims/other/gpu");
         std::fs::create_dir_all(&two).unwrap();
-        std::fs::write(two.join("vfio.gpupass.dev-metadata.json"), legacy_file().replace("00:03.0", "00:05.0")).unwrap();
+        std::fs::write(
+            two.join("vfio.gpupass.dev-metadata.json"),
+            legacy_file().replace("00:03.0", "00:05.0"),
+        )
+        .unwrap();
         let e = find(root).unwrap_err().to_string();
         assert!(e.starts_with("2 devices in the DRA metadata under"), "{e}");
-        assert!(e.contains("pciBusID 0000:00:05.0") && e.contains("--dra-metadata FILE"), "{e}");
+        assert!(
+            e.contains("pciBusID 0000:00:05.0") && e.contains("--dra-metadata FILE"),
+            "{e}"
+        );
         // Only devices that are not bootable.
         let t2 = tempfile::tempdir().unwrap();
         let nic = r#"{"apiVersion":"metadata.resource.k8s.io/v1beta1","kind":"DeviceMetadata","metadata":{"name":"c","namespace":"ns"},"requests":[{"name":"r","devices":[{"driver":"net.example.com","name":"nic","attributes":{}}]}]}"#;
         std::fs::write(t2.path().join("net.example.com-metadata.json"), nic).unwrap();
         let e = find(t2.path()).unwrap_err().to_string();
-        assert!(e.contains("found only: ns/c request r: net.example.com/nic (no pciBusID or mdevUUID)"), "{e}");
+        assert!(
+            e.contains("found only: ns/c request r: net.example.com/nic (no pciBusID or mdevUUID)"),
+            "{e}"
+        );
         // A path that is not there.
         let e = find(&root.join("nope")).unwrap_err().to_string();
         assert!(e.contains("cannot read the DRA device metadata"), "{e}");

@@ -1319,7 +1319,15 @@ mod tests {
             ])
         };
         let base = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
-        let run = |c: serde_json::Value| check(&asked(), &claim("pci-0000-00-05-0", c), &me(), &offered(), Policy::Auto);
+        let run = |c: serde_json::Value| {
+            check(
+                &asked(),
+                &claim("pci-0000-00-05-0", c),
+                &me(),
+                &offered(),
+                Policy::Auto,
+            )
+        };
         // No config: no /dev/kvm.
         assert!(!run(json!([])).unwrap().kvm);
         // A class that says kvm (the shipped vm.vfio.gpupass.dev), a claim that sets only the
@@ -1339,24 +1347,40 @@ mod tests {
         .unwrap();
         assert!(!c.kvm);
         // Not a boolean: refused, with the expected shape.
-        let e = run(cfg(base.clone(), json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": "yes"})))
-            .unwrap_err()
-            .to_string();
+        let e = run(cfg(
+            base.clone(),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": "yes"}),
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("\"kvm\": true | false"), "{e}");
 
         // The per-claim CDI spec: /dev/kvm once, in the spec's own edits.
         let t = tempfile::tempdir().unwrap();
         crate::testkit::fixtures::build("workstation", t.path()).unwrap();
         let inv = crate::inventory::scan(&crate::host::HostRoot::new(t.path())).unwrap();
-        let mut with = run(ours(json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": true}))).unwrap();
+        let mut with = run(ours(
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": true}),
+        ))
+        .unwrap();
         let spec = |c: &Checked| -> serde_json::Value {
-            serde_json::from_str(&result(&inv, "vfio.gpupass.dev", c, Backend::Legacy).files[0].contents).unwrap()
+            serde_json::from_str(&result(&inv, "vfio.gpupass.dev", c, Backend::Legacy).files[0].contents)
+                .unwrap()
         };
         let s = spec(&with);
-        assert_eq!(s["containerEdits"]["deviceNodes"], json!([{"path": "/dev/kvm"}]), "{s}");
+        assert_eq!(
+            s["containerEdits"]["deviceNodes"],
+            json!([{"path": "/dev/kvm"}]),
+            "{s}"
+        );
         with.kvm = false;
         let s = spec(&with);
-        assert!(s["containerEdits"].get("deviceNodes").is_none_or(|n| n == &json!([])), "{s}");
+        assert!(
+            s["containerEdits"]
+                .get("deviceNodes")
+                .is_none_or(|n| n == &json!([])),
+            "{s}"
+        );
         assert!(!s.to_string().contains("/dev/kvm"), "{s}");
 
         // A node without /dev/kvm refuses the claim before anything is written; so does a
@@ -1365,7 +1389,10 @@ mod tests {
         let host = crate::host::HostRoot::new(t.path());
         let _ = std::fs::remove_file(t.path().join("dev/kvm"));
         let e = precheck_kvm(&host, &with).unwrap_err().to_string();
-        assert!(e.contains("asks for /dev/kvm (opaque config kvm: true), but this node has no /dev/kvm"), "{e}");
+        assert!(
+            e.contains("asks for /dev/kvm (opaque config kvm: true), but this node has no /dev/kvm"),
+            "{e}"
+        );
         std::fs::create_dir_all(t.path().join("dev")).unwrap();
         std::fs::write(t.path().join("dev/kvm"), "").unwrap();
         let e = precheck_kvm(&host, &with).unwrap_err().to_string();

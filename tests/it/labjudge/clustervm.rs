@@ -30,14 +30,23 @@ pub fn judge() -> Judge {
             f.is("vga.driver", HOST_DRIVER)?;
             f.is("dev.kvm", "char")?;
             let g = f.num("vga.group")?;
-            Ok(format!("kernel {}, {VGA} on {HOST_DRIVER} in group {g}, /dev/kvm on the node", f.get("kernel")?))
+            Ok(format!(
+                "kernel {}, {VGA} on {HOST_DRIVER} in group {g}, /dev/kvm on the node",
+                f.get("kernel")?
+            ))
         }),
         check("plugin-registered", |o| {
             let f = o.facts("plugin")?;
             if f.num("registered")? < 1 {
-                return Err(format!("the kubelet did not register {DRIVER}: {}", f.get("last")?));
+                return Err(format!(
+                    "the kubelet did not register {DRIVER}: {}",
+                    f.get("last")?
+                ));
             }
-            Ok(format!("the kubelet registered {DRIVER} after {} s", f.get("seconds")?))
+            Ok(format!(
+                "the kubelet registered {DRIVER} after {} s",
+                f.get("seconds")?
+            ))
         }),
         check("classes-applied", |o| {
             let c = o.cmd("classes")?;
@@ -111,7 +120,9 @@ fn per_backend(b: &'static str) -> Vec<Check> {
             let line = line_with(&log.out, "FW dev 00:01.0 ")?;
             match line.split_whitespace().nth(3) {
                 Some("1234:1111") => Ok(line),
-                other => Err(format!("{b}-log: the guest read ids {other:?}, want 1234:1111: {line}")),
+                other => Err(format!(
+                    "{b}-log: the guest read ids {other:?}, want 1234:1111: {line}"
+                )),
             }
         }),
         check(format!("{b}-vm-dispi"), move |o| {
@@ -134,7 +145,10 @@ fn per_backend(b: &'static str) -> Vec<Check> {
         check(format!("{b}-group-restored"), move |o| {
             let f = o.facts(&format!("{b}-after"))?;
             f.is("vga.driver", HOST_DRIVER)?;
-            Ok(format!("{VGA} on {HOST_DRIVER} again {} s after the delete", f.get("seconds")?))
+            Ok(format!(
+                "{VGA} on {HOST_DRIVER} again {} s after the delete",
+                f.get("seconds")?
+            ))
         }),
     ]
 }
@@ -158,7 +172,10 @@ fn claim_allocated(o: &Out, b: &str) -> Verdict {
         .map(|a| &a[0])
         .ok_or_else(|| format!("{b}-claim: want one result, got {results}"))?;
     if r["device"] != DEVICE || r["driver"] != DRIVER {
-        return Err(format!("{b}-claim: allocated {}/{}, want {DRIVER}/{DEVICE}", r["driver"], r["device"]));
+        return Err(format!(
+            "{b}-claim: allocated {}/{}, want {DRIVER}/{DEVICE}",
+            r["driver"], r["device"]
+        ));
     }
     // The class's config (kvm) and the claim's (the backend), as the kubelet hands them over.
     let configs = j["status"]["allocation"]["devices"]["config"]
@@ -171,9 +188,16 @@ fn claim_allocated(o: &Out, b: &str) -> Verdict {
             .filter(|c| c["source"] == source)
             .find_map(|c| c["opaque"]["parameters"].get(key).cloned())
     };
-    let policy = if b == "legacy" { "legacy" } else { "require-iommufd" };
+    let policy = if b == "legacy" {
+        "legacy"
+    } else {
+        "require-iommufd"
+    };
     if of("FromClass", "kvm") != Some(Value::Bool(true)) {
-        return Err(format!("{b}-claim: no kvm: true from the class vm.{DRIVER} in {}", one_line(&Value::Array(configs).to_string())));
+        return Err(format!(
+            "{b}-claim: no kvm: true from the class vm.{DRIVER} in {}",
+            one_line(&Value::Array(configs).to_string())
+        ));
     }
     if of("FromClaim", "backendPolicy").as_ref().and_then(Value::as_str) != Some(policy) {
         return Err(format!("{b}-claim: the claim's backendPolicy is not {policy}"));
@@ -189,7 +213,10 @@ fn pod_succeeded(o: &Out, b: &str) -> Verdict {
     let c = o.cmd(&format!("{b}-pod"))?;
     c.rc_is(0)?;
     let p = c.json()?;
-    let events = o.cmd(&format!("{b}-events")).map(|e| one_line(&e.out)).unwrap_or_default();
+    let events = o
+        .cmd(&format!("{b}-events"))
+        .map(|e| one_line(&e.out))
+        .unwrap_or_default();
     let phase = p["status"]["phase"].as_str().unwrap_or("?");
     let st = &p["status"]["containerStatuses"][0]["state"]["terminated"];
     if phase != "Succeeded" || st["exitCode"] != 0 {
@@ -201,7 +228,11 @@ fn pod_succeeded(o: &Out, b: &str) -> Verdict {
     // Unprivileged: no privileged flag, no capability added, no host namespace.
     let ctr = &p["spec"]["containers"][0];
     let sc = &ctr["securityContext"];
-    if sc["privileged"] == true || sc["capabilities"]["add"].as_array().is_some_and(|a| !a.is_empty()) {
+    if sc["privileged"] == true
+        || sc["capabilities"]["add"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    {
         return Err(format!("vm-{b}: the container is not unprivileged: {sc}"));
     }
     for ns in ["hostNetwork", "hostPID", "hostIPC"] {
@@ -227,7 +258,9 @@ fn want_nodes(o: &Out, b: &str) -> Result<BTreeSet<String>, String> {
             let cdev = line_with(&log.out, "CDEV ")?;
             let cdev = cdev.trim_start_matches("CDEV ").trim();
             if !cdev.starts_with("vfio") || cdev.contains(' ') {
-                return Err(format!("{b}-log: the container saw cdev {cdev:?} for {VGA} in sysfs"));
+                return Err(format!(
+                    "{b}-log: the container saw cdev {cdev:?} for {VGA} in sysfs"
+                ));
             }
             [format!("/dev/vfio/devices/{cdev}"), "/dev/iommu".to_string()].into()
         }
@@ -245,7 +278,9 @@ fn vfio_backend(o: &Out, b: &str) -> Verdict {
     let opened: BTreeSet<String> = nodes.split(" + ").map(|s| s.trim().to_string()).collect();
     let want = want_nodes(o, b)?;
     if backend != b || opened != want {
-        return Err(format!("{b}-log: gpupass boot opened {backend} {opened:?}, want {b} {want:?}"));
+        return Err(format!(
+            "{b}-log: gpupass boot opened {backend} {opened:?}, want {b} {want:?}"
+        ));
     }
     let exit = line_with(&log.out, "firmware exited with status ")?;
     if !exit.contains("firmware exited with status 0 ") {
@@ -263,7 +298,10 @@ fn only_its_nodes(o: &Out, b: &str) -> Verdict {
         .map(|s| s.trim().to_string())
         .collect();
     if nodes.is_empty() {
-        return Err(format!("{b}-log: the container listed no device nodes: {}", one_line(&log.out)));
+        return Err(format!(
+            "{b}-log: the container listed no device nodes: {}",
+            one_line(&log.out)
+        ));
     }
     let vfio: BTreeSet<String> = nodes
         .iter()
@@ -272,14 +310,18 @@ fn only_its_nodes(o: &Out, b: &str) -> Verdict {
         .collect();
     let want = want_nodes(o, b)?;
     if vfio != want {
-        return Err(format!("{b}: the container's VFIO nodes are {vfio:?}, want exactly {want:?}"));
+        return Err(format!(
+            "{b}: the container's VFIO nodes are {vfio:?}, want exactly {want:?}"
+        ));
     }
     if !nodes.contains("/dev/kvm") {
         return Err(format!("{b}: no /dev/kvm in the container: {nodes:?}"));
     }
     let driver = line_with(&log.out, "DRIVER ")?;
     if driver.trim() != "DRIVER vfio-pci" {
-        return Err(format!("{b}: while the container ran {VGA} was on {driver:?}, want vfio-pci"));
+        return Err(format!(
+            "{b}: while the container ran {VGA} was on {driver:?}, want vfio-pci"
+        ));
     }
     Ok(format!(
         "{} + /dev/kvm and no other VFIO node; {VGA} on vfio-pci while it ran; all: {}",
