@@ -568,7 +568,7 @@ fn changed_values_reach_the_pod() {
         .collect();
     assert_eq!(
         classes,
-        ["gpu.example.com", "mdev.gpu.example.com"]
+        ["gpu.example.com", "mdev.gpu.example.com", "vm.gpu.example.com"]
             .map(String::from)
             .into()
     );
@@ -578,6 +578,10 @@ fn changed_values_reach_the_pod() {
             cel.starts_with("device.driver == \"gpu.example.com\" &&"),
             "{cel}"
         );
+        // A class's opaque config names the renamed driver too (vm: kvm: true).
+        if let Some(c) = d["spec"]["config"].as_array() {
+            assert_eq!(c[0]["opaque"]["driver"], "gpu.example.com");
+        }
     }
     // logLevel 0: no -v at all.
     let quiet = rendered(&["logLevel=0"]);
