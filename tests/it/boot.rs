@@ -630,7 +630,7 @@ fn dra_metadata_gives_the_device_and_the_claims_backend() {
         gpupass(&a)
     };
     let said = |o: &std::process::Output, backend: &str, by: &str| {
-        let e = stderr(&o);
+        let e = stderr(o);
         assert!(
             e.contains(&format!(
                 "gpupass: --dra-metadata: default/vm-vfio-x7k2p request vfio: vfio.gpupass.dev/pci-0000-17-00-0 (pciBusID 0000:17:00.0) from {}; backend {backend} by {by}",
