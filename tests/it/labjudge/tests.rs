@@ -46,10 +46,6 @@ fn edit(dir: &Path, name: &str, from: &str, to: &str) {
 #[test]
 fn real_outputs_pass() {
     for j in judges() {
-        // clustervm: no real run committed yet (clustervm_judge_on_a_built_output below).
-        if j.scenario == "clustervm" && !fixture(j.scenario).exists() {
-            continue;
-        }
         let f = j.run(&fixture(j.scenario));
         let (bad, why) = failed(&f);
         assert!(bad.is_empty(), "{}: {why}", j.scenario);
@@ -254,11 +250,10 @@ fn the_report_takes_steps_and_verdict_from_the_judge() {
     );
 }
 
-/// clustervm has no committed real run yet (the lab slots were held while it was written): its
-/// judge is tested on an output directory built here, whose Pod logs carry the lines `gpupass
-/// boot --device 0000:00:03.0` printed in a real 6.12 lab boot (the `boot` scenario's
-/// vfio.txt and vfio.txt.stderr, backend iommufd), so the judge reads gpupass's real wording.
-/// Renew with a real run's files (tests/fixtures/lab/clustervm) once `clustervm` has passed.
+/// clustervm's judge on an output directory built here (the real run's files are
+/// tests/fixtures/lab/clustervm, judged by `real_outputs_pass`), whose Pod logs carry the lines
+/// `gpupass boot --device 0000:00:03.0` printed in a real 6.12 lab boot (the `boot` scenario's
+/// vfio.txt and vfio.txt.stderr), so each altered copy fails at exactly its steps.
 fn clustervm_output(dir: &Path) {
     let w = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
     let cmd = |name: &str, out: &str| {
