@@ -101,7 +101,7 @@ EOF
 lab_file lab-values.yaml lab-values.yaml
 # DeviceClasses an earlier scenario of this boot applied by hand (clusterdra) belong to no
 # release; helm refuses to adopt them.
-lab_cmd old-classes kc delete deviceclass "$DRIVER" "mdev.$DRIVER" "nvidia-gpu-iommufd.$DRIVER" --ignore-not-found
+lab_cmd old-classes kc delete deviceclass "$DRIVER" "mdev.$DRIVER" "nvidia-gpu-iommufd.$DRIVER" "vm.$DRIVER" --ignore-not-found
 t=$(cl_t)
 lab_cmd helm-install helm install $REL $D/chart --namespace $NS --create-namespace -f lab-values.yaml
 cl_wait 300 plugin_ready

@@ -7,14 +7,16 @@
 
 use super::ctx::Ctx;
 use super::error::{Exit, Result};
-use crate::model::PciAddress;
+use crate::containers::metadata::{self, Bootable};
+use crate::inventory::backend::Policy;
+use crate::model::{Backend, PciAddress};
 use crate::vmm::vfio::VfioTarget;
 use crate::vmm::{self, BootOptions, BootReport, Target};
 use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["device", "mdev", "emulated", "dra_metadata"])))]
 pub struct Args {
     /// PCI function bound to vfio-pci (`gpupass bind` it first)
     #[arg(long, value_name = "ADDRESS")]
@@ -25,6 +27,13 @@ pub struct Args {
     /// A small display device emulated inside gpupass (no VFIO needed)
     #[arg(long)]
     pub emulated: bool,
+    /// In a Pod: the device of the Pod's DRA claim, read from its KEP-5304 metadata file
+    /// (`resource.kubernetes.io/pciBusID`, or `mdevUUID`), with the VFIO backend the claim was
+    /// prepared for (`gpupass.dev/backend`) unless --backend says otherwise. PATH is a file or a
+    /// directory holding exactly one such device (default: the kubelet's mount point,
+    /// /var/run/kubernetes.io/dra-device-attributes)
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = crate::containers::metadata::CONTAINER_DIR)]
+    pub dra_metadata: Option<PathBuf>,
     /// Guest RAM (1M..3G, e.g. 64M)
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = crate::vmm::memory::parse_memory_size)]
     pub memory: u64,
@@ -42,9 +51,9 @@ pub struct Args {
     pub read_bar: Option<u8>,
     /// VFIO backend: the group + container (legacy), the device cdev + /dev/iommu
     /// (iommufd), or iommufd where the kernel serves the device through it (auto; an mdev
-    /// stays legacy under auto)
-    #[arg(long, value_enum, default_value_t = crate::inventory::backend::Policy::Auto)]
-    pub backend: crate::inventory::backend::Policy,
+    /// stays legacy under auto) [default: auto; with --dra-metadata, the claim's backend]
+    #[arg(long, value_enum)]
+    pub backend: Option<crate::inventory::backend::Policy>,
     /// After the interrupt tests, time this many MSI round trips (raise, deliver, EOI)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub irq_loop: u32,
@@ -64,6 +73,44 @@ pub struct Args {
     pub strict: bool,
 }
 
+/// The target and backend policy of `--dra-metadata PATH`: the claim's device, and the backend
+/// its metadata names unless `--backend` was given. Says on stderr what it found and where.
+fn from_metadata(path: &std::path::Path, backend: Option<Policy>) -> Result<(Target, Option<Policy>)> {
+    let d = metadata::find(path).map_err(super::error::Error::host)?;
+    let target = match &d.target {
+        Some(Bootable::Pci(a)) => VfioTarget::Pci(*a),
+        Some(Bootable::Mdev(u)) => VfioTarget::Mdev(u.clone()),
+        None => {
+            return Err(super::error::Error::host(anyhow::anyhow!(
+                "{}: not a PCI function or an mdev",
+                d.describe()
+            )))
+        }
+    };
+    let (policy, why) = match (backend, d.backend) {
+        (Some(p), _) => (Some(p), "--backend".to_string()),
+        (None, Some(Backend::Legacy)) => (
+            Some(Policy::Legacy),
+            "the claim's gpupass.dev/backend".to_string(),
+        ),
+        (None, Some(Backend::Iommufd)) => (
+            Some(Policy::Iommufd),
+            "the claim's gpupass.dev/backend".to_string(),
+        ),
+        (None, None) => (
+            None,
+            "the default (the metadata names no gpupass.dev/backend)".to_string(),
+        ),
+    };
+    crate::messages::text(&format!(
+        "gpupass: --dra-metadata: {} from {}; backend {} by {why}\n",
+        d.describe(),
+        d.file.display(),
+        policy.unwrap_or(Policy::Auto)
+    ));
+    Ok((Target::Vfio(target), policy))
+}
+
 fn parse_uuid_arg(s: &str) -> std::result::Result<String, String> {
     crate::vmm::vfio::parse_uuid(s).map_err(|e| e.to_string())
 }
@@ -81,11 +128,13 @@ fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
 /// no verdict is `fail` (and, with `--strict`, none is `untested`), 1 otherwise
 /// ([`vmm::verdict`]).
 pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
-    let target = match (args.device, args.mdev) {
-        (Some(a), _) => Target::Vfio(VfioTarget::Pci(a)),
-        (None, Some(u)) => Target::Vfio(VfioTarget::Mdev(u)),
-        (None, None) => Target::Emulated,
+    let (target, backend) = match (args.device, args.mdev, &args.dra_metadata) {
+        (Some(a), _, _) => (Target::Vfio(VfioTarget::Pci(a)), args.backend),
+        (None, Some(u), _) => (Target::Vfio(VfioTarget::Mdev(u)), args.backend),
+        (None, None, Some(p)) => from_metadata(p, args.backend)?,
+        (None, None, None) => (Target::Emulated, args.backend),
     };
+    let backend = backend.unwrap_or(Policy::Auto);
     let inv = match target {
         Target::Emulated => None,
         Target::Vfio(_) => Some(ctx.inventory()?),
@@ -97,7 +146,7 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
         timeout: args.timeout,
         read_loop: args.read_loop,
         read_bar: args.read_bar,
-        backend: args.backend,
+        backend,
         irq_loop: args.irq_loop,
         irq_path: args.irq_path,
         interrupts: args.check || args.irq_loop > 0,

@@ -13,4 +13,5 @@ pub mod deviceplugin;
 pub mod dra;
 #[cfg(feature = "deviceplugin")]
 pub mod kubelet;
+pub mod metadata;
 pub mod oci_hook;

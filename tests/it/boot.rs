@@ -602,3 +602,86 @@ fn the_kvm_skip_fails_under_ci() {
         "{said}"
     );
 }
+
+/// `--dra-metadata` (a VM launcher in a Pod, docs/vmm.md "A VM in a Pod"): the claim's KEP-5304
+/// file names the function and the backend its Prepare chose, and boot takes both, checking the
+/// nodes that backend needs and no others (a legacy container has no cdev and no /dev/iommu,
+/// an iommufd one no group node and no /dev/vfio/vfio); `--backend` still overrides; a
+/// directory is searched for the one device; outside a Pod it says where it looked.
+#[test]
+fn dra_metadata_gives_the_device_and_the_claims_backend() {
+    let t = scratch_host("vfio-numa");
+    let root = t.path().to_str().unwrap();
+    let meta = tempfile::tempdir().unwrap();
+    let dir = meta.path().join("resourceclaimtemplates/vfio/vfio");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("vfio.gpupass.dev-metadata.json");
+    let write = |backend: &str| {
+        let doc = |v: &str| {
+            format!(
+                r#"{{"apiVersion":"metadata.resource.k8s.io/{v}","kind":"DeviceMetadata","metadata":{{"generation":1,"name":"vm-vfio-x7k2p","namespace":"default","uid":"u1"}},"podClaimName":"vfio","requests":[{{"name":"vfio","devices":[{{"driver":"vfio.gpupass.dev","pool":"node-a","name":"pci-0000-17-00-0","attributes":{{"gpupass.dev/backend":{{"string":"{backend}"}},"resource.kubernetes.io/pciBusID":{{"string":"0000:17:00.0"}}}}}}]}}]}}"#
+            )
+        };
+        std::fs::write(&file, format!("{}\n{}\n", doc("v1beta1"), doc("v1alpha1"))).unwrap();
+    };
+    let boot = |extra: &[&str]| {
+        let mut a = vec!["--root", root, "boot", "--dra-metadata"];
+        a.extend_from_slice(extra);
+        gpupass(&a)
+    };
+    let said = |o: &std::process::Output, backend: &str, by: &str| {
+        let e = stderr(o);
+        assert!(
+            e.contains(&format!(
+                "gpupass: --dra-metadata: default/vm-vfio-x7k2p request vfio: vfio.gpupass.dev/pci-0000-17-00-0 (pciBusID 0000:17:00.0) from {}; backend {backend} by {by}",
+                file.display()
+            )),
+            "{e}"
+        );
+    };
+    let m = meta.path().to_str().unwrap();
+    let f = file.to_str().unwrap();
+
+    // A legacy claim in its container: no cdev node and no /dev/iommu. The directory is searched.
+    write("legacy");
+    let cdev = t.path().join("dev/vfio/devices/vfio0");
+    let iommu = t.path().join("dev/iommu");
+    std::fs::rename(&cdev, t.path().join("cdev.away")).unwrap();
+    std::fs::rename(&iommu, t.path().join("iommu.away")).unwrap();
+    let o = boot(&[m]);
+    said(&o, "legacy", "the claim's gpupass.dev/backend");
+    assert!(stderr(&o).contains("VFIO needs the live host"), "{}", stderr(&o));
+    // The same file saying iommufd: boot does not fall back to the group, it names the node.
+    write("iommufd");
+    let o = boot(&[f]);
+    said(&o, "iommufd", "the claim's gpupass.dev/backend");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot use iommufd"), "{}", stderr(&o));
+    // An iommufd claim in its container: the cdev and /dev/iommu, no group node, no container.
+    std::fs::rename(t.path().join("cdev.away"), &cdev).unwrap();
+    std::fs::rename(t.path().join("iommu.away"), &iommu).unwrap();
+    std::fs::remove_file(t.path().join("dev/vfio/40")).unwrap();
+    std::fs::remove_file(t.path().join("dev/vfio/vfio")).unwrap();
+    let o = boot(&[f]);
+    said(&o, "iommufd", "the claim's gpupass.dev/backend");
+    assert!(stderr(&o).contains("VFIO needs the live host"), "{}", stderr(&o));
+    // --backend overrides the claim's (here to a backend whose nodes this container lacks).
+    let o = boot(&[f, "--backend", "legacy"]);
+    said(&o, "legacy", "--backend");
+    assert!(
+        stderr(&o).contains("/dev/vfio/vfio does not exist"),
+        "{}",
+        stderr(&o)
+    );
+    // Outside a Pod: the kubelet's mount point is not there.
+    let o = gpupass(&["--root", root, "boot", "--dra-metadata", &format!("{m}/nope")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot read the DRA device metadata at"),
+        "{}",
+        stderr(&o)
+    );
+    // One target only.
+    let o = gpupass(&["--root", root, "boot", "--dra-metadata", f, "--device", "17:00.0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -600,7 +600,7 @@ fn changed_values_reach_the_pod() {
         .collect();
     assert_eq!(
         classes,
-        ["gpu.example.com", "mdev.gpu.example.com"]
+        ["gpu.example.com", "mdev.gpu.example.com", "vm.gpu.example.com"]
             .map(String::from)
             .into()
     );
@@ -610,6 +610,10 @@ fn changed_values_reach_the_pod() {
             cel.starts_with("device.driver == \"gpu.example.com\" &&"),
             "{cel}"
         );
+        // A class's opaque config names the renamed driver too (vm: kvm: true).
+        if let Some(c) = d["spec"]["config"].as_array() {
+            assert_eq!(c[0]["opaque"]["driver"], "gpu.example.com");
+        }
     }
     // A cluster whose Service ClusterIP does not route from the nodes (no kube-proxy: the
     // cluster lab, docs/deploy.md "Clusters without kube-proxy"): the API server's own address

@@ -391,6 +391,8 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             mdev: None,
         }],
         policy: BackendPolicy::Legacy,
+        // A VM launcher's claim: the spec's own edits add /dev/kvm (loaded by the library too).
+        kvm: true,
     };
     for backend in [gpupass::model::Backend::Legacy, gpupass::model::Backend::Iommufd] {
         let p = claim::result(&inv, "vfio.gpupass.dev", &checked, backend);
@@ -400,6 +402,7 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             .filter(|f| f.path.starts_with("/var/run/cdi/"))
             .collect();
         assert_eq!(specs.len(), 2, "the claim's spec and the metadata spec");
+        assert!(specs[0].contents.contains("/dev/kvm"), "{}", specs[0].contents);
         let mut loaded = Vec::new();
         for f in specs {
             let name = f.path.rsplit('/').next().unwrap().trim_end_matches(".json");
@@ -442,6 +445,7 @@ fn prepared_claim_specs_load_in_the_reference_cdi_library() {
             }),
         }],
         policy: BackendPolicy::Legacy,
+        kvm: false,
     };
     assert_eq!(
         claim::choose_backend(&inv, &checked).unwrap(),

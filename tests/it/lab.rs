@@ -186,6 +186,7 @@ const CLUSTER_SCENARIOS: &[&str] = &[
     "clusterdp",
     "clusterhook",
     "clusterdra",
+    "clustervm",
     "clusterhelm",
     "clusterslices",
     "clusterbind",
@@ -712,6 +713,14 @@ mod cluster_6_12 {
     #[test]
     fn clusterbind() {
         assert_scenario(run(), "6.12 (cluster)", "clusterbind");
+    }
+
+    /// A VM in a Pod: a claim of class vm.vfio.gpupass.dev (the group and /dev/kvm), and its
+    /// unprivileged container boots `gpupass boot --dra-metadata` on the device under nested
+    /// KVM, legacy and iommufd (judged by tests/it/labjudge/clustervm.rs).
+    #[test]
+    fn clustervm() {
+        assert_scenario(run(), "6.12 (cluster)", "clustervm");
     }
 }
 

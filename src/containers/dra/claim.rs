@@ -82,6 +82,11 @@ pub struct VfioConfig {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_policy: Option<BackendPolicy>,
+    /// `true`: the claim's containers also get the node's `/dev/kvm` (a VM launcher in the
+    /// Pod, as KubeVirt's virt-launcher gets it from its device plugin), so the Pod needs no
+    /// privilege for it (docs/dra.md, "A VM in a Pod").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<bool>,
 }
 
 /// Why a claim is refused. Each message is what the Pod's events show: what is wrong and how
@@ -126,7 +131,7 @@ pub enum ClaimError {
         request: String,
         device: String,
     },
-    #[error("claim {claim}: opaque configuration for {driver}: {problem}; expected {{\"apiVersion\": \"{CONFIG_API_VERSION}\", \"kind\": \"{CONFIG_KIND}\", \"backendPolicy\": \"legacy\" | \"prefer-iommufd\" | \"require-iommufd\"}}")]
+    #[error("claim {claim}: opaque configuration for {driver}: {problem}; expected {{\"apiVersion\": \"{CONFIG_API_VERSION}\", \"kind\": \"{CONFIG_KIND}\", \"backendPolicy\": \"legacy\" | \"prefer-iommufd\" | \"require-iommufd\", \"kvm\": true | false}} (each field but apiVersion and kind optional)")]
     Config {
         claim: String,
         driver: String,
@@ -140,6 +145,8 @@ pub enum ClaimError {
         what: &'static str,
         value: String,
     },
+    #[error("claim {claim} asks for /dev/kvm (opaque config kvm: true), but this node has no /dev/kvm ({reason}); load kvm-intel or kvm-amd (nested=1 inside a VM), or drop kvm from the claim's config")]
+    NoKvm { claim: String, reason: String },
     #[error("claim {claim}: no device of it is allocated from driver {driver}")]
     NoDevices { claim: String, driver: String },
     #[error("claim {claim}: require-iommufd, but {address} cannot use iommufd: {reason}; use prefer-iommufd or legacy")]
@@ -221,6 +228,9 @@ pub struct Checked {
     pub pod_claim_name: Option<String>,
     pub devices: Vec<ClaimDevice>,
     pub policy: BackendPolicy,
+    /// The node's `/dev/kvm` goes to the claim's containers too (opaque config `kvm: true`).
+    #[serde(default)]
+    pub kvm: bool,
 }
 
 fn claim_label(r: &ClaimRef) -> String {
@@ -464,6 +474,13 @@ pub fn check(
             policies,
         });
     }
+    // kvm: the last config that says it, of any request of ours (the CDI edit is per claim).
+    let kvm = parsed
+        .iter()
+        .rev()
+        .filter(|(c, _)| devices.iter().any(|d| covers(c, &d.request)))
+        .find_map(|(_, v)| v.kvm)
+        .unwrap_or(false);
     let pod_claim_name = claim
         .metadata
         .annotations
@@ -475,6 +492,7 @@ pub fn check(
         pod_claim_name,
         devices,
         policy: distinct[0],
+        kvm,
     })
 }
 
@@ -559,6 +577,30 @@ pub fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimE
         _ => Ok(()),
     }
 }
+
+/// Before anything is written: a claim that asks for `/dev/kvm` on a node without it is
+/// refused now (the CDI edit would name a node that is not there, and the container would not
+/// start).
+pub fn precheck_kvm(host: &crate::host::HostRoot, checked: &Checked) -> Result<(), ClaimError> {
+    if !checked.kvm {
+        return Ok(());
+    }
+    let path = host.path(KVM_NODE);
+    match std::fs::metadata(&path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => Ok(()),
+        Ok(_) => Err(ClaimError::NoKvm {
+            claim: claim_label(&checked.claim),
+            reason: format!("{} is not a character device", host.display(&path)),
+        }),
+        Err(e) => Err(ClaimError::NoKvm {
+            claim: claim_label(&checked.claim),
+            reason: format!("{}: {e}", host.display(&path)),
+        }),
+    }
+}
+
+/// The node KVM is used through.
+pub const KVM_NODE: &str = "/dev/kvm";
 
 /// What one VFIO unit of a claim (a bound function, or a created mediated device) can use.
 struct Unit {
@@ -734,11 +776,19 @@ pub fn result(inv: &Inventory, driver: &str, checked: &Checked, backend: Backend
             cdi_device_ids: vec![format!("{claim_kind}={name}")],
         });
     }
+    // `/dev/kvm` once for the claim (spec-level edits are applied once per spec).
+    let mut spec_edits = cdi::ContainerEdits::default();
+    if checked.kvm {
+        spec_edits.device_nodes.push(cdi::DeviceNode {
+            path: KVM_NODE.to_string(),
+            host_path: None,
+        });
+    }
     let mut spec = cdi::Spec {
         cdi_version: String::new(),
         kind: claim_kind,
         devices: cdi_devices,
-        container_edits: cdi::ContainerEdits::default(),
+        container_edits: spec_edits,
     };
     spec.cdi_version = cdi::min_version(&spec).0.to_string();
     let mut files = vec![FileWrite {
@@ -1258,6 +1308,97 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.policy, BackendPolicy::RequireIommufd);
+    }
+
+    #[test]
+    fn kvm_comes_from_the_class_or_the_claim_and_adds_dev_kvm_once() {
+        let cfg = |class: serde_json::Value, claim_p: serde_json::Value| {
+            json!([
+                {"source": "FromClass", "opaque": {"driver": "vfio.gpupass.dev", "parameters": class}},
+                {"source": "FromClaim", "opaque": {"driver": "vfio.gpupass.dev", "parameters": claim_p}},
+            ])
+        };
+        let base = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND});
+        let run = |c: serde_json::Value| {
+            check(
+                &asked(),
+                &claim("pci-0000-00-05-0", c),
+                &me(),
+                &offered(),
+                Policy::Auto,
+            )
+        };
+        // No config: no /dev/kvm.
+        assert!(!run(json!([])).unwrap().kvm);
+        // A class that says kvm (the shipped vm.vfio.gpupass.dev), a claim that sets only the
+        // backend: both hold.
+        let c = run(cfg(
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": true}),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "backendPolicy": "legacy"}),
+        ))
+        .unwrap();
+        assert!(c.kvm);
+        assert_eq!(c.policy, BackendPolicy::Legacy);
+        // The claim's own kvm: false overrides the class's.
+        let c = run(cfg(
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": true}),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": false}),
+        ))
+        .unwrap();
+        assert!(!c.kvm);
+        // Not a boolean: refused, with the expected shape.
+        let e = run(cfg(
+            base.clone(),
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": "yes"}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"kvm\": true | false"), "{e}");
+
+        // The per-claim CDI spec: /dev/kvm once, in the spec's own edits.
+        let t = tempfile::tempdir().unwrap();
+        crate::testkit::fixtures::build("workstation", t.path()).unwrap();
+        let inv = crate::inventory::scan(&crate::host::HostRoot::new(t.path())).unwrap();
+        let mut with = run(ours(
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "kvm": true}),
+        ))
+        .unwrap();
+        let spec = |c: &Checked| -> serde_json::Value {
+            serde_json::from_str(&result(&inv, "vfio.gpupass.dev", c, Backend::Legacy).files[0].contents)
+                .unwrap()
+        };
+        let s = spec(&with);
+        assert_eq!(
+            s["containerEdits"]["deviceNodes"],
+            json!([{"path": "/dev/kvm"}]),
+            "{s}"
+        );
+        with.kvm = false;
+        let s = spec(&with);
+        assert!(
+            s["containerEdits"]
+                .get("deviceNodes")
+                .is_none_or(|n| n == &json!([])),
+            "{s}"
+        );
+        assert!(!s.to_string().contains("/dev/kvm"), "{s}");
+
+        // A node without /dev/kvm refuses the claim before anything is written; so does a
+        // /dev/kvm that is not a character device.
+        with.kvm = true;
+        let host = crate::host::HostRoot::new(t.path());
+        let _ = std::fs::remove_file(t.path().join("dev/kvm"));
+        let e = precheck_kvm(&host, &with).unwrap_err().to_string();
+        assert!(
+            e.contains("asks for /dev/kvm (opaque config kvm: true), but this node has no /dev/kvm"),
+            "{e}"
+        );
+        std::fs::create_dir_all(t.path().join("dev")).unwrap();
+        std::fs::write(t.path().join("dev/kvm"), "").unwrap();
+        let e = precheck_kvm(&host, &with).unwrap_err().to_string();
+        assert!(e.contains("is not a character device"), "{e}");
+        with.kvm = false;
+        assert!(precheck_kvm(&host, &with).is_ok());
     }
 
     #[test]

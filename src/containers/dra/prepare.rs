@@ -185,6 +185,7 @@ impl<'a> Driver<'a> {
         let offered = claim::Offered::of(&self.as_offered(&inv));
         let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
         claim::precheck_backend(&inv, &checked)?;
+        claim::precheck_kvm(self.ops.root(), &checked)?;
         self.choose_mdevs(&inv, &label, &mut checked)?;
         for d in &checked.devices {
             if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {

@@ -48,8 +48,10 @@ const CAN: &[(&str, bool)] = &[
     ("create pods default -", false),
     ("update resourceclaims.resource.k8s.io default -", false),
     ("update resourceclaims.resource.k8s.io default status", false),
-    ("list resourceclaims.resource.k8s.io default -", false),
-    ("watch resourceslices.resource.k8s.io - -", false),
+    // The binding conditions' claim watcher (docs/dra.md, "Binding conditions") lists and
+    // watches claims; the publisher watches its node's slices ("Slices resynced").
+    ("list resourceclaims.resource.k8s.io default -", true),
+    ("watch resourceslices.resource.k8s.io - -", true),
     ("patch nodes - -", false),
     ("update nodes - status", false),
     ("delete deviceclasses.resource.k8s.io - -", false),
@@ -635,7 +637,7 @@ fn least_privilege(o: &Out) -> Verdict {
             no += 1
         }
     }
-    Ok(format!("{yes} rights the code uses: yes; {no} it does not need (delete pods, list secrets, claim status, watch, node writes, ...): no"))
+    Ok(format!("{yes} rights the code uses: yes; {no} it does not need (delete pods, list secrets, claim updates, node writes, ...): no"))
 }
 
 /// kubectl's answer to question `q` in the guest's `QUESTION ANSWER` lines: the last word

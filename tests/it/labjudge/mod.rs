@@ -20,12 +20,13 @@ pub mod clusterbind;
 pub mod clusterhelm;
 pub mod clusterslices;
 pub mod clustertwo;
+pub mod clustervm;
 pub mod mdev;
 #[cfg(test)]
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 6] {
+pub fn judges() -> [Judge; 7] {
     [
         bind::judge(),
         mdev::judge(),
@@ -33,6 +34,7 @@ pub fn judges() -> [Judge; 6] {
         clusterslices::judge(),
         clustertwo::judge(),
         clusterbind::judge(),
+        clustervm::judge(),
     ]
 }
 

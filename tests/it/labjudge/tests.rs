@@ -543,3 +543,159 @@ fn clustertwo_broken_outputs_fail() {
     assert_eq!(bad, ["amd-prepared-on-lab2", "lab2-group-untouched"], "{why}");
     assert!(why.contains("node2.held.facts is missing"), "{why}");
 }
+/// clustervm's judge on an output directory built here (the real run's files are
+/// tests/fixtures/lab/clustervm, judged by `real_outputs_pass`), whose Pod logs carry the lines
+/// `gpupass boot --device 0000:00:03.0` printed in a real 6.12 lab boot (the `boot` scenario's
+/// vfio.txt and vfio.txt.stderr), so each altered copy fails at exactly its steps.
+fn clustervm_output(dir: &Path) {
+    let w = |name: &str, text: &str| std::fs::write(dir.join(name), text).unwrap();
+    let cmd = |name: &str, out: &str| {
+        w(&format!("{name}.out"), out);
+        w(&format!("{name}.err"), "");
+        w(&format!("{name}.rc"), "0\n");
+    };
+    w(
+        "start.facts",
+        "kernel=6.12.60-lab\nvga.driver=bochs-drm\nvga.group=2\ndev.kvm=char\n",
+    );
+    w("plugin.facts", "registered=1\nseconds=6.2\nlast=...\n");
+    cmd(
+        "classes",
+        "deviceclass.resource.k8s.io/vfio.gpupass.dev unchanged\ndeviceclass.resource.k8s.io/vm.vfio.gpupass.dev created\n",
+    );
+    for (b, policy, nodes, devnodes) in [
+        (
+            "legacy",
+            "legacy",
+            "/dev/vfio/vfio + /dev/vfio/2",
+            "DEVNODE /dev/vfio/2\nDEVNODE /dev/vfio/vfio\n",
+        ),
+        (
+            "iommufd",
+            "require-iommufd",
+            "/dev/iommu + /dev/vfio/devices/vfio0",
+            "DEVNODE /dev/iommu\nDEVNODE /dev/vfio/devices/vfio0\n",
+        ),
+    ] {
+        cmd(
+            &format!("{b}-claim"),
+            &format!(
+                r#"{{"metadata":{{"name":"vm-{b}-vfio-x7k2p"}},"status":{{"allocation":{{"devices":{{
+                "results":[{{"request":"vfio","driver":"vfio.gpupass.dev","pool":"lab","device":"pci-0000-00-03-0"}}],
+                "config":[{{"source":"FromClass","opaque":{{"driver":"vfio.gpupass.dev","parameters":{{"apiVersion":"gpupass.dev/v1alpha1","kind":"VfioConfig","kvm":true}}}}}},
+                          {{"source":"FromClaim","requests":["vfio"],"opaque":{{"driver":"vfio.gpupass.dev","parameters":{{"apiVersion":"gpupass.dev/v1alpha1","kind":"VfioConfig","backendPolicy":"{policy}"}}}}}}]}}}}}}}}"#
+            ),
+        );
+        cmd(
+            &format!("{b}-pod"),
+            r#"{"spec":{"containers":[{"name":"vm","securityContext":{"privileged":false,"allowPrivilegeEscalation":false}}]},
+               "status":{"phase":"Succeeded","containerStatuses":[{"state":{"terminated":{"exitCode":0,"reason":"Completed"}}}]}}"#,
+        );
+        cmd(
+            &format!("{b}-log"),
+            &format!(
+                "DEVNODE /dev/full\nDEVNODE /dev/kvm\nDEVNODE /dev/null\n{devnodes}DRIVER vfio-pci\nCDEV vfio0\n\
+                 gpupass: --dra-metadata: default/vm-{b}-vfio-x7k2p request vfio: vfio.gpupass.dev/pci-0000-00-03-0 (pciBusID 0000:00:03.0) from /var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/vfio/vfio/vfio.gpupass.dev-metadata.json; backend {b} by the claim's gpupass.dev/backend\n\
+                 FW hello v4 ram 0x400000 mmio 0xc0000000-0xfebfffff mmio64 0x100000000-0xffffffffff phys-bits 40\n\
+                 FW dev 00:00.0 1b36:0008 class 060000 hdr 00\n\
+                 FW dev 00:01.0 1234:1111 class 038000 hdr 00\n\
+                 FW bar 0 mem32 pref addr 0xc0000000 size 0x1000000 first 0x0 last 0x0\n\
+                 FW bar 2 mem32 addr 0xc1000000 size 0x1000 first 0xffffff00 last 0xffffffff\n\
+                 FW dispi 00:01.0 0xb0c5\n\
+                 FW done devices 2\n\
+                 gpupass: 0000:00:03.0: firmware exited with status 0 after 28.29 ms (setup 208.01 ms)\n\
+                 gpupass: VFIO backend {b}: {nodes}\n"
+            ),
+        );
+        cmd(
+            &format!("{b}-events"),
+            "Scheduled: ...\nStarted: Started container vm\n",
+        );
+        cmd(&format!("{b}-delete"), &format!("pod \"vm-{b}\" deleted\n"));
+        w(&format!("{b}-ran.facts"), "seconds=41.3\nhost.driver=vfio-pci\n");
+        w(
+            &format!("{b}-after.facts"),
+            "seconds=9.8\nvga.driver=bochs-drm\nclaim.gone=yes\n",
+        );
+    }
+    w("end.facts", "checkpoint.uids=0\nvga.driver=bochs-drm\n");
+    cmd(
+        "recover",
+        "gpupass: nothing to recover: the journal has no unfinished change\n",
+    );
+    w("plugin-stop.facts", "stopped=yes\nseconds=1.0\n");
+    w(
+        "frame.facts",
+        "cgroup=v2\nup=yes\nteardown=PASS every component stopped in 3 s\n",
+    );
+}
+
+#[test]
+fn clustervm_judge_on_a_built_output() {
+    let t = tempfile::tempdir().unwrap();
+    clustervm_output(t.path());
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert!(bad.is_empty(), "{why}");
+    // iommufd that fell back to the group: the backend and the nodes are wrong.
+    let t = tempfile::tempdir().unwrap();
+    clustervm_output(t.path());
+    edit(
+        t.path(),
+        "iommufd-log.out",
+        "gpupass: VFIO backend iommufd: /dev/iommu + /dev/vfio/devices/vfio0",
+        "gpupass: VFIO backend legacy: /dev/vfio/vfio + /dev/vfio/2",
+    );
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(bad, ["iommufd-vfio-backend"], "{why}");
+    // A container given another group's node too; a dispi that is not Bochs's; a group left
+    // on vfio-pci; a plugin that never registered.
+    let t = tempfile::tempdir().unwrap();
+    clustervm_output(t.path());
+    edit(
+        t.path(),
+        "legacy-log.out",
+        "DEVNODE /dev/vfio/vfio\n",
+        "DEVNODE /dev/vfio/vfio\nDEVNODE /dev/vfio/4\n",
+    );
+    edit(
+        t.path(),
+        "iommufd-log.out",
+        "FW dispi 00:01.0 0xb0c5",
+        "FW dispi 00:01.0 0xffff",
+    );
+    edit(
+        t.path(),
+        "legacy-after.facts",
+        "vga.driver=bochs-drm",
+        "vga.driver=vfio-pci",
+    );
+    edit(t.path(), "plugin.facts", "registered=1", "registered=0");
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(
+        bad,
+        [
+            "plugin-registered",
+            "legacy-only-its-nodes",
+            "legacy-group-restored",
+            "iommufd-vm-dispi"
+        ],
+        "{why}"
+    );
+    assert!(why.contains("/dev/vfio/4"), "{why}");
+    // The Pod's log missing: every step that reads it says so.
+    let t = tempfile::tempdir().unwrap();
+    clustervm_output(t.path());
+    std::fs::remove_file(t.path().join("legacy-log.out")).unwrap();
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(
+        bad,
+        [
+            "legacy-metadata-read",
+            "legacy-vm-ids",
+            "legacy-vm-dispi",
+            "legacy-vfio-backend",
+            "legacy-only-its-nodes"
+        ],
+        "{why}"
+    );
+}
