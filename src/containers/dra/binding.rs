@@ -184,6 +184,8 @@ impl Driver<'_> {
         );
         match r {
             Ok(done) => {
+                self.settle_before(&c.uid, &before, &done.moved);
+                self.save()?;
                 let moved: Vec<String> = done.moved.iter().map(|a| a.to_string()).collect();
                 Ok(format!(
                     "IOMMU group {} on vfio-pci for claim {label}{}",

@@ -264,29 +264,58 @@ impl<'a> Driver<'a> {
             &mdevs,
             &mut files,
         );
-        if let Err(e) = r {
-            if e.changed_nothing() {
-                // The host holds nothing of this attempt: neither does the checkpoint.
-                match previous {
-                    Some(p) => self.checkpoint.claims.insert(c.uid.clone(), p),
-                    None => self.checkpoint.claims.remove(&c.uid),
-                };
-                self.save()?;
+        let done = match r {
+            Ok(done) => done,
+            Err(e) => {
+                if e.changed_nothing() {
+                    // The host holds nothing of this attempt: neither does the checkpoint.
+                    match previous {
+                        Some(p) => self.checkpoint.claims.insert(c.uid.clone(), p),
+                        None => self.checkpoint.claims.remove(&c.uid),
+                    };
+                    self.save()?;
+                }
+                return Err(PrepareError::Apply {
+                    claim: label,
+                    what: "prepare".into(),
+                    source: Box::new(e),
+                });
             }
-            return Err(PrepareError::Apply {
-                claim: label,
-                what: "prepare".into(),
-                source: Box::new(e),
-            });
-        }
+        };
         let prepared = prepared.expect("the engine planned the claim's files");
         let devices = prepared.devices.clone();
+        self.settle_before(&c.uid, &earlier, &done.moved);
         if let Some(e) = self.checkpoint.claims.get_mut(&c.uid) {
             e.state = State::Completed;
             e.prepared = Some(prepared);
         }
         self.save()?;
         Ok(devices)
+    }
+
+    /// After a claim's plan committed: the drivers this attempt recorded before it had the
+    /// lock (`earlier` holds those of an earlier attempt, kept) are settled against what the
+    /// plan moved. A member another gpupass bound while this attempt waited for the lock (a
+    /// host `gpupass bind` that won the race) was not moved by the claim: it is recorded as
+    /// on the driver it is on now, so Unprepare leaves it where that bind put it.
+    pub(super) fn settle_before(
+        &mut self,
+        uid: &str,
+        earlier: &BTreeMap<PciAddress, Option<String>>,
+        moved: &[PciAddress],
+    ) {
+        let host = self.ops.root().clone();
+        if let Some(e) = self.checkpoint.claims.get_mut(uid) {
+            for (a, d) in e.drivers_before.iter_mut() {
+                if earlier.contains_key(a) || moved.contains(a) {
+                    continue;
+                }
+                let now = crate::change::engine::current_driver(&host, a);
+                if now.as_deref().is_some_and(crate::model::is_vfio_driver) {
+                    *d = now;
+                }
+            }
+        }
     }
 
     /// [`Driver::unprepare_until`] without a deadline.

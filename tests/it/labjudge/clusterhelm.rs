@@ -350,15 +350,25 @@ pub fn judge() -> Judge {
                 }
             })?;
             drivers_are(&f, HOST)?;
-            let claim_free = f.get("checkpoint")?.trim().is_empty();
-            if !claim_free {
+            let held = f.get("checkpoint")?.trim().to_string();
+            if held.is_empty() {
+                return Ok(format!(
+                    "{n} samples while the lock was held, and after: {HOST}; no claim checkpointed"
+                ));
+            }
+            // With binding conditions (on by default where the API server keeps them) the
+            // plugin records its bind-before-binding attempt in its own checkpoint before it
+            // waits for the lock, and drops the record when the wait fails: a record of the
+            // plugin's, not a change to the host, which the drivers above say is untouched.
+            let ev = o.cmd("race-events")?;
+            let l = line_with(&ev.out, "device binding failed")?;
+            if !l.contains("reason=Locked") {
                 return Err(format!(
-                    "the checkpoint holds {:?} while the bind held the lock",
-                    f.get("checkpoint")?
+                    "the checkpoint holds {held:?} while the bind held the lock, and the binding failure is not the lock's: {l}"
                 ));
             }
             Ok(format!(
-                "{n} samples while the lock was held, and after: {HOST}; no claim checkpointed"
+                "{n} samples while the lock was held, and after: {HOST}; the plugin's checkpoint held its bind-before-binding attempt {held} while it waited, and the scheduler was told: {l}"
             ))
         }),
         check("race-bind-won", |o| {

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::containers::kubelet::claims::{fetch, Dir};
 use crate::host::HostRoot;
@@ -1129,4 +1128,35 @@ fn a_group_bound_before_binding_is_taken_over_by_prepare_or_given_back() {
     assert!(lines[0].contains("given back"), "{lines:?}");
     assert_eq!(state(&root), before);
     assert!(e.checkpoint().claims.is_empty());
+}
+
+/// A host `gpupass bind` that wins the race for the lock while a claim's attempt waits for it
+/// (the attempt recorded the drivers before it had the lock): the claim did not move the
+/// group, so its record is settled to the drivers the bind left and its Unprepare leaves them
+/// (the clusterhelm race with binding conditions on); a function the plan did move keeps the
+/// driver recorded before.
+#[test]
+fn drivers_recorded_before_the_lock_are_settled_against_what_the_plan_moved() {
+    let (_t, root, claims) = lab_claim();
+    let ops = FakeHost::new(HostRoot::new(&root));
+    let mut e = engine(&ops, &claims);
+    e.prepare(&gpu_claim()).unwrap();
+    let vga: PciAddress = "0000:00:05.0".parse().unwrap();
+    let aud: PciAddress = "0000:00:05.1".parse().unwrap();
+    let entry = |e: &Kit<'_>| e.checkpoint().claims["u1"].clone();
+    assert_eq!(entry(&e).moved(), [vga, aud]);
+    // The plan moved 00:05.0 only (00:05.1 was bound by someone else meanwhile): 00:05.0
+    // keeps bochs-drm, 00:05.1 is settled to the vfio-pci it is on.
+    e.settle_before("u1", &BTreeMap::new(), &[vga]);
+    assert_eq!(entry(&e).moved(), [vga]);
+    assert_eq!(entry(&e).drivers_before[&aud].as_deref(), Some("vfio-pci"));
+    // Drivers an earlier attempt recorded are kept whatever this one moved.
+    let mut e = engine(&ops, &claims);
+    let kept = BTreeMap::from([(vga, Some("bochs-drm".to_string()))]);
+    e.settle_before("u1", &kept, &[]);
+    assert_eq!(entry(&e).drivers_before[&vga].as_deref(), Some("bochs-drm"));
+    // Unprepare gives back only what the claim moved.
+    e.unprepare("u1").unwrap();
+    assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("bochs-drm"));
+    assert_eq!(driver_of(&root, "0000:00:05.1").as_deref(), Some("vfio-pci"));
 }

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::containers::dra::testing::{scan, vgpu_host};
 use crate::testkit::hostgen::{DevSpec, HostBuilder};
