@@ -72,7 +72,7 @@ fn known_failures(scenario: &str) -> Vec<String> {
 /// clusterbind's flow ran on the real control plane by benches/bindcond.sh). Copy the
 /// `.out`, `.err`, `.rc` and `.facts` files of a passing `lab/lab.sh --kernel 6.12 run cluster
 /// clusterslices` to tests/fixtures/lab/clusterslices and empty this list.
-const AWAITING_FIXTURE: &[&str] = &["clusterslices", "clusterbind"];
+const AWAITING_FIXTURE: &[&str] = &["clusterslices"];
 
 #[test]
 fn real_outputs_pass() {
