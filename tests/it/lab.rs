@@ -181,16 +181,16 @@ impl Boot {
 }
 
 /// The cluster lab's scenarios (docs/cluster.md), one boot on the 6.12 kernel.
-const CLUSTER_SCENARIOS: &[&str] = &[
-    "cluster",
-    "clusterdp",
-    "clusterhook",
-    "clusterdra",
-    "clustervm",
-    "clusterhelm",
-    "clusterslices",
-    "clusterbind",
-];
+const CLUSTER_SCENARIOS: &[&str] = &["cluster", "clusterdp", "clusterhook", "clusterdra"];
+
+/// The cluster as users run it (issues 44 and 45): the chart installed with helm, what the
+/// scheduler learns over time (slices resynced, health, taints), binding conditions, a VM in a
+/// Pod. A 6.12 cluster boot of its own, started when the two-node boot has ended, with its
+/// tests in the module `users_6_12`, which sorts after the L2 and leg modules: the test threads
+/// reach it once the L2 boots are started, so it runs beside them and never delays their start
+/// (CI's critical path is the 6.1 L2 boot, which starts when a test thread is free of the
+/// cluster chain: docs/testing.md, "CI's time").
+const CLUSTER_USERS_SCENARIOS: &[&str] = &["clustervm", "clusterhelm", "clusterslices", "clusterbind"];
 
 /// `l2linux` (docs/lab.md, "`l2linux`, `l2ovmf`, `l2huge`": an L2 Linux started inside the guest from
 /// `gpupass qemu-args`, its own kernel judging every passed BAR), in a boot of its own per leg,
@@ -229,7 +229,7 @@ const CLUSTER_TWO_SCENARIOS: &[&str] = &["clustertwo"];
 /// threads through the 6.12 kernel's build and the cluster boot before either leg began). The
 /// 6.1 leg runs at once (Debian's kernel); the 6.12 leg and the cluster wait for the 6.12
 /// kernel (lab/lab.sh takes the cache's lock) and then run side by side.
-static BOOTS: [Boot; 7] = [
+static BOOTS: [Boot; 8] = [
     Boot::new("6.1", "6.1", SCENARIOS),
     Boot::new("6.12", "6.12", SCENARIOS),
     Boot::new("cluster-6.12", "6.12", CLUSTER_SCENARIOS),
@@ -237,6 +237,7 @@ static BOOTS: [Boot; 7] = [
     Boot::after("l2-6.12", "6.12", L2_SCENARIOS, "6.12"),
     Boot::after("cluster-6.1", "6.1", CLUSTER_6_1_SCENARIOS, "cluster-6.12"),
     Boot::after("cluster-two", "6.12", CLUSTER_TWO_SCENARIOS, "cluster-6.1"),
+    Boot::after("cluster-users", "6.12", CLUSTER_USERS_SCENARIOS, "cluster-two"),
 ];
 
 /// Starts every boot that a selected test asserts on (all of them under a plain `cargo test`).
@@ -691,37 +692,6 @@ mod cluster_6_12 {
     fn clusterdra() {
         assert_scenario(run(), "6.12 (cluster)", "clusterdra");
     }
-
-    /// The chart installed with helm (docs/deploy.md, "In the cluster lab"): the image imported
-    /// with its digest, the plugin a DaemonSet Pod on its ServiceAccount (least privilege asked
-    /// of the authorizer), upgrade and uninstall with a claim held, a host bind racing a
-    /// Prepare. Judged by tests/it/labjudge/clusterhelm.rs.
-    #[test]
-    fn clusterhelm() {
-        assert_scenario(run(), "6.12 (cluster)", "clusterhelm");
-    }
-
-    /// Judged in Rust (tests/it/labjudge/clusterslices.rs).
-    #[test]
-    fn clusterslices() {
-        assert_scenario(run(), "6.12 (cluster)", "clusterslices");
-    }
-
-    /// Binding conditions on the real scheduler: the group bound before the Pod is, a bind
-    /// failing as InUse sends the Pod back to the scheduler; judged in Rust
-    /// (tests/it/labjudge/clusterbind.rs).
-    #[test]
-    fn clusterbind() {
-        assert_scenario(run(), "6.12 (cluster)", "clusterbind");
-    }
-
-    /// A VM in a Pod: a claim of class vm.vfio.gpupass.dev (the group and /dev/kvm), and its
-    /// unprivileged container boots `gpupass boot --dra-metadata` on the device under nested
-    /// KVM, legacy and iommufd (judged by tests/it/labjudge/clustervm.rs).
-    #[test]
-    fn clustervm() {
-        assert_scenario(run(), "6.12 (cluster)", "clustervm");
-    }
 }
 
 /// The cluster lab on the 6.1 kernel: `clusterdra` where the kernel has no iommufd.
@@ -791,5 +761,45 @@ mod libvirt_6_1 {
     #[test]
     fn l2libvirt() {
         assert_scenario(lab_boot("l2-6.1").run(), "6.1", "l2libvirt");
+    }
+}
+
+/// The cluster as users run it: a 6.12 cluster boot of its own (`CLUSTER_USERS_SCENARIOS`),
+/// after the two-node boot; named to sort after the L2 and leg modules (see there).
+mod users_6_12 {
+    use super::*;
+    fn run() -> &'static LabRun {
+        lab_boot("cluster-users").run()
+    }
+
+    /// The chart installed with helm (docs/deploy.md, "In the cluster lab"): the image imported
+    /// with its digest, the plugin a DaemonSet Pod on its ServiceAccount (least privilege asked
+    /// of the authorizer), upgrade and uninstall with a claim held, a host bind racing a
+    /// Prepare. Judged by tests/it/labjudge/clusterhelm.rs.
+    #[test]
+    fn clusterhelm() {
+        assert_scenario(run(), "6.12 (cluster, users)", "clusterhelm");
+    }
+
+    /// Judged in Rust (tests/it/labjudge/clusterslices.rs).
+    #[test]
+    fn clusterslices() {
+        assert_scenario(run(), "6.12 (cluster, users)", "clusterslices");
+    }
+
+    /// Binding conditions on the real scheduler: the group bound before the Pod is, a bind
+    /// failing as InUse sends the Pod back to the scheduler; judged in Rust
+    /// (tests/it/labjudge/clusterbind.rs).
+    #[test]
+    fn clusterbind() {
+        assert_scenario(run(), "6.12 (cluster, users)", "clusterbind");
+    }
+
+    /// A VM in a Pod: a claim of class vm.vfio.gpupass.dev (the group and /dev/kvm), and its
+    /// unprivileged container boots `gpupass boot --dra-metadata` on the device under nested
+    /// KVM, legacy and iommufd (judged by tests/it/labjudge/clustervm.rs).
+    #[test]
+    fn clustervm() {
+        assert_scenario(run(), "6.12 (cluster, users)", "clustervm");
     }
 }
