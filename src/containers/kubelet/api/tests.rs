@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// A pool of three devices (what a driver gives the kit).

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::containers::kubelet::proto::registration::registration_client::RegistrationClient;
 use std::sync::atomic::{AtomicUsize, Ordering};
