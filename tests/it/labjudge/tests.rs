@@ -44,20 +44,11 @@ fn edit(dir: &Path, name: &str, from: &str, to: &str) {
 }
 
 /// Steps a committed output fails because the run that made it predates a fix of its script
-/// (not of the code it tests), by scenario. clusterhelm's fixture is its first run on the 6.12
-/// cluster lab (2026-12-06, branch h/helm at a3845369): `plugin_facts` reused lab_file's
-/// variable `_p`, so the install, upgrade and reinstall Pods' logs were shipped empty (fixed in
-/// 309da817); every other step passed, and the later Pods' logs it shipped say what these steps
-/// want. Renewing the fixture from a passing run empties this list.
-const PREDATES_A_SCRIPT_FIX: &[(&str, &[&str])] = &[(
-    "clusterhelm",
-    &[
-        "plugin-service-account",
-        "plugin-host-network",
-        "plugin-registered",
-        "reinstall-unprepared",
-    ],
-)];
+/// (not of the code it tests), by scenario. Empty: clusterhelm's fixture, once its first run's
+/// (four steps lost to a guest-script bug), is now a passing run's (2026-12-06, the 6.12 cluster
+/// boot `cluster clusterhelm clusterslices clustervm`). A fixture that must be kept before its
+/// script's fix is rerun names the steps here.
+const PREDATES_A_SCRIPT_FIX: &[(&str, &[&str])] = &[];
 
 fn known_failures(scenario: &str) -> Vec<String> {
     PREDATES_A_SCRIPT_FIX
@@ -67,12 +58,10 @@ fn known_failures(scenario: &str) -> Vec<String> {
         .collect()
 }
 
-/// Judged scenarios whose first passing run's outputs are not committed yet: `clusterslices`
-/// and `clusterbind` (written 2026-12-06; no lab slot was free before their authors stopped;
-/// clusterbind's flow ran on the real control plane by benches/bindcond.sh). Copy the
-/// `.out`, `.err`, `.rc` and `.facts` files of a passing `lab/lab.sh --kernel 6.12 run cluster
-/// clusterslices` to tests/fixtures/lab/clusterslices and empty this list.
-const AWAITING_FIXTURE: &[&str] = &["clusterslices"];
+/// Judged scenarios whose first passing run's outputs are not committed yet (none now: each
+/// judge has its scenario's real files under tests/fixtures/lab). Name one here, with why, rather
+/// than skip it silently.
+const AWAITING_FIXTURE: &[&str] = &[];
 
 #[test]
 fn real_outputs_pass() {
@@ -184,7 +173,6 @@ fn mdev_broken_outputs_fail() {
 /// device not tainted while sick, a claim without a toleration allocated anyway, the Pod's
 /// health never Unhealthy.
 #[test]
-#[ignore = "needs tests/fixtures/lab/clusterslices from a passing run (AWAITING_FIXTURE)"]
 fn clusterslices_broken_outputs_fail() {
     let cs = "clusterslices";
     let t = copy_of(cs);
