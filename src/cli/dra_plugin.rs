@@ -122,7 +122,7 @@ pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
                 kube: kube.clone(),
                 driver: args.driver.clone(),
                 pool: node.clone(),
-                conditions: dra::binding::conditions(),
+                conditions: dra::slices::conditions(),
             };
             let on = match args.binding_conditions {
                 BindingConditions::Off => false,

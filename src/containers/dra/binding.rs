@@ -1,10 +1,10 @@
 //! Binding conditions (KEP-5007) for gpupass's driver: a group that needs a driver switch (a
-//! member not on a VFIO driver yet) is published with the binding condition [`READY`] and the
-//! failure condition [`FAILED`] ([`mark`]), so the scheduler waits, after allocating it and
+//! member not on a VFIO driver yet) is published with the binding condition [`READY`](super::slices::READY) and the
+//! failure condition [`FAILED`](super::slices::FAILED) ([`mark`](super::slices::mark)), so the scheduler waits, after allocating it and
 //! before binding the Pod, until the plugin has done the switch: the same journaled group bind
 //! Prepare does ([`super::apply::prepare`], one plan owned by the claim, rolled back on a
 //! failure), without the claim's files ([`Driver::bind_early`]). A failure (a member in use by
-//! a host process, the lock held, a claim gpupass refuses) sets [`FAILED`] with a reason and
+//! a host process, the lock held, a claim gpupass refuses) sets [`FAILED`](super::slices::FAILED) with a reason and
 //! gpupass's message: the scheduler deallocates the claim and the Pod goes back to scheduling,
 //! instead of being bound to a node whose Prepare cannot succeed.
 //!
@@ -19,49 +19,13 @@ use super::apply;
 use super::checkpoint::{Entry, State};
 use super::claim::{self, ClaimDevice, ClaimRef};
 use super::prepare::{Driver, PrepareError};
-use super::slices::{self, Pool};
+use super::slices::member_on_vfio as on_vfio;
 use crate::bind::BindError;
 use crate::change::ChangeError;
-use crate::containers::kubelet::binding::{Conditions, DeviceKey, Failure};
+use crate::containers::kubelet::binding::{DeviceKey, Failure};
 use crate::containers::kubelet::claims::Claim;
-use crate::model::{is_vfio_driver, ErrorChain, Inventory, PciAddress};
+use crate::model::{ErrorChain, Inventory, PciAddress};
 use std::collections::BTreeMap;
-
-/// The binding condition of a group that needs a driver switch: True once the plugin bound it.
-pub const READY: &str = "gpupass.dev/GroupBound";
-/// Its failure condition: True when the bind failed (the reason says why).
-pub const FAILED: &str = "gpupass.dev/GroupBindFailed";
-
-/// [`READY`] and [`FAILED`] for the kit's watcher.
-pub fn conditions() -> Conditions {
-    Conditions {
-        ready: READY.into(),
-        failed: FAILED.into(),
-    }
-}
-
-/// Whether a member is on a VFIO driver in `inv`.
-fn on_vfio(inv: &Inventory, a: &PciAddress) -> bool {
-    inv.device(a)
-        .and_then(|d| d.driver.as_deref())
-        .is_some_and(is_vfio_driver)
-}
-
-/// Give every group device of `pool` that needs a driver switch in `inv` (the inventory as
-/// offered: [`Driver::as_offered`], so a group a claim moved keeps its conditions) the binding
-/// and failure conditions. mdev slots and groups already on vfio-pci get none. Pure.
-pub fn mark(pool: &mut Pool, inv: &Inventory) {
-    let groups = slices::publishable(inv);
-    for d in pool.devices.iter_mut() {
-        let Some(g) = groups.iter().find(|g| g.name == d.name) else {
-            continue;
-        };
-        if g.members.iter().any(|a| !on_vfio(inv, a)) {
-            d.binding_conditions = Some(vec![READY.to_string()]);
-            d.binding_failure_conditions = Some(vec![FAILED.to_string()]);
-        }
-    }
-}
 
 /// The failure condition's reason for `e`: `InUse` (a member held by a host process: gpupass's
 /// in-use refusal), `Refused` (another refusal of the bind planner), `Locked` (another gpupass

@@ -609,7 +609,7 @@ impl DraDriver for Driver<'_> {
         let offered = self.as_offered(&inv);
         let mut pool = slices::pool(&offered);
         if self.binding_conditions {
-            super::binding::mark(&mut pool, &offered);
+            slices::mark(&mut pool, &offered);
         }
         Ok(Resources {
             // An unhealthy device is tainted (NoSchedule): the scheduler gives it only to a

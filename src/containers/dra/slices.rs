@@ -345,5 +345,43 @@ pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
     pool::render(pool(inv), opts)
 }
 
+// ---- binding conditions (KEP-5007; docs/dra.md "Binding conditions", `super::binding`)
+
+/// The binding condition of a group that needs a driver switch: True once the plugin bound it.
+pub const READY: &str = "gpupass.dev/GroupBound";
+/// Its failure condition: True when the bind failed (the reason says why).
+pub const FAILED: &str = "gpupass.dev/GroupBindFailed";
+
+/// [`READY`] and [`FAILED`] for the kit's watcher.
+pub fn conditions() -> crate::containers::kubelet::binding::Conditions {
+    crate::containers::kubelet::binding::Conditions {
+        ready: READY.into(),
+        failed: FAILED.into(),
+    }
+}
+
+/// Whether a member is on a VFIO driver in `inv`.
+pub(super) fn member_on_vfio(inv: &Inventory, a: &PciAddress) -> bool {
+    inv.device(a)
+        .and_then(|d| d.driver.as_deref())
+        .is_some_and(is_vfio_driver)
+}
+
+/// Give every group device of `pool` that needs a driver switch in `inv` (the inventory as
+/// offered: `Driver::as_offered`, so a group a claim moved keeps its conditions) the binding
+/// and failure conditions. mdev slots and groups already on vfio-pci get none. Pure.
+pub fn mark(pool: &mut Pool, inv: &Inventory) {
+    let groups = publishable(inv);
+    for d in pool.devices.iter_mut() {
+        let Some(g) = groups.iter().find(|g| g.name == d.name) else {
+            continue;
+        };
+        if g.members.iter().any(|a| !member_on_vfio(inv, a)) {
+            d.binding_conditions = Some(vec![READY.to_string()]);
+            d.binding_failure_conditions = Some(vec![FAILED.to_string()]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

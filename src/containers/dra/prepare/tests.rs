@@ -1057,8 +1057,8 @@ fn a_group_bound_before_binding_is_taken_over_by_prepare_or_given_back() {
             .collect()
     };
     let marked = (
-        Some(vec![super::super::binding::READY.to_string()]),
-        Some(vec![super::super::binding::FAILED.to_string()]),
+        Some(vec![super::super::slices::READY.to_string()]),
+        Some(vec![super::super::slices::FAILED.to_string()]),
     );
     let c = conds(&mut e);
     assert_eq!(c["pci-0000-00-05-0"], marked);
