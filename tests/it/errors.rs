@@ -842,9 +842,21 @@ fn elsewhere_notes_name_tests_that_exist() {
                     );
                 }
             } else if f.starts_with("src/") {
-                // A module's sibling `tests.rs` is test code from its first line.
+                // A module's sibling `tests.rs` is test code from its first line; a module
+                // whose long tests are a file of their own (`<name>/tests.rs` beside
+                // `<name>.rs`, docs/ARCHITECTURE.md) has them there.
+                let own = crate::util::manifest_dir()
+                    .join(f.trim_end_matches(".rs"))
+                    .join("tests.rs");
+                let moved = if f.ends_with("/tests.rs") || f.ends_with("/mod.rs") {
+                    None
+                } else {
+                    std::fs::read_to_string(&own).ok()
+                };
                 let tests = if f.ends_with("/tests.rs") {
                     text.as_str()
+                } else if let Some(m) = moved.as_deref() {
+                    m
                 } else {
                     text.split_once("#[cfg(test)]").map(|(_, t)| t).unwrap_or("")
                 };
