@@ -608,7 +608,7 @@ impl Journal {
     }
 
     /// Append one record durably: one write of the whole line, then fdatasync.
-    pub(crate) fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
+    pub fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
         let mut line =
             serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| ChangeError::Journal {
                 path: self.display.clone(),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// One kernel uevent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Uevent {
+pub struct Uevent {
     pub action: String,
     pub devpath: String,
     pub subsystem: Option<String>,
@@ -28,7 +28,7 @@ pub(crate) struct Uevent {
 
 /// Why a datagram is not a kernel uevent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum UeventParseError {
+pub enum UeventParseError {
     #[error("udev's re-broadcast (libudev header), not a kernel uevent")]
     Udev,
     #[error("no ACTION@DEVPATH header")]
@@ -36,7 +36,7 @@ pub(crate) enum UeventParseError {
 }
 
 /// Parse one datagram. Bounded by the datagram itself; invalid UTF-8 is replaced, never fatal.
-pub(crate) fn parse_uevent(buf: &[u8]) -> Result<Uevent, UeventParseError> {
+pub fn parse_uevent(buf: &[u8]) -> Result<Uevent, UeventParseError> {
     if buf.starts_with(b"libudev\0") {
         return Err(UeventParseError::Udev);
     }
@@ -74,7 +74,7 @@ pub(crate) fn parse_uevent(buf: &[u8]) -> Result<Uevent, UeventParseError> {
 impl Uevent {
     /// Events gpupass cares about: PCI functions and mediated devices (and their parents'
     /// registration changes).
-    pub(crate) fn is_relevant(&self) -> bool {
+    pub fn is_relevant(&self) -> bool {
         matches!(
             self.subsystem.as_deref(),
             Some("pci") | Some("mdev") | Some("vfio")

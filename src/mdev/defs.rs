@@ -73,7 +73,7 @@ fn attrs_as_objects<S: serde::Serializer>(a: &[(String, String)], s: S) -> Resul
 
 impl Definition {
     /// The file's content, byte for byte what mdevctl writes.
-    pub(crate) fn to_mdevctl_json(&self) -> String {
+    pub fn to_mdevctl_json(&self) -> String {
         let attrs: Vec<Value> = self
             .attrs
             .iter()
