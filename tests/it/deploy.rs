@@ -443,6 +443,7 @@ fn the_default_render_is_the_plugin_as_documented() {
             "--plugin-dir=/var/lib/kubelet/plugins/vfio.gpupass.dev",
             "--poll-ms=500",
             "--api-timeout-s=10",
+            "--binding-conditions=auto",
         ]
     );
     // The node name from the downward API, and nothing else from the environment (no
@@ -549,6 +550,7 @@ fn changed_values_reach_the_pod() {
         "kubeletPlugin.priorityClassName=",
         "kubeletPlugin.pollMs=250",
         "kubeletPlugin.apiTimeoutSeconds=20",
+        "kubeletPlugin.bindingConditions=off",
         "kubeletPlugin.probe.timeoutSeconds=3",
         "kubelet.registrationDir=/var/lib/k0s/kubelet/plugins_registry",
         "kubelet.pluginsDir=/var/lib/k0s/kubelet/plugins",
@@ -579,6 +581,7 @@ fn changed_values_reach_the_pod() {
             "--plugin-dir=/var/lib/k0s/kubelet/plugins/gpu.example.com",
             "--poll-ms=250",
             "--api-timeout-s=20",
+            "--binding-conditions=off",
         ]
     );
     assert_eq!(c["livenessProbe"]["timeoutSeconds"], 11);
@@ -1025,6 +1028,7 @@ fn rendered_or_default() -> (Vec<String>, Vec<String>) {
             "--plugin-dir=/var/lib/kubelet/plugins/vfio.gpupass.dev",
             "--poll-ms=500",
             "--api-timeout-s=10",
+            "--binding-conditions=auto",
         ]
         .map(String::from)
         .into(),
