@@ -111,7 +111,7 @@ fn check_unfinished(open: &[OpenChange], plan: &Plan) -> Result<(), BindError> {
 /// each function still has the driver the plan expects. The lock keeps other gpupass processes
 /// out, but not the kernel (hot-plug, SR-IOV VFs appearing) or other tools; binding a group
 /// from a stale view would leave a new member on its host driver, half a group.
-pub fn recheck(host: &HostRoot, inv: &Inventory, plan: &Plan) -> Result<(), BindError> {
+pub(crate) fn recheck(host: &HostRoot, inv: &Inventory, plan: &Plan) -> Result<(), BindError> {
     for &g in &plan.groups {
         let planned: Vec<PciAddress> = inv.group(g).map(|x| x.members.clone()).unwrap_or_default();
         let dir = host.iommu_groups().join(g.to_string()).join("devices");
@@ -229,7 +229,7 @@ pub fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Plan
 /// bind`/`unbind` and the DRA plugin's claims: the test kit's before-apply window, the
 /// re-check of the groups against the host now ([`recheck`]), and the plan as the engine's
 /// part.
-pub fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result<Part, BindError> {
+pub(crate) fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result<Part, BindError> {
     ops.before_apply();
     recheck(ops.root(), inv, plan)?;
     tracing::debug!(faults = crate::minor_faults(), "rechecked");
@@ -392,7 +392,7 @@ pub fn bind(
 
 /// [`bind`], then `follow` in the same session once the bind committed (the command: the
 /// CDI specs refreshed before the lock is released).
-pub fn bind_then(
+pub(crate) fn bind_then(
     ops: &dyn HostOps,
     req: &BindRequest,
     force: bool,
@@ -430,7 +430,7 @@ fn held_refusals(mut plan: Plan, replay: &Replay, action: &str) -> Plan {
 }
 
 /// `gpupass unbind`, then `follow` in the same session once the unbind committed.
-pub fn unbind_then(
+pub(crate) fn unbind_then(
     ops: &dyn HostOps,
     req: &UnbindRequest,
     force: bool,

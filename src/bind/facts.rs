@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 /// Something on the host that uses a PCI function right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Use {
+pub(crate) enum Use {
     Mount {
         block: String,
         mountpoint: String,
@@ -56,7 +56,7 @@ pub enum Use {
 
 /// The facts the planner needs, read once.
 #[derive(Debug, Clone, Default)]
-pub struct HostFacts {
+pub(crate) struct HostFacts {
     pub uses: BTreeMap<PciAddress, Vec<Use>>,
     /// Names under `sys/bus/pci/drivers`.
     pub loaded_drivers: BTreeSet<String>,
@@ -71,7 +71,7 @@ pub struct HostFacts {
 }
 
 impl HostFacts {
-    pub fn uses_of(&self, a: &PciAddress) -> &[Use] {
+    pub(crate) fn uses_of(&self, a: &PciAddress) -> &[Use] {
         self.uses.get(a).map(Vec::as_slice).unwrap_or(&[])
     }
 }
@@ -233,7 +233,7 @@ fn block_closure(host: &HostRoot, dev_link: &Path, out: &mut Vec<PathBuf>, depth
 }
 
 /// Read every fact the planner needs.
-pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
+pub(crate) fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
     gather_for(host, inv, Need::ALL)
 }
 
@@ -241,7 +241,7 @@ pub fn gather(host: &HostRoot, inv: &Inventory) -> HostFacts {
 /// DRM nodes, framebuffers) and for variant drivers; an unbind, whose functions sit on
 /// vfio-pci and have none of those, only for processes holding their VFIO groups open.
 #[derive(Debug, Clone, Copy)]
-pub struct Need {
+pub(crate) struct Need {
     pub uses: bool,
     pub vfio_open: bool,
     pub variants: bool,
@@ -258,7 +258,7 @@ impl Need {
         vfio_open: false,
         variants: true,
     };
-    pub const UNBIND: Need = Need {
+    pub(crate) const UNBIND: Need = Need {
         uses: false,
         vfio_open: true,
         variants: false,
@@ -266,7 +266,7 @@ impl Need {
 }
 
 /// Read the facts `need` names.
-pub fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
+pub(crate) fn gather_for(host: &HostRoot, inv: &Inventory, need: Need) -> HostFacts {
     let mut f = HostFacts::default();
     let idx = FnIndex::new(host, inv);
 

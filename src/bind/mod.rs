@@ -73,7 +73,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// A refusal `--force` does not override.
-    pub fn hard(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn hard(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
         Refusal {
             address,
             reason: reason.into(),
@@ -83,7 +83,7 @@ impl Refusal {
     }
 
     /// A refusal `--force` overrides (the device is in use by the host).
-    pub fn forceable(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn forceable(address: PciAddress, reason: impl Into<String>, fix: impl Into<String>) -> Self {
         Refusal {
             forceable: true,
             ..Refusal::hard(address, reason, fix)
@@ -91,7 +91,7 @@ impl Refusal {
     }
 
     /// The address names no device in the inventory (bind, unbind, persist).
-    pub fn no_such_device(address: PciAddress) -> Self {
+    pub(crate) fn no_such_device(address: PciAddress) -> Self {
         Refusal::hard(
             address,
             "no such PCI device on this host",
@@ -101,7 +101,7 @@ impl Refusal {
 
     /// A function a live DRA claim holds (the journal's holds, [`crate::change::Holds`]):
     /// the host does not take it from under the claim's Pod unless forced.
-    pub fn held_by_claim(address: PciAddress, holder: &str, action: &str) -> Self {
+    pub(crate) fn held_by_claim(address: PciAddress, holder: &str, action: &str) -> Self {
         Refusal::forceable(
             address,
             format!("is held by {holder}, which a Pod is using; {action} it would take it from under that Pod"),
@@ -110,7 +110,7 @@ impl Refusal {
     }
 
     /// Bind (and persist) of a bridge: VFIO assigns endpoints.
-    pub fn bridge_bind(address: PciAddress) -> Self {
+    pub(crate) fn bridge_bind(address: PciAddress) -> Self {
         Refusal::hard(
             address,
             "is a PCI bridge; VFIO assigns endpoint devices and bridges never block a group",
@@ -119,7 +119,7 @@ impl Refusal {
     }
 
     /// Unbind of a bridge: gpupass never bound it.
-    pub fn bridge_unbind(address: PciAddress) -> Self {
+    pub(crate) fn bridge_unbind(address: PciAddress) -> Self {
         Refusal::hard(
             address,
             "is a PCI bridge; gpupass never binds bridges",
@@ -128,7 +128,7 @@ impl Refusal {
     }
 
     /// The device has no IOMMU group, so VFIO cannot isolate it.
-    pub fn no_iommu_group(address: PciAddress) -> Self {
+    pub(crate) fn no_iommu_group(address: PciAddress) -> Self {
         Refusal::hard(
             address,
             "has no IOMMU group: the IOMMU is off or unsupported, so VFIO cannot isolate it",
@@ -177,7 +177,7 @@ impl Plan {
 
     /// The plan as the change engine applies it: one part (domain `bind` or `unbind`) whose
     /// objects are the functions with their driver before and after, and the same steps.
-    pub fn to_part(&self) -> Part {
+    pub(crate) fn to_part(&self) -> Part {
         let mut p = Part::new(self.action.to_string(), self.describe());
         p.objects = self
             .functions
@@ -194,12 +194,12 @@ impl Plan {
     }
 
     /// Refusals that block the plan, given `--force`.
-    pub fn blocking(&self, force: bool) -> Vec<&Refusal> {
+    pub(crate) fn blocking(&self, force: bool) -> Vec<&Refusal> {
         self.refusals.iter().filter(|r| !(force && r.forceable)).collect()
     }
 
     /// The refusal message: every reason with its way out.
-    pub fn refusal_text(&self, force: bool) -> String {
+    pub(crate) fn refusal_text(&self, force: bool) -> String {
         let b = self.blocking(force);
         let mut s = format!(
             "refusing to {} ({} problem{}):",
@@ -282,7 +282,7 @@ pub struct UnbindRequest {
 }
 
 /// A driver name a user may give: letters, digits, `_` and `-` (it becomes a sysfs path).
-pub fn valid_driver_name(s: &str) -> bool {
+pub(crate) fn valid_driver_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes()
@@ -291,7 +291,7 @@ pub fn valid_driver_name(s: &str) -> bool {
 
 /// The module to `modprobe` for a driver name: `vfio-pci` is module `vfio_pci`; variants
 /// register their module name as the driver name.
-pub fn module_for_driver(driver: &str, facts: &HostFacts) -> String {
+pub(crate) fn module_for_driver(driver: &str, facts: &HostFacts) -> String {
     if let Some(m) = facts.driver_modules.get(driver) {
         return m.clone();
     }
@@ -337,7 +337,7 @@ use crate::host::logical::{driver_link_path, override_path, unbind_path, DRIVERS
 
 /// The VFIO driver gpupass would pick for a device: `--driver`, else the best VFIO variant
 /// alias, else `vfio-pci`.
-pub fn target_driver(dev: &PciDevice, req_driver: Option<&str>, facts: &HostFacts) -> String {
+pub(crate) fn target_driver(dev: &PciDevice, req_driver: Option<&str>, facts: &HostFacts) -> String {
     if let Some(d) = req_driver {
         return d.to_string();
     }
@@ -360,7 +360,7 @@ fn dev_label(d: &PciDevice) -> String {
 /// Which functions a bind (or persist) of `req` covers, with the refusals about the selection
 /// itself (missing address, bridge, no group, a group mixing unrelated devices). Shared by bind
 /// and persist.
-pub fn select_functions(inv: &Inventory, req: &BindRequest, plan: &mut Plan) -> Vec<PciAddress> {
+pub(crate) fn select_functions(inv: &Inventory, req: &BindRequest, plan: &mut Plan) -> Vec<PciAddress> {
     let mut set: BTreeSet<PciAddress> = BTreeSet::new();
     let named: BTreeSet<PciAddress> = req.addresses.iter().copied().collect();
     let mut groups: BTreeSet<u32> = BTreeSet::new();
@@ -468,7 +468,7 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
 }
 
 /// Plan `gpupass bind`: pure over the inventory, the host facts and the request.
-pub fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan {
+pub(crate) fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan {
     let mut plan = Plan::new(Action::Bind);
     if let Some(d) = &req.driver {
         if !driver_allows_vfio(Some(d)) {
@@ -601,7 +601,12 @@ pub fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan 
 
 /// Plan `gpupass unbind`: give functions on a VFIO driver back to the driver they had before
 /// gpupass bound them (from `bound`), or reprobe them when gpupass did not bind them.
-pub fn plan_unbind(inv: &Inventory, facts: &HostFacts, bound: &BoundState, req: &UnbindRequest) -> Plan {
+pub(crate) fn plan_unbind(
+    inv: &Inventory,
+    facts: &HostFacts,
+    bound: &BoundState,
+    req: &UnbindRequest,
+) -> Plan {
     let mut plan = Plan::new(Action::Unbind);
     let mut set: BTreeSet<PciAddress> = BTreeSet::new();
     let add_group = |g: u32, set: &mut BTreeSet<PciAddress>| {

@@ -42,12 +42,12 @@ pub struct PersistPlan {
 }
 
 /// The driverctl file of a function.
-pub fn override_file(host: &HostRoot, a: &PciAddress) -> std::path::PathBuf {
+pub(crate) fn override_file(host: &HostRoot, a: &PciAddress) -> std::path::PathBuf {
     host.driverctl_dir().join(format!("pci-{a}"))
 }
 
 /// Plan `persist`: pure over the inventory, host facts and journal state.
-pub fn plan_persist(
+pub(crate) fn plan_persist(
     inv: &Inventory,
     facts: &HostFacts,
     bound: &BoundState,

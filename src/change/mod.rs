@@ -459,7 +459,7 @@ impl Plan {
     }
 
     /// The plan's writes: the unit of the journal's `step`s and of the failpoints.
-    pub(crate) fn write_count(&self) -> usize {
+    pub fn write_count(&self) -> usize {
         self.steps().filter(|s| s.is_write()).count()
     }
 
