@@ -252,13 +252,7 @@ fn holds_of(host: &HostRoot, label: &str, members: &[PciAddress], mdevs: &[Mdev]
             .sys_bus_pci_devices()
             .join(a.to_string())
             .join("iommu_group/devices");
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut names = crate::host::dir_names(&dir).unwrap_or_default();
         if names.is_empty() {
             names.push(a.to_string());
         }
