@@ -402,6 +402,7 @@ cluster_last() {
 # cl_claim_pod NAME TEMPLATE [NODE]: a Pod (namespace default) with one claim from TEMPLATE that
 # opens every VFIO/iommufd node it has, prints the KEP-5304 metadata it can see, says READY and
 # waits to be deleted (the DRA scenarios); with NODE, a nodeSelector for that node's hostname.
+# CL_POD_AFFINITY, when set: one line of the Pod's spec (e.g. "affinity: {...}" in flow style).
 cl_claim_pod() {
   _sel=""
   [ -z "${3:-}" ] || _sel="nodeSelector: {kubernetes.io/hostname: $3}"
@@ -411,6 +412,7 @@ kind: Pod
 metadata: {name: $1, namespace: default}
 spec:
   $_sel
+  ${CL_POD_AFFINITY:-}
   restartPolicy: Never
   automountServiceAccountToken: false
   dnsPolicy: Default

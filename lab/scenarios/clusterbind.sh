@@ -106,11 +106,14 @@ cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get events --field-
 # Once more after the first failure: the scheduler retries and fails again while held.
 sample bc-held bc-held 25 false
 drivers held "holder.pid=$hpid" "holder.node=/dev/dri/$card" "holder.alive=$(kill -0 $hpid 2> /dev/null && echo yes || echo no)"
+# The device's busy taint while held (gpupass.dev/busy: the scheduler does not choose it again).
+lab_cmd held-slices kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o json
 ship held bc-held
 kill $hpid
 wait $hpid 2> /dev/null
 sample bc-freed bc-held 600 "running bc-held"
 drivers freed "holder.alive=$(kill -0 $hpid 2> /dev/null && echo yes || echo no)"
+lab_cmd freed-slices kc get resourceslices --field-selector "spec.nodeName=$CL_NODE,spec.driver=$DRIVER" -o json
 ship freed bc-held
 kc delete pod bc-held --wait=true --timeout=300s > /dev/null 2>&1
 cl_wait 300 sh -c "[ \"\$(basename \$(readlink /sys/bus/pci/devices/$VGA/driver))\" != vfio-pci ]"

@@ -1,7 +1,8 @@
-# lab-about: two nodes (docs/cluster.md, "Two nodes"): two 6.12 guests booted at once, the nodes lab and lab2, joined to one control plane on the host; the gpupass DRA plugin on both, each node publishing its own pool; lab2 alone has an "AMD" display function (QEMU's ati-vga, 1002:5159, with an ICH6 HDA function in its slot), so a claim whose CEL selects vendorID 1002 is allocated on lab2 and its Pod runs there, a second Pod asking for the same group stays Pending with the scheduler's FailedScheduling reason, and a claim pinned to lab prepares lab's own 00:05 group; deleting the Pods unprepares each on its own node, and both nodes end with every function on its original driver. Judged in Rust (tests/it/labjudge/clustertwo.rs)
+# lab-about: two nodes (docs/cluster.md, "Two nodes"): two 6.12 guests booted at once, the nodes lab and lab2, joined to one control plane on the host; gpupass installed as users install it, the image imported into both nodes' containerd and the chart installed with helm, its DaemonSet running the plugin on both, each node publishing its own pool; lab2 alone has an "AMD" display function (QEMU's ati-vga, 1002:5159, with an ICH6 HDA function in its slot), so a claim whose CEL selects vendorID 1002 is allocated on lab2 and its Pod runs there, a second Pod asking for the same group stays Pending with the scheduler's FailedScheduling reason, and a claim pinned to lab prepares lab's own 00:05 group; deleting the Pods unprepares each on its own node; then binding conditions across nodes: with lab's 00:05 held open by a host process, a Pod that prefers lab and matches the 00:05 group of either node fails binding on lab (InUse), lab's device is tainted gpupass.dev/busy, and the Pod runs on lab2; the taint goes with the holder; helm uninstall, and both nodes end with every function on its original driver. Judged in Rust (tests/it/labjudge/clustertwo.rs)
 # lab-judge: rust
 # lab-needs: gpupass
 # lab-carry: cluster
+# lab-carry: deploy
 # lab-nodes: 2
 # lab-mem: 1536
 # lab-smp: 1
@@ -31,6 +32,13 @@
 DRIVER=vfio.gpupass.dev
 PDIR=/var/lib/kubelet/plugins/$DRIVER
 CM=clustertwo
+NS=gpupass-system
+REL=gpupass
+D=/opt/deploy
+VGA=0000:00:05.0
+CTR="ctr --address /run/containerd/containerd.sock -n k8s.io"
+export HELM_CONFIG_HOME=/tmp/helm/config HELM_CACHE_HOME=/tmp/helm/cache HELM_DATA_HOME=/tmp/helm/data
+helm() { "$D/helm" --kubeconfig "$CL/admin.kubeconfig" "$@"; }
 # The functions whose drivers the judge follows: 00:05.x on both nodes, 00:18.x on lab2.
 FUNCS="0000:00:05.0 0000:00:05.1"
 [ "$CL_NODE" = lab2 ] && FUNCS="$FUNCS 0000:00:18.0 0000:00:18.1"
@@ -75,16 +83,43 @@ logs_of() {
 # said_ready POD: its container printed READY.
 said_ready() { logs_of "$1" | grep -qx READY; }
 
+# plugin_log: what the chart's plugin Pod on this node printed, through this node's CRI.
+plugin_log() {
+  for _cid in $(crictl --timeout 30s ps -a --label "io.kubernetes.pod.namespace=$NS" -q 2> /dev/null); do
+    crictl --timeout 30s logs "$_cid" 2>&1
+  done
+}
+plugin_registered() { plugin_log | grep -q "the kubelet registered $DRIVER"; }
+# plugin_up [SECONDS]: the DaemonSet's Pod on this node has started and the kubelet registered
+# it (its registration socket, and its log's line).
+plugin_up() {
+  cl_wait "${1:-600}" sh -c "[ -S /var/lib/kubelet/plugins_registry/$DRIVER-reg.sock ]" &&
+    cl_wait 120 plugin_registered
+}
+# plugin_gone: no container of the chart's namespace runs on this node and the registration
+# socket is gone (the plugin removes it on SIGTERM).
+plugin_gone() {
+  [ -z "$(crictl --timeout 30s ps --label "io.kubernetes.pod.namespace=$NS" -q 2> /dev/null)" ] &&
+    [ ! -S "/var/lib/kubelet/plugins_registry/$DRIVER-reg.sock" ]
+}
+
 # cm DATA: the ConfigMap's data.KEY.
 cm() { kc get configmap "$CM" -o jsonpath="{.data.$1}" 2> /dev/null; }
 cm_set() { kc patch configmap "$CM" --type merge -p "{\"data\":{\"$1\":\"$2\"}}" > /dev/null; }
 
 cluster_begin
 node_facts before
-lab_cmd dra-up cl_dra_up 300
+# Both nodes: the image deploy/image/build.sh made on the host (lab.sh carry_deploy), over 9p,
+# into this node's containerd (no registry: the chart's pullPolicy Never).
+mkdir -p $D
+lab_cmd mount-deploy mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=524288 deploy $D
+lab_cmd import $CTR images import --platform linux/amd64 $D/gpupass-lab-1.oci.tar
 
 if [ "$CL_NODE" = lab2 ]; then
   # ---- lab2: serves, and ships what it sees at each phase lab asks for. --------------------
+  # The plugin comes with the DaemonSet lab installs once both nodes are Ready.
+  lab_cmd dra-up plugin_up 1200
+  lab_cmd plugin-log plugin_log
   # Every 5 s (each kubectl call costs this one vCPU a second or more under TCG), until the
   # phase "end" or the boot's limit; 3600 s at most.
   done_phase='' p='' _i=0
@@ -112,8 +147,21 @@ if [ "$CL_NODE" = lab2 ]; then
         node_facts released
         lab_cmd released-recover gpupass recover --dry-run
         ;;
+      busy)
+        # lab's 00:05 is held; the Pod that preferred lab runs here, on lab2's own 00:05.
+        cl_wait 600 said_ready two-busy
+        lab_cmd busy-log logs_of two-busy
+        node_facts busy
+        ;;
+      busy-released)
+        cl_wait 180 sh -c "[ \"\$(basename \$(readlink /sys/bus/pci/devices/0000:00:05.0/driver) 2>/dev/null)\" = bochs-drm ] && [ \"\$(basename \$(readlink /sys/bus/pci/devices/0000:00:05.1/driver) 2>/dev/null)\" = snd_hda_intel ]"
+        node_facts busy-released
+        lab_cmd busy-recover gpupass recover --dry-run
+        ;;
       end)
-        lab_cmd plugin-stop cl_dra_down
+        # helm uninstall took the DaemonSet's Pod off this node too.
+        lab_cmd plugin-stop cl_wait 180 plugin_gone
+        lab_cmd end-plugin-log plugin_log
         node_facts end
         cm_set ack "$p"
         break
@@ -135,9 +183,28 @@ phase() {
 }
 kc create configmap "$CM" --from-literal=phase=start > /dev/null 2>&1
 
-# Both nodes Ready; both pools published (lab2's with its 00:18.0 group).
+# Both nodes Ready, then the chart: its DaemonSet runs the plugin on both; both pools published
+# (lab2's with its 00:18.0 group).
 cl_wait 900 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node lab2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 lab_cmd nodes kc get nodes -o json
+# The lab's values (as clusterhelm's): the image as imported, the API server as the nodes reach
+# it (no kube-proxy in the lab), the node's network.
+API_PORT=$(awk '$1 == "api" { print $2 }' "$CL/host-ports")
+cat > lab-values.yaml << EOF
+image: {repository: gpupass.dev/gpupass, tag: lab-1, pullPolicy: Never}
+apiServer: {host: $CL_HOST_IP, port: $API_PORT}
+kubeletPlugin: {hostNetwork: true}
+EOF
+lab_file lab-values.yaml lab-values.yaml
+# lab2 imported the image too (its kubelet lists it in the node's status): the DaemonSet's Pod
+# there finds it, with pullPolicy Never.
+cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node lab2 -o jsonpath='{.status.images[*].names}' | grep -q gpupass.dev/gpupass:lab-1"
+lab_cmd helm-install helm install $REL $D/chart --namespace $NS --create-namespace -f lab-values.yaml
+lab_cmd dra-up plugin_up 900
+lab_cmd plugin-log plugin_log
+cl_wait 300 sh -c "[ \"\$(kubectl --kubeconfig $CL/admin.kubeconfig -n $NS get daemonset -o jsonpath='{.items[0].status.numberReady}')\" = 2 ]"
+lab_cmd daemonset kc -n "$NS" get daemonset -o json
+lab_cmd plugin-pods kc -n "$NS" get pods -o json
 cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices --field-selector spec.nodeName=lab2,spec.driver=$DRIVER -o jsonpath='{.items[*].spec.devices[*].name}' | grep -qw pci-0000-00-18-0"
 lab_cmd slices kc get resourceslices -o json
 
@@ -159,7 +226,8 @@ spec:
                 device.attributes["gpupass.dev"].vendorID == "1002" &&
                 device.attributes["gpupass.dev"].groupSize == 2
 EOF
-lab_cmd manifests kc apply -f "$CL/dra/deviceclass.yaml" -f "$CL/dra/claim-examples.yaml" -f two-amd.yaml
+# (The DeviceClasses are the chart's.)
+lab_cmd manifests kc apply -f "$CL/dra/claim-examples.yaml" -f two-amd.yaml
 
 # claim_json POD: the Pod's first claim as JSON.
 claim_of() { kc get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
@@ -205,9 +273,66 @@ lab_cmd phase-released phase released
 cl_wait 120 sh -c "[ -z \"\$(kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaims -o name)\" ]"
 lab_cmd claims-after kc get resourceclaims -o json
 
-# 5. The end: lab2 stops first (its ack says it has shipped all), then lab.
+# 5. Binding conditions across nodes (docs/dra.md, "Binding conditions"): lab's 00:05 held
+# open by a host process (its DRM node: gpupass's in-use refusal). A Pod that prefers lab and
+# whose claim matches the VGA+audio group 00:05 of either node: the scheduler allocates lab's,
+# lab's plugin fails the bind before binding (InUse) and taints the device gpupass.dev/busy,
+# the scheduler deallocates and chooses again: lab2's group, bound there, and the Pod runs on
+# lab2. The holder gone, lab's taint goes.
+cat > two-bochs.yaml << 'EOF'
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-bochs, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: >-
+                device.attributes["gpupass.dev"].vendorID == "1234" &&
+                device.attributes["gpupass.dev"].groupSize == 2
+EOF
+lab_cmd busy-template kc apply -f two-bochs.yaml
+card=$(ls /sys/bus/pci/devices/$VGA/drm | grep '^card' | head -1)
+sh -c "exec 7< /dev/dri/$card; exec sleep 1800" &
+hpid=$!
+sleep 0.5
+t=$(cl_t)
+# cl_claim_pod's Pod, with a preference for lab (preferred, not required: the scheduler may
+# place it on lab2 when lab cannot take it).
+CL_POD_AFFINITY="affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, preference: {matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [lab]}]}}]}}"
+cl_claim_pod two-busy two-bochs
+CL_POD_AFFINITY=''
+lab_file two-busy.yaml two-busy.yaml
+cl_wait 900 running two-busy
+lab_facts busy-time "seconds=$(cl_since "$t")" "holder.pid=$hpid" "holder.node=/dev/dri/$card" \
+  "holder.alive=$(kill -0 $hpid 2> /dev/null && echo yes || echo no)"
+lab_cmd busy-pod kc get pod two-busy -o json
+lab_cmd busy-claim kc get resourceclaim "$(claim_of two-busy)" -o json
+lab_cmd busy-events kc get events --field-selector involvedObject.name=two-busy -o json
+lab_cmd busy-slices kc get resourceslices --field-selector "spec.nodeName=lab,spec.driver=$DRIVER" -o json
+node_facts busy
+lab_cmd phase-busy phase busy
+# The holder goes: lab's device is free, and its busy taint goes at the plugin's next refresh.
+kill $hpid
+wait $hpid 2> /dev/null
+t=$(cl_t)
+cl_wait 120 sh -c "! kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices --field-selector spec.nodeName=lab,spec.driver=$DRIVER -o json | grep -q gpupass.dev/busy"
+lab_facts freed-time "seconds=$(cl_since "$t")" "holder.alive=$(kill -0 $hpid 2> /dev/null && echo yes || echo no)"
+lab_cmd freed-slices kc get resourceslices --field-selector "spec.nodeName=lab,spec.driver=$DRIVER" -o json
+lab_cmd busy-deleted kc delete pod two-busy --wait=true --timeout=300s
+lab_cmd phase-busy-released phase busy-released
+lab_cmd plugin-log-busy plugin_log
+
+# 6. The end: helm uninstall (the DaemonSet's Pods leave both nodes, never unbinding: nothing
+# is prepared now), lab2 ships its end (its ack says it has shipped all), then lab.
+lab_cmd helm-uninstall helm uninstall $REL --namespace $NS
+lab_cmd plugin-stop cl_wait 180 plugin_gone
 lab_cmd phase-end phase end
-lab_cmd plugin-stop cl_dra_down
 node_facts end
 cl_files
 cluster_down

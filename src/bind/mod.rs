@@ -467,6 +467,26 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
     Some(Refusal::forceable(addr, reason, fix))
 }
 
+/// What holds one of `members` on the host now, as the bind's in-use refusal says it (a DRM or
+/// NVIDIA node open, a mount, swap, an interface up, the boot framebuffer), or `None` when
+/// nothing does: the check a bind runs, alone. Reads only the users of the functions (no
+/// variant drivers, no VFIO holders).
+pub(crate) fn in_use(host: &crate::host::HostRoot, inv: &Inventory, members: &[PciAddress]) -> Option<String> {
+    let need = facts::Need {
+        uses: true,
+        vfio_open: false,
+        variants: false,
+    };
+    let f = facts::gather_for(host, inv, need);
+    members.iter().find_map(|a| {
+        let d = inv.device(a)?;
+        f.uses_of(a)
+            .iter()
+            .find_map(|u| use_refusal(*a, d, u))
+            .map(|r| format!("{a} {}", r.reason))
+    })
+}
+
 /// Plan `gpupass bind`: pure over the inventory, the host facts and the request.
 pub(crate) fn plan_bind(inv: &Inventory, facts: &HostFacts, req: &BindRequest) -> Plan {
     let mut plan = Plan::new(Action::Bind);

@@ -56,10 +56,22 @@ pub fn reason(e: &PrepareError) -> &'static str {
 impl Driver<'_> {
     /// The bind before binding of `keys` (devices of `claim` that wait on [`READY`]), as a
     /// condition's outcome: the message of [`READY`], or [`FAILED`]'s reason and message.
+    ///
+    /// An `InUse` failure marks the devices busy ([`Driver::busy`]): they are published with
+    /// the busy taint until no host process holds them, so the scheduler, which deallocates the
+    /// claim on the failure condition, does not hand the Pod the same device again.
     pub fn bind_early(&mut self, claim: &Claim, keys: &[DeviceKey]) -> Result<String, Failure> {
-        self.try_bind_early(claim, keys).map_err(|e| Failure {
-            reason: reason(&e).to_string(),
-            message: ErrorChain(&e).to_string(),
+        self.try_bind_early(claim, keys).map_err(|e| {
+            let f = Failure {
+                reason: reason(&e).to_string(),
+                message: ErrorChain(&e).to_string(),
+            };
+            if f.reason == "InUse" {
+                for k in keys {
+                    self.busy.insert(k.device.clone(), f.message.clone());
+                }
+            }
+            f
         })
     }
 

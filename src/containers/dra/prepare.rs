@@ -86,6 +86,11 @@ pub struct Driver<'a> {
     tracker: signals::Tracker,
     /// The unhealthy devices of the last health refresh, with their problem's code.
     unhealthy: BTreeMap<String, &'static str>,
+    /// Devices whose bind before binding failed because a host process holds them (`InUse`),
+    /// with what holds them: published with the [`BUSY_KEY`] taint until the in-use check finds
+    /// them free ([`Driver::recheck_busy`]), so the scheduler sends the Pod elsewhere instead
+    /// of choosing the same device again.
+    pub(super) busy: BTreeMap<String, String>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
@@ -116,6 +121,7 @@ impl<'a> Driver<'a> {
             known: BTreeSet::new(),
             tracker: signals::Tracker::default(),
             unhealthy: BTreeMap::new(),
+            busy: BTreeMap::new(),
             lock_wait: DEFAULT_LOCK_WAIT,
             binding_conditions: false,
         })
@@ -566,6 +572,36 @@ impl<'a> Driver<'a> {
             .collect();
         h.into_iter().map(|(d, _)| d).collect()
     }
+
+    /// Drops from [`Driver::busy`] each device no host process holds any more (the bind's own
+    /// in-use check, [`crate::bind::in_use`], over its members as `inv` has them), and each
+    /// device no longer offered. Reads the host's users only while a device is busy.
+    pub(super) fn recheck_busy(&mut self, inv: &Inventory) {
+        if self.busy.is_empty() {
+            return;
+        }
+        let members: BTreeMap<String, Vec<PciAddress>> = slices::publishable(inv)
+            .into_iter()
+            .map(|p| (p.name, p.members))
+            .collect();
+        let root = self.ops.root();
+        self.busy.retain(|dev, why| {
+            let Some(ms) = members.get(dev) else {
+                tracing::info!("{dev} is no longer offered: its busy taint ({why}) goes");
+                return false;
+            };
+            match crate::bind::in_use(root, inv, ms) {
+                Some(now) => {
+                    *why = now;
+                    true
+                }
+                None => {
+                    tracing::info!("{dev} is free again (was: {why}): its busy taint goes");
+                    false
+                }
+            }
+        });
+    }
 }
 
 impl DraDriver for Driver<'_> {
@@ -606,6 +642,7 @@ impl DraDriver for Driver<'_> {
     fn resources(&mut self) -> Result<Resources, PrepareError> {
         let inv = self.scan()?;
         let health = self.health(&inv);
+        self.recheck_busy(&inv);
         let offered = self.as_offered(&inv);
         let mut pool = slices::pool(&offered);
         if self.binding_conditions {
@@ -613,8 +650,9 @@ impl DraDriver for Driver<'_> {
         }
         Ok(Resources {
             // An unhealthy device is tainted (NoSchedule): the scheduler gives it only to a
-            // claim that tolerates the taint, which Prepare then serves like any other.
-            pool: tainted(pool, &self.unhealthy),
+            // claim that tolerates the taint, which Prepare then serves like any other. A busy
+            // one too, with its own key.
+            pool: tainted(pool, &self.unhealthy, &self.busy),
             health,
         })
     }
@@ -764,13 +802,30 @@ pub const TAINT_KEY: &str = "gpupass.dev/unhealthy";
 /// device; a Pod that has it keeps running, and its status says Unhealthy).
 pub const TAINT_EFFECT: &str = "NoSchedule";
 
-/// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code).
-pub fn tainted(mut pool: Pool, unhealthy: &BTreeMap<String, &'static str>) -> Pool {
+/// The key of the taint a busy device is published with: its bind before binding failed
+/// because a host process holds it (value [`BUSY_VALUE`], effect [`TAINT_EFFECT`]). The device
+/// is not sick, so it is not Unhealthy; the taint goes when the in-use check finds it free.
+pub const BUSY_KEY: &str = "gpupass.dev/busy";
+
+/// The busy taint's value: the failure condition's reason ([`super::binding::reason`]).
+pub const BUSY_VALUE: &str = "InUse";
+
+/// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code) and a
+/// [`BUSY_KEY`] taint on each device `busy` names.
+pub fn tainted(mut pool: Pool, unhealthy: &BTreeMap<String, &'static str>, busy: &BTreeMap<String, String>) -> Pool {
     for d in &mut pool.devices {
         if let Some(code) = unhealthy.get(&d.name) {
             d.taints.get_or_insert_with(Vec::new).push(DeviceTaint {
                 key: TAINT_KEY.into(),
                 value: Some((*code).into()),
+                effect: TAINT_EFFECT.into(),
+                time_added: None,
+            });
+        }
+        if busy.contains_key(&d.name) {
+            d.taints.get_or_insert_with(Vec::new).push(DeviceTaint {
+                key: BUSY_KEY.into(),
+                value: Some(BUSY_VALUE.into()),
                 effect: TAINT_EFFECT.into(),
                 time_added: None,
             });

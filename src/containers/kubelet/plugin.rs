@@ -656,8 +656,17 @@ fn worker<D: DraDriver>(
                 refresh(&mut driver);
             }
             Ok(Job::Binding(ev, reply)) => {
-                let _ = reply.send(binding_job(&mut driver, ev));
-                refresh(&mut driver);
+                let r = binding_job(&mut driver, ev);
+                if matches!(r, Some(Err(_))) {
+                    // A failure's slices first (a busy device's taint), then the failure
+                    // condition: the scheduler, which deallocates the claim on that condition,
+                    // then sees the taint before it chooses again.
+                    refresh(&mut driver);
+                    let _ = reply.send(r);
+                } else {
+                    let _ = reply.send(r);
+                    refresh(&mut driver);
+                }
             }
             Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => refresh(&mut driver),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,

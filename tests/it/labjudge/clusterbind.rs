@@ -60,6 +60,20 @@ pub fn judge() -> Judge {
             check("released", |o| drivers_are(o, "released", &start_drivers(o)?)),
             check("held-bind-failed", held_bind_failed),
             check("held-not-bound", held_not_bound),
+            check("held-tainted", |o| {
+                // While held, the device carries the busy taint (the scheduler chooses it no
+                // more); once the holder has gone and the Pod runs, it carries none.
+                let held = taints(o, "held-slices")?;
+                let want = "gpupass.dev/busy=InUse:NoSchedule";
+                if !held.iter().any(|t| t == want) {
+                    return Err(format!("held-slices: {DEVICE} taints {held:?}, want {want}"));
+                }
+                let freed = taints(o, "freed-slices")?;
+                if freed.iter().any(|t| t.starts_with("gpupass.dev/busy=")) {
+                    return Err(format!("freed-slices: {DEVICE} still tainted: {freed:?}"));
+                }
+                Ok(format!("while held: {}; once freed: {freed:?}", held.join(", ")))
+            }),
             check("freed-running", |o| {
                 let f = o.facts("freed")?;
                 f.is("holder.alive", "no")?;
@@ -109,6 +123,31 @@ fn drivers_are(o: &Out, name: &str, want: &str) -> Verdict {
 }
 
 /// `name`'s stdout as JSON, the command having exited 0.
+/// The taints of [`DEVICE`] in the slices `name` shipped, as `KEY=VALUE:EFFECT`.
+fn taints(o: &Out, name: &str) -> Result<Vec<String>, String> {
+    let v = json(o, name)?;
+    let dev = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == DEVICE)
+        .ok_or_else(|| format!("{name}: no {DEVICE} in the node's slices"))?;
+    Ok(dev["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            format!(
+                "{}={}:{}",
+                t["key"].as_str().unwrap_or(""),
+                t["value"].as_str().unwrap_or(""),
+                t["effect"].as_str().unwrap_or("")
+            )
+        })
+        .collect())
+}
+
 fn json(o: &Out, name: &str) -> Result<Value, String> {
     let c = o.cmd(name)?;
     c.rc_is(0)?;

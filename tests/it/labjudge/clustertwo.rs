@@ -6,6 +6,11 @@
 //! The devices differ: lab2 alone has an ATI Radeon 7000 (QEMU's `ati-vga`, 1002:5159, no host
 //! driver) with an ICH6 HDA function (snd_hda_intel) in slot 00:18, one IOMMU group; both have
 //! the VGA + HDA group 00:05 (bochs-drm, snd_hda_intel).
+//!
+//! The plugin runs as users run it: the image imported into both nodes' containerd, the chart
+//! installed with helm, its DaemonSet's Pod on each node. The last part is binding conditions
+//! across nodes: lab's 00:05 held by a host process, a Pod that prefers lab fails binding there
+//! (InUse), lab's device is tainted `gpupass.dev/busy`, and the Pod runs on lab2.
 
 use std::collections::BTreeMap;
 
@@ -37,7 +42,20 @@ pub fn judge() -> Judge {
         check("start-drivers-lab2", |o| {
             start_drivers(&o.facts("node2.before")?, "lab2", true)
         }),
-        // The plugin on both; each node its own pool.
+        // The chart: the image in both nodes' containerd, the DaemonSet's plugin on both; each
+        // node its own pool.
+        check("image-imported", |o| {
+            for p in ["import", "node2.import"] {
+                o.cmd(p)?.rc_is(0)?;
+            }
+            let c = o.cmd("helm-install")?;
+            c.rc_is(0)?;
+            Ok(format!(
+                "gpupass.dev/gpupass:lab-1 imported on lab and lab2; helm install: {}",
+                one_line(&c.out)
+            ))
+        }),
+        check("daemonset-on-both", daemonset_on_both),
         check("plugin-on-lab", |o| plugin_registered(o, "")),
         check("plugin-on-lab2", |o| plugin_registered(o, "node2.")),
         check("own-pools", own_pools),
@@ -97,10 +115,10 @@ pub fn judge() -> Judge {
         }),
         check("held-reason", held_reason),
         check("lab2-answered", |o| {
-            for p in ["phase-held", "phase-released", "phase-end"] {
+            for p in ["phase-held", "phase-released", "phase-busy", "phase-busy-released", "phase-end"] {
                 o.cmd(p)?.rc_is(0)?;
             }
-            Ok("lab2 answered the phases held, released, end".into())
+            Ok("lab2 answered the phases held, released, busy, busy-released, end".into())
         }),
         // 4. Deleting the Pods unprepares each on its node.
         check("pods-deleted", |o| {
@@ -150,11 +168,63 @@ pub fn judge() -> Judge {
                 Err(format!("ResourceClaims left: {}", left.join(" ")))
             }
         }),
-        // The end: plugins stopped, every function of both nodes on its original driver.
+        // 5. Binding conditions across nodes: held on lab, the Pod runs on lab2.
+        check("busy-failed-on-lab", busy_failed_on_lab),
+        check("busy-tainted", |o| {
+            let t = busy_taints(o, "busy-slices")?;
+            let want = "gpupass.dev/busy=InUse:NoSchedule";
+            if t.iter().any(|x| x == want) {
+                Ok(format!("lab's {VGA_DEV} while held: taints {}", t.join(", ")))
+            } else {
+                Err(format!("lab's {VGA_DEV} while held: taints {t:?}, want {want}"))
+            }
+        }),
+        check("busy-ran-on-lab2", |o| {
+            pod_on(o, "busy-pod", "lab2")?;
+            let a = allocated(o, "busy-claim", "lab2", VGA_DEV)?;
+            let f = o.facts("node2.busy")?;
+            drivers(&f, &[(VGA, "vfio-pci"), (HDA, "vfio-pci")])?;
+            let l = o.facts("busy")?;
+            drivers(&l, &[(VGA, "bochs-drm"), (HDA, "snd_hda_intel")])?;
+            let secs = o.facts("busy-time")?.get("seconds")?;
+            Ok(format!(
+                "{a}; lab2's {VGA} and {HDA} on vfio-pci, lab's on bochs-drm and snd_hda_intel (held); creation to Running {secs} s"
+            ))
+        }),
+        check("busy-opens", |o| opens(o, "node2.busy-log", VGA)),
+        check("busy-taint-gone", |o| {
+            let f = o.facts("freed-time")?;
+            f.is("holder.alive", "no")?;
+            let t = busy_taints(o, "freed-slices")?;
+            if t.iter().any(|x| x.starts_with("gpupass.dev/busy=")) {
+                return Err(format!("lab's {VGA_DEV} after the holder went: taints {t:?}"));
+            }
+            Ok(format!(
+                "the holder gone, lab's {VGA_DEV} lost its busy taint within {} s (taints now: {t:?})",
+                f.get("seconds")?
+            ))
+        }),
+        check("busy-unprepared-on-lab2", |o| {
+            o.cmd("busy-deleted")?.rc_is(0)?;
+            let f = o.facts("node2.busy-released")?;
+            drivers(&f, &[(VGA, "bochs-drm"), (HDA, "snd_hda_intel")])?;
+            f.is("checkpoint.claims", "0")?;
+            let c = o.cmd("node2.busy-recover")?;
+            c.rc_is(0)?;
+            if !format!("{}{}", c.out, c.err).contains("nothing to recover") {
+                return Err(format!("node2.busy-recover: {}", one_line(&c.out)));
+            }
+            Ok(format!(
+                "two-busy deleted: lab2's {VGA} bochs-drm, {HDA} snd_hda_intel again, checkpoint empty, nothing to recover"
+            ))
+        }),
+        // The end: helm uninstall takes the plugin off both nodes; every function of both
+        // nodes on its original driver.
         check("plugins-stopped", |o| {
+            o.cmd("helm-uninstall")?.rc_is(0)?;
             o.cmd("plugin-stop")?.rc_is(0)?;
             o.cmd("node2.plugin-stop")?.rc_is(0)?;
-            Ok("both plugins ended on SIGTERM within 30 s".into())
+            Ok("helm uninstall: the plugin's containers and registration sockets gone on lab and lab2".into())
         }),
         check("end-drivers-lab", |o| same_drivers(o, "", "lab")),
         check("end-drivers-lab2", |o| same_drivers(o, "node2.", "lab2")),
@@ -292,14 +362,118 @@ fn drivers(f: &Facts, want: &[(&str, &str)]) -> Result<(), String> {
     Ok(())
 }
 
+/// The DaemonSet's Pod on the node (its log read through the node's CRI) was registered by
+/// the kubelet.
 fn plugin_registered(o: &Out, prefix: &str) -> Verdict {
     o.cmd(&format!("{prefix}dra-up"))?.rc_is(0)?;
-    let log = o.text(&format!("{prefix}dra-plugin.log"))?;
+    let log = o.cmd(&format!("{prefix}plugin-log"))?.out.clone();
     let want = format!("the kubelet registered {DRIVER}");
     log.lines()
         .find(|l| l.contains(&want))
         .map(one_line)
-        .ok_or_else(|| format!("{prefix}dra-plugin.log never says {want:?}"))
+        .ok_or_else(|| format!("{prefix}plugin-log never says {want:?}: {}", one_line(&log)))
+}
+
+/// The chart's DaemonSet: scheduled on both nodes and ready on both; its Pods, one per node,
+/// owned by it, Ready, with the chart's ServiceAccount.
+fn daemonset_on_both(o: &Out) -> Verdict {
+    let ds = o.cmd("daemonset")?.json()?;
+    let d = items(&ds);
+    if d.len() != 1 {
+        return Err(format!("{} DaemonSets in the chart's namespace, want 1", d.len()));
+    }
+    let st = &d[0]["status"];
+    let name = d[0]["metadata"]["name"].as_str().unwrap_or("?").to_string();
+    if st["desiredNumberScheduled"] != 2 || st["numberReady"] != 2 {
+        return Err(format!(
+            "DaemonSet {name}: desired {}, ready {}; want 2 and 2",
+            st["desiredNumberScheduled"], st["numberReady"]
+        ));
+    }
+    let pods = o.cmd("plugin-pods")?.json()?;
+    let mut on = Vec::new();
+    for p in items(&pods) {
+        let pname = p["metadata"]["name"].as_str().unwrap_or("?");
+        let owned = p["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["kind"] == "DaemonSet" && r["name"] == name.as_str());
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        let sa = p["spec"]["serviceAccountName"].as_str().unwrap_or("");
+        if !owned || !ready || sa.is_empty() || sa == "default" {
+            return Err(format!(
+                "Pod {pname}: owned by {name} {owned}, Ready {ready}, service account {sa:?}"
+            ));
+        }
+        on.push(p["spec"]["nodeName"].as_str().unwrap_or("").to_string());
+    }
+    on.sort();
+    if on != ["lab", "lab2"] {
+        return Err(format!("the plugin's Pods are on nodes {on:?}, want one on lab and one on lab2"));
+    }
+    Ok(format!(
+        "DaemonSet {name}: 2 scheduled, 2 ready; one Pod on lab, one on lab2, each Ready, owned by it"
+    ))
+}
+
+/// The taints of lab's 00:05 device in the slices `name` shipped, as `KEY=VALUE:EFFECT`.
+fn busy_taints(o: &Out, name: &str) -> Result<Vec<String>, String> {
+    let v = o.cmd(name)?.json()?;
+    let dev = items(&v)
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == VGA_DEV)
+        .ok_or_else(|| format!("{name}: lab's slices have no {VGA_DEV}"))?;
+    Ok(dev["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            format!(
+                "{}={}:{}",
+                t["key"].as_str().unwrap_or(""),
+                t["value"].as_str().unwrap_or(""),
+                t["effect"].as_str().unwrap_or("")
+            )
+        })
+        .collect())
+}
+
+/// The busy Pod's events: the bind before binding failed on lab as InUse, naming the holder's
+/// pid (the scheduler's FailedScheduling after the failure condition), while the holder lived.
+fn busy_failed_on_lab(o: &Out) -> Verdict {
+    let f = o.facts("busy-time")?;
+    let pid = f.get("holder.pid")?;
+    f.is("holder.alive", "yes")?;
+    let v = o.cmd("busy-events")?.json()?;
+    let evs = items(&v);
+    let hit = evs
+        .iter()
+        .find(|e| {
+            let m = e["message"].as_str().unwrap_or("");
+            m.contains("InUse") && m.contains(&format!("pid {pid}"))
+        })
+        .ok_or_else(|| {
+            format!(
+                "busy-events: no event with InUse and pid {pid}: {}",
+                one_line(
+                    &evs.iter()
+                        .map(|e| format!("{}: {}", e["reason"], e["message"]))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )
+            )
+        })?;
+    Ok(format!(
+        "{}: {}",
+        hit["reason"].as_str().unwrap_or(""),
+        hit["message"].as_str().unwrap_or("").chars().take(300).collect::<String>()
+    ))
 }
 
 /// Every slice of the driver: its pool is its node's; lab2's offer 00:18's group (vendor 1002),

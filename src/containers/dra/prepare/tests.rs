@@ -1080,8 +1080,36 @@ fn a_group_bound_before_binding_is_taken_over_by_prepare_or_given_back() {
     assert!(f.message.contains("is open by pid 4321 (Xorg)"), "{}", f.message);
     assert_eq!(state(&root), before);
     assert!(e.checkpoint().claims.is_empty());
+    // Busy: published with the busy taint (and still Healthy: nothing is wrong with it), so
+    // the scheduler does not choose it again while the holder runs; rechecked on every refresh.
+    let taints = |e: &mut Kit<'_>| -> BTreeMap<String, Vec<String>> {
+        let r = e.resources().unwrap();
+        assert!(r.health.iter().all(|h| h.healthy), "{:?}", r.health);
+        r.pool
+            .devices
+            .into_iter()
+            .map(|d| {
+                let t = d.taints.unwrap_or_default();
+                (
+                    d.name,
+                    t.iter()
+                        .map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    for _ in 0..2 {
+        let t = taints(&mut e);
+        assert_eq!(t["pci-0000-00-05-0"], ["gpupass.dev/busy=InUse:NoSchedule"]);
+        assert!(t["pci-0000-00-06-0"].is_empty(), "{t:?}");
+    }
 
     std::fs::remove_dir_all(root.join("proc/4321")).unwrap();
+    assert!(
+        taints(&mut e)["pci-0000-00-05-0"].is_empty(),
+        "the holder is gone: the taint goes at the next refresh"
+    );
     let msg = e.bind_early(&claim, &keys).unwrap();
     assert!(msg.contains("IOMMU group 4 on vfio-pci"), "{msg}");
     assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("vfio-pci"));
