@@ -115,22 +115,6 @@ cl_kubelet() {
     --kubeconfig="$CL_KUBELET_KC" --hostname-override="$CL_NODE" --node-ip="$CL_NODE_IP"
 }
 
-# cl_dra_up [SECONDS]: the gpupass DRA kubelet plugin on this node, started as clusterdra starts
-# it (a process of the guest, `gpupass dra-plugin --node $CL_NODE` with the admin kubeconfig, its
-# log $CL_LOG/dra-plugin.log); 0 once the kubelet has registered it. The one place to change
-# when the chart's DaemonSet runs the plugin instead (clustertwo uses it on both nodes).
-cl_dra_up() {
-  cl_start dra-plugin gpupass dra-plugin -v --node "$CL_NODE" --kubeconfig "$CL/admin.kubeconfig"
-  cl_wait "${1:-180}" grep -q "the kubelet registered vfio.gpupass.dev" "$CL_LOG/dra-plugin.log"
-}
-# cl_dra_down: the plugin cl_dra_up started, stopped with SIGTERM; 0 when it ended within 30 s.
-cl_dra_down() {
-  cl_alive dra-plugin || return 0
-  _dp=$(cat "$CL_RUN/dra-plugin.pid")
-  kill "$_dp"
-  cl_wait 30 sh -c "! kill -0 $_dp"
-}
-
 # cluster_up: the whole cluster, each stage a step; 0 when the node is Ready. Already up: 0.
 cluster_up() {
   [ -f "$CL_RUN/up" ] && return 0

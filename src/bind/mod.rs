@@ -471,7 +471,11 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
 /// NVIDIA node open, a mount, swap, an interface up, the boot framebuffer), or `None` when
 /// nothing does: the check a bind runs, alone. Reads only the users of the functions (no
 /// variant drivers, no VFIO holders).
-pub(crate) fn in_use(host: &crate::host::HostRoot, inv: &Inventory, members: &[PciAddress]) -> Option<String> {
+pub(crate) fn in_use(
+    host: &crate::host::HostRoot,
+    inv: &Inventory,
+    members: &[PciAddress],
+) -> Option<String> {
     let need = facts::Need {
         uses: true,
         vfio_open: false,

@@ -812,7 +812,11 @@ pub const BUSY_VALUE: &str = "InUse";
 
 /// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code) and a
 /// [`BUSY_KEY`] taint on each device `busy` names.
-pub fn tainted(mut pool: Pool, unhealthy: &BTreeMap<String, &'static str>, busy: &BTreeMap<String, String>) -> Pool {
+pub fn tainted(
+    mut pool: Pool,
+    unhealthy: &BTreeMap<String, &'static str>,
+    busy: &BTreeMap<String, String>,
+) -> Pool {
     for d in &mut pool.devices {
         if let Some(code) = unhealthy.get(&d.name) {
             d.taints.get_or_insert_with(Vec::new).push(DeviceTaint {

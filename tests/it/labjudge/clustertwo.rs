@@ -115,7 +115,13 @@ pub fn judge() -> Judge {
         }),
         check("held-reason", held_reason),
         check("lab2-answered", |o| {
-            for p in ["phase-held", "phase-released", "phase-busy", "phase-busy-released", "phase-end"] {
+            for p in [
+                "phase-held",
+                "phase-released",
+                "phase-busy",
+                "phase-busy-released",
+                "phase-end",
+            ] {
                 o.cmd(p)?.rc_is(0)?;
             }
             Ok("lab2 answered the phases held, released, busy, busy-released, end".into())
@@ -186,7 +192,7 @@ pub fn judge() -> Judge {
             drivers(&f, &[(VGA, "vfio-pci"), (HDA, "vfio-pci")])?;
             let l = o.facts("busy")?;
             drivers(&l, &[(VGA, "bochs-drm"), (HDA, "snd_hda_intel")])?;
-            let secs = o.facts("busy-time")?.get("seconds")?;
+            let secs = o.facts("busy-time")?.get("seconds")?.to_string();
             Ok(format!(
                 "{a}; lab2's {VGA} and {HDA} on vfio-pci, lab's on bochs-drm and snd_hda_intel (held); creation to Running {secs} s"
             ))
@@ -224,7 +230,10 @@ pub fn judge() -> Judge {
             o.cmd("helm-uninstall")?.rc_is(0)?;
             o.cmd("plugin-stop")?.rc_is(0)?;
             o.cmd("node2.plugin-stop")?.rc_is(0)?;
-            Ok("helm uninstall: the plugin's containers and registration sockets gone on lab and lab2".into())
+            Ok(
+                "helm uninstall: the plugin's containers and registration sockets gone on lab and lab2"
+                    .into(),
+            )
         }),
         check("end-drivers-lab", |o| same_drivers(o, "", "lab")),
         check("end-drivers-lab2", |o| same_drivers(o, "node2.", "lab2")),
@@ -414,7 +423,9 @@ fn daemonset_on_both(o: &Out) -> Verdict {
     }
     on.sort();
     if on != ["lab", "lab2"] {
-        return Err(format!("the plugin's Pods are on nodes {on:?}, want one on lab and one on lab2"));
+        return Err(format!(
+            "the plugin's Pods are on nodes {on:?}, want one on lab and one on lab2"
+        ));
     }
     Ok(format!(
         "DaemonSet {name}: 2 scheduled, 2 ready; one Pod on lab, one on lab2, each Ready, owned by it"
@@ -472,7 +483,12 @@ fn busy_failed_on_lab(o: &Out) -> Verdict {
     Ok(format!(
         "{}: {}",
         hit["reason"].as_str().unwrap_or(""),
-        hit["message"].as_str().unwrap_or("").chars().take(300).collect::<String>()
+        hit["message"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(300)
+            .collect::<String>()
     ))
 }
 
