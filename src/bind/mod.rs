@@ -470,7 +470,8 @@ fn use_refusal(addr: PciAddress, dev: &PciDevice, u: &Use) -> Option<Refusal> {
 /// What holds one of `members` on the host now, as the bind's in-use refusal says it (a DRM or
 /// NVIDIA node open, a mount, swap, an interface up, the boot framebuffer), or `None` when
 /// nothing does: the check a bind runs, alone. Reads only the users of the functions (no
-/// variant drivers, no VFIO holders).
+/// variant drivers, no VFIO holders). The DRA driver's busy devices are rechecked with it.
+#[cfg(feature = "dra")]
 pub(crate) fn in_use(
     host: &crate::host::HostRoot,
     inv: &Inventory,
