@@ -69,9 +69,14 @@ pub fn judge() -> Judge {
                     .unwrap_or_default()
                     .lines()
                     .filter(|l| {
-                        ["vfio.gpupass.dev", "plugin_watcher", "pluginwatcher", "reconciler"]
-                            .iter()
-                            .any(|n| l.contains(n))
+                        [
+                            "vfio.gpupass.dev",
+                            "plugin_watcher",
+                            "pluginwatcher",
+                            "reconciler",
+                        ]
+                        .iter()
+                        .any(|n| l.contains(n))
                     })
                     .map(str::to_string)
                     .collect();
@@ -110,8 +115,7 @@ pub fn judge() -> Judge {
                 "{DEV} among {} devices after {s} s ({}); {}",
                 names.len(),
                 slices.join("; "),
-                log_line(o, "dra-plugin.log", "published the ResourceSlices", false)
-                    .unwrap_or_default()
+                log_line(o, "dra-plugin.log", "published the ResourceSlices", false).unwrap_or_default()
             ))
         }),
         check("refused-not-published", refused_not_published),
@@ -144,9 +148,9 @@ pub fn judge() -> Judge {
         check("legacy-metadata", |o| {
             let log = pod_log(o, "legacy")?;
             let docs = metadata(&log);
-            let hit = docs.iter().any(|d| {
-                attribute_is(d, "resource.kubernetes.io/pciBusID", VGA)
-            });
+            let hit = docs
+                .iter()
+                .any(|d| attribute_is(d, "resource.kubernetes.io/pciBusID", VGA));
             if !hit {
                 return Err(format!(
                     "no metadata file with pciBusID {VGA} in the container: {}",
@@ -214,8 +218,8 @@ pub fn judge() -> Judge {
                 after.get("available")?,
                 last_warning(o)
             );
-            let (_, s) = waited(o, "mdev-removed", "the instance's removal")
-                .map_err(|e| format!("{e}; {why}"))?;
+            let (_, s) =
+                waited(o, "mdev-removed", "the instance's removal").map_err(|e| format!("{e}; {why}"))?;
             if after.get("present")? != "no" || after.num("available")? != before {
                 return Err(format!("mdev {uuid} after the delete: {why}"));
             }
@@ -527,7 +531,10 @@ fn last_warning(o: &Out) -> String {
                 .collect::<Vec<_>>()
         })
         .last()
-        .map_or_else(|| "no WARN or ERROR in the plugin's logs".into(), |l| cut(&l, 300))
+        .map_or_else(
+            || "no WARN or ERROR in the plugin's logs".into(),
+            |l| cut(&l, 300),
+        )
 }
 
 fn cut(s: &str, n: usize) -> String {
@@ -535,7 +542,10 @@ fn cut(s: &str, n: usize) -> String {
 }
 
 fn items(v: &Value) -> Vec<&Value> {
-    v["items"].as_array().map(|a| a.iter().collect()).unwrap_or_default()
+    v["items"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default()
 }
 
 /// The devices of a ResourceSlice list.
@@ -639,10 +649,7 @@ fn legacy_opens(o: &Out, p: &str, group: &str) -> Result<(), String> {
     let log = pod_log(o, p)?;
     let (ok, failed) = opened(&log);
     let want = [format!("/dev/vfio/{group}"), "/dev/vfio/vfio".to_string()];
-    if !want.iter().all(|w| ok.contains(w))
-        || !failed.is_empty()
-        || ok.iter().any(|n| n == "/dev/iommu")
-    {
+    if !want.iter().all(|w| ok.contains(w)) || !failed.is_empty() || ok.iter().any(|n| n == "/dev/iommu") {
         return Err(format!(
             "want {} open, no /dev/iommu, nothing failed: {}",
             want.join(" and "),
@@ -662,9 +669,7 @@ fn metadata(log: &str) -> Vec<Value> {
 }
 
 fn metadata_paths(log: &str) -> Vec<&str> {
-    log.lines()
-        .filter_map(|l| l.strip_prefix("metadata "))
-        .collect()
+    log.lines().filter_map(|l| l.strip_prefix("metadata ")).collect()
 }
 
 fn versions(docs: &[Value]) -> Vec<String> {
@@ -761,7 +766,10 @@ fn pod_running(o: &Out, p: &str) -> Verdict {
     if !log.lines().any(|l| l.trim_end() == "READY") {
         return Err(format!("{p}-log: no READY: {}", one_line(&log)));
     }
-    Ok(format!("{s} s after the Pod was created, drivers {}", drivers(&f)?))
+    Ok(format!(
+        "{s} s after the Pod was created, drivers {}",
+        drivers(&f)?
+    ))
 }
 
 /// `PREFIX`'s Pod deleted (`kubectl delete --wait`).
@@ -776,17 +784,15 @@ fn pod_deleted(o: &Out, p: &str) -> Verdict {
 /// it started on.
 fn group_restored(o: &Out, p: &str) -> Verdict {
     let start = start_drivers(o)?;
-    let (f, s) = waited(o, &format!("{p}-restored"), "return of the group's drivers").map_err(
-        |e| {
-            format!(
-                "{e}: drivers {}, expected {start}; {}",
-                o.facts(&format!("{p}-restored"))
-                    .and_then(|f| drivers(&f))
-                    .unwrap_or_default(),
-                last_warning(o)
-            )
-        },
-    )?;
+    let (f, s) = waited(o, &format!("{p}-restored"), "return of the group's drivers").map_err(|e| {
+        format!(
+            "{e}: drivers {}, expected {start}; {}",
+            o.facts(&format!("{p}-restored"))
+                .and_then(|f| drivers(&f))
+                .unwrap_or_default(),
+            last_warning(o)
+        )
+    })?;
     let d = drivers(&f)?;
     if d != start {
         return Err(format!("drivers now {d:?}, expected {start:?}"));
@@ -818,7 +824,11 @@ fn health_stays(o: &Out) -> Verdict {
     }
     let pod = json(o, "health")?;
     let mut seen = Vec::new();
-    for cs in pod["status"]["containerStatuses"].as_array().into_iter().flatten() {
+    for cs in pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         for a in cs["allocatedResourcesStatus"].as_array().into_iter().flatten() {
             for r in a["resources"].as_array().into_iter().flatten() {
                 seen.push((
@@ -845,7 +855,9 @@ fn health_stays(o: &Out) -> Verdict {
 fn host_unbind_refused(o: &Out) -> Verdict {
     let c = o.cmd("host-unbind")?;
     let claim = json(o, "legacy-claim")?;
-    let name = claim["metadata"]["name"].as_str().ok_or("legacy-claim: no name")?;
+    let name = claim["metadata"]["name"]
+        .as_str()
+        .ok_or("legacy-claim: no name")?;
     let said = format!("{}{}", c.out, c.err);
     let d = drivers(&o.facts("host-unbind")?)?;
     let needle = format!("held by claim default/{name}");
@@ -934,7 +946,12 @@ fn mdev_opens(o: &Out) -> Verdict {
     let log = pod_log(o, "mdev")?;
     let (ok, failed) = opened(&log);
     let has = |n: &str| ok.iter().any(|x| x == n);
-    if failed.is_empty() && !group.is_empty() && has(&format!("/dev/vfio/{group}")) && has("/dev/vfio/vfio") && !has("/dev/iommu") {
+    if failed.is_empty()
+        && !group.is_empty()
+        && has(&format!("/dev/vfio/{group}"))
+        && has("/dev/vfio/vfio")
+        && !has("/dev/iommu")
+    {
         return Ok(format!(
             "legacy: /dev/vfio/{group} (the instance's group) and /dev/vfio/vfio open in the container"
         ));
@@ -993,7 +1010,9 @@ fn require_untouched(o: &Out) -> Verdict {
         return Err("require-untouched: no samples".into());
     }
     if let Some(s) = samples.iter().find(|s| **s != want) {
-        return Err(format!("a sample read {s:?} while the kubelet retried, want {want:?}"));
+        return Err(format!(
+            "a sample read {s:?} while the kubelet retried, want {want:?}"
+        ));
     }
     let now = drivers(&f)?;
     if now != start {

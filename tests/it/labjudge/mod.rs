@@ -111,7 +111,10 @@ impl Out {
         let f = self.facts("leg")?;
         let (leg, kernel) = (f.get("leg")?, f.get("kernel")?);
         let known = legs.iter().find(|l| **l == leg).ok_or_else(|| {
-            format!("leg.facts: leg {leg:?} is none of this judge's legs ({})", legs.join(" "))
+            format!(
+                "leg.facts: leg {leg:?} is none of this judge's legs ({})",
+                legs.join(" ")
+            )
         })?;
         if !leg_matches(known, kernel) {
             return Err(format!(
@@ -331,11 +334,7 @@ impl Judge {
 
     /// The steps the scenario must report on leg `leg` (`None`: on any), then `host/NAME`.
     pub fn steps_on(&self, leg: Option<&str>) -> Vec<String> {
-        let mut s: Vec<String> = self
-            .checks_on(leg)
-            .iter()
-            .map(|c| c.step.clone())
-            .collect();
+        let mut s: Vec<String> = self.checks_on(leg).iter().map(|c| c.step.clone()).collect();
         s.extend(self.host_steps.iter().map(|h| format!("host/{h}")));
         s
     }
@@ -384,11 +383,7 @@ impl Judge {
     /// every step of `dir`'s leg, then one `LAB-RESULT` line per finding (docs/lab.md,
     /// "Judged scenarios").
     pub fn log(&self, dir: &Path, findings: &[Finding]) -> String {
-        let mut s = format!(
-            "LAB-STEPS {} {}\n",
-            self.scenario,
-            self.steps_in(dir).join(" ")
-        );
+        let mut s = format!("LAB-STEPS {} {}\n", self.scenario, self.steps_in(dir).join(" "));
         for f in findings {
             s += &format!(
                 "LAB-RESULT {} {} {} {}\n",

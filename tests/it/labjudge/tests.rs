@@ -723,23 +723,18 @@ fn a_kernel_release_is_of_its_leg_only() {
 fn clusterdra_has_a_step_list_per_leg() {
     let j = judge_of("clusterdra").unwrap();
     assert_eq!(j.legs(), ["6.12", "6.1"]);
-    let (s612, s61, all) = (
-        j.steps_on(Some("6.12")),
-        j.steps_on(Some("6.1")),
-        j.steps(),
-    );
-    let own = |s: &[String], p: &[&str]| {
-        s.iter()
-            .filter(|x| p.iter().any(|p| x.starts_with(p)))
-            .count()
-    };
+    let (s612, s61, all) = (j.steps_on(Some("6.12")), j.steps_on(Some("6.1")), j.steps());
+    let own = |s: &[String], p: &[&str]| s.iter().filter(|x| p.iter().any(|p| x.starts_with(p))).count();
     assert_eq!(own(&s612, &["iommufd-"]), 5, "{s612:?}");
     assert_eq!(own(&s612, &["auto-", "require-iommufd-"]), 0, "{s612:?}");
     assert_eq!(own(&s61, &["auto-", "require-iommufd-"]), 7, "{s61:?}");
     assert_eq!(own(&s61, &["iommufd-"]), 0, "{s61:?}");
     assert_eq!(all.len(), s612.len() + 7);
     for s in [&s612, &s61] {
-        assert!(s.ends_with(&["host/host-teardown".to_string(), "host/host-control-plane".to_string()]));
+        assert!(s.ends_with(&[
+            "host/host-teardown".to_string(),
+            "host/host-control-plane".to_string()
+        ]));
     }
     // Each committed run is judged on its own leg's steps: judge.log's LAB-STEPS names them.
     for (leg, dir) in fixtures_of(&j) {
@@ -799,7 +794,12 @@ fn clusterdra_broken_outputs_fail_on_6_12() {
     assert!(why.contains("want pci-0000-00-05-0=Healthy"), "{why}");
     // Half the group on vfio-pci while the Pod ran.
     let (bad, why) = dra(&|d| {
-        edit(d, "legacy-held.facts", "aud.driver=vfio-pci", "aud.driver=snd_hda_intel")
+        edit(
+            d,
+            "legacy-held.facts",
+            "aud.driver=vfio-pci",
+            "aud.driver=snd_hda_intel",
+        )
     });
     assert_eq!(bad, ["legacy-group-on-vfio"], "{why}");
     // The mdev instance left behind.
@@ -848,7 +848,9 @@ fn clusterdra_broken_outputs_fail_on_6_1() {
     assert!(why.contains("a cdev opened on a kernel without iommufd"), "{why}");
     let (bad, why) = dra(&|d| {
         let p = d.join("bad-events.out");
-        let text = std::fs::read_to_string(&p).unwrap().replace("fastest", "quickest");
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("fastest", "quickest");
         std::fs::write(&p, text).unwrap();
     });
     assert_eq!(bad, ["bad-config-event"], "{why}");
