@@ -115,7 +115,7 @@ pub fn judge() -> Judge {
                 "{DEV} among {} devices after {s} s ({}); {}",
                 names.len(),
                 slices.join("; "),
-                log_line(o, "dra-plugin.log", "published the ResourceSlices", false).unwrap_or_default()
+                log_line(o, "dra-plugin.log", "published the ResourceSlices").unwrap_or_default()
             ))
         }),
         check("refused-not-published", refused_not_published),
@@ -368,7 +368,7 @@ pub fn judge() -> Judge {
             let (f, s) = waited(o, "crash-died", "the plugin's abort").map_err(|e| {
                 format!("{e}; dra-plugin-crash.log: {}", tail(o, "dra-plugin-crash.log", 2))
             })?;
-            log_line(o, "dra-plugin-crash.log", "GPUPASS_CRASH_AFTER_WRITE=3: aborting now", false)?;
+            log_line(o, "dra-plugin-crash.log", "GPUPASS_CRASH_AFTER_WRITE=3: aborting now")?;
             let claim = json(o, "crash-claim-then")?;
             Ok(format!(
                 "in the Prepare of claim {}, {s} s after the Pod was created; drivers then {}",
@@ -513,11 +513,12 @@ fn tail(o: &Out, file: &str, n: usize) -> String {
     }
 }
 
-/// The first (or last) line of a shipped log that contains `needle`, from `needle` on.
-fn log_line(o: &Out, file: &str, needle: &str, last: bool) -> Result<String, String> {
+/// The first line of a shipped log that contains `needle`, from `needle` on.
+fn log_line(o: &Out, file: &str, needle: &str) -> Result<String, String> {
     let t = o.text(file)?;
-    let mut hits = t.lines().filter(|l| l.contains(needle));
-    let l = if last { hits.last() } else { hits.next() }
+    let l = t
+        .lines()
+        .find(|l| l.contains(needle))
         .ok_or_else(|| format!("{file}: no line says {needle:?}"))?;
     Ok(cut(&l[l.find(needle).unwrap_or(0)..], 300))
 }
