@@ -36,6 +36,8 @@ const MDEV_SLOT: &str = "mdev-mtty-mtty-2-";
 /// How long the Pod's device must stay Healthy with nothing changed: longer than the kubelet's
 /// health_check_timeout_seconds (30 s), after which a silent plugin's device turns Unknown.
 const QUIET_S: f64 = 40.0;
+/// What the guest times a claim's wait from.
+const CREATED: &str = "the Pod was created";
 /// The plugin's logs (cluster_end ships `$CL_LOG/*.log`): the first start, the one that
 /// crashes in a Prepare, the one started after it.
 const PLUGIN_LOGS: [&str; 3] = [
@@ -130,7 +132,7 @@ pub fn judge() -> Judge {
         }),
         // 3. The shipped lab-vga template, backendPolicy legacy.
         check("legacy-claim-allocated", |o| claim_allocated(o, "legacy")),
-        check("legacy-pod-running", |o| pod_running(o, "legacy")),
+        check("legacy-pod-running", |o| pod_running(o, "legacy", CREATED)),
         check("legacy-group-on-vfio", |o| {
             let d = drivers(&o.facts("legacy-held")?)?;
             if d != VFIO {
@@ -186,7 +188,7 @@ pub fn judge() -> Judge {
                 claim["metadata"]["name"].as_str().unwrap_or("?")
             ))
         }),
-        check("mdev-pod-running", |o| pod_running(o, "mdev")),
+        check("mdev-pod-running", |o| pod_running(o, "mdev", CREATED)),
         check("mdev-instance-created", mdev_created),
         check("mdev-opens", mdev_opens),
         check("mdev-metadata", |o| {
@@ -232,7 +234,7 @@ pub fn judge() -> Judge {
     c.extend(
         [
             check("iommufd-claim-allocated", |o| claim_allocated(o, "iommufd")),
-            check("iommufd-pod-running", |o| pod_running(o, "iommufd")),
+            check("iommufd-pod-running", |o| pod_running(o, "iommufd", CREATED)),
             check("iommufd-opens", |o| {
                 let f = o.facts("iommufd-held")?;
                 let cdev = f
@@ -271,7 +273,7 @@ pub fn judge() -> Judge {
     c.extend(
         [
             check("auto-claim-allocated", |o| claim_allocated(o, "auto")),
-            check("auto-pod-running", |o| pod_running(o, "auto")),
+            check("auto-pod-running", |o| pod_running(o, "auto", CREATED)),
             check("auto-opens", auto_opens),
             check("auto-pod-deleted", |o| pod_deleted(o, "auto")),
             check("auto-group-restored", |o| group_restored(o, "auto")),
@@ -410,8 +412,8 @@ pub fn judge() -> Judge {
             Ok(format!("after {s} s: {}", cut(&said.join(" "), 400)))
         }),
         check("crash-retry-running", |o| {
-            let v = pod_running(o, "crash")?;
-            Ok(format!("the kubelet's retry prepared the claim; the Pod runs {v}"))
+            let v = pod_running(o, "crash", "the plugin's restart")?;
+            Ok(format!("the kubelet's retry prepared the claim; READY {v}"))
         }),
         check("crash-pod-deleted", |o| pod_deleted(o, "crash")),
         check("crash-group-restored", |o| group_restored(o, "crash")),
@@ -757,8 +759,9 @@ fn claim_allocated(o: &Out, p: &str) -> Verdict {
     ))
 }
 
-/// `PREFIX`'s Pod runs: its container said READY (so its claim was prepared).
-fn pod_running(o: &Out, p: &str) -> Verdict {
+/// `PREFIX`'s Pod runs: its container said READY (so its claim was prepared). The seconds,
+/// since `from` (what the guest timed the wait from), and the group's drivers then.
+fn pod_running(o: &Out, p: &str, from: &str) -> Verdict {
     let why = || {
         events(o, &format!("{p}-events"))
             .map(|e| list(&e))
@@ -770,10 +773,7 @@ fn pod_running(o: &Out, p: &str) -> Verdict {
     if !log.lines().any(|l| l.trim_end() == "READY") {
         return Err(format!("{p}-log: no READY: {}", one_line(&log)));
     }
-    Ok(format!(
-        "{s} s after the Pod was created, drivers {}",
-        drivers(&f)?
-    ))
+    Ok(format!("{s} s after {from}; 00:05.x on {}", drivers(&f)?))
 }
 
 /// `PREFIX`'s Pod deleted (`kubectl delete --wait`).
