@@ -4,7 +4,8 @@
 //!   labjudge judge SCENARIO DIR    judge an output directory (target/lab/out/SCENARIO): prints
 //!                                  the LAB-STEPS line and one LAB-RESULT line per step; exit 0
 //!                                  when every step passes, 1 when one fails
-//!   labjudge steps SCENARIO...     the steps each scenario's judge decides (and host/ steps)
+//!   labjudge steps SCENARIO...     the steps each scenario's judge decides (and host/ steps);
+//!                                  one line per kernel leg for a judge whose legs differ
 //!   labjudge list                  the judged scenarios
 
 #[path = "../../tests/it/labjudge/mod.rs"]
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let findings = j.run(dir);
-            print!("{}", j.log(&findings));
+            print!("{}", j.log(dir, &findings));
             if labjudge::failures(&findings).is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -43,7 +44,13 @@ fn main() -> ExitCode {
                 let Some(j) = labjudge::judge_of(s) else {
                     return unknown(s);
                 };
-                println!("{s}: {}", j.steps().join(" "));
+                let legs = j.legs();
+                if legs.is_empty() {
+                    println!("{s}: {}", j.steps().join(" "));
+                }
+                for l in legs {
+                    println!("{s} ({l}): {}", j.steps_on(Some(l)).join(" "));
+                }
             }
             ExitCode::SUCCESS
         }

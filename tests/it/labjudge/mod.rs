@@ -17,6 +17,7 @@ use serde_json::Value;
 
 pub mod bind;
 pub mod clusterbind;
+pub mod clusterdra;
 pub mod clusterhelm;
 pub mod clusterslices;
 pub mod clustertwo;
@@ -26,7 +27,7 @@ pub mod mdev;
 mod tests;
 
 /// Every judge, by scenario.
-pub fn judges() -> [Judge; 7] {
+pub fn judges() -> [Judge; 8] {
     [
         bind::judge(),
         mdev::judge(),
@@ -35,6 +36,7 @@ pub fn judges() -> [Judge; 7] {
         clustertwo::judge(),
         clusterbind::judge(),
         clustervm::judge(),
+        clusterdra::judge(),
     ]
 }
 
@@ -99,6 +101,37 @@ impl Out {
             map,
         })
     }
+}
+
+impl Out {
+    /// The lab kernel leg the guest ran on, one of `legs`: `leg.facts`, which a scenario with
+    /// steps of its own on each leg ships first (`leg=` lab.sh's `--kernel`, `kernel=` the
+    /// guest's `uname -r`, which must be of that leg).
+    pub fn leg(&self, legs: &[&'static str]) -> Result<&'static str, String> {
+        let f = self.facts("leg")?;
+        let (leg, kernel) = (f.get("leg")?, f.get("kernel")?);
+        let known = legs.iter().find(|l| **l == leg).ok_or_else(|| {
+            format!(
+                "leg.facts: leg {leg:?} is none of this judge's legs ({})",
+                legs.join(" ")
+            )
+        })?;
+        if !leg_matches(known, kernel) {
+            return Err(format!(
+                "leg.facts: kernel {kernel:?} is not of the {known} leg it names"
+            ));
+        }
+        Ok(known)
+    }
+}
+
+/// Whether a kernel release is of lab leg `leg`: `leg` itself, or `leg.x` / `leg-x` (6.1
+/// matches 6.1.0-57-amd64, not 6.12.118), as lab/tools/labtool.py's `leg_matches`.
+pub fn leg_matches(leg: &str, release: &str) -> bool {
+    release == leg
+        || release
+            .strip_prefix(leg)
+            .is_some_and(|r| r.starts_with('.') || r.starts_with('-'))
 }
 
 /// One command's stdout, stderr and exit status.
@@ -235,6 +268,8 @@ pub fn one_line(s: &str) -> String {
 /// One check: the step it decides and how.
 pub struct Check {
     pub step: String,
+    /// The lab kernel leg whose step it is (`6.12`, `6.1`); `None`: every leg's.
+    pub leg: Option<&'static str>,
     run: Box<dyn Fn(&Out) -> Verdict>,
 }
 
@@ -242,8 +277,15 @@ pub struct Check {
 pub fn check(step: impl Into<String>, run: impl Fn(&Out) -> Verdict + 'static) -> Check {
     Check {
         step: step.into(),
+        leg: None,
         run: Box::new(run),
     }
+}
+
+/// `c` as a step of the kernel leg `leg` only: a scenario that runs on both lab kernels and
+/// proves something else on each (the output's leg is `Out::leg`'s).
+pub fn on_leg(leg: &'static str, c: Check) -> Check {
+    Check { leg: Some(leg), ..c }
 }
 
 /// A scenario's judge: its checks in order, and the steps its host-side `.check` reports.
@@ -264,20 +306,67 @@ pub struct Finding {
 }
 
 impl Judge {
-    /// The steps the scenario must report: every check, then `host/NAME` for the host check's.
+    /// The steps the scenario must report on any leg: every check (each leg's), then
+    /// `host/NAME` for the host check's.
     pub fn steps(&self) -> Vec<String> {
-        let mut s: Vec<String> = self.checks.iter().map(|c| c.step.clone()).collect();
+        self.steps_on(None)
+    }
+
+    /// The kernel legs with steps of their own, in the order of their first check (none for a
+    /// judge whose steps are the same on every leg).
+    pub fn legs(&self) -> Vec<&'static str> {
+        let mut legs = Vec::new();
+        for l in self.checks.iter().filter_map(|c| c.leg) {
+            if !legs.contains(&l) {
+                legs.push(l);
+            }
+        }
+        legs
+    }
+
+    /// The checks of leg `leg` (`None`: of every leg), in order.
+    pub fn checks_on(&self, leg: Option<&str>) -> Vec<&Check> {
+        self.checks
+            .iter()
+            .filter(|c| leg.is_none() || c.leg.is_none() || c.leg == leg)
+            .collect()
+    }
+
+    /// The steps the scenario must report on leg `leg` (`None`: on any), then `host/NAME`.
+    pub fn steps_on(&self, leg: Option<&str>) -> Vec<String> {
+        let mut s: Vec<String> = self.checks_on(leg).iter().map(|c| c.step.clone()).collect();
         s.extend(self.host_steps.iter().map(|h| format!("host/{h}")));
         s
     }
 
-    /// Every check on the output directory `dir`.
+    /// The leg of the output in `dir`: `Ok(None)` for a judge without legs; `Err` when the
+    /// judge has legs and the output does not say which (`Out::leg`).
+    pub fn leg_of(&self, dir: &Path) -> Result<Option<&'static str>, String> {
+        let legs = self.legs();
+        if legs.is_empty() {
+            return Ok(None);
+        }
+        Out::new(dir).leg(&legs).map(Some)
+    }
+
+    /// The steps of the output in `dir`: its leg's, or every leg's when its leg is unknown.
+    pub fn steps_in(&self, dir: &Path) -> Vec<String> {
+        self.steps_on(self.leg_of(dir).ok().flatten())
+    }
+
+    /// Every check of the output directory `dir`'s leg on it. When the judge has legs and the
+    /// output does not say which, every leg's checks run, those of one leg failing with why.
     pub fn run(&self, dir: &Path) -> Vec<Finding> {
         let out = Out::new(dir);
-        self.checks
+        let leg = self.leg_of(dir);
+        self.checks_on(leg.as_ref().ok().copied().flatten())
             .iter()
             .map(|c| {
-                let (pass, detail) = match (c.run)(&out) {
+                let verdict = match (&leg, c.leg) {
+                    (Err(why), Some(l)) => Err(format!("a step of the {l} leg, and {why}")),
+                    _ => (c.run)(&out),
+                };
+                let (pass, detail) = match verdict {
                     Ok(d) => (true, d),
                     Err(d) => (false, d),
                 };
@@ -291,9 +380,10 @@ impl Judge {
     }
 
     /// What `lab/lab.sh` keeps as `judge.log` and the report reads: a `LAB-STEPS` line naming
-    /// every step, then one `LAB-RESULT` line per finding (docs/lab.md, "Judged scenarios").
-    pub fn log(&self, findings: &[Finding]) -> String {
-        let mut s = format!("LAB-STEPS {} {}\n", self.scenario, self.steps().join(" "));
+    /// every step of `dir`'s leg, then one `LAB-RESULT` line per finding (docs/lab.md,
+    /// "Judged scenarios").
+    pub fn log(&self, dir: &Path, findings: &[Finding]) -> String {
+        let mut s = format!("LAB-STEPS {} {}\n", self.scenario, self.steps_in(dir).join(" "));
         for f in findings {
             s += &format!(
                 "LAB-RESULT {} {} {} {}\n",

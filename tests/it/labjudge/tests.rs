@@ -7,15 +7,28 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::{failures, judge_of, judges, Finding};
+use super::{failures, judge_of, judges, leg_matches, Finding, Judge};
 
+/// A committed output directory: tests/fixtures/lab/<scenario>, or `<scenario>/<leg>` for a
+/// judge whose steps differ by kernel leg (one run of each leg).
 fn fixture(scenario: &str) -> PathBuf {
     crate::util::manifest_dir()
         .join("tests/fixtures/lab")
         .join(scenario)
 }
 
-/// A scratch copy of a committed output directory.
+/// A judge's committed outputs, with the leg each is of (none for a judge without legs).
+fn fixtures_of(j: &Judge) -> Vec<(Option<&'static str>, PathBuf)> {
+    let legs = j.legs();
+    if legs.is_empty() {
+        return vec![(None, fixture(j.scenario))];
+    }
+    legs.into_iter()
+        .map(|l| (Some(l), fixture(&format!("{}/{l}", j.scenario))))
+        .collect()
+}
+
+/// A scratch copy of a committed output directory (`scenario` or `scenario/leg`).
 fn copy_of(scenario: &str) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(fixture(scenario)).unwrap().flatten() {
@@ -78,10 +91,13 @@ fn real_outputs_pass() {
         if !known_failures(j.scenario).is_empty() {
             continue;
         }
-        let f = j.run(&fixture(j.scenario));
-        let (bad, why) = failed(&f);
-        assert!(bad.is_empty(), "{}: {why}", j.scenario);
-        assert_eq!(f.len(), j.checks.len());
+        for (leg, dir) in fixtures_of(&j) {
+            assert_eq!(j.leg_of(&dir), Ok(leg), "{}", dir.display());
+            let f = j.run(&dir);
+            let (bad, why) = failed(&f);
+            assert!(bad.is_empty(), "{} ({leg:?}): {why}", j.scenario);
+            assert_eq!(f.len(), j.checks_on(leg).len());
+        }
     }
 }
 
@@ -313,7 +329,7 @@ fn the_report_takes_steps_and_verdict_from_the_judge() {
     assert_eq!(code, 1);
     assert!(v.contains("bind: not judged"), "{v}");
     // Judged, all pass.
-    std::fs::write(dir.join("judge.log"), j.log(&j.run(&dir))).unwrap();
+    std::fs::write(dir.join("judge.log"), j.log(&dir, &j.run(&dir))).unwrap();
     let (code, v) = report(&dir, host_ok);
     assert_eq!((code, v.as_str()), (0, "PASS\n"));
     // The host step the judge names is required.
@@ -325,7 +341,7 @@ fn the_report_takes_steps_and_verdict_from_the_judge() {
     );
     // A failing judge.
     edit(&dir, "end.facts", "vga.driver=bochs-drm", "vga.driver=vfio-pci");
-    std::fs::write(dir.join("judge.log"), j.log(&j.run(&dir))).unwrap();
+    std::fs::write(dir.join("judge.log"), j.log(&dir, &j.run(&dir))).unwrap();
     let (code, v) = report(&dir, host_ok);
     assert_eq!(code, 1);
     assert!(
@@ -334,7 +350,7 @@ fn the_report_takes_steps_and_verdict_from_the_judge() {
     );
     // A judge.log that lost a step's result: the step is missing.
     let log: String = j
-        .log(&j.run(&fixture("bind")))
+        .log(&fixture("bind"), &j.run(&fixture("bind")))
         .lines()
         .filter(|l| !(l.starts_with("LAB-RESULT") && l.contains(" persist-lines ")))
         .map(|l| format!("{l}\n"))
@@ -686,4 +702,156 @@ fn clustervm_judge_on_a_built_output() {
         ],
         "{why}"
     );
+}
+
+// ---------------------------------------------------------------- clusterdra
+
+/// A lab kernel release is of a leg as lab/tools/labtool.py's `leg_matches` says.
+#[test]
+fn a_kernel_release_is_of_its_leg_only() {
+    assert!(leg_matches("6.1", "6.1.0-57-amd64"));
+    assert!(leg_matches("6.1", "6.1"));
+    assert!(!leg_matches("6.1", "6.12.118"));
+    assert!(leg_matches("6.12", "6.12.118"));
+    assert!(!leg_matches("6.12", "6.1.0-57-amd64"));
+    assert!(!leg_matches("6.12", ""));
+}
+
+/// clusterdra runs on both cluster boots (tests/it/lab.rs): the iommufd claim is 6.12's, the
+/// legacy-only node's claims 6.1's; every other step is both legs'.
+#[test]
+fn clusterdra_has_a_step_list_per_leg() {
+    let j = judge_of("clusterdra").unwrap();
+    assert_eq!(j.legs(), ["6.12", "6.1"]);
+    let (s612, s61, all) = (j.steps_on(Some("6.12")), j.steps_on(Some("6.1")), j.steps());
+    let own = |s: &[String], p: &[&str]| s.iter().filter(|x| p.iter().any(|p| x.starts_with(p))).count();
+    assert_eq!(own(&s612, &["iommufd-"]), 5, "{s612:?}");
+    assert_eq!(own(&s612, &["auto-", "require-iommufd-"]), 0, "{s612:?}");
+    assert_eq!(own(&s61, &["auto-", "require-iommufd-"]), 7, "{s61:?}");
+    assert_eq!(own(&s61, &["iommufd-"]), 0, "{s61:?}");
+    assert_eq!(all.len(), s612.len() + 7);
+    for s in [&s612, &s61] {
+        assert!(s.ends_with(&[
+            "host/host-teardown".to_string(),
+            "host/host-control-plane".to_string()
+        ]));
+    }
+    // Each committed run is judged on its own leg's steps: judge.log's LAB-STEPS names them.
+    for (leg, dir) in fixtures_of(&j) {
+        let log = j.log(&dir, &j.run(&dir));
+        let first = log.lines().next().unwrap();
+        assert_eq!(
+            first,
+            format!("LAB-STEPS clusterdra {}", j.steps_on(leg).join(" "))
+        );
+    }
+}
+
+/// An output whose leg.facts does not hold together (a kernel of another leg): the leg's steps
+/// of both legs fail saying so, every other step is judged as usual.
+#[test]
+fn clusterdra_a_leg_that_is_not_its_kernel_fails_the_leg_steps() {
+    let t = copy_of("clusterdra/6.1");
+    edit(t.path(), "leg.facts", "leg=6.1\n", "leg=6.12\n");
+    let j = judge_of("clusterdra").unwrap();
+    assert!(j.leg_of(t.path()).is_err());
+    let f = j.run(t.path());
+    let (bad, why) = failed(&f);
+    let leg_steps: Vec<String> = j
+        .checks
+        .iter()
+        .filter(|c| c.leg.is_some())
+        .map(|c| c.step.clone())
+        .collect();
+    assert_eq!(bad, leg_steps, "{why}");
+    assert!(why.contains("is not of the 6.12 leg it names"), "{why}");
+    assert_eq!(j.steps_in(t.path()), j.steps());
+}
+
+/// clusterdra's 6.12 run altered the way a broken plugin or kernel would leave it.
+#[test]
+fn clusterdra_broken_outputs_fail_on_6_12() {
+    let dra = |change: &dyn Fn(&Path)| {
+        let t = copy_of("clusterdra/6.12");
+        change(t.path());
+        failed(&judge("clusterdra", t.path()))
+    };
+    // The iommufd claim's container given the legacy container too: two backends.
+    let (bad, why) = dra(&|d| {
+        let p = d.join("iommufd-log.out");
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, format!("open OK /dev/vfio/vfio\n{text}")).unwrap();
+    });
+    assert_eq!(bad, ["iommufd-opens"], "{why}");
+    assert!(why.contains("no /dev/vfio/vfio"), "{why}");
+    // The host's unbind --all that took the group from under the Pod.
+    let (bad, why) = dra(&|d| std::fs::write(d.join("host-unbind.rc"), "0\n").unwrap());
+    assert_eq!(bad, ["legacy-host-unbind-refused"], "{why}");
+    assert!(why.contains("exit 0, drivers vfio-pci vfio-pci"), "{why}");
+    // The device gone stale in the Pod's status.
+    let (bad, why) = dra(&|d| edit(d, "health.out", "\"Healthy\"", "\"Unknown\""));
+    assert_eq!(bad, ["legacy-health-stays"], "{why}");
+    assert!(why.contains("want pci-0000-00-05-0=Healthy"), "{why}");
+    // Half the group on vfio-pci while the Pod ran.
+    let (bad, why) = dra(&|d| {
+        edit(
+            d,
+            "legacy-held.facts",
+            "aud.driver=vfio-pci",
+            "aud.driver=snd_hda_intel",
+        )
+    });
+    assert_eq!(bad, ["legacy-group-on-vfio"], "{why}");
+    // The mdev instance left behind.
+    let (bad, why) = dra(&|d| edit(d, "mdev-after.facts", "present=no", "present=yes"));
+    assert_eq!(bad, ["mdev-instance-removed"], "{why}");
+    // A claim left in the checkpoint.
+    let (bad, why) = dra(&|d| {
+        std::fs::write(
+            d.join("checkpoint.out"),
+            r#"{"version": 1, "claims": {"c": {"uid": "u1", "name": "x"}}}"#,
+        )
+        .unwrap()
+    });
+    assert_eq!(bad, ["checkpoint-empty"], "{why}");
+    assert!(why.contains("claims left in the checkpoint"), "{why}");
+    // What explain offers and what the API server has disagree.
+    let (bad, why) = dra(&|d| edit(d, "explain.out", "\"slots\": 12", "\"slots\": 13"));
+    assert_eq!(bad, ["refused-not-published"], "{why}");
+}
+
+/// clusterdra's 6.1 run altered: a require-iommufd claim that moved the group, a cdev on a
+/// kernel without iommufd, a bad config whose refusal does not name the value.
+#[test]
+fn clusterdra_broken_outputs_fail_on_6_1() {
+    let dra = |change: &dyn Fn(&Path)| {
+        let t = copy_of("clusterdra/6.1");
+        change(t.path());
+        failed(&judge("clusterdra", t.path()))
+    };
+    let (bad, why) = dra(&|d| {
+        edit(
+            d,
+            "require-untouched.facts",
+            "bochs-drm+snd_hda_intel",
+            "bochs-drm+vfio-pci",
+        )
+    });
+    assert_eq!(bad, ["require-iommufd-untouched"], "{why}");
+    assert!(why.contains("a sample read \"bochs-drm+vfio-pci\""), "{why}");
+    let (bad, why) = dra(&|d| {
+        let p = d.join("auto-log.out");
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::write(&p, format!("open OK /dev/vfio/devices/vfio0\n{text}")).unwrap();
+    });
+    assert_eq!(bad, ["auto-opens"], "{why}");
+    assert!(why.contains("a cdev opened on a kernel without iommufd"), "{why}");
+    let (bad, why) = dra(&|d| {
+        let p = d.join("bad-events.out");
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("fastest", "quickest");
+        std::fs::write(&p, text).unwrap();
+    });
+    assert_eq!(bad, ["bad-config-event"], "{why}");
 }
