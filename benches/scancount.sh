@@ -3,8 +3,8 @@
 # real binary did (strace), not by gpupass's bookkeeping (docs/performance.md, "Host reads per
 # request, counted with strace"). On a copy of tests/fixtures/hosts/qemu-lab under the test
 # kit's fake kernel (GPUPASS_FAKE_KERNEL=1: a write takes the kernel's visible effect on the
-# tree), with a CDI spec recorded first (`cdi generate --write`, so the refresh after a change
-# runs), the lab's VGA+audio group 4 (00:05.0 + 00:05.1):
+# tree), with the edu device (00:06.0) bound and a CDI spec written first (`cdi generate
+# --write`, so the refresh after a change runs), the lab's VGA+audio group 4 (00:05.0 + 00:05.1):
 #   - `gpupass bind 0000:00:05.0`, then `gpupass unbind 0000:00:05.0`, each a process of its own;
 #   - `gpupass dra-plugin --claims-dir` (no API server: nothing published, but the worker reads
 #     the pool and health after every call just the same), a NodePrepareResources and then a
@@ -14,8 +14,10 @@
 # What is counted, per request:
 #   full    listings of sys/bus/pci/devices read to their end (getdents64 returning 0 on it):
 #           one per inventory::scan (the whole host), which reads every function;
-#   reads   opens of the VGA function's `vendor` attribute: one per inventory read that
-#           includes that function, a full scan or a group scan (inventory::scan_groups);
+#   reads   the inventory reader's reads of the VGA function (its `modalias`, opened relative
+#           to the function's directory, the identity every read starts with): one per
+#           inventory read that includes that function, a full scan or a group scan
+#           (inventory::scan_groups);
 #   groups  reads - full: the group scans;
 #   listing listings of sys/kernel/iommu_groups/4/devices to their end: the group scans, the
 #           re-check before the writes, the engine's viability check and the claim's holds.
@@ -47,7 +49,10 @@ fresh() {
   mkdir -p "$host/proc/sys/kernel/random"
   echo 5ca1ab1e-0000-4000-8000-000000000001 > "$host/proc/sys/kernel/random/boot_id"
   echo node-a > "$host/proc/sys/kernel/hostname"
-  GPUPASS_FAKE_KERNEL=1 "$gp" --root "$host" cdi generate --write > /dev/null 2>&1
+  # Another group on vfio-pci already (the edu device, 00:06.0, group 5), so `cdi generate
+  # --write` has something to describe: the spec every change then refreshes.
+  GPUPASS_FAKE_KERNEL=1 "$gp" --root "$host" bind 0000:00:06.0 > /dev/null
+  GPUPASS_FAKE_KERNEL=1 "$gp" --root "$host" cdi generate --write > /dev/null
   [ -f "$host/var/run/cdi/gpupass.json" ] || { echo "scancount: no CDI spec recorded in $host" >&2; exit 1; }
 }
 
@@ -59,7 +64,7 @@ count() {
     t < from || t > to { next }
     /getdents64\(/ && /\/sys\/bus\/pci\/devices>/ && / = 0$/ { full++ }
     /getdents64\(/ && /\/sys\/kernel\/iommu_groups\/4\/devices>/ && / = 0$/ { listing++ }
-    /openat\(/ && /0000:00:05\.0[">/]/ && /"vendor"|0000:00:05\.0\/vendor"/ && !/= -1/ { reads++ }
+    /openat\([0-9]+<[^>]*\/0000:00:05\.0>, "modalias"/ { reads++ }
     END { printf "full %d, reads %d, groups %d, listing %d\n", full, reads, reads - full, listing }
   ' "$1"
 }

@@ -91,6 +91,12 @@ pub struct Driver<'a> {
     /// them free ([`Driver::recheck_busy`]), so the scheduler sends the Pod elsewhere instead
     /// of choosing the same device again.
     pub(super) busy: BTreeMap<String, String>,
+    /// The host as this driver's last change left it ([`apply::Applied::view`]: read once
+    /// under the lock after the writes, the view the claim's files and the CDI refresh were
+    /// planned from): what the next [`Driver::resources`] takes instead of a scan of its own
+    /// (the kit asks for the resources right after each call). Cleared when a call begins, so
+    /// a call that fails or reads nothing after its writes leaves the next refresh to scan.
+    pub(super) after: Option<Inventory>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
@@ -122,6 +128,7 @@ impl<'a> Driver<'a> {
             tracker: signals::Tracker::default(),
             unhealthy: BTreeMap::new(),
             busy: BTreeMap::new(),
+            after: None,
             lock_wait: DEFAULT_LOCK_WAIT,
             binding_conditions: false,
         })
@@ -186,6 +193,7 @@ impl<'a> Driver<'a> {
         if let Some(devices) = self.prepared(c) {
             return Ok(devices);
         }
+        self.after = None;
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
         let inv = self.scan()?;
         let offered = claim::Offered::of(&self.as_offered(&inv));
@@ -291,6 +299,7 @@ impl<'a> Driver<'a> {
         let prepared = prepared.expect("the engine planned the claim's files");
         let devices = prepared.devices.clone();
         self.settle_before(&c.uid, &earlier, &done.moved);
+        self.after = done.view;
         if let Some(e) = self.checkpoint.claims.get_mut(&c.uid) {
             e.state = State::Completed;
             e.prepared = Some(prepared);
@@ -338,6 +347,7 @@ impl<'a> Driver<'a> {
         let Some(e) = self.checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
+        self.after = None;
         let label = format!("{}/{} ({})", e.claim.namespace, e.claim.name, e.claim.uid);
         let (moved, mdevs) = if e.boot_id == self.boot_id {
             (e.moved(), mdevs_of(&e.devices))
@@ -346,7 +356,7 @@ impl<'a> Driver<'a> {
             (Vec::new(), Vec::new())
         };
         let files = files_of(&self.me.driver, &e);
-        apply::unprepare(
+        let done = apply::unprepare(
             self.ops,
             self.wait_for(deadline),
             &apply::owner(uid),
@@ -360,6 +370,7 @@ impl<'a> Driver<'a> {
             what: "unprepare".into(),
             source: Box::new(err),
         })?;
+        self.after = done.view;
         self.checkpoint.claims.remove(uid);
         self.save()
     }
@@ -638,9 +649,13 @@ impl DraDriver for Driver<'_> {
     }
 
     /// The pool as published ([`Driver::as_offered`]: a Prepare does not change what the
-    /// node offers) and the health of the host as it is.
+    /// node offers) and the health of the host as it is: as the last call's writes left it
+    /// when that call read it after them ([`Driver::after`], taken once), else scanned now.
     fn resources(&mut self) -> Result<Resources, PrepareError> {
-        let inv = self.scan()?;
+        let inv = match self.after.take() {
+            Some(inv) => inv,
+            None => self.scan()?,
+        };
         let health = self.health(&inv);
         self.recheck_busy(&inv);
         let offered = self.as_offered(&inv);
@@ -812,7 +827,11 @@ pub const BUSY_VALUE: &str = "InUse";
 
 /// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code) and a
 /// [`BUSY_KEY`] taint on each device `busy` names.
-pub fn tainted(mut pool: Pool, unhealthy: &BTreeMap<String, &'static str>, busy: &BTreeMap<String, String>) -> Pool {
+pub fn tainted(
+    mut pool: Pool,
+    unhealthy: &BTreeMap<String, &'static str>,
+    busy: &BTreeMap<String, String>,
+) -> Pool {
     for d in &mut pool.devices {
         if let Some(code) = unhealthy.get(&d.name) {
             d.taints.get_or_insert_with(Vec::new).push(DeviceTaint {
