@@ -88,6 +88,10 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_health_and_slices_re
         }}
     });
     std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+    let mut nope = c.clone();
+    nope["metadata"] = serde_json::json!({"name": "nope", "namespace": "default", "uid": "u2"});
+    nope["status"]["allocation"]["devices"]["results"][0]["device"] = "pci-0000-00-09-0".into();
+    std::fs::write(claims.join("default/nope.json"), nope.to_string()).unwrap();
     let ops = FakeHost::new(HostRoot::new(&root));
     record_spec(&ops);
     let mut e = Driver::new(
@@ -107,7 +111,19 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_health_and_slices_re
         name: "gpu".into(),
     };
     // The kubelet-plugin kit reads the claim (the API server's, no host read) and hands it on.
+    let refused = ClaimRef {
+        namespace: "default".into(),
+        uid: "u2".into(),
+        name: "nope".into(),
+    };
+    let refused = fetch(&Dir { dir: claims.clone() }, &refused).unwrap();
     let claim = fetch(&Dir { dir: claims }, &claim).unwrap();
+    // A claim refused by its checks: the host read for them is the one the refresh uses.
+    let start = scans();
+    let err = e.prepare(&refused).unwrap_err().to_string();
+    assert!(err.contains("pci-0000-00-09-0"), "{err}");
+    e.resources().unwrap();
+    assert_eq!(since(start), (1, 0));
     // As the kit serves a call: the call, then the driver's resources (health and slices).
     let start = scans();
     e.prepare(&claim).unwrap();

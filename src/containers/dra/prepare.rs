@@ -196,20 +196,15 @@ impl<'a> Driver<'a> {
         self.after = None;
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
         let inv = self.scan()?;
-        let offered = claim::Offered::of(&self.as_offered(&inv));
-        let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
-        claim::precheck_backend(&inv, &checked)?;
-        claim::precheck_kvm(self.ops.root(), &checked)?;
-        self.choose_mdevs(&inv, &label, &mut checked)?;
-        for d in &checked.devices {
-            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
-                return Err(PrepareError::Held {
-                    claim: label,
-                    device: d.device.clone(),
-                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
-                });
+        let checked = match self.check_claim(claim, &inv, &label) {
+            Ok(checked) => checked,
+            Err(e) => {
+                // Refused before anything changed: the host as just read is what the refresh
+                // after this call would read.
+                self.after = Some(inv);
+                return Err(e);
             }
-        }
+        };
         let members: Vec<PciAddress> = checked
             .devices
             .iter()
@@ -306,6 +301,33 @@ impl<'a> Driver<'a> {
         }
         self.save()?;
         Ok(devices)
+    }
+
+    /// A claim's checks against the host as `inv` has it, before anything changes: the claim
+    /// itself ([`claim::check`] against what this node offers), its backend and KVM, its
+    /// mdev slots' instances, and no other claim of this boot holding its devices.
+    fn check_claim(
+        &self,
+        claim: &Claim,
+        inv: &Inventory,
+        label: &str,
+    ) -> Result<claim::Checked, PrepareError> {
+        let c = &claim.asked;
+        let offered = claim::Offered::of(&self.as_offered(inv));
+        let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
+        claim::precheck_backend(inv, &checked)?;
+        claim::precheck_kvm(self.ops.root(), &checked)?;
+        self.choose_mdevs(inv, label, &mut checked)?;
+        for d in &checked.devices {
+            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
+                return Err(PrepareError::Held {
+                    claim: label.to_string(),
+                    device: d.device.clone(),
+                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
+                });
+            }
+        }
+        Ok(checked)
     }
 
     /// After a claim's plan committed: the drivers this attempt recorded before it had the
