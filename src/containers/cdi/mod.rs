@@ -139,8 +139,11 @@ pub fn write(
 /// The plan that regenerates every gpupass spec in `var/run/cdi` (or one gpupass removed
 /// when nothing was left to describe) from the host as it is now, or from `view` (the
 /// inventory a caller scanned after its writes): empty, without a scan, when gpupass never
-/// wrote one.
-pub fn refresh_plan(host: &HostRoot, view: Option<&Inventory>) -> Result<Plan, cdi::CdiError> {
+/// wrote one. With it, the inventory it read (when it had to: a spec to plan and no `view`).
+pub fn refresh_plan(
+    host: &HostRoot,
+    view: Option<&Inventory>,
+) -> Result<(Plan, Option<Inventory>), cdi::CdiError> {
     let dir = host.cdi_dynamic_dir();
     let mut todo: Vec<cdi::Options> = Vec::new();
     let names = crate::host::dir_names(&dir).map_err(|e| cdi::CdiError::Read {
@@ -188,22 +191,19 @@ pub fn refresh_plan(host: &HostRoot, view: Option<&Inventory>) -> Result<Plan, c
     }
     let mut plan = Plan::default();
     if todo.is_empty() {
-        return Ok(plan);
+        return Ok((plan, None));
     }
-    let scanned;
-    let inv = match view {
+    let mut scanned = None;
+    let inv: &Inventory = match view {
         Some(v) => v,
-        None => {
-            scanned = crate::inventory::scan(host)?;
-            &scanned
-        }
+        None => scanned.insert(crate::inventory::scan(host)?),
     };
     let files = crate::inventory::native::discover(host);
     for opts in todo {
         let (part, _) = spec_part(host, inv, &files, &opts, true)?;
         plan.push(part);
     }
-    Ok(plan)
+    Ok((plan, scanned))
 }
 
 fn read_recorded(host: &HostRoot, spec_name: &str) -> Option<cdi::Recorded> {
@@ -227,15 +227,20 @@ fn written(host: &HostRoot) -> bool {
 /// Regenerate the gpupass specs in `session` (its lock held: after a change, in the change's
 /// session), planned from `view` when the caller has the host as its writes left it, else
 /// from a scan, and applied as a transaction of its own (a spec already right writes
-/// nothing; a host without a gpupass spec pays two directory listings).
-pub fn refresh_in(session: &mut Session<'_>, view: Option<&Inventory>) -> Result<(), SpecError> {
+/// nothing; a host without a gpupass spec pays two directory listings). Returns that scan
+/// when it made one, for a caller that hands the host on (the DRA driver: to its health and
+/// publication), so the host is read once after a change.
+pub fn refresh_in(
+    session: &mut Session<'_>,
+    view: Option<&Inventory>,
+) -> Result<Option<Inventory>, SpecError> {
     let host = session.ops().root().clone();
     if !written(&host) {
-        return Ok(());
+        return Ok(None);
     }
-    let plan = refresh_plan(&host, view)?;
+    let (plan, scanned) = refresh_plan(&host, view)?;
     session.apply(&plan).map_err(write_error)?;
-    Ok(())
+    Ok(scanned)
 }
 
 /// Regenerate the gpupass specs on their own (`cdi generate --watch` after a uevent):
@@ -247,7 +252,7 @@ pub fn refresh(ops: &dyn HostOps) -> Result<(), SpecError> {
         return Ok(());
     }
     let mut s = Session::lock(ops, change::journal::lock_timeout())?;
-    refresh_in(&mut s, None)
+    refresh_in(&mut s, None).map(drop)
 }
 
 /// The refresh as the follow-up of a command's change ([`Followup`]): `gpupass bind`,

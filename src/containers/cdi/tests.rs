@@ -69,10 +69,11 @@ fn a_bind_reads_its_groups_once_and_the_whole_host_once_for_the_refresh() {
 
 #[cfg(feature = "dra")]
 #[test]
-fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() {
+fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_health_and_slices_reuse_the_second() {
     use crate::containers::dra::claim::{ClaimRef, Identity};
     use crate::containers::dra::prepare::Driver;
     use crate::containers::kubelet::claims::{fetch, Dir};
+    use crate::containers::kubelet::plugin::DraDriver;
     const DRIVER: &str = "vfio.gpupass.dev";
     let t = tempfile::tempdir().unwrap();
     let root = t.path().join("host");
@@ -87,6 +88,10 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() 
         }}
     });
     std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+    let mut nope = c.clone();
+    nope["metadata"] = serde_json::json!({"name": "nope", "namespace": "default", "uid": "u2"});
+    nope["status"]["allocation"]["devices"]["results"][0]["device"] = "pci-0000-00-09-0".into();
+    std::fs::write(claims.join("default/nope.json"), nope.to_string()).unwrap();
     let ops = FakeHost::new(HostRoot::new(&root));
     record_spec(&ops);
     let mut e = Driver::new(
@@ -106,18 +111,53 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_reuses_the_second() 
         name: "gpu".into(),
     };
     // The kubelet-plugin kit reads the claim (the API server's, no host read) and hands it on.
+    let refused = ClaimRef {
+        namespace: "default".into(),
+        uid: "u2".into(),
+        name: "nope".into(),
+    };
+    let refused = fetch(&Dir { dir: claims.clone() }, &refused).unwrap();
     let claim = fetch(&Dir { dir: claims }, &claim).unwrap();
+    // A claim refused by its checks: the host read for them is the one the refresh uses.
+    let start = scans();
+    let err = e.prepare(&refused).unwrap_err().to_string();
+    assert!(err.contains("pci-0000-00-09-0"), "{err}");
+    e.resources().unwrap();
+    assert_eq!(since(start), (1, 0));
+    // As the kit serves a call: the call, then the driver's resources (health and slices).
     let start = scans();
     e.prepare(&claim).unwrap();
+    let r = e.resources().unwrap();
     let (full, groups) = since(start);
     println!("scans: DRA Prepare: full {full}, groups {groups}");
     assert!(spec(&root).contains("\"0000:00:05.0\""), "the refresh ran");
-    // The claim check, then the host after the bind (the claim's files and the refresh).
+    assert!(
+        r.health
+            .iter()
+            .any(|h| h.device == "pci-0000-00-05-0" && h.healthy),
+        "{:?}",
+        r.health
+    );
+    // The claim check, then the host after the bind (the claim's files, the refresh, the
+    // health and the slices).
     assert_eq!((full, groups), (2, 1));
+    // The next refresh (a poll, a uevent) reads the host again.
+    let start = scans();
+    assert_eq!(e.resources().unwrap(), r);
+    assert_eq!(since(start), (1, 0));
     let start = scans();
     e.unprepare("u1").unwrap();
+    let r = e.resources().unwrap();
     let (full, groups) = since(start);
     println!("scans: DRA Unprepare: full {full}, groups {groups}");
     assert!(!spec(&root).contains("\"0000:00:05.0\""), "the refresh ran");
+    assert!(
+        r.health
+            .iter()
+            .any(|h| h.device == "pci-0000-00-05-0" && h.healthy),
+        "{:?}",
+        r.health
+    );
+    // The unbind's groups, then the host after it (the refresh, the health and the slices).
     assert_eq!((full, groups), (1, 1));
 }

@@ -21,8 +21,10 @@
 //!
 //! When either moved functions between drivers, the host's CDI specs (`cdi generate
 //! --write`'s) are refreshed in the same session before the lock is released
-//! ([`crate::containers::cdi::refresh_in`]): after a prepare from the host as the claim's
-//! files were planned from it, one scan for both.
+//! ([`crate::containers::cdi::refresh_in`]); the one read of the host after the writes (a
+//! prepare's, for the claim's files; an unprepare's, the refresh's) is handed on
+//! ([`Applied::view`]) to the refresh and to the driver's health and publication: one scan
+//! after the writes for all of them.
 //!
 //! The lock is waited for at most `wait` (the plugin's bound, never past the kubelet's
 //! deadline): a kubelet call must not hang behind another gpupass; it fails and is retried.
@@ -116,12 +118,18 @@ impl ApplyError {
 }
 
 /// What a claim's plan did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Applied {
     /// The functions whose driver the plan moved.
     pub moved: Vec<PciAddress>,
     /// Whether it wrote anything at all (a retry of a prepared claim writes nothing).
     pub wrote: bool,
+    /// The host as the plan's writes left it, read once under the lock after them: the view
+    /// the claim's files and the CDI refresh were planned from, which the driver hands on to
+    /// its health and publication instead of reading the host again. [`prepare`] always
+    /// reads it; [`unprepare`] only when it moved functions and the CDI refresh had a spec to
+    /// plan (else `None`, and the driver reads the host itself, as the refresh did not).
+    pub view: Option<Inventory>,
 }
 
 /// The metadata file sits in directories of its own (`.../<ns>_<claim>/<request>/`): removing
@@ -239,7 +247,7 @@ pub fn prepare(
     if !moved.is_empty() {
         refresh_specs(&mut session, view.as_ref());
     }
-    Ok(Applied { moved, wrote })
+    Ok(Applied { moved, wrote, view })
 }
 
 /// What a claim holds while it lives: each listed function's whole IOMMU group alone (read
@@ -272,10 +280,15 @@ fn holds_of(host: &HostRoot, label: &str, members: &[PciAddress], mdevs: &[Mdev]
 
 /// The host's CDI specs (`cdi generate --write`'s) refreshed in a claim's session once its
 /// plan committed ([`crate::containers::cdi::refresh_in`]), from `view` when the host was
-/// read after the writes; a failure is logged, the claim's change stands.
-fn refresh_specs(session: &mut Session<'_>, view: Option<&Inventory>) {
-    if let Err(e) = crate::containers::cdi::refresh_in(session, view) {
-        tracing::warn!("the CDI spec could not be refreshed: {}", ErrorChain(&e));
+/// read after the writes; a failure is logged, the claim's change stands. Returns the host
+/// as the refresh read it, when it had to (no `view`, a spec to refresh).
+fn refresh_specs(session: &mut Session<'_>, view: Option<&Inventory>) -> Option<Inventory> {
+    match crate::containers::cdi::refresh_in(session, view) {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::warn!("the CDI spec could not be refreshed: {}", ErrorChain(&e));
+            None
+        }
     }
 }
 
@@ -347,8 +360,9 @@ pub fn unprepare(
     plan.push(files_part(&host, what, &gone));
     let wrote = !plan.is_empty();
     session.apply(&plan)?;
+    let mut view = None;
     if !moved.is_empty() {
-        refresh_specs(&mut session, None);
+        view = refresh_specs(&mut session, None);
     }
-    Ok(Applied { moved, wrote })
+    Ok(Applied { moved, wrote, view })
 }

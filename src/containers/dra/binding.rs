@@ -87,6 +87,7 @@ impl Driver<'_> {
         if earlier.as_ref().is_some_and(|e| e.state == State::Completed) {
             return Ok(format!("claim {label} is prepared already"));
         }
+        self.after = None;
         let inv = self.scan()?;
         let offered = claim::Offered::of(&self.as_offered(&inv));
         let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
@@ -126,6 +127,9 @@ impl Driver<'_> {
             })
             .collect();
         if earlier.is_some() && members.iter().all(|a| on_vfio(&inv, a)) {
+            // Nothing to change: the host as just read is what the refresh after this call
+            // would read.
+            self.after = Some(inv);
             return Ok(format!(
                 "IOMMU group {} on vfio-pci for claim {label} already",
                 groups.join(", ")
@@ -161,6 +165,7 @@ impl Driver<'_> {
         match r {
             Ok(done) => {
                 self.settle_before(&c.uid, &before, &done.moved);
+                self.after = done.view;
                 self.save()?;
                 let moved: Vec<String> = done.moved.iter().map(|a| a.to_string()).collect();
                 Ok(format!(

@@ -91,6 +91,12 @@ pub struct Driver<'a> {
     /// them free ([`Driver::recheck_busy`]), so the scheduler sends the Pod elsewhere instead
     /// of choosing the same device again.
     pub(super) busy: BTreeMap<String, String>,
+    /// The host as this driver's last change left it ([`apply::Applied::view`]: read once
+    /// under the lock after the writes, the view the claim's files and the CDI refresh were
+    /// planned from): what the next [`Driver::resources`] takes instead of a scan of its own
+    /// (the kit asks for the resources right after each call). Cleared when a call begins, so
+    /// a call that fails or reads nothing after its writes leaves the next refresh to scan.
+    pub(super) after: Option<Inventory>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
@@ -122,6 +128,7 @@ impl<'a> Driver<'a> {
             tracker: signals::Tracker::default(),
             unhealthy: BTreeMap::new(),
             busy: BTreeMap::new(),
+            after: None,
             lock_wait: DEFAULT_LOCK_WAIT,
             binding_conditions: false,
         })
@@ -186,22 +193,18 @@ impl<'a> Driver<'a> {
         if let Some(devices) = self.prepared(c) {
             return Ok(devices);
         }
+        self.after = None;
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
         let inv = self.scan()?;
-        let offered = claim::Offered::of(&self.as_offered(&inv));
-        let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
-        claim::precheck_backend(&inv, &checked)?;
-        claim::precheck_kvm(self.ops.root(), &checked)?;
-        self.choose_mdevs(&inv, &label, &mut checked)?;
-        for d in &checked.devices {
-            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
-                return Err(PrepareError::Held {
-                    claim: label,
-                    device: d.device.clone(),
-                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
-                });
+        let checked = match self.check_claim(claim, &inv, &label) {
+            Ok(checked) => checked,
+            Err(e) => {
+                // Refused before anything changed: the host as just read is what the refresh
+                // after this call would read.
+                self.after = Some(inv);
+                return Err(e);
             }
-        }
+        };
         let members: Vec<PciAddress> = checked
             .devices
             .iter()
@@ -291,12 +294,40 @@ impl<'a> Driver<'a> {
         let prepared = prepared.expect("the engine planned the claim's files");
         let devices = prepared.devices.clone();
         self.settle_before(&c.uid, &earlier, &done.moved);
+        self.after = done.view;
         if let Some(e) = self.checkpoint.claims.get_mut(&c.uid) {
             e.state = State::Completed;
             e.prepared = Some(prepared);
         }
         self.save()?;
         Ok(devices)
+    }
+
+    /// A claim's checks against the host as `inv` has it, before anything changes: the claim
+    /// itself ([`claim::check`] against what this node offers), its backend and KVM, its
+    /// mdev slots' instances, and no other claim of this boot holding its devices.
+    fn check_claim(
+        &self,
+        claim: &Claim,
+        inv: &Inventory,
+        label: &str,
+    ) -> Result<claim::Checked, PrepareError> {
+        let c = &claim.asked;
+        let offered = claim::Offered::of(&self.as_offered(inv));
+        let mut checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
+        claim::precheck_backend(inv, &checked)?;
+        claim::precheck_kvm(self.ops.root(), &checked)?;
+        self.choose_mdevs(inv, label, &mut checked)?;
+        for d in &checked.devices {
+            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
+                return Err(PrepareError::Held {
+                    claim: label.to_string(),
+                    device: d.device.clone(),
+                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
+                });
+            }
+        }
+        Ok(checked)
     }
 
     /// After a claim's plan committed: the drivers this attempt recorded before it had the
@@ -338,6 +369,7 @@ impl<'a> Driver<'a> {
         let Some(e) = self.checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
+        self.after = None;
         let label = format!("{}/{} ({})", e.claim.namespace, e.claim.name, e.claim.uid);
         let (moved, mdevs) = if e.boot_id == self.boot_id {
             (e.moved(), mdevs_of(&e.devices))
@@ -346,7 +378,7 @@ impl<'a> Driver<'a> {
             (Vec::new(), Vec::new())
         };
         let files = files_of(&self.me.driver, &e);
-        apply::unprepare(
+        let done = apply::unprepare(
             self.ops,
             self.wait_for(deadline),
             &apply::owner(uid),
@@ -360,6 +392,7 @@ impl<'a> Driver<'a> {
             what: "unprepare".into(),
             source: Box::new(err),
         })?;
+        self.after = done.view;
         self.checkpoint.claims.remove(uid);
         self.save()
     }
@@ -638,9 +671,13 @@ impl DraDriver for Driver<'_> {
     }
 
     /// The pool as published ([`Driver::as_offered`]: a Prepare does not change what the
-    /// node offers) and the health of the host as it is.
+    /// node offers) and the health of the host as it is: as the last call's writes left it
+    /// when that call read it after them ([`Driver::after`], taken once), else scanned now.
     fn resources(&mut self) -> Result<Resources, PrepareError> {
-        let inv = self.scan()?;
+        let inv = match self.after.take() {
+            Some(inv) => inv,
+            None => self.scan()?,
+        };
         let health = self.health(&inv);
         self.recheck_busy(&inv);
         let offered = self.as_offered(&inv);

@@ -111,7 +111,9 @@ pub trait DraDriver {
     ) -> BTreeMap<String, Result<(), Self::Error>>;
 
     /// The pool to publish and the health to stream, read now (after each call, every poll,
-    /// on a kernel uevent).
+    /// on a kernel uevent; wake-ups queued together are answered by one call). A driver may
+    /// answer the call right after its own change from the host as it read it after that
+    /// change's writes, instead of reading it again.
     fn resources(&mut self) -> Result<Resources, Self::Error>;
 
     /// Binding conditions ([`super::binding`]): the work for `devices` of `claim` (allocated
@@ -602,8 +604,14 @@ fn worker<D: DraDriver>(
         ),
     };
     refresh(&mut driver);
+    // A job taken off the queue while wake-ups were coalesced (below), run next.
+    let mut next: Option<Job> = None;
     loop {
-        match jobs.recv_timeout(poll) {
+        let job = match next.take() {
+            Some(j) => Ok(j),
+            None => jobs.recv_timeout(poll),
+        };
+        match job {
             Ok(Job::Prepare(claims, due, reply)) => {
                 let mut out = BTreeMap::new();
                 for c in claims {
@@ -668,7 +676,18 @@ fn worker<D: DraDriver>(
                     refresh(&mut driver);
                 }
             }
-            Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => refresh(&mut driver),
+            Ok(Job::Wake) | Err(mpsc::RecvTimeoutError::Timeout) => {
+                // The wake-ups queued behind this one (a bind's uevents come in a burst: the
+                // unbind, the bind, the VFIO nodes) are answered by this one read of the
+                // host, which comes after all of them; the first other job keeps its turn.
+                while let Ok(j) = jobs.try_recv() {
+                    if !matches!(j, Job::Wake) {
+                        next = Some(j);
+                        break;
+                    }
+                }
+                refresh(&mut driver)
+            }
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }

@@ -39,6 +39,8 @@ struct Refused(String);
 struct Fake {
     calls: Arc<Mutex<Vec<String>>>,
     done: BTreeMap<String, Vec<PreparedDevice>>,
+    /// How many times the kit asked for the resources.
+    refreshes: Arc<AtomicUsize>,
 }
 
 impl DraDriver for Fake {
@@ -97,6 +99,7 @@ impl DraDriver for Fake {
     }
 
     fn resources(&mut self) -> Result<Resources, Refused> {
+        self.refreshes.fetch_add(1, Ordering::SeqCst);
         Ok(Resources {
             pool: Pool::default(),
             health: vec![Health {
@@ -271,4 +274,36 @@ fn grpc_timeouts_are_read_as_grpc_writes_them() {
     for bad in ["", "S", "123456789S", "2s", "-1S", "1.5S", "2µ"] {
         assert_eq!(grpc_timeout(bad), None, "{bad:?}");
     }
+}
+
+/// Wake-ups queued together (a bind's uevents come in a burst) are answered by one read of the
+/// driver's resources, and a call queued among them keeps its turn.
+#[test]
+fn wake_ups_queued_together_are_one_refresh_and_a_call_among_them_keeps_its_turn() {
+    let fake = Fake::default();
+    let (calls, refreshes) = (fake.calls.clone(), fake.refreshes.clone());
+    let (tx, rx) = mpsc::channel();
+    for _ in 0..5 {
+        tx.send(Job::Wake).unwrap();
+    }
+    let (reply, answer) = oneshot::channel();
+    let c = ClaimRef {
+        namespace: "default".into(),
+        uid: "uid-a".into(),
+        name: "a".into(),
+    };
+    tx.send(Job::Unprepare(vec![c], None, reply)).unwrap();
+    for _ in 0..3 {
+        tx.send(Job::Wake).unwrap();
+    }
+    tx.send(Job::Stop).unwrap();
+    let (health, _watching) = watch::channel(Vec::new());
+    let source = Source {
+        reads: Arc::default(),
+    };
+    worker(fake, &source, rx, health, Duration::from_secs(60), None);
+    // At start; once for the five wake-ups; after the call; once for the three.
+    assert_eq!(refreshes.load(Ordering::SeqCst), 4);
+    assert_eq!(*calls.lock().unwrap(), ["unprepare uid-a"]);
+    assert!(answer.blocking_recv().unwrap()["uid-a"].is_ok());
 }
