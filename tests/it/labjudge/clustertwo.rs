@@ -434,25 +434,8 @@ fn daemonset_on_both(o: &Out) -> Verdict {
 
 /// The taints of lab's 00:05 device in the slices `name` shipped, as `KEY=VALUE:EFFECT`.
 fn busy_taints(o: &Out, name: &str) -> Result<Vec<String>, String> {
-    let v = o.cmd(name)?.json()?;
-    let dev = items(&v)
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .find(|d| d["name"] == VGA_DEV)
-        .ok_or_else(|| format!("{name}: lab's slices have no {VGA_DEV}"))?;
-    Ok(dev["taints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|t| {
-            format!(
-                "{}={}:{}",
-                t["key"].as_str().unwrap_or(""),
-                t["value"].as_str().unwrap_or(""),
-                t["effect"].as_str().unwrap_or("")
-            )
-        })
-        .collect())
+    super::device_taints(&o.cmd(name)?.json()?, VGA_DEV)
+        .ok_or_else(|| format!("{name}: lab's slices have no {VGA_DEV}"))
 }
 
 /// The busy Pod's events: the bind before binding failed on lab as InUse, naming the holder's

@@ -249,6 +249,32 @@ impl Facts {
 }
 
 /// Text on one line (a `LAB-RESULT` detail): newlines become ` | `, long text is cut.
+/// The taints of `device` in a list of ResourceSlices (`kubectl get resourceslices -o json`),
+/// each as `KEY=VALUE:EFFECT`; `None` when no slice of the list has the device.
+pub fn device_taints(v: &Value, device: &str) -> Option<Vec<String>> {
+    let dev = v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == device)?;
+    Some(
+        dev["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                format!(
+                    "{}={}:{}",
+                    t["key"].as_str().unwrap_or(""),
+                    t["value"].as_str().unwrap_or(""),
+                    t["effect"].as_str().unwrap_or("")
+                )
+            })
+            .collect(),
+    )
+}
+
 pub fn one_line(s: &str) -> String {
     let mut l: String = s
         .lines()

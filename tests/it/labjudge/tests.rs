@@ -101,6 +101,27 @@ fn real_outputs_pass() {
     }
 }
 
+/// Every judge: a boot that shipped nothing fails every step, each naming a file the guest did
+/// not ship (its leg unknown, a judge with steps per leg judges them all).
+#[test]
+fn nothing_shipped_fails_every_step_of_every_judge_naming_the_file() {
+    let t = tempfile::tempdir().unwrap();
+    for j in judges() {
+        let f = j.run(t.path());
+        assert_eq!(f.len(), j.checks.len(), "{}", j.scenario);
+        for x in &f {
+            assert!(!x.pass, "{}: {}: {}", j.scenario, x.step, x.detail);
+            assert!(
+                x.detail.contains("the guest did not ship it"),
+                "{}: {}: {}",
+                j.scenario,
+                x.step,
+                x.detail
+            );
+        }
+    }
+}
+
 #[test]
 fn bind_a_missing_file_fails_its_steps_naming_it() {
     let t = copy_of("bind");
