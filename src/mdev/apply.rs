@@ -138,7 +138,7 @@ pub fn create(
 ) -> Result<Done<Created>, MdevError> {
     let name = "mdev create";
     let host = ops.root();
-    let (mut session, inv) = locked(ops, dry_run, MdevScope::Parent(&req.parent))?;
+    let (mut session, inv) = locked(ops, dry_run, MdevScope::Type(&req.parent, &req.ty))?;
     let parents = types::parents(&inv);
     if req.uuid.is_some() && req.count > 1 {
         return Err(MdevError::Usage(
@@ -237,9 +237,10 @@ pub struct DefineRequest {
 /// type of that active instance.
 pub fn define(ops: &dyn HostOps, req: DefineRequest, dry_run: bool) -> Result<Done<Definition>, MdevError> {
     let host = ops.root();
-    let scope = match &req.parent {
-        Some(p) => MdevScope::Parent(p),
-        None => MdevScope::All,
+    let scope = match (&req.parent, &req.ty) {
+        (Some(p), Some(t)) => MdevScope::Type(p, t),
+        (Some(p), None) => MdevScope::Parent(p),
+        _ => MdevScope::All,
     };
     let (mut session, inv) = locked(ops, dry_run, scope)?;
     let parents = types::parents(&inv);
@@ -377,7 +378,7 @@ pub fn start(
     let inv = scan(
         host,
         match &one {
-            Some(d) => MdevScope::Parent(&d.parent),
+            Some(d) => MdevScope::Type(&d.parent, &d.mdev_type),
             None => MdevScope::All,
         },
     )?;
