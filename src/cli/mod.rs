@@ -23,6 +23,7 @@ pub mod device_plugin;
 pub mod dra_plugin;
 pub mod error;
 pub mod events;
+mod fastparse;
 pub mod groups;
 pub mod list;
 pub mod man;
@@ -122,6 +123,10 @@ pub fn parse() -> Cli {
             Err(_) => 1,
         };
         std::process::exit(code);
+    }
+    // The plain command lines of the mdev changes, read without clap (`fastparse`).
+    if let Some(cli) = fastparse::parse(&args, std::env::var_os("GPUPASS_ROOT")) {
+        return cli;
     }
     let mut cmd = command_for(command_name(&args));
     let matches = cmd.try_get_matches_from_mut(args).unwrap_or_else(|e| e.exit());
