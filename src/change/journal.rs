@@ -1,7 +1,8 @@
 //! The one journal and the one lock of every change gpupass makes to a host.
 //!
-//! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` and
-//! `fdatasync`ed before the change it announces is made:
+//! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` before
+//! the change it announces is made; the `change` (and `extend`) record and the one that ends a
+//! transaction are `fdatasync`ed too ([`Journal::append`]):
 //!
 //! ```text
 //! {"v":1,"op":"change","txn":"4242-1732871234123","time":1732871234,"pid":4242,"domain":"bind",
