@@ -636,8 +636,9 @@ impl<'a> Session<'a> {
         let host = self.ops.root().clone();
         let mut j = Journal::open(&host, &self.lock, &self.replay)?;
         let r = run(self.ops, plan, then, &self.replay.open, &mut j);
-        // The next plan of this session replays what this one wrote.
-        self.replay = journal::read(&host)?;
+        // The next plan of this session replays what this one wrote: the lines it appended,
+        // replayed on top of what was read under the lock (the journal is not read again).
+        j.settle(&host, &mut self.replay)?;
         r
     }
 }

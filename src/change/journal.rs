@@ -1,7 +1,8 @@
 //! The one journal and the one lock of every change gpupass makes to a host.
 //!
-//! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` and
-//! `fdatasync`ed before the change it announces is made:
+//! `run/gpupass/journal.jsonl` is append-only JSON lines, each written with one `write(2)` before
+//! the change it announces is made; the `change` (and `extend`) record and the one that ends a
+//! transaction are `fdatasync`ed too ([`Journal::append`]):
 //!
 //! ```text
 //! {"v":1,"op":"change","txn":"4242-1732871234123","time":1732871234,"pid":4242,"domain":"bind",
@@ -37,7 +38,7 @@ use crate::messages;
 use crate::model::{is_vfio_driver, PciAddress};
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Seek, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -212,7 +213,6 @@ pub struct Replay {
     pub bad_lines: usize,
     /// Lines that were parsed.
     pub records: usize,
-    pub size: u64,
 }
 
 pub(crate) fn journal_path(host: &HostRoot) -> PathBuf {
@@ -239,18 +239,26 @@ pub fn read(host: &HostRoot) -> Result<Replay, ChangeError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Replay::default()),
         Err(e) => return Err(jerr(&path, host)(e)),
     };
-    let mut r = replay(&text);
-    r.size = text.len() as u64;
-    Ok(r)
+    Ok(replay(&text))
 }
 
 /// Replay journal text.
 pub fn replay(text: &str) -> Replay {
     let mut r = Replay::default();
-    let mut open: Vec<OpenChange> = Vec::new();
     for line in text.lines() {
+        r.feed(line);
+    }
+    r
+}
+
+impl Replay {
+    /// Replay one more journal line on top of what was replayed so far (what [`replay`] does
+    /// for each line, and what a session does with the lines it appended itself, instead of
+    /// reading the journal again).
+    pub(crate) fn feed(&mut self, line: &str) {
+        let r = self;
         if line.trim().is_empty() {
-            continue;
+            return;
         }
         let rec = match serde_json::from_str::<Line>(line) {
             Ok(l) if l.v <= VERSION => {
@@ -259,9 +267,10 @@ pub fn replay(text: &str) -> Replay {
             }
             _ => {
                 r.bad_lines += 1;
-                continue;
+                return;
             }
         };
+        let open = &mut r.open;
         match rec {
             Record::Begin {
                 txn,
@@ -368,8 +377,6 @@ pub fn replay(text: &str) -> Replay {
             }
         }
     }
-    r.open = open;
-    r
 }
 
 /// Apply a completed transaction's holds: an owner's release drops every key it held; its
@@ -538,7 +545,7 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, ChangeError> {
         }
         .into());
     }
-    let mut f = open_lock_file(host)?;
+    let f = open_lock_file(host)?;
     let path = lock_path(host);
     let start = Instant::now();
     let mut told = false;
@@ -562,11 +569,16 @@ pub fn lock(host: &HostRoot, wait: Duration) -> Result<Lock, ChangeError> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Say who holds it, for the message of the one that waits.
-    let _ = f.set_len(0);
-    let _ = f.rewind();
-    let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
+    // Say who holds it, for the message of the one that waits: one write at the start, padded
+    // to a fixed width so that it covers any holder's line before it (a pid has at most 7
+    // digits; readers trim), instead of a truncate, a seek and a write.
+    let _ = write_at_start(&f, format!("{:<10}\n", std::process::id()).as_bytes());
     Ok(Lock { _file: f })
+}
+
+fn write_at_start(f: &File, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(bytes, 0)
 }
 
 /// The open journal, for appending.
@@ -575,6 +587,12 @@ pub(crate) struct Journal {
     /// `path` as the user sees it (without the root).
     display: PathBuf,
     file: File,
+    /// The records a compaction left when it was opened (0: truncated, 1: a `state`).
+    compacted: Option<usize>,
+    /// The lines appended since it was opened, for [`Journal::settle`].
+    appended: Vec<String>,
+    /// An append failed (the file may end in a torn line): settle by reading it again.
+    torn: bool,
 }
 
 impl Journal {
@@ -582,24 +600,52 @@ impl Journal {
     ///
     /// When nothing is open, finished transactions are folded into one `state` record first:
     /// every gpupass command replays the journal (to notice a plan a crash left open), so its
-    /// length is paid on each call; under the lock, on `/run`'s tmpfs, the rewrite is a few
-    /// cheap calls. What was done stays in the logs (`-v`), not here.
+    /// length is paid on each call. When that state is empty (nothing bound by gpupass, nothing
+    /// held: a host where gpupass only makes mdevs, or binds nothing now) the fold is the
+    /// empty journal, and the file is truncated as it is opened (one call), not rewritten; an
+    /// empty journal and an empty `state` record replay alike. Otherwise the `state` record is
+    /// written atomically (a temporary file renamed over it). What was done stays in the logs
+    /// (`-v`), not here.
     pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, ChangeError> {
-        let dir = host.run_gpupass();
-        fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
         let path = journal_path(host);
+        let mut compacted = None;
+        let mut truncate = false;
         if replay.open.is_empty() && (replay.records > 1 || replay.bad_lines > 0) {
-            compact(&path, &replay.bound, &replay.held).map_err(jerr(&path, host))?;
+            if replay.bound.is_empty() && replay.held.is_empty() {
+                truncate = true;
+                compacted = Some(0);
+            } else {
+                compact(&path, &replay.bound, &replay.held).map_err(jerr(&path, host))?;
+                compacted = Some(1);
+            }
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(jerr(&path, host))?;
+        let open = || {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut o = OpenOptions::new();
+            o.create(true).append(true);
+            if truncate {
+                // `OpenOptions` refuses append with truncate; the flag itself is fine.
+                o.custom_flags(libc_o_trunc());
+            }
+            o.open(&path)
+        };
+        // The directory is the lock's, made before the lock was taken: made again only if gone.
+        let file = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let dir = host.run_gpupass();
+                fs::create_dir_all(&dir).map_err(jerr(&dir, host))?;
+                open()
+            }
+            r => r,
+        }
+        .map_err(jerr(&path, host))?;
         Ok(Journal {
             display: host.display(&path).into(),
             path,
             file,
+            compacted,
+            appended: Vec::new(),
+            torn: false,
         })
     }
 
@@ -607,23 +653,69 @@ impl Journal {
         &self.path
     }
 
-    /// Append one record durably: one write of the whole line, then fdatasync.
+    /// Append one record: one write of the whole line. The records that recovery stands on
+    /// are `fdatasync`ed: a `change` (or `extend`) before the first write it announces, and
+    /// the end of a transaction (`commit`, `rolled_back`, `recovered`). A `step` or `undo`
+    /// (which write of the plan was made last, for the messages; rollback and recovery are
+    /// state-based on the `change` record's objects) is written before its write but not
+    /// synced: once `write(2)` returns, a crash of the process keeps it, and after a crash of
+    /// the machine the `change` record alone restores the host.
     pub fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
+        let sync = !matches!(rec, Record::Step { .. } | Record::Undo { .. });
         let mut line =
             serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| ChangeError::Journal {
                 path: self.display.clone(),
                 source: io::Error::other(e),
             })?;
         line.push('\n');
-        let r = self
-            .file
-            .write_all(line.as_bytes())
-            .and_then(|_| self.file.sync_data());
-        r.map_err(|source| ChangeError::Journal {
-            path: self.display.clone(),
-            source,
-        })
+        let r =
+            self.file.write_all(line.as_bytes()).and_then(
+                |_| {
+                    if sync {
+                        self.file.sync_data()
+                    } else {
+                        Ok(())
+                    }
+                },
+            );
+        match r {
+            Ok(()) => {
+                self.appended.push(line);
+                Ok(())
+            }
+            Err(source) => {
+                self.torn = true;
+                Err(ChangeError::Journal {
+                    path: self.display.clone(),
+                    source,
+                })
+            }
+        }
     }
+
+    /// Bring `replay` (the journal as read before [`Journal::open`]) to what the journal holds
+    /// now: the compaction, then the lines this journal appended, replayed on top. The same
+    /// as reading the journal again ([`read`]), without the read; after a failed append, the
+    /// read itself.
+    pub(crate) fn settle(self, host: &HostRoot, replay: &mut Replay) -> Result<(), ChangeError> {
+        if self.torn {
+            *replay = read(host)?;
+            return Ok(());
+        }
+        if let Some(records) = self.compacted {
+            replay.records = records;
+            replay.bad_lines = 0;
+        }
+        for line in &self.appended {
+            replay.feed(line);
+        }
+        Ok(())
+    }
+}
+
+/// `O_TRUNC`, for [`Journal::open`].
+fn libc_o_trunc() -> i32 {
+    rustix::fs::OFlags::TRUNC.bits() as i32
 }
 
 fn compact(path: &Path, bound: &BoundState, held: &Held) -> io::Result<()> {
@@ -666,7 +758,21 @@ pub(crate) fn warn_unfinished(host: &HostRoot) {
             return;
         }
     }
-    for t in &r.open {
+    warn_open(&r.open);
+}
+
+/// Whether this process has said so already ([`warn_open`]: once per process).
+static UNFINISHED_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Say on stderr that each of `open` is unfinished and how to recover it, once per process.
+/// [`warn_unfinished`] says it for the commands that do not take the lock; a command that
+/// takes it (the mdev changes) says it from the journal it read under the lock, where every
+/// open plan is an abandoned one, instead of reading the journal twice.
+pub(crate) fn warn_open(open: &[OpenChange]) {
+    if open.is_empty() || UNFINISHED_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    for t in open {
         if t.domain == "bind" || t.domain == "unbind" {
             messages::warn(format_args!(
                 "an unfinished gpupass {}; devices may be half-moved. Run `gpupass recover` to restore them (or `gpupass recover --continue` to finish the {})",

@@ -434,3 +434,51 @@ fn prune_levels_read_old_journals_and_remove_only_emptied_directories() {
     assert!(!claim.exists());
     assert!(t.path().join("meta").exists(), "never more than the level");
 }
+
+/// What a session knows of the journal after each of its plans (the lines it appended,
+/// replayed on top of what it read under the lock) is what reading the journal gives; a
+/// journal whose fold is empty is truncated, not rewritten; one with state keeps its `state`
+/// record; a `step` of each write is still there for the messages of a crash.
+#[test]
+fn a_sessions_replay_is_the_journal_as_read_after_each_plan() {
+    let (_t, h) = lab_like();
+    let ops = FakeHost::new(h.clone());
+    let same = |s: &Session<'_>, what: &str| {
+        let r = journal::read(&h).unwrap();
+        let m = s.replay();
+        assert_eq!(m.bound, r.bound, "{what}");
+        assert_eq!(m.held, r.held, "{what}");
+        assert_eq!(m.open, r.open, "{what}");
+        assert_eq!((m.records, m.bad_lines), (r.records, r.bad_lines), "{what}");
+    };
+    let file = |content: Option<&str>| {
+        let mut p = Part::new("test", "a file");
+        p.file(&h, &spec_path(&h), content.map(str::to_string), false);
+        Plan::of(p)
+    };
+    let mut s = Session::lock(&ops, journal::lock_timeout()).unwrap();
+    s.apply(&file(Some("one"))).unwrap();
+    same(&s, "first plan");
+    s.apply(&file(None)).unwrap();
+    same(&s, "second plan");
+    // Nothing bound, nothing held: the two finished plans fold into nothing.
+    s.apply(&file(Some("two"))).unwrap();
+    same(&s, "after the truncation");
+    let j = journal_text(&h);
+    assert_eq!(j.lines().count(), 3, "change, step, commit: {j}");
+    assert!(!j.contains("\"op\":\"state\""), "{j}");
+    assert!(j.contains("\"op\":\"step\""), "{j}");
+    // A bind: state to keep from now on.
+    s.apply(&claim_plan(&h)).unwrap();
+    same(&s, "the bind");
+    s.apply(&file(Some("three"))).unwrap();
+    same(&s, "after the compaction");
+    let j = journal_text(&h);
+    assert!(j.starts_with("{\"v\":1,\"op\":\"state\""), "{j}");
+    assert_eq!(s.replay().bound.len(), 2);
+    drop(s);
+    // A later process reads the same.
+    let s2 = Session::lock(&ops, journal::lock_timeout()).unwrap();
+    assert_eq!(s2.replay().bound.len(), 2);
+    assert!(s2.replay().open.is_empty());
+}

@@ -156,6 +156,19 @@ fn print_plan(
 }
 
 impl MdevCommand {
+    /// A change that is not a dry run: it takes the lock and reads the journal under it.
+    pub(crate) fn takes_lock(&self) -> bool {
+        match self {
+            MdevCommand::Types { .. } | MdevCommand::List { .. } => false,
+            MdevCommand::Create { dry_run, .. }
+            | MdevCommand::Remove { dry_run, .. }
+            | MdevCommand::Define { dry_run, .. }
+            | MdevCommand::Undefine { dry_run, .. }
+            | MdevCommand::Start { dry_run, .. }
+            | MdevCommand::Stop { dry_run, .. } => !dry_run,
+        }
+    }
+
     /// The subcommand as the user typed it, for messages (`mdev create`).
     fn name(&self) -> &'static str {
         match self {

@@ -23,6 +23,7 @@ pub mod device_plugin;
 pub mod dra_plugin;
 pub mod error;
 pub mod events;
+mod fastparse;
 pub mod groups;
 pub mod list;
 pub mod man;
@@ -122,6 +123,10 @@ pub fn parse() -> Cli {
             Err(_) => 1,
         };
         std::process::exit(code);
+    }
+    // The plain command lines of the mdev changes, read without clap (`fastparse`).
+    if let Some(cli) = fastparse::parse(&args, std::env::var_os("GPUPASS_ROOT")) {
+        return cli;
     }
     let mut cmd = command_for(command_name(&args));
     let matches = cmd.try_get_matches_from_mut(args).unwrap_or_else(|e| e.exit());
@@ -348,9 +353,15 @@ pub enum Command {
 }
 
 impl Command {
-    /// `bind`, `unbind` and `recover` read the journal themselves, under its lock.
-    fn changes_drivers(&self) -> bool {
-        matches!(self, Command::Bind(_) | Command::Unbind(_) | Command::Recover(_))
+    /// `bind`, `unbind` and `recover` read the journal themselves, under its lock; so do the
+    /// mdev changes (not their dry runs), which warn of an unfinished plan from that read
+    /// (`change::journal::warn_open`) instead of reading the journal a second time first.
+    fn reads_journal_under_lock(&self) -> bool {
+        match self {
+            Command::Bind(_) | Command::Unbind(_) | Command::Recover(_) => true,
+            Command::Mdev(m) => m.takes_lock(),
+            _ => false,
+        }
     }
 }
 
@@ -363,7 +374,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<Exit> {
         cli.globals.from_json.clone(),
         cli.globals.json,
     );
-    if !cli.command.changes_drivers() && ctx.from_json.is_none() {
+    if !cli.command.reads_journal_under_lock() && ctx.from_json.is_none() {
         // A crash between two writes of a bind leaves a plan open in the journal: say so.
         crate::change::journal::warn_unfinished(&ctx.host);
     }

@@ -53,6 +53,7 @@ pub(super) fn read_virtual_mdev_parents(
     host: &HostRoot,
     devices: &[PciDevice],
     only: Option<&str>,
+    only_type: Option<&str>,
     warnings: &mut Vec<String>,
 ) -> Vec<MdevParent> {
     let class = host.mdev_bus_class();
@@ -93,7 +94,7 @@ pub(super) fn read_virtual_mdev_parents(
         });
         let tables = HostTables::default();
         let mut r = Reader::new(host, &tables, false);
-        let mdev_types = r.mdev_types(&link.join("mdev_supported_types"), &name);
+        let mdev_types = r.mdev_types_of(&link.join("mdev_supported_types"), &name, only_type);
         warnings.extend(r.warnings);
         out.push(MdevParent {
             name,

@@ -126,7 +126,7 @@ pub fn scan(host: &HostRoot) -> Result<Inventory, InventoryError> {
     sort_devices(&mut devices);
 
     let mdevs = read_mdevs(host, &mut warnings);
-    let mdev_parents = read_virtual_mdev_parents(host, &devices, None, &mut warnings);
+    let mdev_parents = read_virtual_mdev_parents(host, &devices, None, None, &mut warnings);
     let groups = read_groups(host, &devices, &mdevs, &mut warnings);
     let kernel = read_attr(&host.proc_osrelease()).ok();
     let mut inv = Inventory {
@@ -275,7 +275,7 @@ pub(crate) fn scan_groups(
 /// directory (vendor-VFIO vGPU VFs and PFs) and their physical functions: one directory
 /// listing and one `stat` per function instead of a read of every attribute of every function.
 ///
-/// `scope` narrows it further: [`MdevScope::Parent`] reads that one parent when
+/// `scope` narrows it further: [`MdevScope::Parent`] (and [`MdevScope::Type`]) reads that one parent when
 /// `sys/class/mdev_bus` lists it (else, for a vGPU function or a name to suggest against,
 /// everything above); [`MdevScope::Instances`] reads only the active instances (`remove` and
 /// `stop` of a UUID look at nothing else).
@@ -303,7 +303,11 @@ pub(crate) fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Invento
         return Ok(inv);
     }
     let class_dir = host.mdev_bus_class();
-    if let MdevScope::Parent(p) = scope {
+    if let MdevScope::Parent(p) | MdevScope::Type(p, _) = scope {
+        let only_type = match scope {
+            MdevScope::Type(_, t) => Some(t),
+            _ => None,
+        };
         let name = p
             .parse::<PciAddress>()
             .map(|a| a.to_string())
@@ -312,7 +316,10 @@ pub(crate) fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Invento
         if listed {
             match name.parse::<PciAddress>() {
                 Ok(a) => inv.devices = read_devices(host, &[(a, None)], false, &mut warnings),
-                Err(_) => inv.mdev_parents = read_virtual_mdev_parents(host, &[], Some(&name), &mut warnings),
+                Err(_) => {
+                    inv.mdev_parents =
+                        read_virtual_mdev_parents(host, &[], Some(&name), only_type, &mut warnings)
+                }
             }
             inv.warnings = warnings;
             return Ok(inv);
@@ -345,7 +352,7 @@ pub(crate) fn scan_mdev(host: &HostRoot, scope: MdevScope<'_>) -> Result<Invento
         devices.extend(read_devices(host, &pfs, false, &mut warnings));
     }
     sort_devices(&mut devices);
-    inv.mdev_parents = read_virtual_mdev_parents(host, &devices, None, &mut warnings);
+    inv.mdev_parents = read_virtual_mdev_parents(host, &devices, None, None, &mut warnings);
     inv.devices = devices;
     inv.warnings = warnings;
     Ok(inv)
@@ -358,6 +365,11 @@ pub(crate) enum MdevScope<'a> {
     All,
     /// The parent the user named (a name or a PCI address, short or full).
     Parent(&'a str),
+    /// As `Parent`, and of a virtual parent (mbochs, mdpy, mtty) only the type named second
+    /// when the parent has it: a create, start or define reads the attributes of the type it
+    /// makes, not of every type (a name it lacks reads them all, for the "valid types" of the
+    /// error).
+    Type(&'a str, &'a str),
     /// Nothing beyond the active instances.
     Instances,
 }

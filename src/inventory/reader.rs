@@ -379,8 +379,26 @@ impl Reader<'_> {
     }
 
     pub(super) fn mdev_types(&mut self, types_dir: &Path, addr: &str) -> Vec<MdevType> {
+        self.mdev_types_of(types_dir, addr, None)
+    }
+
+    /// [`Reader::mdev_types`]; with `only`, that one type when `types_dir` has it (the type a
+    /// command names: the others' attributes are not read), else every type as without.
+    pub(super) fn mdev_types_of(
+        &mut self,
+        types_dir: &Path,
+        addr: &str,
+        only: Option<&str>,
+    ) -> Vec<MdevType> {
         let mut out = Vec::new();
-        let ids = match dir_names(types_dir) {
+        let one = only.filter(|t| {
+            !t.is_empty() && !t.contains('/') && !t.starts_with('.') && types_dir.join(t).is_dir()
+        });
+        let ids = match one {
+            Some(t) => Ok(vec![t.to_string()]),
+            None => dir_names(types_dir),
+        };
+        let ids = match ids {
             Ok(v) => v,
             Err(e) => {
                 self.warnings.push(format!(

@@ -30,6 +30,24 @@ fn the_mdev_scan_finds_what_the_whole_scan_finds() {
                 p.name
             );
             assert_eq!(json(&full.mdevs), json(&one.mdevs));
+            // One type named: that type as the whole scan reads it (of a virtual parent, the
+            // only one read); a type the parent lacks: every type, for the error.
+            for t in &p.types {
+                let typed = parents(&scan_mdev(&host, MdevScope::Type(&p.name, &t.t.id)).unwrap());
+                let found = typed.iter().find(|g| g.name == p.name).expect("the parent");
+                let ft = found.types.iter().find(|x| x.t.id == t.t.id);
+                assert_eq!(ft.map(|x| json(x)), Some(json(t)), "{} {}", p.name, t.t.id);
+                if p.pci.is_none() {
+                    assert_eq!(found.types.len(), 1, "{} {}", p.name, t.t.id);
+                }
+            }
+            let lacking = parents(&scan_mdev(&host, MdevScope::Type(&p.name, "no-such-type")).unwrap());
+            assert_eq!(
+                lacking.iter().find(|g| g.name == p.name).map(|g| json(g)),
+                Some(json(p)),
+                "{}",
+                p.name
+            );
         }
         let inst = scan_mdev(&host, MdevScope::Instances).unwrap();
         assert_eq!(json(&full.mdevs), json(&inst.mdevs));

@@ -41,12 +41,25 @@ fn locked<'a>(
     dry_run: bool,
     scope: MdevScope<'_>,
 ) -> Result<(Option<Session<'a>>, Inventory), MdevError> {
-    let session = if dry_run {
-        None
-    } else {
-        Some(Session::lock(ops, journal::lock_timeout())?)
-    };
-    let inv = crate::inventory::scan_mdev(ops.root(), scope)?;
+    let session = lock(ops, dry_run)?;
+    Ok((session, scan(ops.root(), scope)?))
+}
+
+/// The lock, not for a dry run.
+fn lock(ops: &dyn HostOps, dry_run: bool) -> Result<Option<Session<'_>>, MdevError> {
+    if dry_run {
+        return Ok(None);
+    }
+    let s = Session::lock(ops, journal::lock_timeout())?;
+    // Under the lock every open plan is an abandoned one (`cli::run` did not read the
+    // journal before: `MdevCommand::takes_lock`).
+    journal::warn_open(&s.replay().open);
+    Ok(Some(s))
+}
+
+/// The part of the host `scope` names, its warnings said once.
+fn scan(host: &HostRoot, scope: MdevScope<'_>) -> Result<Inventory, MdevError> {
+    let inv = crate::inventory::scan_mdev(host, scope)?;
     for w in &inv.warnings {
         messages::warn(w);
     }
@@ -55,7 +68,7 @@ fn locked<'a>(
         mdevs = inv.mdevs.len(),
         "inventory read"
     );
-    Ok((session, inv))
+    Ok(inv)
 }
 
 /// The session a change holds.
@@ -125,7 +138,7 @@ pub fn create(
 ) -> Result<Done<Created>, MdevError> {
     let name = "mdev create";
     let host = ops.root();
-    let (mut session, inv) = locked(ops, dry_run, MdevScope::Parent(&req.parent))?;
+    let (mut session, inv) = locked(ops, dry_run, MdevScope::Type(&req.parent, &req.ty))?;
     let parents = types::parents(&inv);
     if req.uuid.is_some() && req.count > 1 {
         return Err(MdevError::Usage(
@@ -224,9 +237,10 @@ pub struct DefineRequest {
 /// type of that active instance.
 pub fn define(ops: &dyn HostOps, req: DefineRequest, dry_run: bool) -> Result<Done<Definition>, MdevError> {
     let host = ops.root();
-    let scope = match &req.parent {
-        Some(p) => MdevScope::Parent(p),
-        None => MdevScope::All,
+    let scope = match (&req.parent, &req.ty) {
+        (Some(p), Some(t)) => MdevScope::Type(p, t),
+        (Some(p), None) => MdevScope::Parent(p),
+        _ => MdevScope::All,
     };
     let (mut session, inv) = locked(ops, dry_run, scope)?;
     let parents = types::parents(&inv);
@@ -353,9 +367,22 @@ pub fn start(
 ) -> Result<Started, MdevError> {
     let name = "mdev start";
     let host = ops.root();
-    let (mut session, inv) = locked(ops, dry_run, MdevScope::All)?;
-    let parents = types::parents(&inv);
+    let mut session = lock(ops, dry_run)?;
     let defs = read_defs(host);
+    // One definition: its parent is all the plan needs (the scan reads that one parent when
+    // the kernel lists it, else every parent, as before). --auto-all: every parent.
+    let one = match (auto_all, uuid) {
+        (false, Some(u)) => Some(defs::find(&defs, u, parent)?.clone()),
+        _ => None,
+    };
+    let inv = scan(
+        host,
+        match &one {
+            Some(d) => MdevScope::Type(&d.parent, &d.mdev_type),
+            None => MdevScope::All,
+        },
+    )?;
+    let parents = types::parents(&inv);
     let todo: Vec<Definition> = if auto_all {
         defs.iter()
             .filter(|d| d.start == StartMode::Auto)
@@ -364,8 +391,7 @@ pub fn start(
             .cloned()
             .collect()
     } else {
-        let u = uuid.ok_or_else(|| MdevError::Usage("start needs a UUID or --auto-all".into()))?;
-        let d = defs::find(&defs, u, parent)?.clone();
+        let d = one.ok_or_else(|| MdevError::Usage("start needs a UUID or --auto-all".into()))?;
         if let Some(m) = inv.mdev(&d.uuid) {
             return Err(MdevError::AlreadyActive {
                 uuid: d.uuid.clone(),
