@@ -269,13 +269,21 @@ mod tests {
 
     const U: &str = "dddddddd-1111-4222-8333-444444444444";
 
-    fn os(v: &[&str]) -> Vec<OsString> {
-        v.iter().map(OsString::from).collect()
+    fn os<S: AsRef<str>>(v: &[S]) -> Vec<OsString> {
+        v.iter().map(|w| OsString::from(w.as_ref())).collect()
+    }
+
+    /// `gpupass` and the words of `line` (`$U`: [`U`]).
+    fn argv(line: &str) -> Vec<String> {
+        std::iter::once("gpupass")
+            .chain(line.split_whitespace())
+            .map(|w| if w == "$U" { U } else { w }.to_string())
+            .collect()
     }
 
     /// clap's parse of `argv` (Debug), or its error.
-    fn claps(argv: &[&str]) -> Result<String, String> {
-        Cli::try_parse_from(argv)
+    fn claps<S: AsRef<str>>(argv: &[S]) -> Result<String, String> {
+        Cli::try_parse_from(argv.iter().map(|w| w.as_ref()))
             .map(|c| format!("{c:?}"))
             .map_err(|e| e.to_string())
     }
@@ -286,197 +294,92 @@ mod tests {
     #[test]
     fn the_fast_path_reads_what_clap_reads_and_leaves_the_rest() {
         let env = std::env::var_os("GPUPASS_ROOT");
-        let taken: &[&[&str]] = &[
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "--parent",
-                "mbochs",
-                "--type",
-                "mbochs-small",
-                "--uuid",
-                U,
-            ],
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "-p",
-                "mtty",
-                "-t",
-                "mtty-1",
-                "--count",
-                "2",
-                "--dry-run",
-            ],
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "--parent=mdpy",
-                "--type=mdpy-vga",
-                "--attr",
-                "a=1",
-                "--attr",
-                "b=",
-            ],
-            &[
-                "gpupass",
-                "--root",
-                "/tmp/x",
-                "mdev",
-                "create",
-                "-p",
-                "mbochs",
-                "-t",
-                "mbochs-small",
-                "-u",
-                U,
-            ],
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "-p",
-                "mbochs",
-                "-t",
-                "mbochs-small",
-                "--json",
-                "--root=/r",
-            ],
-            &["gpupass", "mdev", "remove", U],
-            &["gpupass", "mdev", "remove", "0000:01:00.4", "--dry-run"],
-            &["gpupass", "mdev", "remove", "41:00.4"],
-            &["gpupass", "--json", "mdev", "stop", U],
-            &[
-                "gpupass",
-                "mdev",
-                "define",
-                "--parent",
-                "mbochs",
-                "--type",
-                "mbochs-small",
-                "--uuid",
-                U,
-            ],
-            &[
-                "gpupass",
-                "mdev",
-                "define",
-                "-p",
-                "mbochs",
-                "-t",
-                "mbochs-small",
-                "-a",
-                "--force",
-                "--attr",
-                "x=y",
-            ],
-            &["gpupass", "mdev", "define", "--uuid", U, "--manual", "--dry-run"],
-            &["gpupass", "mdev", "undefine", U],
-            &["gpupass", "mdev", "undefine", U, "-p", "mbochs", "--dry-run"],
-            &["gpupass", "mdev", "start", U],
-            &["gpupass", "mdev", "start", U, "--parent", "mbochs"],
-            &["gpupass", "mdev", "start", "--auto-all", "--dry-run"],
-            &["gpupass", "mdev", "stop", U, "--dry-run"],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--count", "4096",
-            ],
-        ];
-        for argv in taken {
+        let taken: Vec<Vec<String>> = [
+            "mdev create --parent mbochs --type mbochs-small --uuid $U",
+            "mdev create -p mtty -t mtty-1 --count 2 --dry-run",
+            "mdev create --parent=mdpy --type=mdpy-vga --attr a=1 --attr b=",
+            "--root /tmp/x mdev create -p mbochs -t mbochs-small -u $U",
+            "mdev create -p mbochs -t mbochs-small --json --root=/r",
+            "mdev remove $U",
+            "mdev remove 0000:01:00.4 --dry-run",
+            "mdev remove 41:00.4",
+            "--json mdev stop $U",
+            "mdev define --parent mbochs --type mbochs-small --uuid $U",
+            "mdev define -p mbochs -t mbochs-small -a --force --attr x=y",
+            "mdev define --uuid $U --manual --dry-run",
+            "mdev undefine $U",
+            "mdev undefine $U -p mbochs --dry-run",
+            "mdev start $U",
+            "mdev start $U --parent mbochs",
+            "mdev start --auto-all --dry-run",
+            "mdev stop $U --dry-run",
+            "mdev create -p mbochs -t x --count 4096",
+        ]
+        .iter()
+        .map(|l| argv(l))
+        .collect();
+        for argv in &taken {
             let fast = parse(&os(argv), env.clone()).unwrap_or_else(|| panic!("not taken: {argv:?}"));
             assert_eq!(Ok(format!("{fast:?}")), claps(argv), "{argv:?}");
         }
-        let left: &[&[&str]] = &[
-            &["gpupass", "mdev", "create", "--parent", "mbochs"],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "-u", "1234",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--count", "0",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--count", "4097",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--count", "+2",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-p", "mdpy", "-t", "x",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--attr", "noequals",
-            ],
-            &[
-                "gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--attr", "a/b=1",
-            ],
-            &["gpupass", "mdev", "create", "-p", "-t", "x"],
-            &["gpupass", "mdev", "create", "-pmbochs", "-t", "x"],
-            &["gpupass", "mdev", "create", "-p=mbochs", "-t", "x"],
-            &["gpupass", "mdev", "create", "-p", "", "-t", "x"],
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "-p",
-                "mbochs",
-                "-t",
-                "x",
-                "--dry-run",
-                "--dry-run",
-            ],
-            &["gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "extra"],
-            &["gpupass", "mdev", "create", "--help"],
-            &["gpupass", "mdev", "create", "-p", "mbochs", "-t", "x", "--", "y"],
-            &["gpupass", "-v", "mdev", "remove", U],
-            &["gpupass", "mdev", "remove", U, "-vv", "--log-format", "json"],
-            &["gpupass", "--color", "never", "mdev", "remove", U],
-            &["gpupass", "--from-json", "f.json", "mdev", "remove", U],
-            &["gpupass", "mdev", "remove"],
-            &["gpupass", "mdev", "remove", U, U],
-            &["gpupass", "mdev", "remove", "nope"],
-            &["gpupass", "mdev", "stop", "0000:01:00.4"],
-            &[
-                "gpupass", "mdev", "define", "-p", "mdpy", "-t", "mdpy-vga", "--auto", "--manual",
-            ],
-            &["gpupass", "mdev", "define", "-a", "-a"],
-            &["gpupass", "mdev", "undefine"],
-            &["gpupass", "mdev", "start"],
-            &["gpupass", "mdev", "start", U, "--auto-all"],
-            &["gpupass", "mdev", "list"],
-            &["gpupass", "mdev", "types", "-p", "mbochs"],
-            &["gpupass", "mdev"],
-            &["gpupass", "mdev", "bogus"],
-            &["gpupass", "bind", "01:00.0"],
-            &["gpupass", "--root", "mdev", "mdev", "remove", U],
-            &["gpupass", "--root", "/a", "--root", "/b", "mdev", "remove", U],
-            &["gpupass", "--json", "--json", "mdev", "remove", U],
-            &["gpupass", "--version"],
-            &["gpupass", "mdev", "remove", U, "--version"],
-            &["gpupass", "mdev", "stop", U, "-h"],
-            &[
-                "gpupass",
-                "mdev",
-                "create",
-                "--count=2",
-                "-p",
-                "a",
-                "-t",
-                "b",
-                "--uuid",
-                U,
-            ],
-            &["gpupass", "mdev", "create", "-p", "--json", "mbochs", "-t", "x"],
-            &[
-                "gpupass", "mdev", "create", "-p", "--root", "/r", "mbochs", "-t", "x",
-            ],
-            &["gpupass", "mdev", "create", "-p", "a", "-t", "b", "--json=true"],
-            &["gpupass", "mdev", "create", "-p", "a", "-t", "b", "--dry-run=yes"],
-            &["gpupass", "mdev", "--json"],
-            &["gpupass", "--json"],
-        ];
-        for argv in left {
+        let mut left: Vec<Vec<String>> = [
+            "mdev create --parent mbochs",
+            "mdev create -p mbochs -t x -u 1234",
+            "mdev create -p mbochs -t x --count 0",
+            "mdev create -p mbochs -t x --count 4097",
+            "mdev create -p mbochs -t x --count +2",
+            "mdev create -p mbochs -p mdpy -t x",
+            "mdev create -p mbochs -t x --attr noequals",
+            "mdev create -p mbochs -t x --attr a/b=1",
+            "mdev create -p -t x",
+            "mdev create -pmbochs -t x",
+            "mdev create -p=mbochs -t x",
+            "mdev create -p mbochs -t x --dry-run --dry-run",
+            "mdev create -p mbochs -t x extra",
+            "mdev create --help",
+            "mdev create -p mbochs -t x -- y",
+            "-v mdev remove $U",
+            "mdev remove $U -vv --log-format json",
+            "--color never mdev remove $U",
+            "--from-json f.json mdev remove $U",
+            "mdev remove",
+            "mdev remove $U $U",
+            "mdev remove nope",
+            "mdev stop 0000:01:00.4",
+            "mdev define -p mdpy -t mdpy-vga --auto --manual",
+            "mdev define -a -a",
+            "mdev undefine",
+            "mdev start",
+            "mdev start $U --auto-all",
+            "mdev list",
+            "mdev types -p mbochs",
+            "mdev",
+            "mdev bogus",
+            "bind 01:00.0",
+            "--root mdev mdev remove $U",
+            "--root /a --root /b mdev remove $U",
+            "--json --json mdev remove $U",
+            "--version",
+            "mdev remove $U --version",
+            "mdev stop $U -h",
+            "mdev create --count=2 -p a -t b --uuid $U",
+            "mdev create -p --json mbochs -t x",
+            "mdev create -p --root /r mbochs -t x",
+            "mdev create -p a -t b --json=true",
+            "mdev create -p a -t b --dry-run=yes",
+            "mdev --json",
+            "--json",
+        ]
+        .iter()
+        .map(|l| argv(l))
+        .collect();
+        // An empty value (a word split_whitespace cannot give).
+        left.push(
+            ["gpupass", "mdev", "create", "-p", "", "-t", "x"]
+                .map(String::from)
+                .to_vec(),
+        );
+        for argv in &left {
             // Left to clap, or read exactly as clap reads it.
             if let Some(fast) = parse(&os(argv), env.clone()) {
                 assert_eq!(Ok(format!("{fast:?}")), claps(argv), "{argv:?}");

@@ -291,6 +291,16 @@ fn lab2_ran(o: &Out) -> Verdict {
     Ok(format!("kernel {}, script exit 0, QEMU exit 0", g["kernel"]))
 }
 
+/// Events as one line, each `REASON: MESSAGE` (for a failure's message).
+fn events_line(evs: &[Value]) -> String {
+    one_line(
+        &evs.iter()
+            .map(|e| format!("{}: {}", e["reason"], e["message"]))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
 fn items(v: &Value) -> Vec<Value> {
     v["items"].as_array().cloned().unwrap_or_default()
 }
@@ -455,12 +465,7 @@ fn busy_failed_on_lab(o: &Out) -> Verdict {
         .ok_or_else(|| {
             format!(
                 "busy-events: no event with InUse and pid {pid}: {}",
-                one_line(
-                    &evs.iter()
-                        .map(|e| format!("{}: {}", e["reason"], e["message"]))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                )
+                events_line(&evs)
             )
         })?;
     Ok(format!(
@@ -598,12 +603,7 @@ fn held_reason(o: &Out) -> Verdict {
         .ok_or_else(|| {
             format!(
                 "no FailedScheduling event for two-amd-held: {}",
-                one_line(
-                    &evs.iter()
-                        .map(|e| format!("{}: {}", e["reason"], e["message"]))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                )
+                events_line(&evs)
             )
         })?;
     if msg.contains("0/2 nodes are available") && msg.contains("claim") {
