@@ -383,6 +383,17 @@ cluster_last() {
   return 0
 }
 
+# cl_lab_values FILE: the chart's values for the lab (clusterhelm, clustertwo): the image as
+# `ctr images import` left it (pullPolicy Never: never pulled), the API server as the nodes reach
+# it (no kube-proxy in the lab, so not the kubernetes Service's ClusterIP), the node's network.
+cl_lab_values() {
+  cat > "$1" << EOF
+image: {repository: gpupass.dev/gpupass, tag: lab-1, pullPolicy: Never}
+apiServer: {host: $CL_HOST_IP, port: $(awk '$1 == "api" { print $2 }' "$CL/host-ports")}
+kubeletPlugin: {hostNetwork: true}
+EOF
+}
+
 # cl_claim_pod NAME TEMPLATE [NODE]: a Pod (namespace default) with one claim from TEMPLATE that
 # opens every VFIO/iommufd node it has, prints the KEP-5304 metadata it can see, says READY and
 # waits to be deleted (the DRA scenarios); with NODE, a nodeSelector for that node's hostname.

@@ -32,7 +32,6 @@ PDIR=/var/lib/kubelet/plugins/$DRIVER
 NS=gpupass-system
 REL=gpupass
 D=/opt/deploy
-API_PORT=$(awk '$1 == "api" { print $2 }' "$CL/host-ports")
 CTR="ctr --address /run/containerd/containerd.sock -n k8s.io"
 export HELM_CONFIG_HOME=/tmp/helm/config HELM_CACHE_HOME=/tmp/helm/cache HELM_DATA_HOME=/tmp/helm/data
 helm() { "$D/helm" --kubeconfig "$CL/admin.kubeconfig" "$@"; }
@@ -93,11 +92,7 @@ lab_cmd images-1 $CTR images ls
 # 2. helm install with the lab's values: the image as imported (never pulled), the API server
 # as the node reaches it (no kube-proxy here: the kubernetes Service's ClusterIP does not
 # route), the node's network (the lab's one Pod NIC stays for the claim Pods).
-cat > lab-values.yaml << EOF
-image: {repository: gpupass.dev/gpupass, tag: lab-1, pullPolicy: Never}
-apiServer: {host: $CL_HOST_IP, port: $API_PORT}
-kubeletPlugin: {hostNetwork: true}
-EOF
+cl_lab_values lab-values.yaml
 lab_file lab-values.yaml lab-values.yaml
 # DeviceClasses an earlier scenario of this boot applied by hand (clusterdra) belong to no
 # release; helm refuses to adopt them.

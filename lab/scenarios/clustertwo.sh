@@ -103,6 +103,26 @@ plugin_gone() {
     [ ! -S "/var/lib/kubelet/plugins_registry/$DRIVER-reg.sock" ]
 }
 
+# template NAME CEL: a ResourceClaimTemplate NAME (namespace default) with one request "vfio" of
+# class vfio.gpupass.dev selected by CEL, written to NAME.yaml.
+template() {
+  cat > "$1.yaml" << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: vfio.gpupass.dev
+          selectors:
+          - cel:
+              expression: '$2'
+EOF
+}
+
 # cm DATA: the ConfigMap's data.KEY.
 cm() { kc get configmap "$CM" -o jsonpath="{.data.$1}" 2> /dev/null; }
 cm_set() { kc patch configmap "$CM" --type merge -p "{\"data\":{\"$1\":\"$2\"}}" > /dev/null; }
@@ -187,14 +207,8 @@ kc create configmap "$CM" --from-literal=phase=start > /dev/null 2>&1
 # (lab2's with its 00:18.0 group).
 cl_wait 900 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get node lab2 -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 lab_cmd nodes kc get nodes -o json
-# The lab's values (as clusterhelm's): the image as imported, the API server as the nodes reach
-# it (no kube-proxy in the lab), the node's network.
-API_PORT=$(awk '$1 == "api" { print $2 }' "$CL/host-ports")
-cat > lab-values.yaml << EOF
-image: {repository: gpupass.dev/gpupass, tag: lab-1, pullPolicy: Never}
-apiServer: {host: $CL_HOST_IP, port: $API_PORT}
-kubeletPlugin: {hostNetwork: true}
-EOF
+# The lab's values (lab/cluster/guest.sh, as clusterhelm's).
+cl_lab_values lab-values.yaml
 lab_file lab-values.yaml lab-values.yaml
 # lab2 imported the image too (its kubelet lists it in the node's status): the DaemonSet's Pod
 # there finds it, with pullPolicy Never.
@@ -209,23 +223,7 @@ cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices 
 lab_cmd slices kc get resourceslices -o json
 
 # The shipped DeviceClasses and claim examples, and the claim for what only lab2 has.
-cat > two-amd.yaml << 'EOF'
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: two-amd, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: >-
-                device.attributes["gpupass.dev"].vendorID == "1002" &&
-                device.attributes["gpupass.dev"].groupSize == 2
-EOF
+template two-amd 'device.attributes["gpupass.dev"].vendorID == "1002" && device.attributes["gpupass.dev"].groupSize == 2'
 # (The DeviceClasses are the chart's.)
 lab_cmd manifests kc apply -f "$CL/dra/claim-examples.yaml" -f two-amd.yaml
 
@@ -279,23 +277,7 @@ lab_cmd claims-after kc get resourceclaims -o json
 # lab's plugin fails the bind before binding (InUse) and taints the device gpupass.dev/busy,
 # the scheduler deallocates and chooses again: lab2's group, bound there, and the Pod runs on
 # lab2. The holder gone, lab's taint goes.
-cat > two-bochs.yaml << 'EOF'
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: two-bochs, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: >-
-                device.attributes["gpupass.dev"].vendorID == "1234" &&
-                device.attributes["gpupass.dev"].groupSize == 2
-EOF
+template two-bochs 'device.attributes["gpupass.dev"].vendorID == "1234" && device.attributes["gpupass.dev"].groupSize == 2'
 lab_cmd busy-template kc apply -f two-bochs.yaml
 card=$(ls /sys/bus/pci/devices/$VGA/drm | grep '^card' | head -1)
 sh -c "exec 7< /dev/dri/$card; exec sleep 1800" &
