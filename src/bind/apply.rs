@@ -241,15 +241,21 @@ pub(crate) fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result
 #[derive(Debug)]
 pub struct BindPart {
     pub part: Part,
-    /// The functions whose driver it moves.
-    pub moved: Vec<PciAddress>,
+    /// The functions whose driver it moves, each with the driver it is on now (as planned
+    /// under the lock: what the caller records as the function's driver before).
+    pub moved: std::collections::BTreeMap<PciAddress, Option<String>>,
 }
 
 fn part_of(session: &Session<'_>, planned: Planned) -> Result<BindPart, BindError> {
     let part = to_part(session.ops(), &planned.inv, &planned.plan)?;
     Ok(BindPart {
         part,
-        moved: planned.plan.functions.iter().map(|f| f.address).collect(),
+        moved: planned
+            .plan
+            .functions
+            .iter()
+            .map(|f| (f.address, f.before.driver.clone()))
+            .collect(),
     })
 }
 

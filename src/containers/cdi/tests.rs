@@ -69,7 +69,7 @@ fn a_bind_reads_its_groups_once_and_the_whole_host_once_for_the_refresh() {
 
 #[cfg(feature = "dra")]
 #[test]
-fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_health_and_slices_reuse_the_second() {
+fn a_dra_prepare_reads_the_whole_host_once_after_its_writes_and_its_refresh_health_and_slices_reuse_it() {
     use crate::containers::dra::claim::{ClaimRef, Identity};
     use crate::containers::dra::prepare::Driver;
     use crate::containers::kubelet::claims::{fetch, Dir};
@@ -138,9 +138,10 @@ fn a_dra_prepare_reads_the_whole_host_twice_and_its_refresh_health_and_slices_re
         "{:?}",
         r.health
     );
-    // The claim check, then the host after the bind (the claim's files, the refresh, the
-    // health and the slices).
-    assert_eq!((full, groups), (2, 1));
+    // The claim is checked against the host the last refresh published from (no read); the
+    // bind's group scan; the host after the bind, for the claim's files, the CDI refresh, the
+    // health and the slices.
+    assert_eq!((full, groups), (1, 1));
     // The next refresh (a poll, a uevent) reads the host again.
     let start = scans();
     assert_eq!(e.resources().unwrap(), r);

@@ -36,6 +36,7 @@ use crate::change::{ChangeError, Part, Plan, Session};
 use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 use crate::model::{is_vfio_driver, ErrorChain, Inventory, PciAddress};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The engine's domain of the claim's file part.
@@ -120,8 +121,9 @@ impl ApplyError {
 /// What a claim's plan did.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Applied {
-    /// The functions whose driver the plan moved.
-    pub moved: Vec<PciAddress>,
+    /// The functions whose driver the plan moved, each with the driver it was on before (as
+    /// the bind or unbind planned it under the lock).
+    pub moved: BTreeMap<PciAddress, Option<String>>,
     /// Whether it wrote anything at all (a retry of a prepared claim writes nothing).
     pub wrote: bool,
     /// The host as the plan's writes left it, read once under the lock after them: the view
@@ -204,7 +206,7 @@ pub fn prepare(
     if session.replay().held_by(&owner.tag) != (holds.alone.clone(), holds.shared.clone()) {
         plan.holds = Some(holds);
     }
-    let mut moved = Vec::new();
+    let mut moved = BTreeMap::new();
     let needs_bind = members
         .iter()
         .any(|a| !current_driver(&host, a).as_deref().is_some_and(is_vfio_driver));
@@ -321,7 +323,7 @@ pub fn unprepare(
     let mut plan = Plan::default().owned_by(owner);
     let (alone, shared) = session.replay().held_by(owner);
     plan.releases = !alone.is_empty() || !shared.is_empty();
-    let mut moved = Vec::new();
+    let mut moved = BTreeMap::new();
     let remove: Vec<crate::change::Object> = mdevs
         .iter()
         .filter(|m| host.path(&crate::mdev::plan::instance_path(&m.uuid)).exists())

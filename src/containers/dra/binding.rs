@@ -19,12 +19,12 @@ use super::apply;
 use super::checkpoint::{Entry, State};
 use super::claim::{self, ClaimDevice, ClaimRef};
 use super::prepare::{Driver, PrepareError};
-use super::slices::member_on_vfio as on_vfio;
 use crate::bind::BindError;
+use crate::change::engine::current_driver;
 use crate::change::ChangeError;
 use crate::containers::kubelet::binding::{DeviceKey, Failure};
 use crate::containers::kubelet::claims::Claim;
-use crate::model::{ErrorChain, Inventory, PciAddress};
+use crate::model::{is_vfio_driver, ErrorChain, Inventory, PciAddress};
 use std::collections::BTreeMap;
 
 /// The failure condition's reason for `e`: `InUse` (a member held by a host process: gpupass's
@@ -87,8 +87,7 @@ impl Driver<'_> {
         if earlier.as_ref().is_some_and(|e| e.state == State::Completed) {
             return Ok(format!("claim {label} is prepared already"));
         }
-        self.after = None;
-        let inv = self.scan()?;
+        let inv = self.view()?;
         let offered = claim::Offered::of(&self.as_offered(&inv));
         let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
         // A backend the kernel cannot give fails here, before the bind, as it fails Prepare.
@@ -126,9 +125,14 @@ impl Driver<'_> {
                 (*a, before.get(a).cloned().unwrap_or(now))
             })
             .collect();
-        if earlier.is_some() && members.iter().all(|a| on_vfio(&inv, a)) {
-            // Nothing to change: the host as just read is what the refresh after this call
-            // would read.
+        let host = self.ops.root().clone();
+        if earlier.is_some()
+            && members
+                .iter()
+                .all(|a| current_driver(&host, a).as_deref().is_some_and(is_vfio_driver))
+        {
+            // Nothing to change (each member's driver read now, not from the view): the view
+            // is still the host's.
             self.after = Some(inv);
             return Ok(format!(
                 "IOMMU group {} on vfio-pci for claim {label} already",
@@ -167,7 +171,7 @@ impl Driver<'_> {
                 self.settle_before(&c.uid, &before, &done.moved);
                 self.after = done.view;
                 self.save()?;
-                let moved: Vec<String> = done.moved.iter().map(|a| a.to_string()).collect();
+                let moved: Vec<String> = done.moved.keys().map(|a| a.to_string()).collect();
                 Ok(format!(
                     "IOMMU group {} on vfio-pci for claim {label}{}",
                     groups.join(", "),

@@ -97,6 +97,9 @@ pub struct Driver<'a> {
     /// (the kit asks for the resources right after each call). Cleared when a call begins, so
     /// a call that fails or reads nothing after its writes leaves the next refresh to scan.
     pub(super) after: Option<Inventory>,
+    /// The host as the last [`Driver::resources`] read it (its slices and health were made
+    /// from it): the view the next call checks its claim against ([`Driver::view`]).
+    pub(super) published: Option<Inventory>,
     /// The longest wait for the engine's lock ([`DEFAULT_LOCK_WAIT`]); a call's deadline
     /// shortens it.
     pub lock_wait: Duration,
@@ -129,6 +132,7 @@ impl<'a> Driver<'a> {
             unhealthy: BTreeMap::new(),
             busy: BTreeMap::new(),
             after: None,
+            published: None,
             lock_wait: DEFAULT_LOCK_WAIT,
             binding_conditions: false,
         })
@@ -164,6 +168,20 @@ impl<'a> Driver<'a> {
         Ok(crate::inventory::scan(self.ops.root())?)
     }
 
+    /// The host a claim is checked against before its lock is taken, without reading the
+    /// whole host again: the view the last call's writes left ([`Driver::after`]), else the
+    /// one the slices were last published from ([`Driver::published`], which is what the
+    /// scheduler allocated from), else a scan. Taken: the call hands a view on when it ends.
+    /// Nothing is decided on it alone: under the lock the engine plans the bind from the
+    /// groups as they are then, re-checks them before its writes, and records the drivers it
+    /// moved from ([`Driver::settle_before`]).
+    pub(super) fn view(&mut self) -> Result<Inventory, PrepareError> {
+        match self.after.take().or_else(|| self.published.take()) {
+            Some(inv) => Ok(inv),
+            None => self.scan(),
+        }
+    }
+
     /// The devices of a claim prepared in this boot, as its Prepare returned them: what a
     /// retry returns without reading the claim or touching the host.
     pub fn prepared(&self, c: &ClaimRef) -> Option<Vec<PreparedDevice>> {
@@ -193,14 +211,12 @@ impl<'a> Driver<'a> {
         if let Some(devices) = self.prepared(c) {
             return Ok(devices);
         }
-        self.after = None;
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
-        let inv = self.scan()?;
+        let inv = self.view()?;
         let checked = match self.check_claim(claim, &inv, &label) {
             Ok(checked) => checked,
             Err(e) => {
-                // Refused before anything changed: the host as just read is what the refresh
-                // after this call would read.
+                // Refused before anything changed: the view is still the host's.
                 self.after = Some(inv);
                 return Err(e);
             }
@@ -331,20 +347,26 @@ impl<'a> Driver<'a> {
     }
 
     /// After a claim's plan committed: the drivers this attempt recorded before it had the
-    /// lock (`earlier` holds those of an earlier attempt, kept) are settled against what the
-    /// plan moved. A member another gpupass bound while this attempt waited for the lock (a
-    /// host `gpupass bind` that won the race) was not moved by the claim: it is recorded as
-    /// on the driver it is on now, so Unprepare leaves it where that bind put it.
+    /// lock, from the view its claim check read (`earlier` holds those of an earlier attempt,
+    /// kept), are settled against what the plan found under the lock. A function the plan
+    /// moved is recorded as on the driver the plan moved it from. A member another gpupass
+    /// bound while this attempt waited for the lock (a host `gpupass bind` that won the race)
+    /// was not moved by the claim: it is recorded as on the driver it is on now, so Unprepare
+    /// leaves it where that bind put it.
     pub(super) fn settle_before(
         &mut self,
         uid: &str,
         earlier: &BTreeMap<PciAddress, Option<String>>,
-        moved: &[PciAddress],
+        moved: &BTreeMap<PciAddress, Option<String>>,
     ) {
         let host = self.ops.root().clone();
         if let Some(e) = self.checkpoint.claims.get_mut(uid) {
             for (a, d) in e.drivers_before.iter_mut() {
-                if earlier.contains_key(a) || moved.contains(a) {
+                if earlier.contains_key(a) {
+                    continue;
+                }
+                if let Some(from) = moved.get(a) {
+                    *d = from.clone();
                     continue;
                 }
                 let now = crate::change::engine::current_driver(&host, a);
@@ -685,6 +707,7 @@ impl DraDriver for Driver<'_> {
         if self.binding_conditions {
             slices::mark(&mut pool, &offered);
         }
+        self.published = Some(inv);
         Ok(Resources {
             // An unhealthy device is tainted (NoSchedule): the scheduler gives it only to a
             // claim that tolerates the taint, which Prepare then serves like any other. A busy

@@ -361,7 +361,7 @@ pub fn conditions() -> crate::containers::kubelet::binding::Conditions {
 }
 
 /// Whether a member is on a VFIO driver in `inv`.
-pub(super) fn member_on_vfio(inv: &Inventory, a: &PciAddress) -> bool {
+fn member_on_vfio(inv: &Inventory, a: &PciAddress) -> bool {
     inv.device(a)
         .and_then(|d| d.driver.as_deref())
         .is_some_and(is_vfio_driver)

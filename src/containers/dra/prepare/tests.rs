@@ -1161,8 +1161,8 @@ fn a_group_bound_before_binding_is_taken_over_by_prepare_or_given_back() {
 /// A host `gpupass bind` that wins the race for the lock while a claim's attempt waits for it
 /// (the attempt recorded the drivers before it had the lock): the claim did not move the
 /// group, so its record is settled to the drivers the bind left and its Unprepare leaves them
-/// (the clusterhelm race with binding conditions on); a function the plan did move keeps the
-/// driver recorded before.
+/// (the clusterhelm race with binding conditions on); a function the plan did move is
+/// recorded as on the driver the plan moved it from.
 #[test]
 fn drivers_recorded_before_the_lock_are_settled_against_what_the_plan_moved() {
     let (_t, root, claims) = lab_claim();
@@ -1173,18 +1173,59 @@ fn drivers_recorded_before_the_lock_are_settled_against_what_the_plan_moved() {
     let aud: PciAddress = "0000:00:05.1".parse().unwrap();
     let entry = |e: &Kit<'_>| e.checkpoint().claims["u1"].clone();
     assert_eq!(entry(&e).moved(), [vga, aud]);
-    // The plan moved 00:05.0 only (00:05.1 was bound by someone else meanwhile): 00:05.0
-    // keeps bochs-drm, 00:05.1 is settled to the vfio-pci it is on.
-    e.settle_before("u1", &BTreeMap::new(), &[vga]);
+    // The plan moved 00:05.0 only, from simpledrm (the view the claim was checked against
+    // said bochs-drm), and 00:05.1 was bound by someone else meanwhile: 00:05.0 is recorded
+    // as on simpledrm, 00:05.1 is settled to the vfio-pci it is on.
+    let from = BTreeMap::from([(vga, Some("simpledrm".to_string()))]);
+    e.settle_before("u1", &BTreeMap::new(), &from);
     assert_eq!(entry(&e).moved(), [vga]);
+    assert_eq!(entry(&e).drivers_before[&vga].as_deref(), Some("simpledrm"));
     assert_eq!(entry(&e).drivers_before[&aud].as_deref(), Some("vfio-pci"));
     // Drivers an earlier attempt recorded are kept whatever this one moved.
     let mut e = engine(&ops, &claims);
     let kept = BTreeMap::from([(vga, Some("bochs-drm".to_string()))]);
-    e.settle_before("u1", &kept, &[]);
+    e.settle_before("u1", &kept, &from);
     assert_eq!(entry(&e).drivers_before[&vga].as_deref(), Some("bochs-drm"));
     // Unprepare gives back only what the claim moved.
     e.unprepare("u1").unwrap();
     assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("bochs-drm"));
     assert_eq!(driver_of(&root, "0000:00:05.1").as_deref(), Some("vfio-pci"));
+}
+
+/// A Prepare checks its claim against the host its slices were last published from, not a
+/// read of its own: the host may have changed since (here 00:05.1 moved to another driver),
+/// and what the claim records is what the engine found under the lock, so its Unprepare
+/// gives the function back to the driver it was on when the claim took it.
+#[test]
+fn a_claim_checked_against_the_published_view_records_the_drivers_found_under_the_lock() {
+    let (_t, root, claims) = lab_claim();
+    let ops = FakeHost::new(HostRoot::new(&root));
+    let mut e = engine(&ops, &claims);
+    // Published: 00:05.1 on snd_hda_intel.
+    let r = e.resources().unwrap();
+    assert!(
+        r.pool.devices.iter().any(|d| d.name == "pci-0000-00-05-0"),
+        "{:?}",
+        r.pool
+    );
+    crate::testkit::fixtures::point_driver(&root, "0000:00:05.1", "snd_hda_codec_generic").unwrap();
+    let start = crate::inventory::counted::scans();
+    e.prepare(&gpu_claim()).unwrap();
+    let now = crate::inventory::counted::scans();
+    // The bind's group scan and the read after the writes (for the claim's files): the
+    // claim check read nothing.
+    assert_eq!((now.0 - start.0, now.1 - start.1), (1, 1));
+    let aud: PciAddress = "0000:00:05.1".parse().unwrap();
+    let before = e.checkpoint().claims["u1"].drivers_before.clone();
+    assert_eq!(
+        before[&aud].as_deref(),
+        Some("snd_hda_codec_generic"),
+        "{before:?}"
+    );
+    e.unprepare("u1").unwrap();
+    assert_eq!(driver_of(&root, "0000:00:05.0").as_deref(), Some("bochs-drm"));
+    assert_eq!(
+        driver_of(&root, "0000:00:05.1").as_deref(),
+        Some("snd_hda_codec_generic")
+    );
 }
