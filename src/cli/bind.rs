@@ -95,12 +95,12 @@ pub(crate) fn announce(plan: &crate::bind::Plan) {
     }
 }
 
-pub fn run(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
     bind(ctx, args, ctx.json, out)
 }
 
 /// `bind` as a step of another command (`startup`): plain output whatever `--json` says.
-pub fn run_plain(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run_plain(ctx: &Ctx, args: BindArgs, out: &mut dyn Write) -> Result<Exit> {
     bind(ctx, args, false, out)
 }
 
@@ -137,6 +137,6 @@ fn bind(ctx: &Ctx, args: BindArgs, json: bool, out: &mut dyn Write) -> Result<Ex
 }
 
 /// Addresses in a message.
-pub fn addrs(a: &[PciAddress]) -> String {
+pub(crate) fn addrs(a: &[PciAddress]) -> String {
     a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
 }

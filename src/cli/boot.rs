@@ -127,7 +127,7 @@ fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
 /// Boot and print; the exit status is the firmware's, or with `--check` the self-test's: 0 when
 /// no verdict is `fail` (and, with `--strict`, none is `untested`), 1 otherwise
 /// ([`vmm::verdict`]).
-pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let (target, backend) = match (args.device, args.mdev, &args.dra_metadata) {
         (Some(a), _, _) => (Target::Vfio(VfioTarget::Pci(a)), args.backend),
         (None, Some(u), _) => (Target::Vfio(VfioTarget::Mdev(u)), args.backend),
@@ -182,7 +182,7 @@ pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
 use crate::vmm::report::size;
 
 /// The human summary printed after the console.
-pub fn summary(r: &BootReport) -> String {
+pub(crate) fn summary(r: &BootReport) -> String {
     let mut s = format!(
         "gpupass: {}: firmware exited with status {} after {:.2} ms (setup {:.2} ms)\n",
         r.device,

@@ -56,7 +56,7 @@ pub enum CdiCommand {
     },
 }
 
-pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let CdiCommand::Generate {
         output,
         write,

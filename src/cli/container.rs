@@ -25,7 +25,7 @@ pub enum ContainerCommand {
     },
 }
 
-pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let ContainerCommand::List { device } = args.cmd;
     let inv = ctx.inventory()?;
     let files = crate::inventory::native::discover(&ctx.host);

@@ -32,7 +32,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// The context of this process: `host` with the host operations of [`host_ops_for_process`].
-    pub fn new(host: HostRoot, color: bool, from_json: Option<PathBuf>, json: bool) -> Self {
+    pub(crate) fn new(host: HostRoot, color: bool, from_json: Option<PathBuf>, json: bool) -> Self {
         Ctx {
             color,
             ops: host_ops_for_process(host.clone()),
@@ -44,7 +44,7 @@ impl Ctx {
 
     /// The inventory: from the saved JSON if given, else read from the host. Its warnings
     /// (garbled attributes) are said once, here.
-    pub fn inventory(&self) -> Result<Inventory> {
+    pub(crate) fn inventory(&self) -> Result<Inventory> {
         let inv = match &self.from_json {
             Some(p) => inventory::load_json(p)?,
             None => inventory::scan(&self.host)?,
@@ -58,7 +58,7 @@ impl Ctx {
     /// The one live-host guard: a command that reads the live host beyond the inventory, or
     /// changes it, calls this first and gets the host operations; under `--from-json` it is a
     /// usage error naming the command (`command` as the user typed it: `bind`, `mdev create`).
-    pub fn live(&self, command: &str) -> Result<&dyn HostOps> {
+    pub(crate) fn live(&self, command: &str) -> Result<&dyn HostOps> {
         if self.from_json.is_some() {
             return Err(Error::usage(anyhow::anyhow!(
                 "`gpupass {command}` works on the live host; it cannot run from --from-json (drop it)"
@@ -77,7 +77,7 @@ pub fn write_json<T: serde::Serialize>(out: &mut dyn Write, v: &T) -> std::io::R
 /// The host operations of this process, chosen once here at the edge and passed to every
 /// command that changes the host. With the `testkit` feature the test kit picks them from the
 /// environment (fake kernel, failpoints); without it they are always the real host.
-pub fn host_ops_for_process(root: HostRoot) -> Box<dyn HostOps> {
+pub(crate) fn host_ops_for_process(root: HostRoot) -> Box<dyn HostOps> {
     #[cfg(feature = "testkit")]
     {
         crate::testkit::host_ops(root)

@@ -28,7 +28,7 @@ pub struct Args {
     pub backend: crate::inventory::backend::Policy,
 }
 
-pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     ctx.live("device-plugin")?;
     let cfg = crate::containers::deviceplugin::Config {
         host: ctx.host.clone(),

@@ -89,7 +89,7 @@ fn node_name(ctx: &Ctx, given: Option<String>) -> Result<String> {
         })
 }
 
-pub fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, _out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("dra-plugin")?;
     let node = node_name(ctx, args.node)?;
     let boot_id = dra::boot_id(&ctx.host).map_err(|e| {
@@ -240,7 +240,7 @@ pub struct SlicesArgs {
     pub explain: bool,
 }
 
-pub fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run_dra(ctx: &Ctx, cmd: DraCommand, out: &mut dyn Write) -> Result<Exit> {
     match cmd {
         DraCommand::Slices(a) => run_slices(ctx, a, out),
         DraCommand::Probe(a) => run_probe(ctx, a, out),

@@ -16,11 +16,11 @@ use std::fmt;
 pub struct Exit(pub u8);
 
 impl Exit {
-    pub const SUCCESS: Exit = Exit(0);
+    pub(crate) const SUCCESS: Exit = Exit(0);
     /// Ran, and the answer is no.
-    pub const FAILURE: Exit = Exit(1);
+    pub(crate) const FAILURE: Exit = Exit(1);
 
-    pub fn failure_if(failed: bool) -> Exit {
+    pub(crate) fn failure_if(failed: bool) -> Exit {
         if failed {
             Exit::FAILURE
         } else {
@@ -44,7 +44,7 @@ pub struct Error {
 
 impl Error {
     /// A host error (exit status 1): the device, group, driver, kernel or file system said no.
-    pub fn host(e: impl Into<anyhow::Error>) -> Error {
+    pub(crate) fn host(e: impl Into<anyhow::Error>) -> Error {
         Error {
             status: 1,
             prefix: "gpupass",
@@ -53,7 +53,7 @@ impl Error {
     }
 
     /// A usage error (exit status 2): the command line asks for something that cannot be.
-    pub fn usage(e: impl Into<anyhow::Error>) -> Error {
+    pub(crate) fn usage(e: impl Into<anyhow::Error>) -> Error {
         Error {
             status: 2,
             prefix: "gpupass",
@@ -62,7 +62,7 @@ impl Error {
     }
 
     /// An error with the exit status its module chose (the OCI hook's 1 or 2).
-    pub fn with_status(status: u8, e: impl Into<anyhow::Error>) -> Error {
+    pub(crate) fn with_status(status: u8, e: impl Into<anyhow::Error>) -> Error {
         Error {
             status,
             prefix: "gpupass",
@@ -70,7 +70,7 @@ impl Error {
         }
     }
 
-    pub fn prefixed(mut self, prefix: &'static str) -> Error {
+    pub(crate) fn prefixed(mut self, prefix: &'static str) -> Error {
         self.prefix = prefix;
         self
     }
@@ -92,7 +92,7 @@ impl Error {
     }
 
     /// Add what was being done, as anyhow's `context` does (`cannot write X: <the error>`).
-    pub fn context(self, what: impl fmt::Display + Send + Sync + 'static) -> Error {
+    pub(crate) fn context(self, what: impl fmt::Display + Send + Sync + 'static) -> Error {
         Error {
             inner: self.inner.context(what),
             ..self

@@ -26,7 +26,7 @@ fn parse_events_timeout(s: &str) -> std::result::Result<f64, String> {
     }
 }
 
-pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let sock = crate::host::uevents::UeventSocket::open()
         .context("cannot subscribe to kernel uevents (NETLINK_KOBJECT_UEVENT)")?;
     let deadline = args

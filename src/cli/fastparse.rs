@@ -113,7 +113,7 @@ fn flag(slot: &mut bool) -> Option<()> {
 
 /// The [`Cli`] of `args` (the process's arguments, the program first) when it is a plain
 /// command line of an mdev change; `None` leaves it to clap. `env_root` is `GPUPASS_ROOT`.
-pub fn parse(args: &[OsString], env_root: Option<OsString>) -> Option<Cli> {
+pub(crate) fn parse(args: &[OsString], env_root: Option<OsString>) -> Option<Cli> {
     let args: Vec<&str> = args.iter().skip(1).map(|a| a.to_str()).collect::<Option<_>>()?;
     let mut root: Option<PathBuf> = None;
     let mut json = false;

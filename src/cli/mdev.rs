@@ -186,12 +186,12 @@ impl MdevCommand {
 
 /// Run one `gpupass mdev` subcommand. The read subcommands work from `--from-json` too; the
 /// others change the host and pass the live-host guard first.
-pub fn run(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
     exec(ctx, cmd, ctx.json, out)
 }
 
 /// A subcommand as a step of another command (`startup`): plain output whatever `--json` says.
-pub fn run_plain(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run_plain(ctx: &Ctx, cmd: MdevCommand, out: &mut dyn Write) -> Result<Exit> {
     exec(ctx, cmd, false, out)
 }
 

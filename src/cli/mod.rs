@@ -140,7 +140,7 @@ pub fn parse() -> Cli {
 /// The command named on a command line (`args[0]` is the program): the first argument after
 /// the global options (`gpupass --root DIR -v mdev create ...` names `mdev`). `None` at an
 /// option that is not a global one, where the whole tree must parse (and explain) it.
-pub fn command_name<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Option<&str> {
+pub(crate) fn command_name<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Option<&str> {
     const WITH_VALUE: [&str; 4] = ["--root", "--from-json", "--log-format", "--color"];
     let mut it = args.iter().skip(1).map(|a| a.as_ref().to_str());
     while let Some(a) = it.next() {
@@ -168,7 +168,7 @@ pub fn command_name<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Option<&str> {
 
 /// The clap tree to parse a command line whose command is `first` ([`command_name`]): the whole
 /// tree, or for the hot commands a tree of that command alone.
-pub fn command_for(first: Option<&str>) -> clap::Command {
+pub(crate) fn command_for(first: Option<&str>) -> clap::Command {
     use clap::{Args, CommandFactory, Subcommand};
     let sub = match first {
         Some("bind") => bind::BindArgs::augment_args(clap::Command::new("bind").about(BIND_ABOUT)),
@@ -190,10 +190,10 @@ pub fn command_for(first: Option<&str>) -> clap::Command {
 }
 
 /// What `gpupass --version` prints.
-pub const VERSION_LINE: &str = concat!("gpupass ", env!("CARGO_PKG_VERSION"), "\n");
+pub(crate) const VERSION_LINE: &str = concat!("gpupass ", env!("CARGO_PKG_VERSION"), "\n");
 
 /// Exit statuses, shown in `--help` and the man page.
-pub const EXIT_STATUS_HELP: &str = "EXIT STATUS:
+pub(crate) const EXIT_STATUS_HELP: &str = "EXIT STATUS:
   0    success
   1    a host error (the device, group, driver, kernel or file system said no), or `check`
        found that passthrough cannot work; nothing was left half-changed
@@ -228,7 +228,7 @@ impl ColorChoice {
 
 /// Shells `gpupass completions` writes scripts for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Shell {
+pub(crate) enum Shell {
     Bash,
     Zsh,
     Fish,

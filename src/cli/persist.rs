@@ -31,7 +31,7 @@ pub struct PersistArgs {
 
 /// `gpupass persist`: planned under the lock and applied through the change engine
 /// ([`crate::bind::persist::persist`]); this prints it.
-pub fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: PersistArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("persist")?;
     let req = BindRequest {
         addresses: args.addresses,

@@ -18,7 +18,7 @@ pub struct RecoverArgs {
     pub dry_run: bool,
 }
 
-pub fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: RecoverArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("recover")?;
     // What it changed, the CDI specs follow in the same session.
     let r = change::recover_then(ops, args.cont, args.dry_run, &mut Refresh)?;

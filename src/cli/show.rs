@@ -20,7 +20,7 @@ struct ShowJson<'a> {
     group: Option<&'a IommuGroup>,
 }
 
-pub fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: Args, out: &mut dyn Write) -> Result<Exit> {
     let inv = ctx.inventory()?;
     let d = inv
         .device(&args.address)

@@ -21,7 +21,7 @@ use std::io::Write;
 
 /// What `startup` found in `etc/driverctl.d`: the binds to make, and the files it skipped.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Pending {
+pub(crate) struct Pending {
     /// Devices whose persistent driver is a VFIO driver (or pci-stub) and which are present but
     /// not on it: (address, driver).
     pub binds: Vec<(PciAddress, String)>,
@@ -33,7 +33,7 @@ pub struct Pending {
 /// business and skipped quietly; a `pci-` file whose address does not parse, a name that is not
 /// `<bus>-<device>` at all, an unreadable or empty file is skipped with a warning, and the
 /// others still count.
-pub fn pending_binds(host: &HostRoot) -> Pending {
+pub(crate) fn pending_binds(host: &HostRoot) -> Pending {
     let mut out = Pending::default();
     let dir = host.driverctl_dir();
     for name in dir_names(&dir).unwrap_or_default() {

@@ -29,7 +29,7 @@ pub struct UnbindArgs {
     pub dry_run: bool,
 }
 
-pub fn run(ctx: &Ctx, args: UnbindArgs, out: &mut dyn Write) -> Result<Exit> {
+pub(crate) fn run(ctx: &Ctx, args: UnbindArgs, out: &mut dyn Write) -> Result<Exit> {
     let ops = ctx.live("unbind")?;
     let req = UnbindRequest {
         addresses: args.addresses,

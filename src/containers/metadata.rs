@@ -17,10 +17,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Where the kubelet's DRA framework mounts the metadata files in a container.
-pub const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+pub(crate) const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 
 /// The API versions of `DeviceMetadata` this reader understands (the shape is the same).
-pub const API_VERSIONS: [&str; 2] = [
+pub(crate) const API_VERSIONS: [&str; 2] = [
     "metadata.resource.k8s.io/v1beta1",
     "metadata.resource.k8s.io/v1alpha1",
 ];
@@ -29,7 +29,7 @@ pub const API_VERSIONS: [&str; 2] = [
 const MAX_DEPTH: usize = 6;
 
 #[derive(Debug, thiserror::Error)]
-pub enum MetadataError {
+pub(crate) enum MetadataError {
     #[error("cannot read the DRA device metadata at {}; a Pod's claim gives one file per request under {CONTAINER_DIR} (KEP-5304: the driver must write metadata and the kubelet's DRADeviceMetadata gate must be on)", .path.display())]
     Read {
         path: PathBuf,
@@ -54,14 +54,14 @@ pub enum MetadataError {
 
 /// What a VM can be booted on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bootable {
+pub(crate) enum Bootable {
     Pci(PciAddress),
     Mdev(String),
 }
 
 /// One device of a claim request, as its metadata file names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
+pub(crate) struct Device {
     /// The file it was read from.
     pub file: PathBuf,
     /// `namespace/name` of the claim.
@@ -78,7 +78,7 @@ pub struct Device {
 
 impl Device {
     /// `claim/request: device (pciBusID ...)`, for messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let what = match &self.target {
             Some(Bootable::Pci(a)) => format!("pciBusID {a}"),
             Some(Bootable::Mdev(u)) => format!("mdevUUID {u}"),
@@ -98,7 +98,7 @@ fn attr_string<'a>(attrs: &'a Value, key: &str) -> Option<&'a Value> {
 }
 
 /// Every device of the first document in `text` whose API version this reader knows.
-pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, MetadataError> {
+pub(crate) fn parse(path: &Path, text: &str) -> Result<Vec<Device>, MetadataError> {
     let not = |why: String| MetadataError::NotMetadata {
         path: path.to_path_buf(),
         why,
@@ -214,7 +214,7 @@ fn files_under(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<(), M
 /// The one bootable device at `path`: a metadata file, or a directory searched for them (the
 /// kubelet's mount point, by default). None, or more than one, is an error that lists what is
 /// there.
-pub fn find(path: &Path) -> Result<Device, MetadataError> {
+pub(crate) fn find(path: &Path) -> Result<Device, MetadataError> {
     let meta = std::fs::metadata(path).map_err(|source| MetadataError::Read {
         path: path.to_path_buf(),
         source,

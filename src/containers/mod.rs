@@ -13,5 +13,7 @@ pub mod deviceplugin;
 pub mod dra;
 #[cfg(feature = "deviceplugin")]
 pub mod kubelet;
+// Read by `gpupass boot --dra-metadata` only, which needs the VMM (feature `vmm`).
+#[cfg_attr(not(feature = "vmm"), allow(dead_code))]
 pub mod metadata;
 pub mod oci_hook;

@@ -133,7 +133,8 @@ impl Scope {
 
     /// The scope to use for a domain in this state, with libvirt's rules applied to the
     /// default (neither flag): running → live (+ config when persistent), shut off → config.
-    pub fn resolve(self, active: bool, persistent: bool) -> Scope {
+    #[cfg_attr(not(feature = "libvirt"), allow(dead_code))]
+    pub(crate) fn resolve(self, active: bool, persistent: bool) -> Scope {
         if self.live || self.config {
             return self;
         }
@@ -143,7 +144,8 @@ impl Scope {
         }
     }
 
-    pub fn describe(self) -> &'static str {
+    #[cfg_attr(not(feature = "libvirt"), allow(dead_code))]
+    pub(crate) fn describe(self) -> &'static str {
         match (self.live, self.config) {
             (true, true) => "running domain and persistent definition",
             (true, false) => "running domain only",

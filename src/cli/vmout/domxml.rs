@@ -13,7 +13,7 @@ use std::fmt;
 
 /// The host side of a hostdev: what libvirt matches a device by.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostdevSource {
+pub(crate) enum HostdevSource {
     Pci(PciAddress),
     /// Lower-case mdev UUID.
     Mdev(String),
@@ -175,7 +175,7 @@ fn rewrite(
 }
 
 /// The sources of every `<hostdev>` in a domain XML.
-pub fn hostdev_sources(domain_xml: &str) -> Result<Vec<HostdevSource>, DomXmlError> {
+pub(crate) fn hostdev_sources(domain_xml: &str) -> Result<Vec<HostdevSource>, DomXmlError> {
     let mut found = Vec::new();
     let res = rewrite(
         domain_xml,
@@ -195,13 +195,13 @@ pub fn hostdev_sources(domain_xml: &str) -> Result<Vec<HostdevSource>, DomXmlErr
 }
 
 /// The source of one `<hostdev>` fragment.
-pub fn fragment_source(hostdev_xml: &str) -> Result<Option<HostdevSource>, DomXmlError> {
+pub(crate) fn fragment_source(hostdev_xml: &str) -> Result<Option<HostdevSource>, DomXmlError> {
     let wrapped = format!("<devices>{hostdev_xml}</devices>");
     Ok(hostdev_sources(&wrapped)?.into_iter().next())
 }
 
 /// Add `<hostdev>` fragments at the end of `<devices>`.
-pub fn insert_hostdevs(domain_xml: &str, fragments: &[String]) -> Result<String, DomXmlError> {
+pub(crate) fn insert_hostdevs(domain_xml: &str, fragments: &[String]) -> Result<String, DomXmlError> {
     rewrite(
         domain_xml,
         "domain",
@@ -225,7 +225,10 @@ pub fn insert_hostdevs(domain_xml: &str, fragments: &[String]) -> Result<String,
 
 /// Remove the `<hostdev>` elements whose source is in `targets`; returns the new document
 /// and how many were removed.
-pub fn remove_hostdevs(domain_xml: &str, targets: &[HostdevSource]) -> Result<(String, usize), DomXmlError> {
+pub(crate) fn remove_hostdevs(
+    domain_xml: &str,
+    targets: &[HostdevSource],
+) -> Result<(String, usize), DomXmlError> {
     let mut removed = 0;
     let xml = rewrite(
         domain_xml,

@@ -121,7 +121,7 @@ fn inherit(fd: &OwnedFd) -> Result<(), LaunchError> {
 
 /// Plan and open; on success this does not return (the process becomes the VMM).
 /// `gpupass launch`: on success it does not return (the VMM replaces this process).
-pub fn run(ctx: &Ctx, a: LaunchArgs, _out: &mut dyn Write) -> Result<Exit, Error> {
+pub(crate) fn run(ctx: &Ctx, a: LaunchArgs, _out: &mut dyn Write) -> Result<Exit, Error> {
     ctx.live("launch")?;
     Ok(launch(&ctx.host, &ctx.inventory()?, &a)?)
 }
@@ -259,7 +259,7 @@ fn launch(host: &HostRoot, inv: &Inventory, a: &LaunchArgs) -> Result<Exit, VmOu
 /// The guest RAM in bytes that a QEMU command line's `-m` gives (`-m 8G`, `-m 8192`,
 /// `-m size=8G,slots=2,maxmem=16G`; a bare number is MiB, suffixes K/M/G/T); `None` without one
 /// (QEMU's default 128 MiB) or when it cannot be read. The last `-m` counts, as for QEMU.
-pub fn qemu_ram(command: &[OsString]) -> Option<u64> {
+pub(crate) fn qemu_ram(command: &[OsString]) -> Option<u64> {
     let mut ram = None;
     let mut it = command.iter();
     while let Some(arg) = it.next() {
@@ -294,7 +294,7 @@ vmm_sys_util::ioctl_io_nr!(IOMMU_OPTION, 0x3b, 0x87);
 /// `IOMMU_OPTION_RLIMIT_MODE` = `mode` on an open `/dev/iommu` (`gpupass launch`): 0 charges
 /// pinned pages to the user's `RLIMIT_MEMLOCK`, 1 to the process's. A global option (object
 /// id 0) that needs `CAP_SYS_RESOURCE`.
-pub fn iommufd_set_rlimit_mode(iommu: &File, mode: u64) -> std::io::Result<()> {
+pub(crate) fn iommufd_set_rlimit_mode(iommu: &File, mode: u64) -> std::io::Result<()> {
     use iommufd_bindings::iommufd::{
         iommu_option, iommufd_option_IOMMU_OPTION_RLIMIT_MODE, iommufd_option_ops_IOMMU_OPTION_OP_SET,
     };

@@ -14,6 +14,9 @@
 //! parsers, device selection and the notes.
 
 pub mod attach;
+// The domain XML edits of `vm attach`/`detach` through libvirt (feature `libvirt`); pure and
+// tested in every build.
+#[cfg_attr(not(feature = "libvirt"), allow(dead_code))]
 pub mod domxml;
 pub mod kubevirt;
 #[allow(unsafe_code)] // IOMMU_OPTION ioctl on /dev/iommu
@@ -111,7 +114,7 @@ pub enum LaunchError {
 
 impl VmOutError {
     /// Exit status 2 for usage errors, 1 for everything else.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(
             self,
             VmOutError::Usage(_)
@@ -230,7 +233,7 @@ pub struct XmlBackendArgs {
 
 /// The installed libvirt's version and how it was read: `virsh --version`, else the name of
 /// the library (`libvirt.so.0.<major*1000+minor>.<micro>`), else [`libvirt::LibvirtVersion::FALLBACK`].
-pub fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
+pub(crate) fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
     if let Ok(o) = std::process::Command::new("virsh")
         .arg("--version")
         .stdin(std::process::Stdio::null())
@@ -274,7 +277,7 @@ pub fn installed_libvirt() -> (libvirt::LibvirtVersion, String) {
 
 /// Domain names: libvirt's schema allows anything but a newline; the QEMU driver also
 /// refuses '/'. Control characters cannot be written in XML 1.0 at all.
-pub fn parse_domain_name(s: &str) -> Result<String, String> {
+pub(crate) fn parse_domain_name(s: &str) -> Result<String, String> {
     if s.is_empty() {
         return Err("the domain name is empty".into());
     }
@@ -289,7 +292,7 @@ pub fn parse_domain_name(s: &str) -> Result<String, String> {
 
 /// A memory size in KiB. Units as libvirt reads them: K/KiB, M/MiB, G/GiB, T/TiB are powers
 /// of 1024, KB/MB/GB/TB powers of 1000; a bare number is MiB.
-pub fn parse_memory_kib(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_memory_kib(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);

@@ -34,7 +34,7 @@ pub enum SpecError {
 
 impl SpecError {
     /// A usage error (exit status 2): a `--cdi-version` too low for the spec.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(self, SpecError::Spec(e) if e.is_usage())
     }
 }
@@ -60,7 +60,7 @@ fn write_error(e: ChangeError) -> SpecError {
 /// writes it atomically, journals it and `recover` restores it. With `empty_ok`, a spec with
 /// nothing to describe is removed and its record marked emptied, so the next refresh that
 /// has a device writes it. Files already as wanted add no step.
-pub fn spec_part(
+pub(crate) fn spec_part(
     host: &HostRoot,
     inv: &Inventory,
     files: &DriverFiles,
@@ -95,7 +95,7 @@ pub fn spec_part(
 
 /// What `cdi generate --write` planned (and, unless a dry run, applied).
 #[derive(Debug)]
-pub struct Written {
+pub(crate) struct Written {
     pub plan: Plan,
     /// The spec's path under the root.
     pub path: PathBuf,
@@ -107,7 +107,7 @@ pub struct Written {
 /// `keep_empty` (`--watch`), a host with nothing to describe yet records the options (and
 /// removes a stale spec), so the first refresh that has a device writes it. The lock is
 /// released on return (`--watch` refreshes with [`refresh`], each time under it again).
-pub fn write(
+pub(crate) fn write(
     ops: &dyn HostOps,
     opts: &cdi::Options,
     keep_empty: bool,
@@ -140,7 +140,7 @@ pub fn write(
 /// when nothing was left to describe) from the host as it is now, or from `view` (the
 /// inventory a caller scanned after its writes): empty, without a scan, when gpupass never
 /// wrote one. With it, the inventory it read (when it had to: a spec to plan and no `view`).
-pub fn refresh_plan(
+pub(crate) fn refresh_plan(
     host: &HostRoot,
     view: Option<&Inventory>,
 ) -> Result<(Plan, Option<Inventory>), cdi::CdiError> {
@@ -230,7 +230,7 @@ fn written(host: &HostRoot) -> bool {
 /// nothing; a host without a gpupass spec pays two directory listings). Returns that scan
 /// when it made one, for a caller that hands the host on (the DRA driver: to its health and
 /// publication), so the host is read once after a change.
-pub fn refresh_in(
+pub(crate) fn refresh_in(
     session: &mut Session<'_>,
     view: Option<&Inventory>,
 ) -> Result<Option<Inventory>, SpecError> {
@@ -260,7 +260,7 @@ pub fn refresh(ops: &dyn HostOps) -> Result<(), SpecError> {
 /// they release the lock. The change has already succeeded then, so a failed refresh is a
 /// warning naming what changed and the command that writes the spec again.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Refresh;
+pub(crate) struct Refresh;
 
 impl Followup for Refresh {
     fn follow(&mut self, session: &mut Session<'_>, changed: &str) {

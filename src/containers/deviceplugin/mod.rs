@@ -26,11 +26,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// API version string sent in `RegisterRequest`.
-pub const API_VERSION: &str = "v1beta1";
+pub(crate) const API_VERSION: &str = "v1beta1";
 /// The kubelet's registration socket, in the device-plugins directory.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
-pub const HEALTHY: &str = "Healthy";
-pub const UNHEALTHY: &str = "Unhealthy";
+pub(crate) const KUBELET_SOCKET: &str = "kubelet.sock";
+pub(crate) const HEALTHY: &str = "Healthy";
+pub(crate) const UNHEALTHY: &str = "Unhealthy";
 
 /// When Allocate replies name CDI devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -47,7 +47,7 @@ pub enum CdiMode {
 
 /// An Allocate reply for `--cdi only`: the CDI names stay, the plugin's own device nodes and
 /// environment go (the spec's container edits carry the same nodes and `PCI_RESOURCE_*`).
-pub fn cdi_only(mut r: proto::ContainerAllocateResponse) -> proto::ContainerAllocateResponse {
+pub(crate) fn cdi_only(mut r: proto::ContainerAllocateResponse) -> proto::ContainerAllocateResponse {
     r.devices.clear();
     r.envs.clear();
     r.mounts.clear();
@@ -68,14 +68,14 @@ pub struct Config {
 
 /// Whether a resource holds PCI functions or mdevs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourceKind {
+pub(crate) enum ResourceKind {
     Pci,
     Mdev,
 }
 
 /// One device as announced to the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginDevice {
+pub(crate) struct PluginDevice {
     /// PCI address or mdev UUID.
     pub id: String,
     pub healthy: bool,
@@ -86,14 +86,14 @@ pub struct PluginDevice {
 
 /// A resource and its devices, in ID order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resource {
+pub(crate) struct Resource {
     pub name: String,
     pub kind: ResourceKind,
     pub devices: Vec<PluginDevice>,
 }
 
 impl Resource {
-    pub fn to_proto(&self) -> Vec<proto::Device> {
+    pub(crate) fn to_proto(&self) -> Vec<proto::Device> {
         self.devices
             .iter()
             .map(|d| proto::Device {
@@ -110,7 +110,7 @@ impl Resource {
 /// Every resource of the host: VFIO-bound functions (bridges excluded) by model, active mdevs
 /// by type. Health: still bound to a VFIO driver, group viable, its device node present
 /// (devices that vanish are handled by [`merge`]).
-pub fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
+pub(crate) fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
     let mut out: BTreeMap<String, Resource> = BTreeMap::new();
     for d in &inv.devices {
         if d.is_bridge || d.check_vfio_driver().is_err() {
@@ -168,7 +168,7 @@ pub fn resources(inv: &Inventory) -> BTreeMap<String, Resource> {
 
 /// The new state of a resource the kubelet already knows: devices that are gone (unbound from
 /// VFIO, removed, hot-unplugged) stay listed as Unhealthy so the kubelet lowers the capacity.
-pub fn merge(old: Option<&Resource>, now: Option<&Resource>) -> Option<Resource> {
+pub(crate) fn merge(old: Option<&Resource>, now: Option<&Resource>) -> Option<Resource> {
     let mut r = match (old, now) {
         (None, None) => return None,
         (_, Some(n)) => n.clone(),
@@ -206,7 +206,7 @@ pub enum AllocError {
 }
 
 impl AllocError {
-    pub fn to_status(&self) -> tonic::Status {
+    pub(crate) fn to_status(&self) -> tonic::Status {
         match self {
             AllocError::Malformed { .. } => tonic::Status::invalid_argument(self.to_string()),
             AllocError::Unknown { .. } => tonic::Status::not_found(self.to_string()),
@@ -341,7 +341,7 @@ pub fn allocate(
 /// NUMA node when one node can supply it (the node of the must-include devices first, then the
 /// lowest-numbered node that fits), else from the nodes with most devices first. IDs within a
 /// node go in address order. Unknown IDs are an error.
-pub fn preferred(
+pub(crate) fn preferred(
     resource: &Resource,
     available: &[String],
     must_include: &[String],

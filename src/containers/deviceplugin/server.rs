@@ -50,13 +50,13 @@ use tracing::{debug, info, warn};
 
 /// Logs a failure that recurs every round once per distinct message, and says when it clears.
 #[derive(Debug, Default)]
-pub struct LogOnce {
+pub(crate) struct LogOnce {
     last: Option<String>,
 }
 
 impl LogOnce {
     /// Whether `msg` should be logged: it differs from the failure logged last.
-    pub fn failed(&mut self, msg: &str) -> bool {
+    pub(crate) fn failed(&mut self, msg: &str) -> bool {
         if self.last.as_deref() == Some(msg) {
             return false;
         }
@@ -65,31 +65,31 @@ impl LogOnce {
     }
 
     /// Whether a logged failure has just cleared (log that once).
-    pub fn cleared(&mut self) -> bool {
+    pub(crate) fn cleared(&mut self) -> bool {
         self.last.take().is_some()
     }
 }
 
 /// First delay before a refused registration is tried again.
-pub const REGISTER_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const REGISTER_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest delay between registration attempts.
-pub const REGISTER_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const REGISTER_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// When to try a refused registration again: after 1 s, then doubling up to 30 s.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     delay: Option<Duration>,
     next: Option<Instant>,
 }
 
 impl Backoff {
     /// Whether an attempt may be made at `now`.
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         self.next.is_none_or(|t| now >= t)
     }
 
     /// An attempt failed at `now`: the delay until the next one.
-    pub fn failed(&mut self, now: Instant) -> Duration {
+    pub(crate) fn failed(&mut self, now: Instant) -> Duration {
         let d = match self.delay {
             None => REGISTER_RETRY_FIRST,
             Some(d) => (d * 2).min(REGISTER_RETRY_MAX),
@@ -100,7 +100,7 @@ impl Backoff {
     }
 
     /// Success, or a new kubelet: the next attempt is made at once.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = Backoff::default();
     }
 }
@@ -124,7 +124,7 @@ create sockets in (the kubelet's is /var/lib/kubelet/device-plugins)", .path.dis
 }
 
 /// State shared by the servers and the poll loop.
-pub struct Shared {
+pub(crate) struct Shared {
     cfg: Config,
     inv: RwLock<Arc<Inventory>>,
     cdi_on: AtomicBool,
@@ -574,7 +574,7 @@ pub async fn serve(cfg: Config, shutdown: impl std::future::Future<Output = ()>)
 }
 
 /// `gpupass device-plugin`: run until SIGTERM or SIGINT.
-pub fn run(cfg: Config) -> Result<(), PluginError> {
+pub(crate) fn run(cfg: Config) -> Result<(), PluginError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -40,23 +40,23 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The engine's domain of the claim's file part.
-pub const DOMAIN: &str = "dra";
+pub(crate) const DOMAIN: &str = "dra";
 
 /// The owner tag of a claim's plans in the journal: `dra-claim:<uid>`.
-pub fn owner(uid: &str) -> String {
+pub(crate) fn owner(uid: &str) -> String {
     format!("{OWNER_PREFIX}{uid}")
 }
 
 /// A claim as the journal knows its plans: the owner tag ([`owner`]) and, for people, the
 /// claim's `NAMESPACE/NAME (UID)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
+pub(crate) struct Owner {
     pub tag: String,
     pub label: String,
 }
 
 impl Owner {
-    pub fn claim(uid: &str, label: &str) -> Owner {
+    pub(crate) fn claim(uid: &str, label: &str) -> Owner {
         Owner {
             tag: owner(uid),
             label: format!("claim {label}"),
@@ -65,17 +65,17 @@ impl Owner {
 }
 
 /// What every claim's owner tag begins with.
-pub const OWNER_PREFIX: &str = "dra-claim:";
+pub(crate) const OWNER_PREFIX: &str = "dra-claim:";
 
 /// Whether an unfinished plan of the journal is a claim's (a Prepare or Unprepare of this
 /// plugin that never ended).
-pub fn is_claims(t: &crate::change::journal::OpenChange) -> bool {
+pub(crate) fn is_claims(t: &crate::change::journal::OpenChange) -> bool {
     t.owner.as_deref().is_some_and(|o| o.starts_with(OWNER_PREFIX))
 }
 
 /// A file of a claim: its path (as on the host) and, for a write, its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct File {
+pub(crate) struct File {
     pub path: String,
     pub contents: Option<String>,
 }
@@ -83,7 +83,7 @@ pub struct File {
 /// Why a claim's plan failed: the engine's or the bind planner's own message (a device in
 /// use names its holder and the fix; the lock names the other gpupass and the wait).
 #[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
+pub(crate) enum ApplyError {
     #[error(transparent)]
     Bind(#[from] BindError),
     #[error(transparent)]
@@ -104,7 +104,7 @@ impl ApplyError {
     /// Whether the host is as it was before the call: refused before the first write, or
     /// failed and rolled back. (A rollback that failed too leaves the plan open for `gpupass
     /// recover`.)
-    pub fn changed_nothing(&self) -> bool {
+    pub(crate) fn changed_nothing(&self) -> bool {
         let change = match self {
             ApplyError::Change(c) | ApplyError::Bind(BindError::Change(c)) => c,
             ApplyError::Bind(_) | ApplyError::Held { .. } => return true,
@@ -120,7 +120,7 @@ impl ApplyError {
 
 /// What a claim's plan did.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// The functions whose driver the plan moved, each with the driver it was on before (as
     /// the bind or unbind planned it under the lock).
     pub moved: BTreeMap<PciAddress, Option<String>>,
@@ -151,15 +151,15 @@ fn files_part(host: &HostRoot, what: &str, files: &[File]) -> Part {
 }
 
 /// The error `files` may give, boxed for the engine.
-pub type FilesError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type FilesError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What [`prepare`] calls after the bind and the creation: the claim's files, from the host
 /// and its inventory as the writes left them.
-pub type Files<'f> = &'f mut dyn FnMut(&HostRoot, &Inventory) -> Result<Vec<File>, FilesError>;
+pub(crate) type Files<'f> = &'f mut dyn FnMut(&HostRoot, &Inventory) -> Result<Vec<File>, FilesError>;
 
 /// A mediated device of a claim: its UUID, parent and type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mdev {
+pub(crate) struct Mdev {
     pub uuid: String,
     pub parent: String,
     pub mdev_type: String,
@@ -173,7 +173,7 @@ pub struct Mdev {
 /// handed on to the CDI refresh). A refusal (a member in use by the host,
 /// naming the holder), a lock held past `wait`, a failed write or check, or an error of
 /// `files` fails it; what was written is rolled back.
-pub fn prepare(
+pub(crate) fn prepare(
     ops: &dyn HostOps,
     wait: Duration,
     owner: &Owner,
@@ -296,7 +296,7 @@ fn refresh_specs(session: &mut Session<'_>, view: Option<&Inventory>) -> Option<
 
 /// [`refresh_specs`] as the follow-up of the plugin's recovery at start
 /// ([`crate::change::recover_where`]).
-pub struct Refresh;
+pub(crate) struct Refresh;
 
 impl Followup for Refresh {
     fn follow(&mut self, session: &mut Session<'_>, _changed: &str) {
@@ -309,7 +309,7 @@ impl Followup for Refresh {
 /// functions the claim's prepare moved) given back to the drivers the journal recorded,
 /// and `files` removed. A function no longer on a VFIO driver is left
 /// as it is; a VFIO group still open by a process is refused, naming it.
-pub fn unprepare(
+pub(crate) fn unprepare(
     ops: &dyn HostOps,
     wait: Duration,
     owner: &str,

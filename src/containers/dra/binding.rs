@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 /// holds the lock), `HeldByClaim` (another claim holds the device, by the plugin's checkpoint
 /// or the journal's holds: one owner per group), `ClaimRefused`
 /// (the claim's checks), `BindFailed` (a write or check failed and was rolled back), `HostError`.
-pub fn reason(e: &PrepareError) -> &'static str {
+pub(crate) fn reason(e: &PrepareError) -> &'static str {
     match e {
         PrepareError::Claim(_) => "ClaimRefused",
         PrepareError::Held { .. } => "HeldByClaim",
@@ -60,7 +60,7 @@ impl Driver<'_> {
     /// An `InUse` failure marks the devices busy ([`Driver::busy`]): they are published with
     /// the busy taint until no host process holds them, so the scheduler, which deallocates the
     /// claim on the failure condition, does not hand the Pod the same device again.
-    pub fn bind_early(&mut self, claim: &Claim, keys: &[DeviceKey]) -> Result<String, Failure> {
+    pub(crate) fn bind_early(&mut self, claim: &Claim, keys: &[DeviceKey]) -> Result<String, Failure> {
         self.try_bind_early(claim, keys).map_err(|e| {
             let f = Failure {
                 reason: reason(&e).to_string(),
@@ -202,7 +202,7 @@ impl Driver<'_> {
     /// Unprepare every claim bound before binding ([`State::Bound`]) that `gone` names and the
     /// kubelet never prepared: its functions back on the drivers they had. Returns what was
     /// done, one line each.
-    pub fn release_early(&mut self, gone: &dyn Fn(&ClaimRef) -> bool) -> Vec<String> {
+    pub(crate) fn release_early(&mut self, gone: &dyn Fn(&ClaimRef) -> bool) -> Vec<String> {
         let uids: Vec<(String, String)> = self
             .checkpoint
             .claims

@@ -18,10 +18,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The checkpoint's format version.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub(crate) enum CheckpointError {
     #[error("cannot read the DRA checkpoint {}; check its permissions (the plugin runs as root)", .path.display())]
     Read {
         path: PathBuf,
@@ -41,7 +41,7 @@ pub enum CheckpointError {
 /// How far a claim's Prepare got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum State {
+pub(crate) enum State {
     /// Prepare began; the host may hold part of it.
     Started,
     /// Prepare finished; `prepared` is what the kubelet was told.
@@ -55,7 +55,7 @@ pub enum State {
 
 /// One claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub claim: ClaimRef,
     pub boot_id: String,
     pub state: State,
@@ -69,7 +69,7 @@ pub struct Entry {
 
 impl Entry {
     /// The functions Unprepare gives back: members that were not on a VFIO driver before.
-    pub fn moved(&self) -> Vec<PciAddress> {
+    pub(crate) fn moved(&self) -> Vec<PciAddress> {
         self.drivers_before
             .iter()
             .filter(|(_, d)| !d.as_deref().is_some_and(crate::model::is_vfio_driver))
@@ -78,14 +78,14 @@ impl Entry {
     }
 
     /// The DRA device names this claim holds.
-    pub fn device_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn device_names(&self) -> impl Iterator<Item = &str> {
         self.devices.iter().map(|d| d.device.as_str())
     }
 }
 
 /// The whole checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub version: u32,
     /// By claim UID.
     pub claims: BTreeMap<String, Entry>,
@@ -93,7 +93,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// The claim of this boot that holds `device`, other than `uid`.
-    pub fn holder(&self, device: &str, uid: &str, boot_id: &str) -> Option<&Entry> {
+    pub(crate) fn holder(&self, device: &str, uid: &str, boot_id: &str) -> Option<&Entry> {
         self.claims
             .values()
             .filter(|e| e.claim.uid != uid && e.boot_id == boot_id)
@@ -102,7 +102,7 @@ impl Checkpoint {
 }
 
 /// `var/lib/kubelet/plugins/<driver>/checkpoint.json` under the root.
-pub fn path(host: &HostRoot, driver: &str) -> PathBuf {
+pub(crate) fn path(host: &HostRoot, driver: &str) -> PathBuf {
     host.path(&format!(
         "{}/checkpoint.json",
         crate::containers::kubelet::plugin::plugin_dir_logical(driver)
@@ -110,7 +110,7 @@ pub fn path(host: &HostRoot, driver: &str) -> PathBuf {
 }
 
 /// Read it; a missing file is an empty checkpoint.
-pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+pub(crate) fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let text = match crate::host::read_bounded(path, 64 << 20) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -140,7 +140,7 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
 }
 
 /// Write it atomically, root-only (the file 0600, its directory 0700).
-pub fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
+pub(crate) fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |e| CheckpointError::Write {
         path: path.to_path_buf(),

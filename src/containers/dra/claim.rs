@@ -20,26 +20,26 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The `apiVersion` of gpupass's opaque device configuration.
-pub const CONFIG_API_VERSION: &str = "gpupass.dev/v1alpha1";
+pub(crate) const CONFIG_API_VERSION: &str = "gpupass.dev/v1alpha1";
 /// Its `kind`.
-pub const CONFIG_KIND: &str = "VfioConfig";
+pub(crate) const CONFIG_KIND: &str = "VfioConfig";
 /// The metadata API versions written, newest first (a reader takes the first it knows;
 /// KubeVirt knows v1alpha1, Kubernetes' own helpers v1beta1).
-pub const METADATA_VERSIONS: [&str; 2] = [
+pub(crate) const METADATA_VERSIONS: [&str; 2] = [
     "metadata.resource.k8s.io/v1beta1",
     "metadata.resource.k8s.io/v1alpha1",
 ];
 /// Where containers find the metadata files (KEP-5304).
-pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+pub(crate) const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 /// The annotation a claim made from a Pod's claim template carries: the Pod's claim name.
-pub const POD_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+pub(crate) const POD_CLAIM_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
 /// The claim as the kubelet names it (the kit's: [`crate::containers::kubelet::claims`]).
 pub use crate::containers::kubelet::claims::ClaimRef;
 
 /// Who this plugin is: checked against every allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub driver: String,
     pub node: String,
     /// The pool the node's devices are published in (the node name).
@@ -56,7 +56,7 @@ pub enum BackendPolicy {
 }
 
 impl BackendPolicy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BackendPolicy::Legacy => "legacy",
             BackendPolicy::PreferIommufd => "prefer-iommufd",
@@ -65,7 +65,7 @@ impl BackendPolicy {
     }
 
     /// The plugin's `--backend` as a claim policy (auto prefers iommufd).
-    pub fn from_policy(p: Policy) -> Self {
+    pub(crate) fn from_policy(p: Policy) -> Self {
         match p {
             Policy::Legacy => BackendPolicy::Legacy,
             Policy::Auto => BackendPolicy::PreferIommufd,
@@ -77,7 +77,7 @@ impl BackendPolicy {
 /// gpupass's opaque device configuration (`parameters` of an opaque config for our driver).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VfioConfig {
+pub(crate) struct VfioConfig {
     pub api_version: String,
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,7 +194,7 @@ pub struct ClaimMdev {
 
 impl ClaimDevice {
     /// `0000:01:00.0` for a group, `mdev <uuid>` for a mediated device: what a message names.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match (&self.mdev, self.lead) {
             (Some(m), _) => format!("mdev {} ({} on {})", m.uuid, m.mdev_type, m.parent),
             (None, Some(a)) => a.to_string(),
@@ -205,14 +205,14 @@ impl ClaimDevice {
 
 /// What this node offers: the groups and the mdev slots.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Offered {
+pub(crate) struct Offered {
     pub groups: Vec<Publishable>,
     pub slots: Vec<MdevSlot>,
 }
 
 impl Offered {
     /// The offer of `inv` ([`slices::publishable`], [`super::slots::offered`]).
-    pub fn of(inv: &Inventory) -> Self {
+    pub(crate) fn of(inv: &Inventory) -> Self {
         Offered {
             groups: slices::publishable(inv),
             slots: super::slots::offered(inv),
@@ -293,7 +293,7 @@ fn covers(cfg: &DeviceAllocationConfiguration, request: &str) -> bool {
 
 /// Check a claim read from the API server against what the kubelet asked, who we are and what
 /// this node offers; `default` is the plugin's `--backend`.
-pub fn check(
+pub(crate) fn check(
     asked: &ClaimRef,
     claim: &ResourceClaim,
     me: &Identity,
@@ -515,29 +515,29 @@ pub struct Prepared {
 }
 
 /// CDI kind of the per-claim VFIO spec.
-pub fn claim_kind(driver: &str) -> String {
+pub(crate) fn claim_kind(driver: &str) -> String {
     format!("{driver}/claim")
 }
 
 /// CDI kind of the metadata specs (as Kubernetes' DRA framework names them).
-pub fn metadata_kind(driver: &str) -> String {
+pub(crate) fn metadata_kind(driver: &str) -> String {
     format!("{driver}/metadata")
 }
 
 /// `/var/run/cdi/<driver>_claim_<uid>.json` (never `gpupass*.json`, which `cdi generate`
 /// owns and refreshes).
-pub fn claim_spec_path(driver: &str, uid: &str) -> String {
+pub(crate) fn claim_spec_path(driver: &str, uid: &str) -> String {
     format!("/var/run/cdi/{driver}_claim_{uid}.json")
 }
 
 /// `/var/run/cdi/<driver>_metadata_<uid>_<request>.json`.
-pub fn metadata_spec_path(driver: &str, uid: &str, request: &str) -> String {
+pub(crate) fn metadata_spec_path(driver: &str, uid: &str, request: &str) -> String {
     format!("/var/run/cdi/{driver}_metadata_{uid}_{request}.json")
 }
 
 /// The host's metadata file of one request:
 /// `/var/lib/kubelet/plugins/<driver>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`.
-pub fn metadata_host_path(driver: &str, c: &ClaimRef, request: &str) -> String {
+pub(crate) fn metadata_host_path(driver: &str, c: &ClaimRef, request: &str) -> String {
     format!(
         "{}/dra-device-metadata/{}_{}/{request}/metadata.json",
         crate::containers::kubelet::plugin::plugin_dir_logical(driver),
@@ -548,7 +548,7 @@ pub fn metadata_host_path(driver: &str, c: &ClaimRef, request: &str) -> String {
 
 /// Where the container sees it: `.../resourceclaims/<claim>/<request>/<driver>-metadata.json`,
 /// or `.../resourceclaimtemplates/<podClaimName>/...` for a claim from a template.
-pub fn metadata_container_path(driver: &str, checked: &Checked, request: &str) -> String {
+pub(crate) fn metadata_container_path(driver: &str, checked: &Checked, request: &str) -> String {
     match checked.pod_claim_name.as_deref().filter(|n| !n.is_empty()) {
         Some(p) => {
             format!("{METADATA_CONTAINER_DIR}/resourceclaimtemplates/{p}/{request}/{driver}-metadata.json")
@@ -564,7 +564,7 @@ pub fn metadata_container_path(driver: &str, checked: &Checked, request: &str) -
 /// iommufd at all (no `/dev/iommu`, no VFIO device cdev: 6.1, or a kernel built without them)
 /// is refused now, with the kernel's reason. What depends on the bind itself (a function's
 /// cdev, its group's viability) is judged after it, by [`choose_backend`].
-pub fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimError> {
+pub(crate) fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimError> {
     if checked.policy != BackendPolicy::RequireIommufd {
         return Ok(());
     }
@@ -581,7 +581,7 @@ pub fn precheck_backend(inv: &Inventory, checked: &Checked) -> Result<(), ClaimE
 /// Before anything is written: a claim that asks for `/dev/kvm` on a node without it is
 /// refused now (the CDI edit would name a node that is not there, and the container would not
 /// start).
-pub fn precheck_kvm(host: &crate::host::HostRoot, checked: &Checked) -> Result<(), ClaimError> {
+pub(crate) fn precheck_kvm(host: &crate::host::HostRoot, checked: &Checked) -> Result<(), ClaimError> {
     if !checked.kvm {
         return Ok(());
     }
@@ -600,7 +600,7 @@ pub fn precheck_kvm(host: &crate::host::HostRoot, checked: &Checked) -> Result<(
 }
 
 /// The node KVM is used through.
-pub const KVM_NODE: &str = "/dev/kvm";
+pub(crate) const KVM_NODE: &str = "/dev/kvm";
 
 /// What one VFIO unit of a claim (a bound function, or a created mediated device) can use.
 struct Unit {
@@ -887,7 +887,7 @@ fn with_generation(mut docs: Vec<serde_json::Value>, g: i64) -> String {
 /// says the same at its generation is kept as it is (no write); a different one is rewritten at
 /// its generation + 1; an absent file, or one that is not a metadata stream, gets `new`. Any
 /// other file (a CDI spec) is `new` unchanged.
-pub fn next_metadata(old: Option<&str>, new: &str) -> String {
+pub(crate) fn next_metadata(old: Option<&str>, new: &str) -> String {
     let (Some(old_docs), Some(new_docs)) = (old.and_then(metadata_stream), metadata_stream(new)) else {
         return new.to_string();
     };

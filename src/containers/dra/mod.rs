@@ -42,18 +42,18 @@ mod tests;
 use crate::host::HostRoot;
 
 /// The DRA driver name this plugin registers and publishes under by default.
-pub const DEFAULT_DRIVER: &str = "vfio.gpupass.dev";
+pub(crate) const DEFAULT_DRIVER: &str = "vfio.gpupass.dev";
 /// The domain of gpupass's own device attributes (`gpupass.dev/iommuGroup`...).
-pub const DOMAIN: &str = "gpupass.dev";
+pub(crate) const DOMAIN: &str = "gpupass.dev";
 /// The domain of Kubernetes' standard device attributes.
-pub const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
+pub(crate) const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
 /// `proc/sys/kernel/random/boot_id`: tells a node reboot apart from a plugin restart.
-pub fn boot_id(host: &HostRoot) -> std::io::Result<String> {
+pub(crate) fn boot_id(host: &HostRoot) -> std::io::Result<String> {
     crate::host::read_bounded(&host.path("proc/sys/kernel/random/boot_id"), 128).map(|s| s.trim().to_string())
 }
 
 /// `proc/sys/kernel/hostname`: the default node name.
-pub fn hostname(host: &HostRoot) -> Option<String> {
+pub(crate) fn hostname(host: &HostRoot) -> Option<String> {
     crate::host::read_bounded(&host.path("proc/sys/kernel/hostname"), 256)
         .ok()
         .map(|s| s.trim().to_string())

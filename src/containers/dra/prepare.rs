@@ -27,15 +27,15 @@ use std::time::{Duration, Instant};
 /// How long Prepare and Unprepare wait for another gpupass holding the lock, at most: a few
 /// seconds, so a kubelet call fails and is retried instead of hanging (the commands wait
 /// `GPUPASS_LOCK_TIMEOUT`, 30 s).
-pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(3);
 
 /// Kept from the kubelet's deadline for the work after the lock (the scans, the writes, the
 /// reply).
-pub const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_millis(500);
 
 /// Why Prepare or Unprepare failed: the message kubelet puts in the Pod's events.
 #[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
+pub(crate) enum PrepareError {
     #[error("cannot read the boot id ({}); the plugin needs it to tell a reboot from a restart", .path.display())]
     BootId {
         path: PathBuf,
@@ -72,7 +72,7 @@ impl From<claim::ClaimError> for PrepareError {
 }
 
 /// gpupass's DRA driver: the plugin's state.
-pub struct Driver<'a> {
+pub(crate) struct Driver<'a> {
     pub ops: &'a dyn HostOps,
     pub me: Identity,
     pub default: Policy,
@@ -112,7 +112,7 @@ pub struct Driver<'a> {
 pub use crate::containers::kubelet::plugin::Health;
 
 impl<'a> Driver<'a> {
-    pub fn new(
+    pub(crate) fn new(
         ops: &'a dyn HostOps,
         me: Identity,
         default: Policy,
@@ -139,14 +139,15 @@ impl<'a> Driver<'a> {
     }
 
     /// Wait at most `wait` for the engine's lock.
-    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_lock_wait(mut self, wait: Duration) -> Self {
         self.lock_wait = wait;
         self
     }
 
     /// The lock wait of a call due by `deadline`: [`Driver::lock_wait`], or what is left of
     /// the deadline less [`DEADLINE_MARGIN`] when that is shorter (none left: one try).
-    pub fn wait_for(&self, deadline: Option<Instant>) -> Duration {
+    pub(crate) fn wait_for(&self, deadline: Option<Instant>) -> Duration {
         match deadline {
             Some(d) => self.lock_wait.min(
                 d.saturating_duration_since(Instant::now())
@@ -156,7 +157,8 @@ impl<'a> Driver<'a> {
         }
     }
 
-    pub fn checkpoint(&self) -> &Checkpoint {
+    #[cfg(test)]
+    pub(crate) fn checkpoint(&self) -> &Checkpoint {
         &self.checkpoint
     }
 
@@ -184,7 +186,7 @@ impl<'a> Driver<'a> {
 
     /// The devices of a claim prepared in this boot, as its Prepare returned them: what a
     /// retry returns without reading the claim or touching the host.
-    pub fn prepared(&self, c: &ClaimRef) -> Option<Vec<PreparedDevice>> {
+    pub(crate) fn prepared(&self, c: &ClaimRef) -> Option<Vec<PreparedDevice>> {
         let e = self.checkpoint.claims.get(&c.uid)?;
         if e.boot_id == self.boot_id && e.state == State::Completed {
             return e.prepared.as_ref().map(|p| p.devices.clone());
@@ -193,7 +195,8 @@ impl<'a> Driver<'a> {
     }
 
     /// [`Driver::prepare_until`] without a deadline.
-    pub fn prepare(&mut self, c: &Claim) -> Result<Vec<PreparedDevice>, PrepareError> {
+    #[cfg(test)]
+    pub(crate) fn prepare(&mut self, c: &Claim) -> Result<Vec<PreparedDevice>, PrepareError> {
         self.prepare_until(c, None)
     }
 
@@ -202,7 +205,7 @@ impl<'a> Driver<'a> {
     /// without touching the host; one whose Prepare was interrupted is prepared again (the
     /// bind is idempotent) keeping the drivers of the first attempt. The host changes are one
     /// plan owned by the claim ([`apply::prepare`]): a failure rolls all of it back.
-    pub fn prepare_until(
+    pub(crate) fn prepare_until(
         &mut self,
         claim: &Claim,
         deadline: Option<Instant>,
@@ -378,7 +381,7 @@ impl<'a> Driver<'a> {
     }
 
     /// [`Driver::unprepare_until`] without a deadline.
-    pub fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
+    pub(crate) fn unprepare(&mut self, uid: &str) -> Result<(), PrepareError> {
         self.unprepare_until(uid, None)
     }
 
@@ -387,7 +390,11 @@ impl<'a> Driver<'a> {
     /// moved given back to the drivers the journal recorded (only in the boot that moved them;
     /// a function on vfio-pci before gpupass touched it stays there), its entry dropped. A
     /// claim the plugin does not know is done already.
-    pub fn unprepare_until(&mut self, uid: &str, deadline: Option<Instant>) -> Result<(), PrepareError> {
+    pub(crate) fn unprepare_until(
+        &mut self,
+        uid: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(), PrepareError> {
         let Some(e) = self.checkpoint.claims.get(uid).cloned() else {
             return Ok(());
         };
@@ -427,7 +434,7 @@ impl<'a> Driver<'a> {
     /// (their binds went with that kernel), and claims `claims` (the API server) no longer has
     /// (deleted while the plugin was down) are unprepared. Returns what was done, one line
     /// each.
-    pub fn cleanup_at_start(&mut self, claims: &dyn ClaimSource) -> Vec<String> {
+    pub(crate) fn cleanup_at_start(&mut self, claims: &dyn ClaimSource) -> Vec<String> {
         let mut out = self.undo_own_unfinished();
         let entries: Vec<Entry> = self.checkpoint.claims.values().cloned().collect();
         for e in entries {
@@ -478,7 +485,7 @@ impl<'a> Driver<'a> {
     /// The inventory as this node's ResourceSlices describe it: the functions a claim of this
     /// boot moved to vfio-pci carry the driver they had before (a Prepare does not change
     /// what the node offers, so it does not republish the pool).
-    pub fn as_offered(&self, inv: &Inventory) -> Inventory {
+    pub(crate) fn as_offered(&self, inv: &Inventory) -> Inventory {
         let mut v = inv.clone();
         for e in self
             .checkpoint
@@ -577,7 +584,7 @@ impl<'a> Driver<'a> {
     /// Every device's health now: published devices, and devices prepared in this boot
     /// (whose members must still be on a VFIO driver in a viable group); a device reported
     /// before and gone now is unhealthy.
-    pub fn health(&mut self, inv: &Inventory) -> Vec<Health> {
+    pub(crate) fn health(&mut self, inv: &Inventory) -> Vec<Health> {
         let prepared: Vec<&Entry> = self
             .checkpoint
             .claims
@@ -767,7 +774,7 @@ fn files_of(driver: &str, e: &Entry) -> Vec<String> {
 
 /// Health, pure: see [`Driver::health`]. Each unhealthy device with its problem's code (the
 /// taint's value).
-pub fn health(
+pub(crate) fn health(
     inv: &Inventory,
     prepared: &[&Entry],
     known: &BTreeSet<String>,
@@ -856,23 +863,23 @@ pub fn health(
 }
 
 /// The key of the taint an unhealthy device is published with (its value: the problem's code).
-pub const TAINT_KEY: &str = "gpupass.dev/unhealthy";
+pub(crate) const TAINT_KEY: &str = "gpupass.dev/unhealthy";
 
 /// The effect of that taint: NoSchedule (docs/dra.md, "Taints": new claims do not get the
 /// device; a Pod that has it keeps running, and its status says Unhealthy).
-pub const TAINT_EFFECT: &str = "NoSchedule";
+pub(crate) const TAINT_EFFECT: &str = "NoSchedule";
 
 /// The key of the taint a busy device is published with: its bind before binding failed
 /// because a host process holds it (value [`BUSY_VALUE`], effect [`TAINT_EFFECT`]). The device
 /// is not sick, so it is not Unhealthy; the taint goes when the in-use check finds it free.
-pub const BUSY_KEY: &str = "gpupass.dev/busy";
+pub(crate) const BUSY_KEY: &str = "gpupass.dev/busy";
 
 /// The busy taint's value: the failure condition's reason ([`super::binding::reason`]).
-pub const BUSY_VALUE: &str = "InUse";
+pub(crate) const BUSY_VALUE: &str = "InUse";
 
 /// `pool` with a [`TAINT_KEY`] taint on each device `unhealthy` names (device name → code) and a
 /// [`BUSY_KEY`] taint on each device `busy` names.
-pub fn tainted(
+pub(crate) fn tainted(
     mut pool: Pool,
     unhealthy: &BTreeMap<String, &'static str>,
     busy: &BTreeMap<String, String>,

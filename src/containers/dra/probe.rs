@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// Why the plugin does not answer as it should.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(crate) enum ProbeError {
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     #[error("cannot connect to {}: {detail} (is `gpupass dra-plugin --driver {driver}` running with this directory?)", .path.display())]
@@ -53,7 +53,7 @@ pub enum ProbeError {
 
 /// Probes the plugin of `cfg.driver` listening per `cfg`; on success, a line saying what
 /// answered.
-pub fn probe(cfg: &Config, timeout: Duration) -> Result<String, ProbeError> {
+pub(crate) fn probe(cfg: &Config, timeout: Duration) -> Result<String, ProbeError> {
     let driver = cfg.driver.as_str();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

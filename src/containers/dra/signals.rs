@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 
 /// How long a device stays Unhealthy after its AER error counts last rose. The counts only ever
 /// grow (until the function is removed), so "recovered" is "no new error for this long".
-pub const AER_HOLD: Duration = Duration::from_secs(300);
+pub(crate) const AER_HOLD: Duration = Duration::from_secs(300);
 
 /// Why a device is unhealthy: a short code (the device taint's value, a label value) and the
 /// message the health stream carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
+pub(crate) struct Problem {
     pub code: &'static str,
     pub message: String,
 }
 
 impl Problem {
-    pub fn new(code: &'static str, message: impl Into<String>) -> Problem {
+    pub(crate) fn new(code: &'static str, message: impl Into<String>) -> Problem {
         Problem {
             code,
             message: message.into(),
@@ -39,7 +39,7 @@ impl Problem {
 
 /// One function's sysfs readings (absent files: `None`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Readings {
+pub(crate) struct Readings {
     pub power_state: Option<String>,
     /// The first two bytes of config space (the vendor ID), read only in D0.
     pub vendor: Option<u16>,
@@ -56,7 +56,7 @@ fn aer_total(text: &str) -> Option<u64> {
 }
 
 /// Reads `a`'s signals under `host`.
-pub fn read(host: &HostRoot, a: &PciAddress) -> Readings {
+pub(crate) fn read(host: &HostRoot, a: &PciAddress) -> Readings {
     let dir = host.path(&format!("sys/bus/pci/devices/{a}"));
     let text = |f: &str| crate::host::read_bounded(&dir.join(f), 4096).ok();
     let power_state = text("power_state").map(|s| s.trim().to_string());
@@ -81,7 +81,7 @@ pub fn read(host: &HostRoot, a: &PciAddress) -> Readings {
 /// What the plugin remembers between refreshes: each function's driver when first seen, and
 /// its AER counts with when they last rose.
 #[derive(Debug, Default)]
-pub struct Tracker {
+pub(crate) struct Tracker {
     first_driver: BTreeMap<PciAddress, Option<String>>,
     aer: BTreeMap<PciAddress, (u64, Instant)>,
 }
@@ -90,7 +90,7 @@ impl Tracker {
     /// The problem of function `a` (driver `driver` now, readings `r`) at `now`; `prepared`:
     /// a claim holds it (gpupass moved its driver, so "driver lost" is not judged; the
     /// inventory's own check of a prepared member is [`super::prepare::health`]'s).
-    pub fn judge(
+    pub(crate) fn judge(
         &mut self,
         a: &PciAddress,
         driver: Option<&str>,

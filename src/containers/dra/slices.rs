@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 
 /// A group this node offers: the DRA device a claim gets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Publishable {
+pub(crate) struct Publishable {
     /// The DRA device name (`pci-0000-00-05-0`, from the lead function).
     pub name: String,
     pub group: u32,
@@ -41,7 +41,7 @@ pub struct Publishable {
 
 /// What [`decide`] concluded for one group (or one function without a group).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GroupDecision {
+pub(crate) struct GroupDecision {
     /// `null` for a function the IOMMU does not isolate at all.
     pub group: Option<u32>,
     /// Its functions (bridges included), in address order.
@@ -55,7 +55,7 @@ pub struct GroupDecision {
 }
 
 /// The DRA device name of a group led by `a`: a DNS label (`pci-0000-00-05-0`).
-pub fn device_name(a: &PciAddress) -> String {
+pub(crate) fn device_name(a: &PciAddress) -> String {
     format!(
         "pci-{:04x}-{:02x}-{:02x}-{:x}",
         a.domain, a.bus, a.device, a.function
@@ -164,7 +164,7 @@ fn judge<'a>(
 
 /// Every group of the host (and every function without one), with the decision, in group
 /// order; functions without a group last.
-pub fn decide(inv: &Inventory) -> Vec<GroupDecision> {
+pub(crate) fn decide(inv: &Inventory) -> Vec<GroupDecision> {
     let by_addr: HashMap<PciAddress, &PciDevice> = inv.devices.iter().map(|d| (d.address, d)).collect();
     let mut mdev_parents: HashMap<String, usize> = HashMap::new();
     for m in &inv.mdevs {
@@ -207,7 +207,7 @@ pub fn decide(inv: &Inventory) -> Vec<GroupDecision> {
 }
 
 /// The groups this node offers, in device-name (lead address) order.
-pub fn publishable(inv: &Inventory) -> Vec<Publishable> {
+pub(crate) fn publishable(inv: &Inventory) -> Vec<Publishable> {
     let by_addr: HashMap<PciAddress, &PciDevice> = inv.devices.iter().map(|d| (d.address, d)).collect();
     let mut out: Vec<Publishable> = decide(inv)
         .into_iter()
@@ -254,7 +254,7 @@ fn member_list(members: &[PciAddress]) -> String {
 }
 
 /// The attributes of one published group (qualified names; ours under [`DOMAIN`]).
-pub fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAttribute> {
+pub(crate) fn attributes(inv: &Inventory, p: &Publishable) -> BTreeMap<String, DeviceAttribute> {
     let mut a = BTreeMap::new();
     let ours = |n: &str| format!("{DOMAIN}/{n}");
     let std = |n: &str| format!("{STANDARD_DOMAIN}/{n}");
@@ -348,12 +348,12 @@ pub fn render(inv: &Inventory, opts: &SliceOptions) -> Vec<ResourceSlice> {
 // ---- binding conditions (KEP-5007; docs/dra.md "Binding conditions", `super::binding`)
 
 /// The binding condition of a group that needs a driver switch: True once the plugin bound it.
-pub const READY: &str = "gpupass.dev/GroupBound";
+pub(crate) const READY: &str = "gpupass.dev/GroupBound";
 /// Its failure condition: True when the bind failed (the reason says why).
-pub const FAILED: &str = "gpupass.dev/GroupBindFailed";
+pub(crate) const FAILED: &str = "gpupass.dev/GroupBindFailed";
 
 /// [`READY`] and [`FAILED`] for the kit's watcher.
-pub fn conditions() -> crate::containers::kubelet::binding::Conditions {
+pub(crate) fn conditions() -> crate::containers::kubelet::binding::Conditions {
     crate::containers::kubelet::binding::Conditions {
         ready: READY.into(),
         failed: FAILED.into(),
@@ -370,7 +370,7 @@ fn member_on_vfio(inv: &Inventory, a: &PciAddress) -> bool {
 /// Give every group device of `pool` that needs a driver switch in `inv` (the inventory as
 /// offered: `Driver::as_offered`, so a group a claim moved keeps its conditions) the binding
 /// and failure conditions. mdev slots and groups already on vfio-pci get none. Pure.
-pub fn mark(pool: &mut Pool, inv: &Inventory) {
+pub(crate) fn mark(pool: &mut Pool, inv: &Inventory) {
     let groups = publishable(inv);
     for d in pool.devices.iter_mut() {
         let Some(g) = groups.iter().find(|g| g.name == d.name) else {

@@ -29,16 +29,16 @@ use std::collections::BTreeMap;
 
 /// The most slots one type is offered with (a type with more available instances is offered
 /// with this many; the counter says the same).
-pub const MAX_SLOTS_PER_TYPE: u32 = 64;
+pub(crate) const MAX_SLOTS_PER_TYPE: u32 = 64;
 /// The most counters one counter set holds (`ResourceSliceMaxCountersPerCounterSet`): a parent
 /// with more types offers its first 32.
-pub const MAX_COUNTERS_PER_SET: usize = 32;
+pub(crate) const MAX_COUNTERS_PER_SET: usize = 32;
 /// The longest DNS label (device, counter set and counter names).
 const MAX_LABEL: usize = 63;
 
 /// One instance an mdev type can still create: the DRA device a claim gets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MdevSlot {
+pub(crate) struct MdevSlot {
     /// The DRA device name: `mdev-<parent>-<type>-<index>`.
     pub name: String,
     /// The parent's name under `sys/class/mdev_bus` (`mtty`, `0000:01:00.0`).
@@ -58,7 +58,7 @@ pub struct MdevSlot {
 
 /// What was decided for one type of one parent (`gpupass dra slices --explain`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TypeDecision {
+pub(crate) struct TypeDecision {
     pub parent: String,
     pub mdev_type: String,
     /// Slots offered.
@@ -70,7 +70,7 @@ pub struct TypeDecision {
 
 /// `mtty-2` as a DNS label: lower case, every other character `-`, no leading, trailing or
 /// doubled `-`.
-pub fn label(raw: &str) -> String {
+pub(crate) fn label(raw: &str) -> String {
     let mut out = String::new();
     for c in raw.chars() {
         let c = c.to_ascii_lowercase();
@@ -87,13 +87,13 @@ pub fn label(raw: &str) -> String {
 }
 
 /// The counter set of a parent: `mdev-<parent>` (`mdev-0000-01-00-0` for a PCI parent).
-pub fn counter_set_name(parent: &str) -> String {
+pub(crate) fn counter_set_name(parent: &str) -> String {
     format!("mdev-{}", label(parent))
 }
 
 /// Every mdev parent of the host with its types: PCI functions with `mdev_types` first (address
 /// order), then the virtual parents (name order).
-pub fn parents(inv: &Inventory) -> Vec<(String, Option<PciAddress>, &[MdevType])> {
+pub(crate) fn parents(inv: &Inventory) -> Vec<(String, Option<PciAddress>, &[MdevType])> {
     let mut pci: Vec<_> = inv
         .devices
         .iter()
@@ -113,7 +113,7 @@ pub fn parents(inv: &Inventory) -> Vec<(String, Option<PciAddress>, &[MdevType])
 }
 
 /// Decide every type: its slots, or why none.
-pub fn decide(inv: &Inventory) -> (Vec<MdevSlot>, Vec<TypeDecision>) {
+pub(crate) fn decide(inv: &Inventory) -> (Vec<MdevSlot>, Vec<TypeDecision>) {
     let mut slots = Vec::new();
     let mut decisions = Vec::new();
     let mut names = std::collections::BTreeSet::new();
@@ -194,7 +194,7 @@ pub fn decide(inv: &Inventory) -> (Vec<MdevSlot>, Vec<TypeDecision>) {
 }
 
 /// The slots this node offers, in parent, type and index order.
-pub fn offered(inv: &Inventory) -> Vec<MdevSlot> {
+pub(crate) fn offered(inv: &Inventory) -> Vec<MdevSlot> {
     decide(inv).0
 }
 
@@ -205,7 +205,7 @@ fn quantity(n: u32) -> Counter {
 }
 
 /// The counter sets of the offered slots: per parent, per type, the number of its slots.
-pub fn counter_sets(slots: &[MdevSlot]) -> Vec<CounterSet> {
+pub(crate) fn counter_sets(slots: &[MdevSlot]) -> Vec<CounterSet> {
     let mut sets: BTreeMap<&str, BTreeMap<String, u32>> = BTreeMap::new();
     for s in slots {
         *sets
@@ -224,7 +224,10 @@ pub fn counter_sets(slots: &[MdevSlot]) -> Vec<CounterSet> {
 
 /// What a group device consumes when one of its members is an mdev parent with slots: all of
 /// that parent's counters (passing the whole function through excludes every instance of it).
-pub fn group_consumption(members: &[PciAddress], sets: &[CounterSet]) -> Vec<DeviceCounterConsumption> {
+pub(crate) fn group_consumption(
+    members: &[PciAddress],
+    sets: &[CounterSet],
+) -> Vec<DeviceCounterConsumption> {
     members
         .iter()
         .filter_map(|a| {
@@ -241,7 +244,7 @@ pub fn group_consumption(members: &[PciAddress], sets: &[CounterSet]) -> Vec<Dev
 }
 
 /// The attributes of a slot (qualified names).
-pub fn attributes(inv: &Inventory, slot: &MdevSlot) -> BTreeMap<String, DeviceAttribute> {
+pub(crate) fn attributes(inv: &Inventory, slot: &MdevSlot) -> BTreeMap<String, DeviceAttribute> {
     let ours = |n: &str| format!("{DOMAIN}/{n}");
     let mut a = BTreeMap::new();
     a.insert(ours("type"), s("mdev"));
@@ -270,7 +273,7 @@ pub fn attributes(inv: &Inventory, slot: &MdevSlot) -> BTreeMap<String, DeviceAt
 }
 
 /// The DRA device of a slot.
-pub fn device(inv: &Inventory, slot: &MdevSlot) -> Device {
+pub(crate) fn device(inv: &Inventory, slot: &MdevSlot) -> Device {
     Device {
         name: slot.name.clone(),
         attributes: Some(attributes(inv, slot)),

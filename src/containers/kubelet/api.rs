@@ -113,7 +113,7 @@ impl Kube {
     }
 
     /// The client (for a thread with a runtime of its own: [`super::binding`]'s watcher).
-    pub fn client(&self) -> kube::Client {
+    pub(crate) fn client(&self) -> kube::Client {
         self.client.clone()
     }
 
@@ -150,7 +150,7 @@ impl CallError {
 
 /// ResourceClaims from the API server (`resource.k8s.io/v1`).
 #[derive(Debug, Clone)]
-pub struct Claims(pub Arc<Kube>);
+pub(crate) struct Claims(pub Arc<Kube>);
 
 impl ClaimSource for Claims {
     fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError> {
@@ -179,7 +179,7 @@ impl ClaimSource for Claims {
 
 /// One write the publisher makes.
 #[derive(Debug, Clone, PartialEq)]
-pub enum SliceOp {
+pub(crate) enum SliceOp {
     Create(ResourceSlice),
     /// The slice with the existing object's `resourceVersion`.
     Replace(ResourceSlice),
@@ -210,7 +210,7 @@ fn pool_counters(s: &[ResourceSlice]) -> Vec<CounterSet> {
 /// when the newest generation already holds exactly those devices in that many slices with the
 /// same owner; otherwise every slice of the next generation created or replaced, then the ones
 /// left over deleted.
-pub fn reconcile(
+pub(crate) fn reconcile(
     existing: &[ResourceSlice],
     pool: &Pool,
     node: &str,
@@ -300,7 +300,7 @@ fn keep_taint_times(want: &mut [ResourceSlice], existing: &[ResourceSlice]) {
 
 /// How long one watch of this node's slices lasts before the server ends it and the watch
 /// starts again (`timeoutSeconds`).
-pub const WATCH_TIMEOUT_S: u32 = 290;
+pub(crate) const WATCH_TIMEOUT_S: u32 = 290;
 
 /// Publishes this node's pool and keeps it current: [`Publisher::publish`] is called with each
 /// fresh pool; it reconciles with the API server when the pool changed since the last success
@@ -348,7 +348,7 @@ impl Publisher {
     /// time the worker takes to run (the plugin wakes at once). Events of the publisher's own
     /// writes cost one list and write nothing. While no watch can be had, the slices are
     /// reconciled at each retry (2 s doubling to 30 s).
-    pub fn watch(&mut self, wake: impl Fn() + Send + Sync + 'static) {
+    pub(crate) fn watch(&mut self, wake: impl Fn() + Send + Sync + 'static) {
         let client = self.api.watch_client.clone();
         let fields = format!("spec.nodeName={},spec.driver={}", self.node, self.driver);
         let stale = self.stale.clone();
@@ -408,7 +408,7 @@ impl Publisher {
 
     /// Brings the API server's slices to `pool` when they may differ: the pool changed since
     /// the last success, or the watch saw them change.
-    pub fn publish(&mut self, pool: &Pool) {
+    pub(crate) fn publish(&mut self, pool: &Pool) {
         if self.published.as_ref() == Some(pool) && !self.stale.load(Ordering::SeqCst) {
             return;
         }

@@ -43,7 +43,7 @@ fn valid_authority(v: &[u8]) -> bool {
 }
 
 /// The header list with an invalid `:authority` replaced by `localhost`; whether it changed.
-pub fn repair(headers: &mut [(Vec<u8>, Vec<u8>)]) -> bool {
+pub(crate) fn repair(headers: &mut [(Vec<u8>, Vec<u8>)]) -> bool {
     let mut changed = false;
     for (n, v) in headers.iter_mut() {
         if n == b":authority" && !valid_authority(v) {
@@ -71,7 +71,7 @@ fn int(out: &mut Vec<u8>, first: u8, n: u8, v: usize) {
 }
 
 /// A header block of literals without indexing, new names, no Huffman (RFC 7541 6.2.2).
-pub fn encode(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn encode(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (n, v) in headers {
         out.push(0x00);
@@ -106,7 +106,7 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<(
 }
 
 /// The client-to-server half: frames copied, header blocks repaired.
-pub async fn client_to_server<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
+pub(crate) async fn client_to_server<R, W>(mut from: R, mut to: W) -> std::io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -209,7 +209,7 @@ where
 }
 
 /// Relays one registration connection to the gRPC server's end of an in-memory pipe.
-pub async fn relay<C, S>(client: C, server: S)
+pub(crate) async fn relay<C, S>(client: C, server: S)
 where
     C: AsyncRead + AsyncWrite + Unpin,
     S: AsyncRead + AsyncWrite + Unpin,

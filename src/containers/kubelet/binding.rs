@@ -33,16 +33,16 @@ use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
 /// The field manager of the plugin's writes to claim status.
-pub const FIELD_MANAGER: &str = "gpupass-dra-plugin";
+pub(crate) const FIELD_MANAGER: &str = "gpupass-dra-plugin";
 /// How often the claims are listed again even when the watch runs (a write that failed is
 /// retried, an event that was missed is seen).
-pub const RESYNC: Duration = Duration::from_secs(30);
+pub(crate) const RESYNC: Duration = Duration::from_secs(30);
 /// The longest message a condition carries here (the API allows 32768 bytes).
-pub const MAX_MESSAGE: usize = 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024;
 
 /// The condition types a driver publishes on its devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conditions {
+pub(crate) struct Conditions {
     /// The binding condition: True once the driver's work for the device is done.
     pub ready: String,
     /// The binding failure condition: True when it failed (the reason says why).
@@ -51,7 +51,7 @@ pub struct Conditions {
 
 /// One allocated device of a claim.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeviceKey {
+pub(crate) struct DeviceKey {
     pub request: String,
     pub pool: String,
     pub device: String,
@@ -59,7 +59,7 @@ pub struct DeviceKey {
 
 /// Why a driver's work before binding failed: what the failure condition says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// A condition reason: CamelCase (`InUse`, `Locked`, `ClaimRefused`...).
     pub reason: String,
     pub message: String,
@@ -67,7 +67,7 @@ pub struct Failure {
 
 /// What a claim asks of this driver now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Want {
+pub(crate) enum Want {
     /// Allocated here; these devices wait on the driver's binding condition and have no
     /// outcome yet.
     Bind(Vec<DeviceKey>),
@@ -78,7 +78,7 @@ pub enum Want {
 }
 
 /// What the claim asks of `driver` in `pool` ([`Want`]). Pure.
-pub fn want(claim: &ResourceClaim, driver: &str, pool: &str, c: &Conditions) -> Want {
+pub(crate) fn want(claim: &ResourceClaim, driver: &str, pool: &str, c: &Conditions) -> Want {
     if claim.metadata.deletion_timestamp.is_some() {
         return Want::NotHere;
     }
@@ -135,7 +135,7 @@ pub fn want(claim: &ResourceClaim, driver: &str, pool: &str, c: &Conditions) -> 
 }
 
 /// The claim the kubelet would name for `claim` (namespace, name, UID).
-pub fn claim_ref(claim: &ResourceClaim) -> Option<ClaimRef> {
+pub(crate) fn claim_ref(claim: &ResourceClaim) -> Option<ClaimRef> {
     Some(ClaimRef {
         namespace: claim.metadata.namespace.clone()?,
         name: claim.metadata.name.clone()?,
@@ -158,7 +158,7 @@ fn cut(s: &str) -> String {
 /// The server-side apply body that sets the outcome of `devices` (all of `driver`) on the
 /// claim's `status.devices[]`: `ready` True (Ok, its message), or `failed` True and `ready`
 /// False with the failure's reason and message. `now` is RFC 3339. Pure.
-pub fn status_apply(
+pub(crate) fn status_apply(
     claim: &ClaimRef,
     driver: &str,
     devices: &[DeviceKey],
@@ -203,7 +203,7 @@ pub fn status_apply(
 
 /// What the watcher hands the driver (through the plugin's worker).
 #[derive(Debug, Clone)]
-pub enum Event {
+pub(crate) enum Event {
     /// Do the work for `devices` of `claim` before its Pod is bound; the answer is the
     /// condition's message (Ok) or the failure.
     Bind {
@@ -219,11 +219,11 @@ pub enum Event {
 }
 
 /// The driver's side of the watcher: the answer to a [`Event::Bind`] (`None` for the others).
-pub type Handler = Box<dyn FnMut(Event) -> Option<Result<String, Failure>> + Send>;
+pub(crate) type Handler = Box<dyn FnMut(Event) -> Option<Result<String, Failure>> + Send>;
 
 /// Why the watcher could not talk to the API server.
 #[derive(Debug, thiserror::Error)]
-pub enum BindingError {
+pub(crate) enum BindingError {
     #[error("{}", crate::model::ErrorChain(.0))]
     Kube(kube::Error),
     #[error("no answer from the API server within {} s", .0.as_secs_f64())]
@@ -255,7 +255,7 @@ async fn bounded<T>(
 /// of a ResourceSlice of `driver` on `node` whose one device has them (nothing is stored).
 /// False where the API server drops them (`DRADeviceBindingConditions` off, a release before
 /// 1.34).
-pub fn probe(kube: &Kube, driver: &str, node: &str, c: &Conditions) -> Result<bool, BindingError> {
+pub(crate) fn probe(kube: &Kube, driver: &str, node: &str, c: &Conditions) -> Result<bool, BindingError> {
     let slice: ResourceSlice = serde_json::from_value(serde_json::json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -293,7 +293,7 @@ pub fn probe(kube: &Kube, driver: &str, node: &str, c: &Conditions) -> Result<bo
 
 /// What the watcher needs.
 #[derive(Clone)]
-pub struct Watch {
+pub(crate) struct Watch {
     pub kube: Arc<Kube>,
     pub driver: String,
     /// This node's pool (the node's name).
@@ -303,7 +303,7 @@ pub struct Watch {
 
 /// Start the watcher on a thread of its own; it ends when `stop` is set (within a watch
 /// timeout) or the handler's side is gone.
-pub fn spawn(w: Watch, handler: Handler, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+pub(crate) fn spawn(w: Watch, handler: Handler, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("gpupass-claims".into())
         .spawn(move || {

@@ -23,7 +23,7 @@ pub struct ClaimRef {
 
 /// A claim the kit read for the kubelet's reference: what a driver's Prepare is handed.
 #[derive(Debug, Clone)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// What the kubelet asked for.
     pub asked: ClaimRef,
     /// The object read, its UID, name and namespace those of `asked`.
@@ -32,7 +32,7 @@ pub struct Claim {
 
 /// Why a claim could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SourceError {
+pub(crate) enum SourceError {
     #[error("claim {namespace}/{name} not found ({detail})")]
     NotFound {
         namespace: String,
@@ -63,14 +63,14 @@ pub enum SourceError {
 }
 
 /// Reads claims.
-pub trait ClaimSource: Send + Sync {
+pub(crate) trait ClaimSource: Send + Sync {
     fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError>;
 }
 
 /// The claim the kubelet named, read from `source`: its UID, name and namespace must be those
 /// the kubelet asked for (a claim deleted and recreated under the same name has a new UID; the
 /// kubelet retries with it).
-pub fn fetch(source: &dyn ClaimSource, asked: &ClaimRef) -> Result<Claim, SourceError> {
+pub(crate) fn fetch(source: &dyn ClaimSource, asked: &ClaimRef) -> Result<Claim, SourceError> {
     let object = source.get(&asked.namespace, &asked.name)?;
     let found = object.metadata.uid.clone().unwrap_or_default();
     if found != asked.uid
@@ -92,7 +92,7 @@ pub fn fetch(source: &dyn ClaimSource, asked: &ClaimRef) -> Result<Claim, Source
 
 /// A Kubernetes object name: lower-case alphanumerics, `-` and `.`, at most 253 bytes, not
 /// starting with `.` (so it is also safe as one path component).
-pub fn valid_name(s: &str) -> bool {
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && !s.starts_with(['.', '-'])
@@ -121,7 +121,7 @@ pub(crate) fn checked_names(namespace: &str, name: &str) -> Result<(), SourceErr
 
 /// Claims as JSON files: `<dir>/<namespace>/<name>.json`.
 #[derive(Debug, Clone)]
-pub struct Dir {
+pub(crate) struct Dir {
     pub dir: PathBuf,
 }
 

@@ -64,7 +64,7 @@ pub mod proto {
 /// re-reads the host at once; the poll stays as the fallback. Where uevents cannot be had (a
 /// network namespace without them) one warning says the plugin polls only. For the live host:
 /// a `--root` tree gets no events.
-pub fn wake_on_uevents(mut wake: impl FnMut() -> bool + Send + 'static) {
+pub(crate) fn wake_on_uevents(mut wake: impl FnMut() -> bool + Send + 'static) {
     match crate::host::uevents::UeventSocket::open() {
         Ok(sock) => {
             std::thread::spawn(move || {

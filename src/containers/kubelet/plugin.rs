@@ -36,20 +36,21 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 /// The registration type the kubelet's plugin watcher routes to its DRA manager.
-pub const PLUGIN_TYPE: &str = "DRAPlugin";
+pub(crate) const PLUGIN_TYPE: &str = "DRAPlugin";
 /// The service versions this plugin serves (`PluginInfo.supported_versions`).
 /// The health service is listed too: the kubelet opens the health stream only for a plugin
 /// that names it (k8s.io/kubernetes v1.37.2 `pkg/kubelet/cm/dra/plugin`, `pickHealthService`).
-pub const SUPPORTED_VERSIONS: [&str; 3] = ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"];
+pub(crate) const SUPPORTED_VERSIONS: [&str; 3] =
+    ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"];
 
 /// `var/lib/kubelet/plugins_registry`: where the kubelet watches for registration sockets.
-pub fn registry_dir(host: &HostRoot) -> PathBuf {
+pub(crate) fn registry_dir(host: &HostRoot) -> PathBuf {
     host.path("var/lib/kubelet/plugins_registry")
 }
 
 /// `/var/lib/kubelet/plugins/<driver>` as the host names it: the plugin's data directory
 /// (service socket, and what the driver keeps there). Logical (before the root).
-pub fn plugin_dir_logical(driver: &str) -> String {
+pub(crate) fn plugin_dir_logical(driver: &str) -> String {
     format!("/var/lib/kubelet/plugins/{driver}")
 }
 
@@ -72,7 +73,7 @@ pub struct Health {
 
 /// What a driver has to offer, read now: the pool it publishes and every device's health.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Resources {
+pub(crate) struct Resources {
     pub pool: Pool,
     pub health: Vec<Health>,
 }
@@ -80,7 +81,7 @@ pub struct Resources {
 /// A DRA driver as the kit serves it (upstream's `DRAPlugin` interface). Its methods are
 /// called from one thread, one at a time. Results are by claim UID; an error is what the
 /// kubelet puts in the Pod's events (the kit sends its whole chain).
-pub trait DraDriver {
+pub(crate) trait DraDriver {
     type Error: std::error::Error + 'static;
 
     /// Once, before the sockets exist: the driver's clean-up of what an earlier run left
@@ -137,7 +138,7 @@ pub trait DraDriver {
 
 /// Where the plugin listens and who it is.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub(crate) struct Config {
     /// The DRA driver name it registers under.
     pub driver: String,
     /// The pool its devices are in (the node's name): what the health stream names.
@@ -159,24 +160,24 @@ pub struct Config {
 /// device Unknown when it has had no message for it within the device's
 /// `health_check_timeout_seconds` (its default, `DefaultHealthTimeout`, is 30 s when the field
 /// is 0): every 10 s against a timeout of [`HEALTH_TIMEOUT_S`] leaves two messages' slack.
-pub const HEALTH_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const HEALTH_EVERY: Duration = Duration::from_secs(10);
 
 /// The `health_check_timeout_seconds` each device's health carries: three times
 /// [`HEALTH_EVERY`], the kubelet's own default.
-pub const HEALTH_TIMEOUT_S: i64 = 30;
+pub(crate) const HEALTH_TIMEOUT_S: i64 = 30;
 
 impl Config {
-    pub fn registration_socket(&self) -> PathBuf {
+    pub(crate) fn registration_socket(&self) -> PathBuf {
         self.registry_dir.join(format!("{}-reg.sock", self.driver))
     }
 
-    pub fn service_socket(&self) -> PathBuf {
+    pub(crate) fn service_socket(&self) -> PathBuf {
         self.plugin_dir.join("dra.sock")
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServerError {
+pub(crate) enum ServerError {
     #[error("cannot create {}; the kubelet's plugin directories must be writable by root", .path.display())]
     Dir {
         path: PathBuf,
@@ -282,7 +283,7 @@ struct Plugin(std::sync::Arc<Shared>);
 
 /// A gRPC `grpc-timeout` header's value (`<at most 8 digits><unit>`, unit `H`, `M`, `S`, `m`,
 /// `u` or `n`: gRPC's PROTOCOL-HTTP2.md) as a duration; `None` when absent or malformed.
-pub fn grpc_timeout(v: &str) -> Option<Duration> {
+pub(crate) fn grpc_timeout(v: &str) -> Option<Duration> {
     if !v.is_ascii() {
         return None;
     }
@@ -449,7 +450,7 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
 type HealthStream = Pin<Box<dyn Stream<Item = Result<NodeWatchResourcesResponse, Status>> + Send + 'static>>;
 
 /// The health stream's messages for `h` (every device, in name order).
-pub fn health_message(pool: &str, h: &[Health], now_s: i64) -> NodeWatchResourcesResponse {
+pub(crate) fn health_message(pool: &str, h: &[Health], now_s: i64) -> NodeWatchResourcesResponse {
     NodeWatchResourcesResponse {
         devices: h
             .iter()
@@ -525,7 +526,7 @@ impl DraResourceHealth for HealthService {
 
 /// What the worker hands each fresh pool to: the API server's ResourceSlices
 /// ([`super::api::Publisher`]) in the plugin, nothing in tests without an API server.
-pub trait Publish: Send {
+pub(crate) trait Publish: Send {
     fn publish(&mut self, pool: &Pool);
 
     /// Start watching what was published; `wake` makes the worker publish again at once (the
@@ -708,8 +709,9 @@ fn binding_job<D: DraDriver>(driver: &mut D, ev: super::binding::Event) -> Optio
 }
 
 /// Serve `driver` until `shutdown` completes: its start-up clean-up, then the sockets. Blocks
-/// (it runs its own runtime).
-pub fn run<'a, D: DraDriver + Send + 'a>(
+/// (it runs its own runtime). The tests' entry; the plugin's is [`run_with`].
+#[cfg(test)]
+pub(crate) fn run<'a, D: DraDriver + Send + 'a>(
     driver: D,
     cfg: &Config,
     source: Box<dyn ClaimSource + 'a>,
@@ -721,7 +723,7 @@ pub fn run<'a, D: DraDriver + Send + 'a>(
 
 /// [`run`], with the claim watcher of [`super::binding`] when `binding` is given (the driver
 /// publishes binding conditions).
-pub fn run_with<'a, D: DraDriver + Send + 'a>(
+pub(crate) fn run_with<'a, D: DraDriver + Send + 'a>(
     driver: D,
     cfg: &Config,
     source: Box<dyn ClaimSource + 'a>,

@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 
 /// The most devices one ResourceSlice may hold: `ResourceSliceMaxDevices`; 64 when devices
 /// consume counters ([`MAX_COUNTING_DEVICES_PER_SLICE`]).
-pub const MAX_DEVICES_PER_SLICE: usize = 128;
+pub(crate) const MAX_DEVICES_PER_SLICE: usize = 128;
 /// The most devices one ResourceSlice holds when they consume counters
 /// (`ResourceSliceMaxDevicesWithAdvancedFeatures`).
-pub const MAX_COUNTING_DEVICES_PER_SLICE: usize = 64;
+pub(crate) const MAX_COUNTING_DEVICES_PER_SLICE: usize = 64;
 /// The most counter sets one ResourceSlice holds (`ResourceSliceMaxCounterSets`).
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+pub(crate) const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 
 /// How to render the slices of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl Pool {
 /// devices or counter sets in one slice, not both) at most [`MAX_COUNTER_SETS_PER_SLICE`] each;
 /// every slice carries the pool's slice count; one empty slice when nothing is published (the
 /// pool exists with no devices).
-pub fn render(pool: Pool, opts: &SliceOptions) -> Vec<ResourceSlice> {
+pub(crate) fn render(pool: Pool, opts: &SliceOptions) -> Vec<ResourceSlice> {
     let (counting, plain): (Vec<Device>, Vec<Device>) = pool.devices.into_iter().partition(Pool::counting);
     // Each slice's devices or counter sets.
     type Body = (Option<Vec<Device>>, Option<Vec<CounterSet>>);
@@ -96,7 +96,7 @@ pub fn render(pool: Pool, opts: &SliceOptions) -> Vec<ResourceSlice> {
 }
 
 /// `<node>-<driver>-<index>`, dots of the driver name kept (a DNS subdomain).
-pub fn slice_name(node: &str, driver: &str, i: usize) -> String {
+pub(crate) fn slice_name(node: &str, driver: &str, i: usize) -> String {
     format!("{node}-{driver}-{i}")
 }
 

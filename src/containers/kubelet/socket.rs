@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// A unix socket listener at `path`, mode 0600; a socket left there by an earlier run (or the
 /// kubelet) is removed first. Needs a tokio runtime.
-pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+pub(crate) fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -21,7 +21,8 @@ pub fn listen(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 }
 
 /// `path` and its parents created; `mode` set on `path` when given.
-pub fn make_dir(path: &Path, mode: Option<u32>) -> std::io::Result<()> {
+#[cfg(any(feature = "dra", test))]
+pub(crate) fn make_dir(path: &Path, mode: Option<u32>) -> std::io::Result<()> {
     std::fs::create_dir_all(path)?;
     if let Some(m) = mode {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(m))?;
@@ -47,10 +48,10 @@ pub async fn connect_unix(path: &Path) -> Result<tonic::transport::Channel, toni
 }
 
 /// Identity of a file: a recreated socket has a new inode or change time.
-pub type FileId = (u64, u64, i64, i64);
+pub(crate) type FileId = (u64, u64, i64, i64);
 
 /// The identity of the file at `p` (not following a link), `None` when there is none.
-pub fn file_id(p: &Path) -> Option<FileId> {
+pub(crate) fn file_id(p: &Path) -> Option<FileId> {
     std::fs::symlink_metadata(p)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))

@@ -43,14 +43,15 @@ const BPF_PROG_QUERY: libc::c_int = 16;
 const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 
-pub const BPF_F_ALLOW_OVERRIDE: u32 = 1;
+pub(crate) const BPF_F_ALLOW_OVERRIDE: u32 = 1;
 pub const BPF_F_ALLOW_MULTI: u32 = 2;
 const BPF_F_REPLACE: u32 = 4;
 const BPF_F_QUERY_EFFECTIVE: u32 = 1;
 
 /// `bpf_cgroup_dev_ctx.access_type` low half: the device type.
-pub const DEV_CHAR: i32 = 2;
-pub const DEV_BLOCK: i32 = 1;
+pub(crate) const DEV_CHAR: i32 = 2;
+#[cfg(test)]
+pub(crate) const DEV_BLOCK: i32 = 1;
 /// The access bits (high half of `access_type`).
 pub const ACC_MKNOD: u32 = 1;
 pub const ACC_READ: u32 = 2;
@@ -81,7 +82,7 @@ impl Insn {
         Insn::new(0x61, dst, src, off, 0)
     }
     /// `dst = src` (64 bit)
-    pub const fn mov(dst: u8, src: u8) -> Insn {
+    pub(crate) const fn mov(dst: u8, src: u8) -> Insn {
         Insn::new(0xbf, dst, src, 0, 0)
     }
     /// `dst = imm` (64 bit, imm sign-extended)
@@ -93,16 +94,12 @@ impl Insn {
         Insn::new(0x57, dst, 0, 0, imm)
     }
     /// `dst >>= imm` (64 bit, logical)
-    pub const fn rsh_imm(dst: u8, imm: i32) -> Insn {
+    pub(crate) const fn rsh_imm(dst: u8, imm: i32) -> Insn {
         Insn::new(0x77, dst, 0, 0, imm)
     }
     /// `if dst != imm goto +off`
     pub const fn jne_imm(dst: u8, imm: i32, off: i16) -> Insn {
         Insn::new(0x55, dst, 0, off, imm)
-    }
-    /// `if dst == imm goto +off`
-    pub const fn jeq_imm(dst: u8, imm: i32, off: i16) -> Insn {
-        Insn::new(0x15, dst, 0, off, imm)
     }
     /// `return r0`
     pub const fn exit() -> Insn {
@@ -124,7 +121,7 @@ pub struct Grant {
 
 /// Why a step failed; `step` is what the hook was doing, for the message.
 #[derive(Debug)]
-pub struct BpfError {
+pub(crate) struct BpfError {
     pub step: String,
     pub source: std::io::Error,
 }
@@ -434,7 +431,7 @@ pub fn prologue(grants: &[Grant]) -> Vec<Insn> {
 
 /// Why an existing program cannot be extended, if it cannot: helper calls (their translated
 /// immediates are kernel addresses) and map or other pseudo references in 64-bit loads.
-pub fn unextendable(insns: &[Insn]) -> Option<&'static str> {
+pub(crate) fn unextendable(insns: &[Insn]) -> Option<&'static str> {
     for i in insns {
         if i.code == 0x85 {
             return Some("it calls helpers or subprograms");
@@ -450,7 +447,7 @@ pub fn unextendable(insns: &[Insn]) -> Option<&'static str> {
 }
 
 /// The successor of one program: the prologue, then the original.
-pub fn extend(original: &[Insn], grants: &[Grant]) -> Vec<Insn> {
+pub(crate) fn extend(original: &[Insn], grants: &[Grant]) -> Vec<Insn> {
     let mut p = prologue(grants);
     p.extend_from_slice(original);
     p
@@ -463,7 +460,7 @@ struct Swapped {
 }
 
 /// The programs the hook put in place on one cgroup, to take back when a later step fails.
-pub struct Extended {
+pub(crate) struct Extended {
     cgroup: OwnedFd,
     flags: u32,
     swapped: Vec<Swapped>,
@@ -474,7 +471,7 @@ pub struct Extended {
 impl Extended {
     /// Put every original program back (each swap is atomic; all are tried). The ids of the
     /// ones that could not be restored, with the first error.
-    pub fn restore(self) -> Result<(), (Vec<u32>, std::io::Error)> {
+    pub(crate) fn restore(self) -> Result<(), (Vec<u32>, std::io::Error)> {
         let mut left = Vec::new();
         let mut first = None;
         for s in self.swapped.iter().rev() {
@@ -494,7 +491,7 @@ impl Extended {
         }
     }
     /// How many programs were extended.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.swapped.len()
     }
 }
@@ -513,7 +510,7 @@ fn swap(cgroup: BorrowedFd<'_>, flags: u32, new: BorrowedFd<'_>, old: BorrowedFd
 /// Extend every device program attached to `cgroup` (an open cgroup v2 directory) with
 /// `grants`. On any failure every program already swapped is swapped back and the error
 /// names the step. With no program attached to the cgroup nothing is done (`count() == 0`).
-pub fn grant(cgroup: OwnedFd, grants: &[Grant]) -> Result<Extended, BpfError> {
+pub(crate) fn grant(cgroup: OwnedFd, grants: &[Grant]) -> Result<Extended, BpfError> {
     let own = query(cgroup.as_fd(), false)
         .map_err(|e| fail("BPF_PROG_QUERY (device programs of the cgroup)", e))?;
     let effective =

@@ -39,10 +39,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The annotation that requests devices.
-pub const ANNOTATION: &str = "gpupass.dev/devices";
+pub(crate) const ANNOTATION: &str = "gpupass.dev/devices";
 /// The annotation that picks the VFIO backend: `legacy`, `iommufd` or `auto` (the default;
 /// docs/iommufd.md).
-pub const BACKEND_ANNOTATION: &str = "gpupass.dev/backend";
+pub(crate) const BACKEND_ANNOTATION: &str = "gpupass.dev/backend";
 
 /// Why the hook refused.
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +125,7 @@ impl HookError {
     }
 
     /// 2 for malformed input (state, annotation), 1 for everything else.
-    pub fn exit_code(&self) -> i32 {
+    pub(crate) fn exit_code(&self) -> i32 {
         match self {
             HookError::BadState { .. } | HookError::BadRequest { .. } | HookError::BadBackend { .. } => 2,
             HookError::NotRevoked { error, .. } => error.exit_code(),
@@ -183,7 +183,7 @@ pub fn parse_request(value: &str) -> Result<Vec<Request>, HookError> {
 /// request (`backend::choose` under `policy`): legacy the group node and the container,
 /// iommufd `/dev/iommu` and the requested functions' cdevs (a group: its VFIO members').
 /// Pure over the inventory.
-pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<String>, HookError> {
+pub(crate) fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<String>, HookError> {
     let mut nodes: Vec<String> = Vec::new();
     let mut add = |p: String| {
         if !nodes.contains(&p) {
@@ -253,7 +253,7 @@ pub fn plan(inv: &Inventory, reqs: &[Request], policy: Policy) -> Result<Vec<Str
 
 /// A node to create: container path and the host node's identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Node {
+pub(crate) struct Node {
     pub path: String,
     pub major: u64,
     pub minor: u64,
@@ -345,13 +345,13 @@ fn config_allows(config: &serde_json::Value, n: &Node) -> bool {
 
 /// What the hook did.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub created: Vec<String>,
     pub notes: Vec<String>,
 }
 
 /// The OCI state on stdin, at most 1 MiB (a runtime writes a few hundred bytes).
-pub fn bounded_stdin() -> Result<Vec<u8>, HookError> {
+pub(crate) fn bounded_stdin() -> Result<Vec<u8>, HookError> {
     let mut buf = Vec::new();
     std::io::stdin()
         .take(1 << 20)
@@ -412,7 +412,7 @@ impl Allowed<'_> {
 }
 
 /// Run the hook for one OCI state document; the cgroup v1 rules are written through `ops`.
-pub fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
+pub(crate) fn run(ops: &dyn HostOps, state: &[u8]) -> Result<Report, HookError> {
     let host = ops.root();
     let st: State = serde_json::from_slice(state).map_err(|e| HookError::BadState {
         reason: e.to_string(),

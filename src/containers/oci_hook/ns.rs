@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Join the mount namespace behind `ns` (an open `/proc/<pid>/ns/mnt`).
-pub fn enter_mount_ns(ns: &std::fs::File) -> rustix::io::Result<()> {
+pub(crate) fn enter_mount_ns(ns: &std::fs::File) -> rustix::io::Result<()> {
     rustix::thread::move_into_link_name_space(ns.as_fd(), Some(rustix::thread::LinkNameSpaceType::Mount))
 }
 
@@ -56,7 +56,7 @@ fn open_dir_in(root: &OwnedFd, rel: &str, shown: &str) -> Result<OwnedFd, HookEr
 }
 
 /// Create every node under `rootfs`; on any failure remove the ones made. Returns the paths.
-pub fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookError> {
+pub(crate) fn create_nodes(rootfs: &Path, nodes: &[Node]) -> Result<Vec<String>, HookError> {
     let root = open(rootfs, DIR_PATH, Mode::empty()).map_err(|e| HookError::Create {
         path: rootfs.to_path_buf(),
         reason: format!("cannot open the rootfs in the container's mount namespace: {e}"),
