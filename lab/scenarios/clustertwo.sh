@@ -91,10 +91,13 @@ plugin_log() {
 }
 plugin_registered() { plugin_log | grep -q "the kubelet registered $DRIVER"; }
 # plugin_up [SECONDS]: the DaemonSet's Pod on this node has started and the kubelet registered
-# it (its registration socket, and its log's line).
+# it (its registration socket, and its log's line). The registration may take minutes under
+# load: the kubelet gives GetInfo 1 s, and after each miss waits twice as long (up to about
+# 2 minutes) before it asks again; on 2026-12-06, with five lab QEMUs on two cores, lab2's
+# kubelet missed eight times in a row (docs/testing.md, "CI's time").
 plugin_up() {
   cl_wait "${1:-600}" sh -c "[ -S /var/lib/kubelet/plugins_registry/$DRIVER-reg.sock ]" &&
-    cl_wait 120 plugin_registered
+    cl_wait 600 plugin_registered
 }
 # plugin_gone: no container of the chart's namespace runs on this node and the registration
 # socket is gone (the plugin removes it on SIGTERM).
