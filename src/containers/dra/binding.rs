@@ -75,6 +75,38 @@ impl Driver<'_> {
         })
     }
 
+    /// The devices of `keys` an early bind switches for `claim` (PCI functions; an mdev waits
+    /// for Prepare), checked against `inv` as Prepare checks them: the claim itself, the
+    /// backend the kernel can give, and no other claim of this boot holding one of them.
+    fn early_devices(
+        &self,
+        claim: &Claim,
+        keys: &[DeviceKey],
+        inv: &Inventory,
+        label: &str,
+    ) -> Result<Vec<ClaimDevice>, PrepareError> {
+        let c = &claim.asked;
+        let offered = claim::Offered::of(&self.as_offered(inv));
+        let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
+        // A backend the kernel cannot give fails here, before the bind, as it fails Prepare.
+        claim::precheck_backend(inv, &checked)?;
+        let devices: Vec<ClaimDevice> = checked
+            .devices
+            .into_iter()
+            .filter(|d| d.mdev.is_none() && keys.iter().any(|k| k.device == d.device))
+            .collect();
+        for d in &devices {
+            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
+                return Err(PrepareError::Held {
+                    claim: label.to_string(),
+                    device: d.device.clone(),
+                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
+                });
+            }
+        }
+        Ok(devices)
+    }
+
     fn try_bind_early(&mut self, claim: &Claim, keys: &[DeviceKey]) -> Result<String, PrepareError> {
         let c = &claim.asked;
         let label = format!("{}/{} ({})", c.namespace, c.name, c.uid);
@@ -88,25 +120,15 @@ impl Driver<'_> {
             return Ok(format!("claim {label} is prepared already"));
         }
         let inv = self.view()?;
-        let offered = claim::Offered::of(&self.as_offered(&inv));
-        let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
-        // A backend the kernel cannot give fails here, before the bind, as it fails Prepare.
-        claim::precheck_backend(&inv, &checked)?;
-        let devices: Vec<ClaimDevice> = checked
-            .devices
-            .iter()
-            .filter(|d| d.mdev.is_none() && keys.iter().any(|k| k.device == d.device))
-            .cloned()
-            .collect();
-        for d in &devices {
-            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
-                return Err(PrepareError::Held {
-                    claim: label,
-                    device: d.device.clone(),
-                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
-                });
+        let devices = match self.early_devices(claim, keys, &inv, &label) {
+            Ok(devices) => devices,
+            Err(e) => {
+                // Refused before anything changed: the view is still the host's, for the
+                // next request (as Prepare keeps it).
+                self.after = Some(inv);
+                return Err(e);
             }
-        }
+        };
         let members: Vec<PciAddress> = devices.iter().flat_map(|d| d.members.iter().copied()).collect();
         let groups: Vec<String> = devices
             .iter()

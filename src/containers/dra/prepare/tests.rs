@@ -1229,3 +1229,53 @@ fn a_claim_checked_against_the_published_view_records_the_drivers_found_under_th
         Some("snd_hda_codec_generic")
     );
 }
+
+/// A bind before binding refused at its claim check (here: the group is held by another
+/// claim of this boot) changes nothing, so the view it took is the host's still: the next
+/// request reads no whole host again.
+#[test]
+fn a_bind_before_binding_refused_at_the_claim_check_keeps_the_view() {
+    use crate::containers::kubelet::binding::DeviceKey;
+    let (_t, root, claims) = lab_claim();
+    let c2 = serde_json::json!({
+        "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+        }}
+    });
+    std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
+    let second = ClaimRef {
+        namespace: "default".into(),
+        uid: "u2".into(),
+        name: "gpu2".into(),
+    };
+    let ops = FakeHost::new(HostRoot::new(&root));
+    let mut e = engine(&ops, &claims);
+    e.binding_conditions = true;
+    e.prepare(&gpu_claim()).unwrap();
+    let held = state(&root);
+    let keys = [DeviceKey {
+        request: "vfio".into(),
+        pool: "node-a".into(),
+        device: "pci-0000-00-05-0".into(),
+    }];
+    let claim = fetch(&e.src, &second).unwrap();
+    let start = crate::inventory::counted::scans();
+    for _ in 0..2 {
+        let f = e.bind_early(&claim, &keys).unwrap_err();
+        assert_eq!(f.reason, "HeldByClaim", "{f:?}");
+        assert!(
+            f.message.contains("is prepared for claim default/gpu (u1)"),
+            "{f:?}"
+        );
+    }
+    let now = crate::inventory::counted::scans();
+    assert_eq!(
+        (now.0 - start.0, now.1 - start.1),
+        (0, 0),
+        "two refusals read the host"
+    );
+    assert_eq!(state(&root), held);
+    e.unprepare("u1").unwrap();
+}
