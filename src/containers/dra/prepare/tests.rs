@@ -73,6 +73,24 @@ fn lab_claim_with(
     (t, root, claims)
 }
 
+/// A second claim, default/gpu2 (UID u2), allocated the same device as [`lab_claim`]'s, written
+/// to `claims`.
+fn second_claim(claims: &std::path::Path) -> ClaimRef {
+    let c2 = serde_json::json!({
+        "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
+        }}
+    });
+    std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
+    ClaimRef {
+        namespace: "default".into(),
+        uid: "u2".into(),
+        name: "gpu2".into(),
+    }
+}
+
 /// The driver as the kubelet-plugin kit drives it, with claims read from `claims`: a
 /// claim prepared already is answered from the checkpoint, any other is read and handed
 /// to the driver ([`crate::containers::kubelet::plugin`]'s worker does the same).
@@ -253,19 +271,7 @@ fn prepare_is_one_owned_plan_and_retries_write_nothing() {
 #[test]
 fn one_owner_per_group_against_a_second_claim_and_the_host() {
     let (_t, root, claims) = lab_claim();
-    let c2 = serde_json::json!({
-        "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
-        }}
-    });
-    std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
-    let second = ClaimRef {
-        namespace: "default".into(),
-        uid: "u2".into(),
-        name: "gpu2".into(),
-    };
+    let second = second_claim(&claims);
     let ops = FakeHost::new(HostRoot::new(&root));
     let mut e = engine(&ops, &claims);
     e.prepare(&gpu_claim()).unwrap();
@@ -1237,19 +1243,7 @@ fn a_claim_checked_against_the_published_view_records_the_drivers_found_under_th
 fn a_bind_before_binding_refused_at_the_claim_check_keeps_the_view() {
     use crate::containers::kubelet::binding::DeviceKey;
     let (_t, root, claims) = lab_claim();
-    let c2 = serde_json::json!({
-        "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
-        }}
-    });
-    std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
-    let second = ClaimRef {
-        namespace: "default".into(),
-        uid: "u2".into(),
-        name: "gpu2".into(),
-    };
+    let second = second_claim(&claims);
     let ops = FakeHost::new(HostRoot::new(&root));
     let mut e = engine(&ops, &claims);
     e.binding_conditions = true;
