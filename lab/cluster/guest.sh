@@ -394,6 +394,41 @@ kubeletPlugin: {hostNetwork: true}
 EOF
 }
 
+# cl_template NAME CLASS CEL [POLICY] [TAINT]: writes NAME.yaml, a ResourceClaimTemplate NAME
+# (namespace default) with one request "vfio" of device class CLASS whose device the CEL
+# expression selects (one line, in YAML single quotes: no ' in it). POLICY, when not empty, is
+# the request's opaque VfioConfig backendPolicy (for the driver $DRIVER); TAINT, a taint key the
+# request tolerates (operator Exists, effect NoSchedule). The caller applies it.
+cl_template() {
+  {
+    cat << EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1, namespace: default}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vfio
+        exactly:
+          deviceClassName: $2
+EOF
+    [ -z "${5:-}" ] || echo "          tolerations: [{key: $5, operator: Exists, effect: NoSchedule}]"
+    cat << EOF
+          selectors:
+          - cel:
+              expression: '$3'
+EOF
+    [ -z "${4:-}" ] || cat << EOF
+      config:
+      - requests: ["vfio"]
+        opaque:
+          driver: ${DRIVER:-vfio.gpupass.dev}
+          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: $4}
+EOF
+  } > "$1.yaml"
+}
+
 # cl_claim_pod NAME TEMPLATE [NODE]: a Pod (namespace default) with one claim from TEMPLATE that
 # opens every VFIO/iommufd node it has, prints the KEP-5304 metadata it can see, says READY and
 # waits to be deleted (the DRA scenarios); with NODE, a nodeSelector for that node's hostname.

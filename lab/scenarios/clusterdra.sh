@@ -180,47 +180,14 @@ cl_wait 120 sh -c "! $K get resourceclaim ${_c:-none}" || true
 # policy_template NAME POLICY: a claim template for the VGA function whose opaque config sets
 # backendPolicy POLICY (a value gpupass may not know), applied.
 policy_template() {
-  cat > "$1.yaml" << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: $1, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
-      config:
-      - requests: ["vfio"]
-        opaque:
-          driver: $DRIVER
-          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: $2}
-EOF
+  cl_template "$1" vfio.gpupass.dev "device.attributes[\"resource.kubernetes.io\"].pciBusID == \"$VGA\"" "$2"
   kc apply -f "$1.yaml" > /dev/null
 }
 
 # 6. A template of our own with no config: the plugin's --backend auto, iommufd on 6.12;
 # legacy on 6.1, whose kernel has no iommufd (one backend for the node: no /dev/iommu, no cdev).
-cat > auto-template.yaml << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: lab-vga-auto, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA" && device.attributes["gpupass.dev"].members == "$VGA,$AUD"
-EOF
-kc apply -f auto-template.yaml > /dev/null
+cl_template lab-vga-auto vfio.gpupass.dev "device.attributes[\"resource.kubernetes.io\"].pciBusID == \"$VGA\" && device.attributes[\"gpupass.dev\"].members == \"$VGA,$AUD\""
+kc apply -f lab-vga-auto.yaml > /dev/null
 if [ "$LAB_KERNEL" = 6.12 ]; then
   run_claim iommufd dra-iommufd lab-vga-auto
   end_claim iommufd dra-iommufd

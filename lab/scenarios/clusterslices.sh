@@ -86,36 +86,8 @@ kc apply -f "$CL/dra/deviceclass.yaml" > /dev/null 2>&1
 kc apply -f "$CL/dra/claim-examples.yaml" > /dev/null 2>&1
 # The lab-vga template (contrib/dra/claim-examples.yaml) with a toleration of gpupass's taint:
 # what a user who accepts a sick device writes.
-cat > tolerant.yaml << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: lab-vga-tolerant
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          tolerations:
-          - {key: gpupass.dev/unhealthy, operator: Exists, effect: NoSchedule}
-          selectors:
-          - cel:
-              expression: >-
-                device.attributes["gpupass.dev"].vendorID == "1234" &&
-                device.attributes["gpupass.dev"].deviceID == "1111" &&
-                device.attributes["gpupass.dev"].groupSize == 2
-      config:
-      - requests: ["vfio"]
-        opaque:
-          driver: vfio.gpupass.dev
-          parameters:
-            apiVersion: gpupass.dev/v1alpha1
-            kind: VfioConfig
-            backendPolicy: legacy
-EOF
-lab_cmd tolerant-template kc apply -f tolerant.yaml
+cl_template lab-vga-tolerant vfio.gpupass.dev 'device.attributes["gpupass.dev"].vendorID == "1234" && device.attributes["gpupass.dev"].deviceID == "1111" && device.attributes["gpupass.dev"].groupSize == 2' legacy gpupass.dev/unhealthy
+lab_cmd tolerant-template kc apply -f lab-vga-tolerant.yaml
 slices slices-start
 before=$(uids)
 

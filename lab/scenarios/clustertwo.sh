@@ -106,25 +106,9 @@ plugin_gone() {
     [ ! -S "/var/lib/kubelet/plugins_registry/$DRIVER-reg.sock" ]
 }
 
-# template NAME CEL: a ResourceClaimTemplate NAME (namespace default) with one request "vfio" of
-# class vfio.gpupass.dev selected by CEL, written to NAME.yaml.
-template() {
-  cat > "$1.yaml" << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: $1, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vfio.gpupass.dev
-          selectors:
-          - cel:
-              expression: '$2'
-EOF
-}
+# template NAME CEL: NAME.yaml, a claim template (namespace default) of class vfio.gpupass.dev
+# whose device the CEL expression selects (cl_template).
+template() { cl_template "$1" vfio.gpupass.dev "$2"; }
 
 # cm DATA: the ConfigMap's data.KEY.
 cm() { kc get configmap "$CM" -o jsonpath="{.data.$1}" 2> /dev/null; }

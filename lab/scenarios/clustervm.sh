@@ -45,25 +45,8 @@ cl_wait 180 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceslices 
 # claim's own config sets the backend) and the Pod: an unprivileged container whose only tool is
 # the static gpupass (a hostPath file), which lists what it was given and then boots the VM.
 vm_pod() {
-  cat > "vm-$1.yaml" << EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: vm-$1, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vfio
-        exactly:
-          deviceClassName: vm.$DRIVER
-          selectors:
-          - cel:
-              expression: device.attributes["resource.kubernetes.io"].pciBusID == "$VGA"
-      config:
-      - requests: ["vfio"]
-        opaque:
-          driver: $DRIVER
-          parameters: {apiVersion: gpupass.dev/v1alpha1, kind: VfioConfig, backendPolicy: $2}
+  cl_template "vm-$1" "vm.$DRIVER" "device.attributes[\"resource.kubernetes.io\"].pciBusID == \"$VGA\"" "$2"
+  cat >> "vm-$1.yaml" << EOF
 ---
 apiVersion: v1
 kind: Pod
