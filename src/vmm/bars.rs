@@ -14,7 +14,7 @@ use super::VmmError;
 
 /// A piece of BAR `bar` at `offset`, `size` bytes, mapped at `host_addr` in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostArea {
+pub(crate) struct HostArea {
     pub bar: u8,
     pub offset: u64,
     pub size: u64,
@@ -22,14 +22,14 @@ pub struct HostArea {
 }
 
 /// Trapped BAR access.
-pub trait BarRegions: Send {
+pub(crate) trait BarRegions: Send {
     fn read(&mut self, bar: u8, offset: u64, data: &mut [u8]);
     fn write(&mut self, bar: u8, offset: u64, data: &[u8]);
 }
 
 /// Everything the VMM needs to present one device: raw config space, BARs, mapped areas, and
 /// trapped access. The owner of the host mappings lives in `keep` (dropped after the VM).
-pub struct PresentedDevice {
+pub(crate) struct PresentedDevice {
     /// Shown in messages and the report (`0000:00:03.0`, `mdev <uuid>`, `emulated 1234:1111`).
     pub name: String,
     pub config: Box<dyn ConfigBackend>,
@@ -42,13 +42,13 @@ pub struct PresentedDevice {
 }
 
 /// Adds and removes KVM memory slots (`KVM_SET_USER_MEMORY_REGION`; size 0 removes).
-pub trait SlotOps {
+pub(crate) trait SlotOps {
     fn set_slot(&mut self, slot: u32, gpa: u64, size: u64, host_addr: u64) -> Result<(), kvm_ioctls::Error>;
 }
 
 /// Where an area sits now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct SlotState {
+pub(crate) struct SlotState {
     pub bar: u8,
     pub offset: u64,
     pub size: u64,
@@ -59,12 +59,12 @@ pub struct SlotState {
 
 /// What an exit address falls on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hit {
+pub(crate) enum Hit {
     Bar { bar: u8, offset: u64 },
     Msix { bar: u8, offset: u64 },
 }
 
-pub struct BarMapper {
+pub(crate) struct BarMapper {
     slots: Vec<(HostArea, SlotState)>,
     windows: Vec<Window>,
     ram_end: u64,
@@ -79,7 +79,12 @@ const PAGE: u64 = 4096;
 
 impl BarMapper {
     /// Slots are numbered from `first_slot` (slot 0 is RAM).
-    pub fn new(areas: &[HostArea], first_slot: u32, ram_end: u64, msix: Option<MsixInfo>) -> BarMapper {
+    pub(crate) fn new(
+        areas: &[HostArea],
+        first_slot: u32,
+        ram_end: u64,
+        msix: Option<MsixInfo>,
+    ) -> BarMapper {
         let slots = areas
             .iter()
             .filter(|a| a.size > 0 && a.size % PAGE == 0 && a.offset % PAGE == 0)
@@ -108,7 +113,7 @@ impl BarMapper {
     }
 
     /// Take the function's decoded windows; move slots to match.
-    pub fn update(&mut self, windows: Vec<Window>, ops: &mut dyn SlotOps) -> Result<(), VmmError> {
+    pub(crate) fn update(&mut self, windows: Vec<Window>, ops: &mut dyn SlotOps) -> Result<(), VmmError> {
         let mut accepted: Vec<Window> = Vec::new();
         self.refused.clear();
         for w in windows {
@@ -162,7 +167,7 @@ impl BarMapper {
     }
 
     /// Remove every slot (teardown).
-    pub fn unmap_all(&mut self, ops: &mut dyn SlotOps) {
+    pub(crate) fn unmap_all(&mut self, ops: &mut dyn SlotOps) {
         for (area, st) in &mut self.slots {
             if let Some(gpa) = st.gpa.take() {
                 let _ = ops.set_slot(st.slot, gpa, 0, area.host_addr);
@@ -170,16 +175,17 @@ impl BarMapper {
         }
     }
 
-    pub fn slots(&self) -> Vec<SlotState> {
+    pub(crate) fn slots(&self) -> Vec<SlotState> {
         self.slots.iter().map(|(_, s)| *s).collect()
     }
 
-    pub fn windows(&self) -> &[Window] {
+    #[cfg(test)]
+    pub(crate) fn windows(&self) -> &[Window] {
         &self.windows
     }
 
     /// The BAR offset a trapped MMIO (`io` false) or port (`io` true) access hits.
-    pub fn find(&self, addr: u64, io: bool) -> Option<Hit> {
+    pub(crate) fn find(&self, addr: u64, io: bool) -> Option<Hit> {
         let w = self.windows.iter().find(|w| w.io == io && w.contains(addr))?;
         let offset = addr - w.base;
         if let Some(m) = self.msix {
@@ -197,12 +203,13 @@ impl BarMapper {
 /// Split `[0, size)` of a BAR into page-aligned mappable pieces, leaving out the pages that
 /// hold the MSI-X table or PBA (those stay trapped, as cloud-hypervisor's `fixup_msix_region`
 /// does).
-pub fn carve(size: u64, holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+#[cfg(test)]
+pub(crate) fn carve(size: u64, holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
     carve_pieces(vec![(0u64, size)], holes)
 }
 
 /// [`carve`] for a BAR already split into `(offset, len)` pieces (a sparse-mmap list).
-pub fn carve_pieces(mut pieces: Vec<(u64, u64)>, holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub(crate) fn carve_pieces(mut pieces: Vec<(u64, u64)>, holes: &[(u64, u64)]) -> Vec<(u64, u64)> {
     for &(off, len) in holes {
         if len == 0 {
             continue;

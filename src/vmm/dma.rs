@@ -17,16 +17,16 @@ use serde::Serialize;
 
 /// Environment variable that makes `boot` skip the DMA map of guest RAM (to show that the DMA
 /// check fails when the device cannot reach guest memory).
-pub const NO_DMA_MAP_ENV: &str = "GPUPASS_BOOT_NO_DMA_MAP";
+pub(crate) const NO_DMA_MAP_ENV: &str = "GPUPASS_BOOT_NO_DMA_MAP";
 
 /// Whether [`NO_DMA_MAP_ENV`] asks for the failing case: honoured only by a `testkit` build
 /// (the tests' and the lab's), never by a release binary.
-pub fn skip_map() -> bool {
+pub(crate) fn skip_map() -> bool {
     cfg!(feature = "testkit") && std::env::var_os(NO_DMA_MAP_ENV).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DmaReport {
+pub(crate) struct DmaReport {
     /// The function on the guest's bus (`00:01.0`).
     pub device: String,
     /// Bytes each way (RAM -> device buffer, device buffer -> RAM).
@@ -47,7 +47,7 @@ pub struct DmaReport {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct IsolationReport {
+pub(crate) struct IsolationReport {
     pub device: String,
     /// The IOVA the device was told to read.
     pub iova: u64,
@@ -68,7 +68,7 @@ pub struct IsolationReport {
 }
 
 /// Judge the mapped copy. `mapped`: bytes of guest RAM DMA-mapped (0: none).
-pub fn judge_dma(fw: &FwDma, mapped: u64, skipped_map: bool, nanos: Option<u64>) -> Option<DmaReport> {
+pub(crate) fn judge_dma(fw: &FwDma, mapped: u64, skipped_map: bool, nanos: Option<u64>) -> Option<DmaReport> {
     if fw.skipped.is_some() {
         return None;
     }
@@ -122,7 +122,7 @@ pub fn judge_dma(fw: &FwDma, mapped: u64, skipped_map: bool, nanos: Option<u64>)
 
 /// Judge the read from an unmapped IOVA. `mapped`: the DMA-mapped ranges (IOVA, length);
 /// `host_bdf`: the host function, to pick its lines from `faults`.
-pub fn judge_isolation(
+pub(crate) fn judge_isolation(
     fw: &FwIso,
     mapped: &[(u64, u64)],
     nanos: Option<u64>,

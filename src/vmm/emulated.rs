@@ -21,22 +21,22 @@ use super::VmmError;
 use std::sync::Arc;
 use vm_memory::{Bytes, MmapRegion, VolatileMemory};
 
-pub const VENDOR: u16 = 0x1234;
-pub const DEVICE: u16 = 0x1111;
-pub const DISPI_ID: u16 = 0xB0C5;
-pub const FRAMEBUFFER_SIZE: u64 = 16 << 20;
-pub const FRAMEBUFFER_MARKER: u32 = 0x4650_4247; // "GBPF" read as bytes "GBPF"
-pub const MMIO_SIZE: u64 = 0x1000;
-pub const HIGH_SIZE: u64 = 2 << 20;
-pub const HIGH_FIRST: u32 = 0x3436_5047; // "GP64" as bytes
-pub const HIGH_LAST: u32 = 0x444e_4524; // "$END" as bytes
+pub(crate) const VENDOR: u16 = 0x1234;
+pub(crate) const DEVICE: u16 = 0x1111;
+pub(crate) const DISPI_ID: u16 = 0xB0C5;
+pub(crate) const FRAMEBUFFER_SIZE: u64 = 16 << 20;
+pub(crate) const FRAMEBUFFER_MARKER: u32 = 0x4650_4247; // "GBPF" read as bytes "GBPF"
+pub(crate) const MMIO_SIZE: u64 = 0x1000;
+pub(crate) const HIGH_SIZE: u64 = 2 << 20;
+pub(crate) const HIGH_FIRST: u32 = 0x3436_5047; // "GP64" as bytes
+pub(crate) const HIGH_LAST: u32 = 0x444e_4524; // "$END" as bytes
 const DISPI_BASE: usize = 0x500;
 /// Dispi register count: ID, XRES, YRES, BPP, ENABLE, BANK, VIRT_WIDTH, VIRT_HEIGHT,
 /// X_OFFSET, Y_OFFSET, VIDEO_MEMORY_64K.
 const DISPI_REGS: usize = 11;
 
 /// Config space of the emulated device.
-pub fn config() -> StaticConfig {
+pub(crate) fn config() -> StaticConfig {
     let mut c = StaticConfig::new(VENDOR, DEVICE, 0x03_00_00, 2);
     c.put(0x2c, &0x1af4u16.to_le_bytes());
     c.put(0x2e, &0x1100u16.to_le_bytes());
@@ -49,7 +49,7 @@ pub fn config() -> StaticConfig {
     c
 }
 
-pub fn bar_specs() -> Vec<BarSpec> {
+pub(crate) fn bar_specs() -> Vec<BarSpec> {
     vec![
         BarSpec {
             index: 0,
@@ -73,7 +73,7 @@ pub fn bar_specs() -> Vec<BarSpec> {
 }
 
 /// Trapped accesses: BAR2 registers, and BAR0/BAR4 when they are not (yet) slots.
-pub struct Registers {
+pub(crate) struct Registers {
     framebuffer: Arc<MmapRegion>,
     high: Arc<MmapRegion>,
     mmio: [u8; MMIO_SIZE as usize],
@@ -93,7 +93,7 @@ fn read_mem(m: &MmapRegion, offset: u64, data: &mut [u8]) {
 }
 
 impl Registers {
-    pub fn new(framebuffer: Arc<MmapRegion>, high: Arc<MmapRegion>) -> Registers {
+    pub(crate) fn new(framebuffer: Arc<MmapRegion>, high: Arc<MmapRegion>) -> Registers {
         let mut mmio = [0u8; MMIO_SIZE as usize];
         mmio[..8].copy_from_slice(&[0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]);
         mmio[DISPI_BASE..DISPI_BASE + 2].copy_from_slice(&DISPI_ID.to_le_bytes());
@@ -149,7 +149,7 @@ impl BarRegions for Registers {
 }
 
 /// The emulated device, ready to present.
-pub fn device() -> Result<PresentedDevice, VmmError> {
+pub(crate) fn device() -> Result<PresentedDevice, VmmError> {
     let fb = MmapRegion::new(FRAMEBUFFER_SIZE as usize).map_err(|e| VmmError::GuestMemory {
         what: "cannot allocate the emulated framebuffer".into(),
         source: e.into(),

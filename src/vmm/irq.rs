@@ -26,11 +26,11 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// The irqchip error of a boot that did not ask for interrupts.
-pub const NOT_REQUESTED: &str = "not requested (interrupts are tested by boot --check and --irq-loop)";
+pub(crate) const NOT_REQUESTED: &str = "not requested (interrupts are tested by boot --check and --irq-loop)";
 
 /// An MSI route: the message of one vector, on its GSI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MsiRoute {
+pub(crate) struct MsiRoute {
     pub gsi: u32,
     pub address: u64,
     pub data: u32,
@@ -39,7 +39,7 @@ pub struct MsiRoute {
 /// Why an interrupt call failed: [`KvmIrq`]'s and [`DeviceIrqs`]' error. The run goes on; the
 /// report records the call and this error (its chain, `call: cause`).
 #[derive(Debug, thiserror::Error)]
-pub enum IrqError {
+pub(crate) enum IrqError {
     /// A system call (eventfd, `KVM_IRQFD`, `KVM_SET_GSI_ROUTING`...) failed.
     #[error(transparent)]
     Os(#[from] std::io::Error),
@@ -65,7 +65,7 @@ pub enum IrqError {
 }
 
 /// KVM's side: GSI routing and irqfds.
-pub trait KvmIrq {
+pub(crate) trait KvmIrq {
     /// `KVM_SET_GSI_ROUTING` with the IOAPIC's pins and these MSI routes.
     fn set_routes(&mut self, msi: &[MsiRoute]) -> Result<(), IrqError>;
     /// `KVM_IRQFD`: `fd` injects on `gsi`; with `resample`, as a level-triggered line.
@@ -75,7 +75,7 @@ pub trait KvmIrq {
 }
 
 /// The device's side: its interrupt sources (VFIO, or the emulated device).
-pub trait DeviceIrqs {
+pub(crate) trait DeviceIrqs {
     /// Vectors interrupt `index` offers (0: none).
     fn count(&self, index: u32) -> u32;
     /// The eventfds the device signals for interrupt `index`; empty: disable it.
@@ -90,7 +90,7 @@ pub trait DeviceIrqs {
 }
 
 /// The interrupt kind of a VFIO index, as reports name it.
-pub fn kind_name(index: u32) -> &'static str {
+pub(crate) fn kind_name(index: u32) -> &'static str {
     match index {
         INDEX_INTX => "intx",
         INDEX_MSI => "msi",
@@ -127,7 +127,7 @@ enum Mode {
 
 /// One kind's counters in the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct KindReport {
+pub(crate) struct KindReport {
     /// Vectors the device offers (VFIO's `count`).
     pub vectors: u32,
     /// Times the guest turned it on (VFIO eventfds handed over).
@@ -140,7 +140,7 @@ pub struct KindReport {
 
 /// What the interrupt layer did during a run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct IrqReport {
+pub(crate) struct IrqReport {
     /// The device's interrupt pin register (0: no INTx; 1-4: INTA-INTD).
     pub pin: u8,
     /// The device has an MSI / MSI-X capability.
@@ -160,7 +160,7 @@ pub struct IrqReport {
 }
 
 impl IrqReport {
-    pub fn kind(&self, index: u32) -> &KindReport {
+    pub(crate) fn kind(&self, index: u32) -> &KindReport {
         match index {
             INDEX_INTX => &self.intx,
             INDEX_MSI => &self.msi,
@@ -178,7 +178,7 @@ impl IrqReport {
 }
 
 /// The interrupt state of the presented device.
-pub struct Interrupts<'a> {
+pub(crate) struct Interrupts<'a> {
     kvm: Box<dyn KvmIrq + 'a>,
     dev: Box<dyn DeviceIrqs + 'a>,
     mode: Mode,
@@ -195,7 +195,7 @@ pub struct Interrupts<'a> {
 impl<'a> Interrupts<'a> {
     /// Set up what the device offers: INTx wired at once (when it has a pin), MSI and MSI-X
     /// eventfds ready for the guest to enable. `msix` is where its table lives.
-    pub fn new(
+    pub(crate) fn new(
         kvm: Box<dyn KvmIrq + 'a>,
         dev: Box<dyn DeviceIrqs + 'a>,
         pin: u8,
@@ -267,7 +267,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// No irqchip: nothing can be delivered; `why` is reported.
-    pub fn unavailable(why: String) -> IrqReport {
+    pub(crate) fn unavailable(why: String) -> IrqReport {
         IrqReport {
             irqchip: false,
             error: Some(why),
@@ -276,7 +276,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// Whether the kind is wired and could be delivered.
-    pub fn offers(&self, index: u32) -> bool {
+    pub(crate) fn offers(&self, index: u32) -> bool {
         match index {
             INDEX_INTX => self.intx.is_some(),
             INDEX_MSI => self.msi.is_some(),
@@ -286,7 +286,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// MSI-X entries wired (0: none).
-    pub fn msix_entries(&self) -> u32 {
+    pub(crate) fn msix_entries(&self) -> u32 {
         self.msix.as_ref().map_or(0, |v| v.len() as u32)
     }
 
@@ -348,7 +348,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// Follow what the guest programmed: the MSI capability, the MSI-X control bits and table.
-    pub fn sync(&mut self, msi: Option<MsiConfig>, msix: Option<MsixControl>) {
+    pub(crate) fn sync(&mut self, msi: Option<MsiConfig>, msix: Option<MsixControl>) {
         let msix = msix.unwrap_or_default();
         let msi = msi.unwrap_or_default();
         let mode = if msix.enabled && self.msix.is_some() {
@@ -435,7 +435,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// A guest read of the MSI-X table; `false` when `(bar, offset)` is not in it.
-    pub fn table_read(&self, bar: u8, offset: u64, data: &mut [u8]) -> bool {
+    pub(crate) fn table_read(&self, bar: u8, offset: u64, data: &mut [u8]) -> bool {
         let Some((entry, word)) = self.table_word(bar, offset, data.len()) else {
             return false;
         };
@@ -450,7 +450,7 @@ impl<'a> Interrupts<'a> {
 
     /// A guest write to the MSI-X table; `false` when `(bar, offset)` is not in it. The
     /// caller then [`sync`](Self::sync)s.
-    pub fn table_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> bool {
+    pub(crate) fn table_write(&mut self, bar: u8, offset: u64, data: &[u8]) -> bool {
         let Some((entry, word)) = self.table_word(bar, offset, data.len()) else {
             return false;
         };
@@ -471,7 +471,7 @@ impl<'a> Interrupts<'a> {
 
     /// The firmware asked (port [`super::protocol::PORT_IRQ`]) for `(index << 16) | vector`
     /// to be raised from the host side.
-    pub fn request(&mut self, value: u32) {
+    pub(crate) fn request(&mut self, value: u32) {
         let (index, vector) = (value >> 16, value & 0xffff);
         if index > INDEX_MSIX {
             return;
@@ -487,7 +487,7 @@ impl<'a> Interrupts<'a> {
     }
 
     /// Take every eventfd back from the device and KVM (before the device is reset).
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         let mode = self.mode;
         self.device_set(mode, false);
         self.mode = Mode::None;
@@ -530,11 +530,11 @@ fn attach(kvm: &mut dyn KvmIrq, v: &mut Vector, on: bool, errs: &mut Vec<(u32, S
 
 /// Set to 1 to leave every interrupt unrouted (no irqfd is assigned): the failing case of
 /// `boot --check`'s interrupt verdicts, as [`super::dma::NO_DMA_MAP_ENV`] is for DMA.
-pub const NO_IRQFD_ENV: &str = "GPUPASS_BOOT_NO_IRQFD";
+pub(crate) const NO_IRQFD_ENV: &str = "GPUPASS_BOOT_NO_IRQFD";
 
 /// Whether [`NO_IRQFD_ENV`] is set: honoured only by a `testkit` build (the tests' and the
 /// lab's), never by a release binary.
-pub fn skip_irqfd() -> bool {
+pub(crate) fn skip_irqfd() -> bool {
     cfg!(feature = "testkit") && std::env::var_os(NO_IRQFD_ENV).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
@@ -551,7 +551,7 @@ pub enum IrqPath {
 
 /// The userspace path: a thread polls the MSI vectors' eventfds and injects their messages.
 #[derive(Default)]
-pub struct Injector {
+pub(crate) struct Injector {
     fds: std::sync::Mutex<Vec<(u32, EventFd)>>,
     routes: std::sync::Mutex<std::collections::HashMap<u32, (u64, u32)>>,
     stop: std::sync::atomic::AtomicBool,
@@ -583,12 +583,12 @@ impl Injector {
     }
 
     /// Stop [`run`](Self::run) (from another thread).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Poll the eventfds and inject each signalled vector's message until stopped.
-    pub fn run(&self, vm: &kvm_ioctls::VmFd) {
+    pub(crate) fn run(&self, vm: &kvm_ioctls::VmFd) {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         use std::sync::atomic::Ordering;
         let tick = Timespec {
@@ -649,7 +649,7 @@ impl Injector {
 }
 
 /// The real KVM side of [`KvmIrq`].
-pub struct KvmRouting<'a> {
+pub(crate) struct KvmRouting<'a> {
     pub vm: &'a kvm_ioctls::VmFd,
     /// [`NO_IRQFD_ENV`]: irqfds are not assigned (reported as assigned).
     pub skip_irqfd: bool,
@@ -724,7 +724,7 @@ impl KvmIrq for KvmRouting<'_> {
 /// The emulated device's interrupt: one MSI vector, raised by gpupass itself (a device model
 /// signals its irqfd as QEMU's and cloud-hypervisor's do).
 #[derive(Default)]
-pub struct EmulatedIrqs {
+pub(crate) struct EmulatedIrqs {
     msi: Option<EventFd>,
 }
 

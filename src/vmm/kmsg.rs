@@ -16,13 +16,13 @@ use std::path::Path;
 
 /// At most this many records are read after a run (a bound on the work, not on the faults:
 /// the kernel rate-limits DMAR fault lines itself).
-pub const MAX_RECORDS: usize = 4096;
+pub(crate) const MAX_RECORDS: usize = 4096;
 /// At most this many fault lines are kept.
-pub const MAX_LINES: usize = 64;
+pub(crate) const MAX_LINES: usize = 64;
 
 /// The IOMMU fault lines the kernel logged during the run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct KernelFaults {
+pub(crate) struct KernelFaults {
     /// Where they were read (`/dev/kmsg`).
     pub source: String,
     /// Why the log could not be read (then `lines` is empty and says nothing).
@@ -38,7 +38,7 @@ pub struct KernelFaults {
 /// A position in the kernel log, taken before the run.
 /// Why the kernel log cannot be followed (the report says so; the run goes on).
 #[derive(Debug, thiserror::Error)]
-pub enum KmsgError {
+pub(crate) enum KmsgError {
     #[error("cannot open {}", .path.display())]
     Open {
         path: std::path::PathBuf,
@@ -54,14 +54,14 @@ pub enum KmsgError {
 }
 
 #[derive(Debug)]
-pub struct Cursor {
+pub(crate) struct Cursor {
     file: File,
     source: String,
 }
 
 impl Cursor {
     /// Open `path` (the live host's `/dev/kmsg`) at its end; `Err`: why not.
-    pub fn open(path: &Path) -> Result<Cursor, KmsgError> {
+    pub(crate) fn open(path: &Path) -> Result<Cursor, KmsgError> {
         let source = path.display().to_string();
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -79,7 +79,7 @@ impl Cursor {
     }
 
     /// Read what was logged since [`Cursor::open`] and keep the IOMMU fault lines.
-    pub fn faults(mut self) -> KernelFaults {
+    pub(crate) fn faults(mut self) -> KernelFaults {
         let mut out = KernelFaults {
             source: self.source.clone(),
             ..KernelFaults::default()
@@ -116,21 +116,21 @@ impl Cursor {
 
 /// The message of one `/dev/kmsg` record (`prio,seq,usec,flags[,..];text\n[ KEY=value\n]...`):
 /// the text up to the first newline, `\xNN` escapes left as they are.
-pub fn record_message(rec: &[u8]) -> Option<String> {
+pub(crate) fn record_message(rec: &[u8]) -> Option<String> {
     let s = String::from_utf8_lossy(rec);
     let (_, rest) = s.split_once(';')?;
     Some(rest.split('\n').next().unwrap_or("").to_string())
 }
 
 /// A line that reports a DMA fault of an IOMMU.
-pub fn is_iommu_fault(msg: &str) -> bool {
+pub(crate) fn is_iommu_fault(msg: &str) -> bool {
     (msg.starts_with("DMAR: [DMA ") && msg.contains(" fault addr "))
         || (msg.contains("AMD-Vi") && msg.contains("IO_PAGE_FAULT"))
         || (msg.contains("DMAR:") && msg.contains("fault addr"))
 }
 
 /// The lines that name the PCI function `bdf` (`0000:00:06.0`; DMAR prints `[00:06.0]`).
-pub fn lines_for<'a>(faults: &'a KernelFaults, bdf: &str) -> Vec<&'a str> {
+pub(crate) fn lines_for<'a>(faults: &'a KernelFaults, bdf: &str) -> Vec<&'a str> {
     let short = bdf.split_once(':').map_or(bdf, |(_, s)| s);
     faults
         .lines

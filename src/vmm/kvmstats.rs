@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 
 /// The counters gpupass reports (x86 vCPU statistics, `arch/x86/kvm/x86.c`).
-pub const REPORTED: &[&str] = &[
+pub(crate) const REPORTED: &[&str] = &[
     "exits",
     "mmio_exits",
     "io_exits",
@@ -36,7 +36,7 @@ pub const REPORTED: &[&str] = &[
 vmm_sys_util::ioctl_io_nr!(KVM_GET_STATS_FD, kvm_bindings::KVMIO, 0xce);
 
 /// An open stats fd with its descriptors resolved to the [`REPORTED`] names.
-pub struct StatsReader {
+pub(crate) struct StatsReader {
     file: File,
     data_offset: u64,
     /// (name, offset of its first u64 in the data block)
@@ -44,11 +44,11 @@ pub struct StatsReader {
 }
 
 /// A reading: counter name -> value.
-pub type Snapshot = BTreeMap<&'static str, u64>;
+pub(crate) type Snapshot = BTreeMap<&'static str, u64>;
 
 /// Counters read before and after a window, and their difference.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct KvmCounts {
+pub(crate) struct KvmCounts {
     /// Where the numbers come from, for a reader of the JSON.
     pub source: &'static str,
     pub delta: Snapshot,
@@ -64,7 +64,7 @@ fn u16_at(b: &[u8], at: usize) -> Option<u16> {
 
 /// Parse the descriptor block of a stats file: (name, offset of its first value in the data
 /// block) for every statistic with at least one value.
-pub fn parse_layout(descs: &[u8], name_size: usize) -> Vec<(String, u64)> {
+pub(crate) fn parse_layout(descs: &[u8], name_size: usize) -> Vec<(String, u64)> {
     let step = 16 + name_size;
     let mut out = Vec::new();
     for d in descs.chunks_exact(step) {
@@ -85,7 +85,7 @@ pub fn parse_layout(descs: &[u8], name_size: usize) -> Vec<(String, u64)> {
 
 impl StatsReader {
     /// `KVM_GET_STATS_FD` on a vCPU fd; `None` where the kernel lacks it (before 5.14).
-    pub fn open(vcpu: &impl AsRawFd) -> Option<StatsReader> {
+    pub(crate) fn open(vcpu: &impl AsRawFd) -> Option<StatsReader> {
         // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new descriptor (or -1);
         // `vcpu` is an open vCPU fd for the duration of the call.
         let fd = unsafe { vmm_sys_util::ioctl::ioctl(vcpu, KVM_GET_STATS_FD()) };
@@ -118,7 +118,7 @@ impl StatsReader {
     }
 
     /// The reported counters now.
-    pub fn read(&self) -> Snapshot {
+    pub(crate) fn read(&self) -> Snapshot {
         let mut s = Snapshot::new();
         for (name, off) in &self.wanted {
             let mut b = [0u8; 8];
@@ -131,7 +131,7 @@ impl StatsReader {
 }
 
 /// `after - before` per counter.
-pub fn delta(before: &Snapshot, after: &Snapshot) -> KvmCounts {
+pub(crate) fn delta(before: &Snapshot, after: &Snapshot) -> KvmCounts {
     KvmCounts {
         source: "KVM_GET_STATS_FD (the vCPU's own counters)",
         delta: after

@@ -19,33 +19,31 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 use super::protocol as p;
 
 // The layout is src/vmm/protocol.rs's (the firmware's protocol.h is generated from it).
-pub const BOOT_INFO_ADDR: u64 = p::FW_BOOT_INFO;
-pub const FIRMWARE_LOAD: u64 = p::FW_LOAD;
-pub const FIRMWARE_END: u64 = p::FW_END;
-pub const FIRMWARE_MAX: u64 = FIRMWARE_END - FIRMWARE_LOAD;
+pub(crate) const BOOT_INFO_ADDR: u64 = p::FW_BOOT_INFO;
+pub(crate) const FIRMWARE_LOAD: u64 = p::FW_LOAD;
+pub(crate) const FIRMWARE_END: u64 = p::FW_END;
+pub(crate) const FIRMWARE_MAX: u64 = FIRMWARE_END - FIRMWARE_LOAD;
 /// The firmware's DMA test buffers: IOVA = GPA.
-pub const DMA_SRC: u64 = p::FW_DMA_SRC;
-pub const DMA_DST: u64 = p::FW_DMA_DST;
-pub const DMA_ISO: u64 = p::FW_DMA_ISO;
-pub const DMA_LEN: u64 = p::FW_DMA_LEN;
-pub const MMIO_BASE: u64 = p::MMIO_BASE;
-pub const MMIO_LIMIT: u64 = p::MMIO_LIMIT;
-pub const IO_BASE: u32 = p::IO_BASE;
-pub const IO_LIMIT: u32 = p::IO_LIMIT;
-pub const MIN_MEMORY: u64 = 1 << 20;
-pub const MAX_MEMORY: u64 = MMIO_BASE;
-pub const DEFAULT_MEMORY: u64 = 64 << 20;
-pub const BOOT_MAGIC: u32 = p::FW_BOOT_MAGIC;
-pub const BOOT_VERSION: u32 = p::FW_BOOT_VERSION;
-pub const BOOT_INFO_LEN: usize = p::FW_BOOT_INFO_LEN;
+pub(crate) const DMA_SRC: u64 = p::FW_DMA_SRC;
+pub(crate) const DMA_DST: u64 = p::FW_DMA_DST;
+pub(crate) const MMIO_BASE: u64 = p::MMIO_BASE;
+pub(crate) const MMIO_LIMIT: u64 = p::MMIO_LIMIT;
+pub(crate) const IO_BASE: u32 = p::IO_BASE;
+pub(crate) const IO_LIMIT: u32 = p::IO_LIMIT;
+pub(crate) const MIN_MEMORY: u64 = 1 << 20;
+pub(crate) const MAX_MEMORY: u64 = MMIO_BASE;
+pub(crate) const DEFAULT_MEMORY: u64 = 64 << 20;
+pub(crate) const BOOT_MAGIC: u32 = p::FW_BOOT_MAGIC;
+pub(crate) const BOOT_VERSION: u32 = p::FW_BOOT_VERSION;
+pub(crate) const BOOT_INFO_LEN: usize = p::FW_BOOT_INFO_LEN;
 /// Where the 64-bit window starts: the first address above 4 GiB.
-pub const MMIO64_BASE: u64 = p::MMIO64_BASE;
+pub(crate) const MMIO64_BASE: u64 = p::MMIO64_BASE;
 /// The firmware identity-maps what it reads, so a BAR must sit below the canonical 2^47.
-pub const MMIO64_MAX_BITS: u32 = p::MMIO64_MAX_BITS;
+pub(crate) const MMIO64_MAX_BITS: u32 = p::MMIO64_MAX_BITS;
 
 /// The 64-bit MMIO window `[base, limit]` for a vCPU with `phys_bits` of guest physical
 /// address (CPUID 0x80000008 EAX[7:0]); `None` when nothing lies above 4 GiB.
-pub fn mmio64_window(phys_bits: u32) -> Option<(u64, u64)> {
+pub(crate) fn mmio64_window(phys_bits: u32) -> Option<(u64, u64)> {
     let bits = phys_bits.min(MMIO64_MAX_BITS);
     (bits > 32).then(|| (MMIO64_BASE, (1u64 << bits) - 1))
 }
@@ -53,7 +51,7 @@ pub fn mmio64_window(phys_bits: u32) -> Option<(u64, u64)> {
 /// Text that is not a memory size [`parse_memory_size`] takes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid memory size {text:?}: {reason}")]
-pub struct MemorySizeError {
+pub(crate) struct MemorySizeError {
     pub text: String,
     pub reason: String,
 }
@@ -61,7 +59,7 @@ pub struct MemorySizeError {
 /// Parse a memory size: bytes, or a number with K/M/G (binary multiples, optional `iB`/`B`).
 /// It must be a multiple of 4 KiB between 1 MiB and 3 GiB (RAM ends where the MMIO hole for
 /// BARs starts).
-pub fn parse_memory_size(s: &str) -> Result<u64, MemorySizeError> {
+pub(crate) fn parse_memory_size(s: &str) -> Result<u64, MemorySizeError> {
     let bad = |reason: &str| MemorySizeError {
         text: s.to_string(),
         reason: reason.to_string(),
@@ -94,7 +92,7 @@ pub fn parse_memory_size(s: &str) -> Result<u64, MemorySizeError> {
 
 /// The boot-info block (`struct boot_info`, laid out by src/vmm/protocol.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BootInfo {
+pub(crate) struct BootInfo {
     pub ram_size: u32,
     pub loop_count: u32,
     /// 0-5, or 0xff: let the firmware pick.
@@ -113,7 +111,7 @@ pub struct BootInfo {
 }
 
 impl BootInfo {
-    pub fn to_bytes(self) -> [u8; BOOT_INFO_LEN] {
+    pub(crate) fn to_bytes(self) -> [u8; BOOT_INFO_LEN] {
         let (base, limit) = mmio64_window(self.phys_bits).unwrap_or((0, 0));
         let fields: [(&str, u64); 18] = [
             ("magic", BOOT_MAGIC.into()),
@@ -149,7 +147,7 @@ impl BootInfo {
 }
 
 /// Guest RAM: `size` bytes at GPA 0.
-pub fn create(size: u64) -> Result<GuestMemoryMmap, VmmError> {
+pub(crate) fn create(size: u64) -> Result<GuestMemoryMmap, VmmError> {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).map_err(|e| VmmError::GuestMemory {
         what: format!("cannot allocate {size} bytes of guest RAM"),
         source: e.into(),
@@ -157,7 +155,7 @@ pub fn create(size: u64) -> Result<GuestMemoryMmap, VmmError> {
 }
 
 /// Check a firmware image fits its area.
-pub fn check_firmware(len: usize) -> Result<(), VmmError> {
+pub(crate) fn check_firmware(len: usize) -> Result<(), VmmError> {
     if len == 0 || len as u64 > FIRMWARE_MAX {
         return Err(VmmError::FirmwareSize {
             size: len as u64,
@@ -174,7 +172,7 @@ pub fn check_firmware(len: usize) -> Result<(), VmmError> {
 /// tables: on kvm_pvm, where KVM's emulator runs every instruction of the firmware (its
 /// `insn_emulation` counter), the firmware's own 2048-entry loop cost a boot ~17,000 emulated
 /// instructions, ~12 ms.
-pub fn page_tables() -> Vec<u8> {
+pub(crate) fn page_tables() -> Vec<u8> {
     let base = p::FW_PT_BASE;
     let mut t = vec![0u8; 6 * 4096];
     let mut put = |at: u64, v: u64| {
@@ -192,7 +190,7 @@ pub fn page_tables() -> Vec<u8> {
     t
 }
 
-pub fn load(mem: &GuestMemoryMmap, firmware: &[u8], info: BootInfo) -> Result<(), VmmError> {
+pub(crate) fn load(mem: &GuestMemoryMmap, firmware: &[u8], info: BootInfo) -> Result<(), VmmError> {
     check_firmware(firmware.len())?;
     mem.write_slice(&page_tables(), GuestAddress(p::FW_PT_BASE))
         .map_err(|e| VmmError::GuestMemory {
@@ -214,14 +212,14 @@ pub fn load(mem: &GuestMemoryMmap, firmware: &[u8], info: BootInfo) -> Result<()
 
 /// A RAM region: guest address, length, host address.
 #[derive(Debug, Clone, Copy)]
-pub struct RamRegion {
+pub(crate) struct RamRegion {
     pub gpa: u64,
     pub len: u64,
     pub host: *mut u8,
 }
 
 /// Every RAM region with its host mapping (for KVM slots and VFIO DMA maps).
-pub fn regions(mem: &GuestMemoryMmap) -> Result<Vec<RamRegion>, VmmError> {
+pub(crate) fn regions(mem: &GuestMemoryMmap) -> Result<Vec<RamRegion>, VmmError> {
     let mut v = Vec::new();
     for r in mem.iter() {
         let host = r

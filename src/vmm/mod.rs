@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use vfio::{VfioDevError, VfioTarget};
 
 /// The default firmware, built from `firmware/` by build.rs.
-pub static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
+pub(crate) static FIRMWARE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/firmware.bin"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
@@ -113,7 +113,7 @@ pub enum VmmError {
 
 impl VmmError {
     /// Errors in what the user asked for (exit status 2) rather than in the host.
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         match self {
             VmmError::FirmwareSize { .. } | VmmError::MemorySize(_) => true,
             VmmError::Vfio(e) => e.is_usage(),
@@ -124,13 +124,13 @@ impl VmmError {
 
 /// What `gpupass boot` presents to the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     Emulated,
     Vfio(VfioTarget),
 }
 
 #[derive(Debug, Clone)]
-pub struct BootOptions {
+pub(crate) struct BootOptions {
     pub target: Target,
     /// Guest RAM in bytes ([`memory::parse_memory_size`]).
     pub memory: u64,
@@ -172,7 +172,7 @@ impl Default for BootOptions {
 
 /// The 64-bit MMIO window announced to the firmware, inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Mmio64Window {
+pub(crate) struct Mmio64Window {
     pub base: u64,
     pub limit: u64,
 }
@@ -188,7 +188,7 @@ fn dma_seed() -> u32 {
 
 /// The guest physical address width in a CPUID list: leaf 0x80000008 EAX[7:0], or 36 (what
 /// KVM assumes) when the leaf is missing.
-pub fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
+pub(crate) fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
     entries
         .iter()
         .find(|e| e.function == 0x8000_0008 && e.index == 0)
@@ -200,7 +200,7 @@ pub fn cpu_phys_bits(entries: &[kvm_bindings::kvm_cpuid_entry2]) -> u32 {
 /// Set to N (32-52) to give the firmware the 64-bit window of an N-bit guest address width
 /// (CPUID unchanged): the failing case of `boot --check`'s `bars` verdict, a BAR too large for
 /// the window. Honoured only by a `testkit` build.
-pub const PHYS_BITS_ENV: &str = "GPUPASS_BOOT_PHYS_BITS";
+pub(crate) const PHYS_BITS_ENV: &str = "GPUPASS_BOOT_PHYS_BITS";
 
 fn phys_bits_override() -> Option<u32> {
     if !cfg!(feature = "testkit") {
@@ -212,13 +212,13 @@ fn phys_bits_override() -> Option<u32> {
 
 /// A trapped BAR and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TrappedBar {
+pub(crate) struct TrappedBar {
     pub bar: u8,
     pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// Open KVM (and VFIO), allocate and map RAM, load firmware.
     pub setup_us: u64,
     /// First KVM_RUN to the exit-port write.
@@ -229,7 +229,7 @@ pub struct Timing {
 
 /// `--irq-loop`: N MSI round trips (raise, deliver, EOI) timed between the firmware's marks.
 #[derive(Debug, Clone, Serialize)]
-pub struct IrqLoopReport {
+pub(crate) struct IrqLoopReport {
     pub path: irq::IrqPath,
     /// `device` (edu raised it) or `host` (VFIO's software trigger / the emulated device).
     pub via: Option<String>,
@@ -245,7 +245,7 @@ pub struct IrqLoopReport {
 
 /// The `--json` result of `gpupass boot`.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct BootReport {
+pub(crate) struct BootReport {
     pub device: String,
     /// Vendor:device IDs the VMM presents at 00:01.0 (read from the device's config space).
     pub presented_ids: String,
@@ -320,7 +320,7 @@ impl SlotOps for KvmSlots<'_> {
 }
 
 /// Open `<root>/dev/kvm` with errors that say how to fix them.
-pub fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
+pub(crate) fn open_kvm(host: &HostRoot) -> Result<Kvm, VmmError> {
     let path = host.dev_kvm();
     let shown = PathBuf::from(host.display(&path));
     match std::fs::metadata(&path) {
@@ -350,7 +350,7 @@ fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
 
 /// Boot the firmware with the target device. `inv` is needed for VFIO targets (group
 /// viability); `console` receives the guest's serial output as it is written.
-pub fn boot(
+pub(crate) fn boot(
     host: &HostRoot,
     inv: Option<&Inventory>,
     opts: &BootOptions,

@@ -21,7 +21,7 @@
 use serde::Serialize;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwBar {
+pub(crate) struct FwBar {
     pub index: u32,
     /// `io`, `mem32` or `mem64`.
     pub kind: String,
@@ -36,7 +36,7 @@ pub struct FwBar {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwDevice {
+pub(crate) struct FwDevice {
     /// Guest address on bus 0 (`00:01.0`).
     pub address: String,
     pub vendor_id: String,
@@ -49,7 +49,7 @@ pub struct FwDevice {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwLoop {
+pub(crate) struct FwLoop {
     pub device: Option<String>,
     pub bar: Option<u32>,
     pub count: u64,
@@ -60,7 +60,7 @@ pub struct FwLoop {
 
 /// The firmware's DMA test on edu: a pattern copied RAM -> device -> RAM.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwDma {
+pub(crate) struct FwDma {
     pub device: Option<String>,
     pub bytes: u64,
     /// Polls of the command register until each transfer finished; `None`: it never did.
@@ -76,7 +76,7 @@ pub struct FwDma {
 
 /// The firmware's isolation probe: a device read from an IOVA outside guest RAM, copied back.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwIso {
+pub(crate) struct FwIso {
     pub device: Option<String>,
     pub iova: Option<u64>,
     pub bytes: u64,
@@ -90,7 +90,7 @@ pub struct FwIso {
 
 /// One interrupt kind the firmware tested (or could not).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwIrq {
+pub(crate) struct FwIrq {
     pub device: Option<String>,
     /// `intx`, `msi` or `msi-x`.
     pub kind: String,
@@ -107,7 +107,7 @@ pub struct FwIrq {
 
 /// The firmware's MSI round-trip loop.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FwIrqLoop {
+pub(crate) struct FwIrqLoop {
     pub device: Option<String>,
     /// `device` or `host`, as for [`FwIrq`].
     pub via: Option<String>,
@@ -189,7 +189,7 @@ fn parse_iso(addr: &str, t: &[&str]) -> Option<FwIso> {
 
 /// What the firmware reported.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct FirmwareReport {
+pub(crate) struct FirmwareReport {
     pub hello: Option<String>,
     pub devices: Vec<FwDevice>,
     #[serde(rename = "loop")]
@@ -214,7 +214,7 @@ pub struct FirmwareReport {
 }
 
 /// A byte count as people write it: the largest unit it is a whole multiple of.
-pub fn size(n: u64) -> String {
+pub(crate) fn size(n: u64) -> String {
     match n {
         n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
@@ -232,7 +232,7 @@ fn hex(s: &str) -> Option<u64> {
 }
 
 /// Parse the console transcript.
-pub fn parse(console: &str) -> FirmwareReport {
+pub(crate) fn parse(console: &str) -> FirmwareReport {
     let mut r = FirmwareReport::default();
     for line in console.lines() {
         let Some(rest) = line.trim_end_matches('\r').strip_prefix("FW ") else {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// One `VFIO_DEVICE_RESET`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ResetAttempt {
+pub(crate) struct ResetAttempt {
     pub ok: bool,
     /// The ioctl's error (`EINVAL`, `EBUSY`, ...), when it failed.
     pub error: Option<String>,
@@ -23,7 +23,7 @@ pub struct ResetAttempt {
 
 /// What gpupass did about resetting the device, for the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ResetReport {
+pub(crate) struct ResetReport {
     /// `VFIO_DEVICE_FLAGS_RESET` from `VFIO_DEVICE_GET_INFO`.
     pub vfio_reset_flag: bool,
     /// The function's `reset_method` in the kernel's order; `None` when sysfs has none (no
@@ -39,7 +39,7 @@ pub struct ResetReport {
 }
 
 impl ResetReport {
-    pub fn new(vfio_reset_flag: bool, reset_methods: Option<Vec<String>>, mdev: bool) -> ResetReport {
+    pub(crate) fn new(vfio_reset_flag: bool, reset_methods: Option<Vec<String>>, mdev: bool) -> ResetReport {
         let reset_methods = reset_methods.filter(|m| !m.is_empty());
         let method = if mdev {
             vfio_reset_flag.then(|| "mdev parent driver".to_string())
@@ -56,18 +56,18 @@ impl ResetReport {
     }
 
     /// Whether gpupass resets the device (VFIO says it can).
-    pub fn wanted(&self) -> bool {
+    pub(crate) fn wanted(&self) -> bool {
         self.vfio_reset_flag
     }
 
     /// Every attempted reset worked and at least one was made.
-    pub fn passed(&self) -> bool {
+    pub(crate) fn passed(&self) -> bool {
         let tried: Vec<&ResetAttempt> = self.before.iter().chain(self.after.iter()).collect();
         !tried.is_empty() && tried.iter().all(|a| a.ok)
     }
 
     /// One summary line (without the `gpupass: ` prefix).
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let methods = match &self.reset_methods {
             Some(m) => format!("sysfs reset_method: {}", m.join(" ")),
             None => "no sysfs reset_method".to_string(),
@@ -99,7 +99,7 @@ impl ResetReport {
 }
 
 /// Time one reset.
-pub fn attempt(reset: impl FnOnce() -> std::io::Result<()>) -> ResetAttempt {
+pub(crate) fn attempt(reset: impl FnOnce() -> std::io::Result<()>) -> ResetAttempt {
     let t = Instant::now();
     let r = reset();
     ResetAttempt {

@@ -8,11 +8,11 @@
 
 use std::io::Write;
 
-pub const COM1: u16 = super::protocol::PORT_SERIAL;
+pub(crate) const COM1: u16 = super::protocol::PORT_SERIAL;
 /// Bytes of console output kept for the report; beyond this the transcript is cut.
-pub const TRANSCRIPT_LIMIT: usize = 1 << 20;
+pub(crate) const TRANSCRIPT_LIMIT: usize = 1 << 20;
 
-pub struct Serial<'a> {
+pub(crate) struct Serial<'a> {
     sink: Option<&'a mut dyn Write>,
     transcript: Vec<u8>,
     truncated: bool,
@@ -24,7 +24,7 @@ pub struct Serial<'a> {
 
 impl<'a> Serial<'a> {
     /// `sink` receives every byte as the guest writes it (None: keep the transcript only).
-    pub fn new(sink: Option<&'a mut dyn Write>) -> Serial<'a> {
+    pub(crate) fn new(sink: Option<&'a mut dyn Write>) -> Serial<'a> {
         Serial {
             sink,
             transcript: Vec::new(),
@@ -36,7 +36,7 @@ impl<'a> Serial<'a> {
         }
     }
 
-    pub fn claims(port: u16) -> bool {
+    pub(crate) fn claims(port: u16) -> bool {
         (COM1..COM1 + 8).contains(&port)
     }
 
@@ -44,7 +44,7 @@ impl<'a> Serial<'a> {
         self.lcr & 0x80 != 0
     }
 
-    pub fn write(&mut self, port: u16, value: u8) {
+    pub(crate) fn write(&mut self, port: u16, value: u8) {
         match port - COM1 {
             0 if !self.dlab() => self.transmit(value),
             1 if !self.dlab() => self.ier = value & 0x0f,
@@ -55,7 +55,7 @@ impl<'a> Serial<'a> {
         }
     }
 
-    pub fn read(&self, port: u16) -> u8 {
+    pub(crate) fn read(&self, port: u16) -> u8 {
         match port - COM1 {
             1 if !self.dlab() => self.ier,
             2 => 0x01, // IIR: no interrupt pending
@@ -84,15 +84,15 @@ impl<'a> Serial<'a> {
     }
 
     /// Everything the guest printed (up to [`TRANSCRIPT_LIMIT`]).
-    pub fn transcript(&self) -> &[u8] {
+    pub(crate) fn transcript(&self) -> &[u8] {
         &self.transcript
     }
 
-    pub fn truncated(&self) -> bool {
+    pub(crate) fn truncated(&self) -> bool {
         self.truncated
     }
 
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         if let Some(s) = self.sink.as_mut() {
             let _ = s.flush();
         }

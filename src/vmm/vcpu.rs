@@ -32,10 +32,10 @@ pub use super::protocol::{
     MARK_ISO_BEGIN, MARK_ISO_END, MARK_LOOP_BEGIN, MARK_LOOP_END, PORT_EXIT, PORT_IRQ, PORT_LOG, PORT_MARK,
 };
 /// The presented device's slot on bus 0 (00:01.0); the host bridge is 00:00.0.
-pub const DEVICE_SLOT: u8 = 1;
+pub(crate) const DEVICE_SLOT: u8 = 1;
 
 /// The syscall layer of one vCPU.
-pub trait Vcpu {
+pub(crate) trait Vcpu {
     /// Enter the guest until the next exit (`KVM_RUN`).
     fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error>;
     /// The registers, formatted for an error message.
@@ -48,7 +48,7 @@ pub trait Vcpu {
 }
 
 /// A real KVM vCPU.
-pub struct KvmVcpu(pub VcpuFd);
+pub(crate) struct KvmVcpu(pub VcpuFd);
 
 impl Vcpu for KvmVcpu {
     fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
@@ -82,7 +82,7 @@ impl Vcpu for KvmVcpu {
 
 /// Counts of VM exits (returns from `KVM_RUN` to gpupass), by what they hit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ExitCounts {
+pub(crate) struct ExitCounts {
     pub total: u64,
     pub by_kind: BTreeMap<&'static str, u64>,
 }
@@ -94,7 +94,7 @@ impl ExitCounts {
     }
 
     /// Exits in `self` that are not in `earlier`.
-    pub fn since(&self, earlier: &ExitCounts) -> ExitCounts {
+    pub(crate) fn since(&self, earlier: &ExitCounts) -> ExitCounts {
         let mut by_kind = BTreeMap::new();
         for (k, v) in &self.by_kind {
             let d = v - earlier.by_kind.get(k).copied().unwrap_or(0);
@@ -111,7 +111,7 @@ impl ExitCounts {
 
 /// The firmware's read loop as the VMM saw it (between the two marks).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct LoopWindow {
+pub(crate) struct LoopWindow {
     pub exits: ExitCounts,
     pub nanos: u64,
     /// KVM's own counters over the same window (`None` without `KVM_GET_STATS_FD`). They are
@@ -130,7 +130,7 @@ enum Flow {
 
 /// The parts of a [`PresentedDevice`] the machine takes over (its mappings' owner stays
 /// with the caller, to outlive the slots).
-pub struct DeviceParts {
+pub(crate) struct DeviceParts {
     pub config: Box<dyn pci::ConfigBackend>,
     pub bars: Vec<pci::BarSpec>,
     pub areas: Vec<super::bars::HostArea>,
@@ -139,7 +139,7 @@ pub struct DeviceParts {
 
 /// What the caller keeps of a [`PresentedDevice`]: its name, why BARs are trapped, and the
 /// owner of its host mappings (dropped only after the slots are gone).
-pub struct DeviceRest {
+pub(crate) struct DeviceRest {
     pub name: String,
     pub trapped_why: Vec<(u8, String)>,
     pub keep: Box<dyn std::any::Any + Send>,
@@ -147,7 +147,7 @@ pub struct DeviceRest {
 
 impl PresentedDevice {
     /// Split into what the machine takes and what the caller keeps.
-    pub fn split(self) -> (DeviceParts, DeviceRest) {
+    pub(crate) fn split(self) -> (DeviceParts, DeviceRest) {
         (
             DeviceParts {
                 config: self.config,
@@ -165,7 +165,7 @@ impl PresentedDevice {
 }
 
 /// The devices behind the vCPU: serial, PCI bus, BAR windows, control ports.
-pub struct Machine<'a> {
+pub(crate) struct Machine<'a> {
     pub serial: Serial<'a>,
     pub bus: PciBus,
     pub mapper: BarMapper,
@@ -192,7 +192,7 @@ pub struct Machine<'a> {
 
 impl<'a> Machine<'a> {
     /// Nanoseconds from the last `begin` mark to the first `end` mark after it.
-    pub fn mark_window(&self, begin: u32, end: u32) -> Option<u64> {
+    pub(crate) fn mark_window(&self, begin: u32, end: u32) -> Option<u64> {
         let i = self.marks.iter().rposition(|(m, _)| *m == begin)?;
         let (_, t0) = self.marks[i];
         self.marks[i + 1..]
@@ -202,7 +202,7 @@ impl<'a> Machine<'a> {
     }
 
     /// Bus 0 with the host bridge at 00:00.0 and `dev` at 00:01.0.
-    pub fn new(
+    pub(crate) fn new(
         dev: DeviceParts,
         ram_end: u64,
         first_slot: u32,
@@ -458,7 +458,7 @@ impl<'a> Machine<'a> {
 
     /// Take the interrupt eventfds back and remove the BAR slots (before the device's
     /// mappings go away and it is reset).
-    pub fn teardown(&mut self) {
+    pub(crate) fn teardown(&mut self) {
         if let Some(irq) = self.irq.as_mut() {
             irq.shutdown();
         }
@@ -479,7 +479,7 @@ enum Fault {
 
 /// Run until the guest writes the exit port (its status is returned), `stop` is raised
 /// (timeout), or the guest faults.
-pub fn run_loop(
+pub(crate) fn run_loop(
     vcpu: &mut dyn Vcpu,
     m: &mut Machine<'_>,
     stop: &AtomicBool,
@@ -562,7 +562,11 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 
 /// [`run_loop`] on this thread with a watchdog: after `timeout` it raises `stop` and signals
 /// this thread until the loop notices (a signal makes `KVM_RUN` return `EINTR`).
-pub fn run_with_timeout(vcpu: &mut dyn Vcpu, m: &mut Machine<'_>, timeout: Duration) -> Result<u8, VmmError> {
+pub(crate) fn run_with_timeout(
+    vcpu: &mut dyn Vcpu,
+    m: &mut Machine<'_>,
+    timeout: Duration,
+) -> Result<u8, VmmError> {
     static HANDLER: std::sync::Once = std::sync::Once::new();
     HANDLER.call_once(|| {
         // Without the handler the kick would kill the process; the loop then only stops

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Pass,
     Fail,
     Absent,
@@ -34,9 +34,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 4] = [Outcome::Pass, Outcome::Fail, Outcome::Absent, Outcome::Untested];
-
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Outcome::Pass => "pass",
             Outcome::Fail => "fail",
@@ -47,7 +45,7 @@ impl Outcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub check: &'static str,
     pub result: Outcome,
     pub reason: String,
@@ -63,7 +61,7 @@ fn v(check: &'static str, result: Outcome, reason: impl Into<String>) -> Verdict
 
 /// How many verdicts have each result.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     pub pass: usize,
     pub fail: usize,
     pub absent: usize,
@@ -71,7 +69,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    pub fn of(verdicts: &[Verdict]) -> Counts {
+    pub(crate) fn of(verdicts: &[Verdict]) -> Counts {
         let n = |o: Outcome| verdicts.iter().filter(|v| v.result == o).count();
         Counts {
             pass: n(Outcome::Pass),
@@ -84,7 +82,7 @@ impl Counts {
 
 /// The `--check --json` document.
 #[derive(Debug, Clone, Serialize)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     pub device: String,
     /// `--strict`: an `untested` verdict fails the check too.
     pub strict: bool,
@@ -98,7 +96,7 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    pub fn new(boot: BootReport, strict: bool) -> CheckReport {
+    pub(crate) fn new(boot: BootReport, strict: bool) -> CheckReport {
         let verdicts = judge(&boot);
         let summary = Counts::of(&verdicts);
         CheckReport {
@@ -113,7 +111,7 @@ impl CheckReport {
 
     /// The text form: one `NAME RESULT REASON` line per verdict, names and results padded to
     /// one column.
-    pub fn lines(&self) -> String {
+    pub(crate) fn lines(&self) -> String {
         let mut s = String::new();
         for x in &self.verdicts {
             s.push_str(&format!("{:<9} {:<8} {}\n", x.check, x.result.word(), x.reason));
@@ -123,7 +121,7 @@ impl CheckReport {
 
     /// The summary for stderr: the count of each result, and under `--strict` what went
     /// untested.
-    pub fn summary_lines(&self) -> String {
+    pub(crate) fn summary_lines(&self) -> String {
         let c = &self.summary;
         let mut s = format!(
             "gpupass: boot --check: {} pass, {} fail, {} absent, {} untested\n",
@@ -147,12 +145,12 @@ impl CheckReport {
 }
 
 /// The check's pass rule: nothing failed, and under `strict` nothing went untested.
-pub fn passed(c: &Counts, strict: bool) -> bool {
+pub(crate) fn passed(c: &Counts, strict: bool) -> bool {
     c.fail == 0 && !(strict && c.untested > 0)
 }
 
 /// Every verdict, in the order they are printed (the names are the interface, see above).
-pub fn judge(r: &BootReport) -> Vec<Verdict> {
+pub(crate) fn judge(r: &BootReport) -> Vec<Verdict> {
     vec![
         config(r),
         bars(r),
@@ -459,7 +457,7 @@ fn host_raised(r: &BootReport, fw: &FwIrq) -> bool {
 
 /// KVM's `irq_injections` over the interrupt tests, with the firmware's own total of
 /// deliveries (every kind) and LAPIC timer interrupts, which together should equal it.
-pub fn injections(r: &BootReport) -> Option<(u64, u64, u64)> {
+pub(crate) fn injections(r: &BootReport) -> Option<(u64, u64, u64)> {
     let n = *r.irq_kvm.as_ref()?.delta.get("irq_injections")?;
     let delivered = r.firmware.irqs.iter().map(|i| u64::from(i.delivered)).sum();
     Some((n, delivered, u64::from(r.firmware.irq_timer.unwrap_or(0))))

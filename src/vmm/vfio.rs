@@ -46,7 +46,7 @@ use vm_memory::{FileOffset, MmapRegion};
 
 /// What to open.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VfioTarget {
+pub(crate) enum VfioTarget {
     Pci(PciAddress),
     /// An mdev UUID (validated by [`parse_uuid`]).
     Mdev(String),
@@ -120,13 +120,13 @@ impl VfioDevError {
     }
 
     /// Errors in what the user typed (exit status 2).
-    pub fn is_usage(&self) -> bool {
+    pub(crate) fn is_usage(&self) -> bool {
         matches!(self, VfioDevError::BadUuid { .. })
     }
 }
 
 /// Validate an mdev UUID (8-4-4-4-12 hex digits); returned lower-case.
-pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
+pub(crate) fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
     crate::model::canonical_uuid(input).ok_or_else(|| VfioDevError::BadUuid {
         input: input.to_string(),
     })
@@ -135,7 +135,7 @@ pub fn parse_uuid(input: &str) -> Result<String, VfioDevError> {
 /// A target that passed the checks: its sysfs path (what vfio-ioctls opens), group, name, and
 /// the backend it will be opened through (with its cdev's name under iommufd).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub sysfs: PathBuf,
     pub group: u32,
     pub name: String,
@@ -150,7 +150,7 @@ pub struct Resolved {
 
 impl Resolved {
     /// The device nodes this backend opens, as the user sees them.
-    pub fn nodes(&self) -> Vec<String> {
+    pub(crate) fn nodes(&self) -> Vec<String> {
         backend::node_paths(self.backend, self.group, self.cdev.as_deref())
     }
 }
@@ -170,7 +170,7 @@ fn sysfs_cdev(sysfs: &Path) -> Option<String> {
 /// Check `target` against the inventory and the device nodes, without opening anything, and
 /// pick its backend by `policy` (docs/iommufd.md: `auto` is iommufd where the kernel serves the
 /// function through it; an mdev stays on its group under `auto`, as in every other consumer).
-pub fn resolve(
+pub(crate) fn resolve(
     host: &HostRoot,
     inv: &Inventory,
     target: &VfioTarget,
@@ -278,14 +278,13 @@ pub fn resolve(
 
 /// An open device and its IOMMU context (the legacy container or an iommufd IOAS); unmaps its
 /// DMA mappings when dropped.
-pub struct VfioSession {
+pub(crate) struct VfioSession {
     ops: Arc<dyn VfioOps>,
     device: Arc<VfioDevice>,
     mapped: Vec<(u64, u64)>,
     /// Whether the group was added to a KVM VFIO device (KVM_DEV_TYPE_VFIO).
     pub kvm_vfio_device: bool,
     pub name: String,
-    pub backend: Backend,
 }
 
 impl Drop for VfioSession {
@@ -297,7 +296,7 @@ impl Drop for VfioSession {
 }
 
 /// vfio-ioctls opens `/dev/vfio/...` itself: refuse any other root before opening.
-pub fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
+pub(crate) fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
     if host.root() != Path::new("/") {
         return Err(VfioDevError::NotLiveRoot {
             root: host.root().to_path_buf(),
@@ -307,7 +306,7 @@ pub fn check_live_root(host: &HostRoot) -> Result<(), VfioDevError> {
 }
 
 /// Open a resolved target. `vm` gets a KVM VFIO device for the group when KVM offers one.
-pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, VfioDevError> {
+pub(crate) fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, VfioDevError> {
     check_live_root(host)?;
     let mut kvm_dev = kvm_bindings::kvm_create_device {
         type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
@@ -357,7 +356,6 @@ pub fn open(host: &HostRoot, r: &Resolved, vm: &VmFd) -> Result<VfioSession, Vfi
         mapped: Vec::new(),
         kvm_vfio_device,
         name: r.name.clone(),
-        backend: r.backend,
     })
 }
 
@@ -367,11 +365,11 @@ vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_RESET, 0x3b, 100 + 11);
 impl VfioSession {
     /// `VFIO_DEVICE_FLAGS_RESET` of `VFIO_DEVICE_GET_INFO`: the device can be reset
     /// (vfio-ioctls keeps the flags private and its `reset()` drops the result).
-    pub fn irqs(&self) -> VfioIrqs {
+    pub(crate) fn irqs(&self) -> VfioIrqs {
         VfioIrqs(self.device.clone())
     }
 
-    pub fn can_reset(&self) -> bool {
+    pub(crate) fn can_reset(&self) -> bool {
         let mut info = vfio_device_info {
             argsz: std::mem::size_of::<vfio_device_info>() as u32,
             ..Default::default()
@@ -385,7 +383,7 @@ impl VfioSession {
     }
 
     /// `VFIO_DEVICE_RESET`, with its error.
-    pub fn reset(&self) -> std::io::Result<()> {
+    pub(crate) fn reset(&self) -> std::io::Result<()> {
         // SAFETY: the device fd is open while `self.device` lives; VFIO_DEVICE_RESET takes no
         // argument and touches no memory of this process.
         let ret = unsafe { vmm_sys_util::ioctl::ioctl(&*self.device, VFIO_DEVICE_RESET()) };
@@ -396,7 +394,7 @@ impl VfioSession {
     }
 
     /// Map guest RAM for device DMA at IOVA = GPA.
-    pub fn dma_map(&mut self, ram: &[RamRegion]) -> Result<u64, VfioDevError> {
+    pub(crate) fn dma_map(&mut self, ram: &[RamRegion]) -> Result<u64, VfioDevError> {
         let mut total = 0;
         for r in ram {
             // SAFETY: `r.host` is the start of a live guest-RAM mapping of `r.len` bytes that
@@ -418,7 +416,7 @@ impl VfioSession {
 
     /// Describe the device for the VMM: config through the config region, BARs from region
     /// info and the BAR registers' type bits, mmappable areas mapped now.
-    pub fn present(&self) -> Result<PresentedDevice, VfioDevError> {
+    pub(crate) fn present(&self) -> Result<PresentedDevice, VfioDevError> {
         let dev = &self.device;
         let config = VfioConfig(dev.clone());
         let caps = walk_capabilities(&config);
@@ -526,7 +524,7 @@ fn read_config(c: &VfioConfig, offset: u16) -> u32 {
 
 /// Config space through the VFIO config region (vfio-pci virtualizes parts of it itself).
 /// The device's interrupts through `VFIO_DEVICE_SET_IRQS` ([`crate::vmm::irq`]).
-pub struct VfioIrqs(Arc<VfioDevice>);
+pub(crate) struct VfioIrqs(Arc<VfioDevice>);
 
 /// vfio-ioctls' error with the errno the failed ioctl left (its error types drop it).
 fn irq_err(e: vfio_ioctls::VfioError) -> crate::vmm::irq::IrqError {
