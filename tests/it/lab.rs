@@ -235,8 +235,8 @@ const L2_SCENARIOS: &[&str] = &["l2linux"];
 /// only, whose L2 boots are about twice as fast as 6.12's, one TCG boot at a time. `l2linux`
 /// (SeaBIOS, the 16 GiB BAR) runs on the 6.12 leg only since 2026-12-06: on 6.1 its checks are
 /// `l2huge`'s `huge-*` ones on the same legacy container (every BAR placed above 4 GiB inside
-/// gpupass's window, `/proc/iomem`, `lspci -vv`, reads through), and its L2 boot was 7-8 CPU-
-/// minutes of CI's cold run (docs/testing.md, "CI's time").
+/// gpupass's window, `/proc/iomem`, `lspci -vv`, reads through), and it took 443-481 s of TCG
+/// inside TCG in CI's runs (docs/testing.md, "CI's time").
 const L2_SCENARIOS_6_1: &[&str] = &["l2huge", "l2libvirt"];
 
 /// The DRA plugin on the 6.1 kernel (docs/dra.md, "Legacy-only nodes"): Debian 12's kernel,
@@ -787,8 +787,9 @@ mod cluster_two {
 
 /// The "Booted" proof with SeaBIOS on the 6.12 leg (`lab/scenarios/l2linux.sh`; on 6.1 `l2huge`
 /// carries the same checks under OVMF): Linux in an L2 VM under TCG, started from `gpupass
-/// qemu-args 0000:00:03.0 0000:00:0c.0` as printed, lists both functions with every BAR assigned inside its host bridge's windows (its `/proc/iomem`,
-/// `lspci -vv`), the 16 GiB BAR above 4 GiB in the window gpupass sized, and reads through them.
+/// qemu-args 0000:00:03.0 0000:00:0c.0` as printed, lists both functions with every BAR
+/// assigned inside its host bridge's windows (its `/proc/iomem`, `lspci -vv`), the 16 GiB BAR
+/// above 4 GiB in the window gpupass sized, and reads through them.
 mod l2_6_12 {
     use super::*;
     #[test]
