@@ -17,7 +17,7 @@
 
 use super::apply;
 use super::checkpoint::{Entry, State};
-use super::claim::{self, ClaimDevice, ClaimRef};
+use super::claim::{ClaimDevice, ClaimRef};
 use super::prepare::{Driver, PrepareError};
 use crate::bind::BindError;
 use crate::change::engine::current_driver;
@@ -76,8 +76,8 @@ impl Driver<'_> {
     }
 
     /// The devices of `keys` an early bind switches for `claim` (PCI functions; an mdev waits
-    /// for Prepare), checked against `inv` as Prepare checks them: the claim itself, the
-    /// backend the kernel can give, and no other claim of this boot holding one of them.
+    /// for Prepare), from Prepare's own claim check against `inv`: what Prepare would refuse
+    /// is refused before binding.
     fn early_devices(
         &self,
         claim: &Claim,
@@ -85,26 +85,12 @@ impl Driver<'_> {
         inv: &Inventory,
         label: &str,
     ) -> Result<Vec<ClaimDevice>, PrepareError> {
-        let c = &claim.asked;
-        let offered = claim::Offered::of(&self.as_offered(inv));
-        let checked = claim::check(c, &claim.object, &self.me, &offered, self.default)?;
-        // A backend the kernel cannot give fails here, before the bind, as it fails Prepare.
-        claim::precheck_backend(inv, &checked)?;
-        let devices: Vec<ClaimDevice> = checked
+        let checked = self.check_claim(claim, inv, label)?;
+        Ok(checked
             .devices
             .into_iter()
             .filter(|d| d.mdev.is_none() && keys.iter().any(|k| k.device == d.device))
-            .collect();
-        for d in &devices {
-            if let Some(h) = self.checkpoint.holder(&d.device, &c.uid, &self.boot_id) {
-                return Err(PrepareError::Held {
-                    claim: label.to_string(),
-                    device: d.device.clone(),
-                    holder: format!("{}/{} ({})", h.claim.namespace, h.claim.name, h.claim.uid),
-                });
-            }
-        }
-        Ok(devices)
+            .collect())
     }
 
     fn try_bind_early(&mut self, claim: &Claim, keys: &[DeviceKey]) -> Result<String, PrepareError> {

@@ -325,7 +325,7 @@ impl<'a> Driver<'a> {
     /// A claim's checks against the host as `inv` has it, before anything changes: the claim
     /// itself ([`claim::check`] against what this node offers), its backend and KVM, its
     /// mdev slots' instances, and no other claim of this boot holding its devices.
-    fn check_claim(
+    pub(super) fn check_claim(
         &self,
         claim: &Claim,
         inv: &Inventory,
