@@ -62,33 +62,31 @@ fn lab_claim_with(
     more(&mut h);
     let claims = t.path().join("claims");
     std::fs::create_dir_all(claims.join("default")).unwrap();
-    let c = serde_json::json!({
-        "metadata": {"name": "gpu", "namespace": "default", "uid": "u1"},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
-        }}
-    });
-    std::fs::write(claims.join("default/gpu.json"), c.to_string()).unwrap();
+    write_claim(&claims, "gpu", "u1");
     (t, root, claims)
 }
 
-/// A second claim, default/gpu2 (UID u2), allocated the same device as [`lab_claim`]'s, written
-/// to `claims`.
-fn second_claim(claims: &std::path::Path) -> ClaimRef {
-    let c2 = serde_json::json!({
-        "metadata": {"name": "gpu2", "namespace": "default", "uid": "u2"},
+/// Writes the claim default/NAME (UID `uid`) allocated the lab's `pci-0000-00-05-0` on node-a
+/// to `claims`, as the kubelet-plugin kit would read it, and returns its reference.
+fn write_claim(claims: &std::path::Path, name: &str, uid: &str) -> ClaimRef {
+    let c = serde_json::json!({
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
         "status": {"allocation": {
             "devices": {"results": [{"request": "vfio", "driver": DRIVER, "pool": "node-a", "device": "pci-0000-00-05-0"}]},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}
         }}
     });
-    std::fs::write(claims.join("default/gpu2.json"), c2.to_string()).unwrap();
+    std::fs::write(claims.join(format!("default/{name}.json")), c.to_string()).unwrap();
     ClaimRef {
         namespace: "default".into(),
-        uid: "u2".into(),
-        name: "gpu2".into(),
+        uid: uid.into(),
+        name: name.into(),
     }
+}
+
+/// A second claim, default/gpu2 (UID u2), allocated the same device as [`lab_claim`]'s.
+fn second_claim(claims: &std::path::Path) -> ClaimRef {
+    write_claim(claims, "gpu2", "u2")
 }
 
 /// The driver as the kubelet-plugin kit drives it, with claims read from `claims`: a
