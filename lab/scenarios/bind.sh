@@ -1,4 +1,4 @@
-# lab-about: gpupass bind/unbind/recover/persist on the real kernel: VGA+HDA group 00:05.x, --only, boot VGA refusal, rollback at every write and crash after every write + recover, for bind and for unbind. The guest runs the commands and ships their output, exit status and the sysfs facts; tests/it/labjudge/bind.rs judges them
+# lab-about: gpupass bind/unbind/recover/persist on the real kernel: VGA+HDA group 00:05.x, --only, boot VGA refusal, rollback at every write and crash after every write + recover, for bind and for unbind. The guest runs the commands and ships their output, exit status and the sysfs facts; the bind judge of tests/it/labjudge/ judges them
 # lab-needs: gpupass
 # lab-timeout: 300
 # lab-judge: rust
@@ -7,7 +7,7 @@
 # runs under `lab_cmd NAME` (NAME.out, NAME.err, NAME.rc shipped) and is followed by
 # `state NAME` (NAME.facts: the drivers, overrides and /dev/vfio node as sysfs and /dev show
 # them, read here without gpupass). The steps and what each asserts are the judge's
-# (`tests/it/labjudge/bind.rs`; `lab/judge` prints them: `... -- steps bind`).
+# (the `bind` judge of tests/it/labjudge/; `labjudge steps bind` prints them).
 #
 # Real driver moves on the guest kernel (never on the host). 00:05.0 (VGA, bochs-drm) and
 # 00:05.1 (ICH9 HDA, snd_hda_intel) share one IOMMU group, like a GPU and its HDMI audio.
