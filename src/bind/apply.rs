@@ -14,7 +14,7 @@ use crate::inventory;
 use crate::messages;
 use crate::model::{Inventory, PciAddress};
 
-pub use crate::change::engine::group_blockers;
+pub(crate) use crate::change::engine::group_blockers;
 
 /// What an applied plan did, one line per function.
 #[derive(Debug, Default, Clone)]
@@ -169,14 +169,15 @@ pub(crate) fn recheck(host: &HostRoot, inv: &Inventory, plan: &Plan) -> Result<(
 /// claim's files, owned by the claim). The view of the groups, the refusals (not forced:
 /// a device held by a host process is refused at once, naming the holder) and the
 /// unfinished plans are checked; the caller runs [`recheck`] just before it applies.
+#[cfg(feature = "dra")]
 #[derive(Debug)]
-pub struct Planned {
+pub(crate) struct Planned {
     pub plan: Plan,
     /// The host as the plan was made from it (the named groups).
     pub inv: Inventory,
-    pub warnings: Vec<String>,
 }
 
+#[cfg(feature = "dra")]
 fn plan_in(
     session: &Session<'_>,
     scope: Scope,
@@ -190,15 +191,12 @@ fn plan_in(
         return Err(BindError::Refused(plan.refusal_text(false)));
     }
     check_unfinished(&session.replay().open, &plan)?;
-    Ok(Planned {
-        plan,
-        inv,
-        warnings: facts.warnings,
-    })
+    Ok(Planned { plan, inv })
 }
 
+#[cfg(feature = "dra")]
 /// `gpupass bind`'s plan of `req`, under `session`'s lock (see [`Planned`]).
-pub fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<Planned, BindError> {
+pub(crate) fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<Planned, BindError> {
     let scope = Scope::Groups {
         addrs: &req.addresses,
         groups: &[],
@@ -208,9 +206,10 @@ pub fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<Planned,
     })
 }
 
+#[cfg(feature = "dra")]
 /// `gpupass unbind`'s plan of `req` (the drivers the journal recorded), under `session`'s
 /// lock (see [`Planned`]).
-pub fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Planned, BindError> {
+pub(crate) fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Planned, BindError> {
     let group = req.group.map(|g| vec![g]).unwrap_or_default();
     let scope = if req.all {
         Scope::All
@@ -236,16 +235,18 @@ pub(crate) fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result
     Ok(plan.to_part())
 }
 
+#[cfg(feature = "dra")]
 /// A bind or unbind as a part of a caller's plan (the DRA plugin's claims): planned under
 /// `session`'s lock ([`Planned`]), then [`to_part`].
 #[derive(Debug)]
-pub struct BindPart {
+pub(crate) struct BindPart {
     pub part: Part,
     /// The functions whose driver it moves, each with the driver it is on now (as planned
     /// under the lock: what the caller records as the function's driver before).
     pub moved: std::collections::BTreeMap<PciAddress, Option<String>>,
 }
 
+#[cfg(feature = "dra")]
 fn part_of(session: &Session<'_>, planned: Planned) -> Result<BindPart, BindError> {
     let part = to_part(session.ops(), &planned.inv, &planned.plan)?;
     Ok(BindPart {
@@ -259,19 +260,21 @@ fn part_of(session: &Session<'_>, planned: Planned) -> Result<BindPart, BindErro
     })
 }
 
+#[cfg(feature = "dra")]
 /// [`plan_bind_in`] as a part of a caller's plan ([`BindPart`]).
-pub fn bind_part_in(session: &Session<'_>, req: &BindRequest) -> Result<BindPart, BindError> {
+pub(crate) fn bind_part_in(session: &Session<'_>, req: &BindRequest) -> Result<BindPart, BindError> {
     part_of(session, plan_bind_in(session, req)?)
 }
 
+#[cfg(feature = "dra")]
 /// [`plan_unbind_in`] as a part of a caller's plan ([`BindPart`]).
-pub fn unbind_part_in(session: &Session<'_>, req: &UnbindRequest) -> Result<BindPart, BindError> {
+pub(crate) fn unbind_part_in(session: &Session<'_>, req: &UnbindRequest) -> Result<BindPart, BindError> {
     part_of(session, plan_unbind_in(session, req)?)
 }
 
 /// Result of a bind/unbind command.
 #[derive(Debug)]
-pub struct Applied {
+pub(crate) struct Applied {
     pub plan: Plan,
     /// `None` for a dry run or when there was nothing to do.
     pub outcome: Option<Outcome>,
@@ -386,7 +389,8 @@ fn change(
 }
 
 /// `gpupass bind`; `announce` sees the plan after the refusals passed and before any change.
-pub fn bind(
+#[cfg(test)]
+pub(crate) fn bind(
     ops: &dyn HostOps,
     req: &BindRequest,
     force: bool,
@@ -466,7 +470,8 @@ pub(crate) fn unbind_then(
 }
 
 /// `gpupass unbind`.
-pub fn unbind(
+#[cfg(test)]
+pub(crate) fn unbind(
     ops: &dyn HostOps,
     req: &UnbindRequest,
     force: bool,

@@ -248,12 +248,12 @@ pub(crate) struct Need {
 }
 
 impl Need {
-    pub const ALL: Need = Need {
+    pub(crate) const ALL: Need = Need {
         uses: true,
         vfio_open: true,
         variants: true,
     };
-    pub const BIND: Need = Need {
+    pub(crate) const BIND: Need = Need {
         uses: true,
         vfio_open: false,
         variants: true,

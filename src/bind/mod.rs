@@ -39,7 +39,7 @@ use std::fmt::Write as _;
 
 /// Errors of bind, unbind, recover and persist.
 #[derive(Debug, thiserror::Error)]
-pub enum BindError {
+pub(crate) enum BindError {
     #[error("{0}")]
     Refused(String),
     #[error(transparent)]
@@ -139,7 +139,7 @@ impl Refusal {
 
 /// The whole change: functions, ordered steps, refusals, and what the user should know first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub action: Action,
     pub groups: Vec<u32>,
     pub functions: Vec<FuncPlan>,
@@ -164,13 +164,8 @@ impl Plan {
         }
     }
 
-    /// Number of sysfs writes (the unit of the failpoints).
-    pub fn write_count(&self) -> usize {
-        self.steps.iter().filter(|s| s.is_write()).count()
-    }
-
     /// `bind of IOMMU group 1, 2`: the journal's `what`, and the warnings' words.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let groups: Vec<String> = self.groups.iter().map(|g| g.to_string()).collect();
         format!("{} of IOMMU group {}", self.action, groups.join(", "))
     }
@@ -186,11 +181,6 @@ impl Plan {
             .collect();
         p.steps = self.steps.clone();
         p
-    }
-
-    /// [`Plan::to_part`] as a whole plan.
-    pub fn to_change(&self) -> crate::change::Plan {
-        crate::change::Plan::of(self.to_part())
     }
 
     /// Refusals that block the plan, given `--force`.
@@ -217,7 +207,7 @@ impl Plan {
     }
 
     /// The plan as `--dry-run` prints it.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut s = String::new();
         for w in &self.warnings {
             let _ = writeln!(s, "warning: {w}");
@@ -266,7 +256,7 @@ fn plural(n: usize) -> &'static str {
 
 /// `gpupass bind` as the planner sees it.
 #[derive(Debug, Clone, Default)]
-pub struct BindRequest {
+pub(crate) struct BindRequest {
     pub addresses: Vec<PciAddress>,
     pub only: bool,
     pub driver: Option<String>,
@@ -274,7 +264,7 @@ pub struct BindRequest {
 
 /// `gpupass unbind` as the planner sees it.
 #[derive(Debug, Clone, Default)]
-pub struct UnbindRequest {
+pub(crate) struct UnbindRequest {
     pub addresses: Vec<PciAddress>,
     pub group: Option<u32>,
     pub all: bool,

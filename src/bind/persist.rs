@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 
 /// One driverctl file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct OverrideFile {
+pub(crate) struct OverrideFile {
     pub address: PciAddress,
     /// As on the host: `/etc/driverctl.d/pci-0000:01:00.0`.
     pub path: String,
@@ -30,7 +30,7 @@ pub struct OverrideFile {
 
 /// What `persist` (or `persist --remove`) writes, removes and prints.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PersistPlan {
+pub(crate) struct PersistPlan {
     pub remove: bool,
     pub files: Vec<OverrideFile>,
     /// `vfio-pci.ids=vvvv:dddd,...` for the kernel command line, when vfio-pci is the driver.
@@ -140,7 +140,7 @@ pub(crate) fn plan_persist(
 }
 
 impl PersistPlan {
-    pub fn render(&self, dry_run: bool) -> String {
+    pub(crate) fn render(&self, dry_run: bool) -> String {
         let mut s = String::new();
         for w in &self.warnings {
             let _ = writeln!(s, "warning: {w}");
@@ -212,7 +212,7 @@ impl PersistPlan {
     /// file object with its content before and after, so the write is journaled and `gpupass
     /// recover` restores the files a crash left half-written. A file already as wanted adds
     /// no step.
-    pub fn to_change(&self, host: &HostRoot) -> Plan2 {
+    pub(crate) fn to_change(&self, host: &HostRoot) -> Plan2 {
         let what = format!(
             "persist{} of {}",
             if self.remove { " --remove" } else { "" },
@@ -234,7 +234,7 @@ impl PersistPlan {
 
 /// What `gpupass persist` planned and (unless a dry run) applied.
 #[derive(Debug)]
-pub struct Persisted {
+pub(crate) struct Persisted {
     pub persist: PersistPlan,
     /// The file writes as the engine's plan.
     pub plan: Plan2,
@@ -244,7 +244,7 @@ pub struct Persisted {
 /// driverctl files planned, refused with every reason and its fix, then applied through the
 /// change engine (journaled; `recover` restores them after a crash). A dry run reads without
 /// the lock and applies nothing.
-pub fn persist(
+pub(crate) fn persist(
     ops: &dyn crate::host::ops::HostOps,
     req: &BindRequest,
     remove: bool,

@@ -71,7 +71,7 @@ fn is_bridge_dir(dir: &Path) -> bool {
 }
 
 /// Members of a group that keep it from being viable, as `address (driver)`.
-pub fn group_blockers(host: &HostRoot, group: u32) -> Vec<String> {
+pub(crate) fn group_blockers(host: &HostRoot, group: u32) -> Vec<String> {
     let dir = host.iommu_groups().join(group.to_string()).join("devices");
     let mut out = Vec::new();
     for m in crate::host::dir_names(&dir).unwrap_or_default() {
@@ -544,7 +544,7 @@ impl<'a> Session<'a> {
     /// journal. The commands wait [`journal::lock_timeout`] (`GPUPASS_LOCK_TIMEOUT`, 30 s by
     /// default); the DRA plugin waits a few seconds at most, never past the kubelet's
     /// deadline.
-    pub fn lock(ops: &'a dyn HostOps, wait: Duration) -> Result<Session<'a>, ChangeError> {
+    pub(crate) fn lock(ops: &'a dyn HostOps, wait: Duration) -> Result<Session<'a>, ChangeError> {
         let host = ops.root();
         let lock = journal::lock(host, wait)?;
         tracing::debug!(faults = crate::minor_faults(), "lock held");
@@ -558,11 +558,11 @@ impl<'a> Session<'a> {
     }
 
     /// The journal as read under the lock.
-    pub fn replay(&self) -> &Replay {
+    pub(crate) fn replay(&self) -> &Replay {
         &self.replay
     }
 
-    pub fn ops(&self) -> &'a dyn HostOps {
+    pub(crate) fn ops(&self) -> &'a dyn HostOps {
         self.ops
     }
 
@@ -603,7 +603,8 @@ impl<'a> Session<'a> {
     /// write, so a failure anywhere, `then`'s own included, rolls back both, and `gpupass
     /// recover` undoes or finishes both. `plan` may be empty (nothing to bind); an empty
     /// part from `then` ends the transaction as `plan` alone would.
-    pub fn apply_then(&mut self, plan: &Plan, then: Then<'_>) -> Result<Outcome, ChangeError> {
+    #[cfg(any(test, feature = "dra"))]
+    pub(crate) fn apply_then(&mut self, plan: &Plan, then: Then<'_>) -> Result<Outcome, ChangeError> {
         if let Some((t, key)) = self.conflict(plan) {
             return Err(ChangeError::Unfinished {
                 open: Box::new(t.clone()),
@@ -817,7 +818,7 @@ pub fn recover(ops: &dyn HostOps, cont: bool, dry_run: bool) -> Result<Recovered
 
 /// [`recover`], then, when it changed anything, `follow` in the same session (`gpupass
 /// recover`: the CDI specs refreshed before the lock is released).
-pub fn recover_then(
+pub(crate) fn recover_then(
     ops: &dyn HostOps,
     cont: bool,
     dry_run: bool,
@@ -829,7 +830,7 @@ pub fn recover_then(
 /// [`recover`] of the unfinished plans `mine` selects (the DRA plugin at start: the plans its
 /// claims own), waiting at most `wait` for the lock; the others stay open, for `gpupass
 /// recover`. Plans are open only when their process is gone (a live one holds the lock).
-pub fn recover_where(
+pub(crate) fn recover_where(
     ops: &dyn HostOps,
     cont: bool,
     dry_run: bool,

@@ -164,7 +164,7 @@ pub struct Holder {
 pub type Held = std::collections::BTreeMap<String, Vec<Holder>>;
 
 impl OpenChange {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "{}{} (txn {}, pid {}) stopped at write {} of {}{}",
             self.what,
@@ -187,12 +187,12 @@ impl OpenChange {
     }
 
     /// The plan's objects; `None` when the journal holds kinds this version does not know.
-    pub fn objects(&self) -> Option<Vec<Object>> {
+    pub(crate) fn objects(&self) -> Option<Vec<Object>> {
         serde_json::from_value(self.changes.clone()).ok()
     }
 
     /// The plan's objects' keys ([`Object::keys`]).
-    pub fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         self.objects()
             .unwrap_or_default()
             .iter()
@@ -232,7 +232,7 @@ fn jerr(path: &Path, host: &HostRoot) -> impl Fn(io::Error) -> ChangeError {
 }
 
 /// Replay the journal (a missing journal is an empty one).
-pub fn read(host: &HostRoot) -> Result<Replay, ChangeError> {
+pub(crate) fn read(host: &HostRoot) -> Result<Replay, ChangeError> {
     let path = journal_path(host);
     let text = match crate::host::read_bounded(&path, 64 << 20) {
         Ok(t) => t,
@@ -408,7 +408,8 @@ fn settle_holds(held: &mut Held, t: &OpenChange) {
 
 impl Replay {
     /// What `owner` holds now, as [`Holds`] keys (alone, shared), each sorted.
-    pub fn held_by(&self, owner: &str) -> (Vec<String>, Vec<String>) {
+    #[cfg(feature = "dra")]
+    pub(crate) fn held_by(&self, owner: &str) -> (Vec<String>, Vec<String>) {
         let (mut alone, mut shared) = (Vec::new(), Vec::new());
         for (k, hs) in &self.held {
             for h in hs.iter().filter(|h| h.owner == owner) {
@@ -606,7 +607,7 @@ impl Journal {
     /// empty journal and an empty `state` record replay alike. Otherwise the `state` record is
     /// written atomically (a temporary file renamed over it). What was done stays in the logs
     /// (`-v`), not here.
-    pub fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, ChangeError> {
+    pub(crate) fn open(host: &HostRoot, _lock: &Lock, replay: &Replay) -> Result<Journal, ChangeError> {
         let path = journal_path(host);
         let mut compacted = None;
         let mut truncate = false;
@@ -649,7 +650,7 @@ impl Journal {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -660,7 +661,7 @@ impl Journal {
     /// state-based on the `change` record's objects) is written before its write but not
     /// synced: once `write(2)` returns, a crash of the process keeps it, and after a crash of
     /// the machine the `change` record alone restores the host.
-    pub fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
+    pub(crate) fn append(&mut self, rec: Record) -> Result<(), ChangeError> {
         let sync = !matches!(rec, Record::Step { .. } | Record::Undo { .. });
         let mut line =
             serde_json::to_string(&Line { v: VERSION, rec }).map_err(|e| ChangeError::Journal {

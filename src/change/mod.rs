@@ -44,7 +44,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-pub use engine::{apply, recover, recover_then, recover_where, Followup, Outcome, Recovered, Session};
+pub(crate) use engine::recover_then;
+#[cfg(feature = "dra")]
+pub(crate) use engine::recover_where;
+pub use engine::{apply, recover, Followup, Outcome, Recovered, Session};
 
 /// What a move of drivers does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +163,7 @@ pub enum Step {
 
 impl Step {
     /// One line as `--dry-run` prints it.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         match self {
             Step::LoadModule { module } => format!("load module {module} (modprobe {module})"),
             Step::Write { path, value, .. } => format!("write {value:?} > {path}"),
@@ -251,7 +254,7 @@ pub enum Object {
 
 impl Object {
     /// The object as a function's plan, for a [`Object::Function`].
-    pub fn function(action: Action, f: &FuncPlan) -> Object {
+    pub(crate) fn function(action: Action, f: &FuncPlan) -> Object {
         Object::Function {
             action,
             address: f.address,
@@ -263,7 +266,7 @@ impl Object {
 
     /// What this object is, as keys two plans must not share with an unfinished one: a PCI
     /// function and its IOMMU group, an mdev UUID, a VF, a file.
-    pub fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         match self {
             Object::Function { address, group, .. } => {
                 let mut k = vec![format!("pci:{address}")];
@@ -279,7 +282,7 @@ impl Object {
     }
 
     /// One short label: `0000:01:00.0`, `2f3e... (mdpy-vga on mdpy)`, `/etc/driverctl.d/...`.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             Object::Function { address, .. } => address.to_string(),
             Object::Create {
@@ -298,7 +301,7 @@ impl Object {
 
 /// The logical paths of the mdev and vGPU steps, built where every host path is
 /// ([`crate::host::logical`]).
-pub use crate::host::logical::{mdev_create_path, mdev_instance_path, vgpu_type_path};
+pub(crate) use crate::host::logical::{mdev_create_path, mdev_instance_path, vgpu_type_path};
 
 /// One domain's share of a plan: what it is for people, the objects it changes and the
 /// ordered steps that change them.
@@ -314,7 +317,7 @@ pub struct Part {
 
 impl Part {
     /// A part with no objects or steps yet.
-    pub fn new(domain: impl Into<String>, what: impl Into<String>) -> Part {
+    pub(crate) fn new(domain: impl Into<String>, what: impl Into<String>) -> Part {
         Part {
             domain: domain.into(),
             what: what.into(),
@@ -327,7 +330,7 @@ impl Part {
     /// now is read as the state before; a file already as wanted adds nothing (so a refresh
     /// that changes nothing writes nothing). `prune`: a removal also removes the emptied
     /// directory.
-    pub fn file(
+    pub(crate) fn file(
         &mut self,
         host: &HostRoot,
         path: &str,
@@ -358,7 +361,7 @@ impl Part {
         self
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.objects.is_empty() && self.steps.is_empty()
     }
 }
@@ -418,7 +421,7 @@ pub struct Holds {
 
 impl Plan {
     /// A plan of one part.
-    pub fn of(part: Part) -> Plan {
+    pub(crate) fn of(part: Part) -> Plan {
         Plan {
             parts: vec![part],
             ..Plan::default()
@@ -426,7 +429,8 @@ impl Plan {
     }
 
     /// Tag the plan with its owner (recorded in the journal's `change` record).
-    pub fn owned_by(mut self, owner: impl Into<String>) -> Plan {
+    #[cfg(any(test, feature = "dra"))]
+    pub(crate) fn owned_by(mut self, owner: impl Into<String>) -> Plan {
         self.owner = Some(owner.into());
         self
     }
@@ -438,7 +442,7 @@ impl Plan {
 
     /// Add a part (after the ones already there: parts run in order). Empty parts are
     /// dropped.
-    pub fn push(&mut self, part: Part) -> &mut Plan {
+    pub(crate) fn push(&mut self, part: Part) -> &mut Plan {
         if !part.is_empty() {
             self.parts.push(part);
         }
@@ -446,12 +450,12 @@ impl Plan {
     }
 
     /// Every step, in order.
-    pub fn steps(&self) -> impl Iterator<Item = &Step> {
+    pub(crate) fn steps(&self) -> impl Iterator<Item = &Step> {
         self.parts.iter().flat_map(|p| p.steps.iter())
     }
 
     /// Every object, in order.
-    pub fn objects(&self) -> Vec<Object> {
+    pub(crate) fn objects(&self) -> Vec<Object> {
         self.parts
             .iter()
             .flat_map(|p| p.objects.iter().cloned())
@@ -459,16 +463,16 @@ impl Plan {
     }
 
     /// The plan's writes: the unit of the journal's `step`s and of the failpoints.
-    pub fn write_count(&self) -> usize {
+    pub(crate) fn write_count(&self) -> usize {
         self.steps().filter(|s| s.is_write()).count()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.parts.iter().all(Part::is_empty)
     }
 
     /// The journal's `domain`: the parts' domains, joined with `+` in order.
-    pub fn domain(&self) -> String {
+    pub(crate) fn domain(&self) -> String {
         let mut d: Vec<&str> = Vec::new();
         for p in &self.parts {
             if !d.contains(&p.domain.as_str()) {
@@ -479,7 +483,7 @@ impl Plan {
     }
 
     /// One line for the journal: the parts' `what`s, and the owner.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let w: Vec<&str> = self.parts.iter().map(|p| p.what.as_str()).collect();
         match &self.owner {
             Some(o) => format!("{} (for {o})", w.join(" + ")),
@@ -488,7 +492,7 @@ impl Plan {
     }
 
     /// The steps as `--dry-run` prints them: `plan: WHAT (N writes)`, then numbered steps.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut s = format!(
             "plan: {} ({} writes)\nsteps:\n",
             self.describe(),
@@ -502,7 +506,7 @@ impl Plan {
 
     /// The plan as `--dry-run --json` prints it: the plan, its write count (the numbers the
     /// failpoints take) and `dry_run`.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::json!({ "plan": self, "writes": self.write_count(), "dry_run": true })
     }
 }

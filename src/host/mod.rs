@@ -31,17 +31,17 @@ pub mod logical {
     }
 
     /// An mdev type's `create` on `parent`.
-    pub fn mdev_create_path(parent: &str, ty: &str) -> String {
+    pub(crate) fn mdev_create_path(parent: &str, ty: &str) -> String {
         format!("/sys/class/mdev_bus/{parent}/mdev_supported_types/{ty}/create")
     }
 
     /// An mdev instance's directory.
-    pub fn mdev_instance_path(uuid: &str) -> String {
+    pub(crate) fn mdev_instance_path(uuid: &str) -> String {
         format!("/sys/bus/mdev/devices/{uuid}")
     }
 
     /// A VF's vGPU type (NVIDIA vendor-specific VFIO).
-    pub fn vgpu_type_path(vf: &PciAddress) -> String {
+    pub(crate) fn vgpu_type_path(vf: &PciAddress) -> String {
         format!("/sys/bus/pci/devices/{vf}/nvidia/current_vgpu_type")
     }
 }
@@ -72,26 +72,23 @@ impl HostRoot {
         HostRoot { root: root.into() }
     }
 
-    pub fn root(&self) -> &Path {
+    pub(crate) fn root(&self) -> &Path {
         &self.root
     }
 
     /// `<root>/<rel>`; `rel` is relative (no leading slash).
-    pub fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.root.join(rel.trim_start_matches('/'))
     }
 
-    pub fn sys(&self) -> PathBuf {
+    pub(crate) fn sys(&self) -> PathBuf {
         self.path("sys")
     }
     pub(crate) fn proc_dir(&self) -> PathBuf {
         self.path("proc")
     }
-    pub fn dev(&self) -> PathBuf {
+    pub(crate) fn dev(&self) -> PathBuf {
         self.path("dev")
-    }
-    pub fn etc(&self) -> PathBuf {
-        self.path("etc")
     }
     #[cfg(test)]
     pub(crate) fn sys_bus_pci(&self) -> PathBuf {
@@ -106,7 +103,7 @@ impl HostRoot {
     pub(crate) fn sys_bus_pci_drivers(&self) -> PathBuf {
         self.path("sys/bus/pci/drivers")
     }
-    pub fn iommu_groups(&self) -> PathBuf {
+    pub(crate) fn iommu_groups(&self) -> PathBuf {
         self.path("sys/kernel/iommu_groups")
     }
     pub(crate) fn mdev_bus_class(&self) -> PathBuf {
@@ -181,8 +178,9 @@ impl HostRoot {
     pub(crate) fn dev_dri(&self) -> PathBuf {
         self.path("dev/dri")
     }
-    /// `/dev/kvm`, which `gpupass boot` opens.
-    pub fn dev_kvm(&self) -> PathBuf {
+    /// `/dev/kvm`, which `gpupass boot` opens and a DRA claim with `kvm: true` hands on.
+    #[cfg(any(feature = "vmm", feature = "dra"))]
+    pub(crate) fn dev_kvm(&self) -> PathBuf {
         self.path("dev/kvm")
     }
     pub(crate) fn nvidia_gpus_proc(&self) -> PathBuf {
@@ -203,8 +201,9 @@ impl HostRoot {
     pub(crate) fn cdi_dynamic_dir(&self) -> PathBuf {
         self.path("var/run/cdi")
     }
-    /// `etc/cdi`: CDI's static spec directory.
-    pub fn cdi_static_dir(&self) -> PathBuf {
+    /// `etc/cdi`: CDI's static spec directory (the device plugin looks for specs there too).
+    #[cfg(feature = "deviceplugin")]
+    pub(crate) fn cdi_static_dir(&self) -> PathBuf {
         self.path("etc/cdi")
     }
     /// `var/run/gpupass`: gpupass's own runtime state (e.g. how a CDI spec was generated).
@@ -216,7 +215,8 @@ impl HostRoot {
         self.path("etc/ld.so.cache")
     }
     /// `var/lib/kubelet/device-plugins`: where the kubelet and device plugins put sockets.
-    pub fn kubelet_device_plugins(&self) -> PathBuf {
+    #[cfg(feature = "deviceplugin")]
+    pub(crate) fn kubelet_device_plugins(&self) -> PathBuf {
         self.path("var/lib/kubelet/device-plugins")
     }
     /// `sys/fs/cgroup`: the cgroup hierarchies (v1 controllers in subdirectories, or v2).
@@ -226,10 +226,6 @@ impl HostRoot {
     /// `sys/bus/pci/drivers/<name>` (a loaded PCI driver).
     pub(crate) fn pci_driver(&self, name: &str) -> PathBuf {
         self.sys_bus_pci_drivers().join(name)
-    }
-    /// `sys/bus/pci/drivers_probe`: writing an address asks the bus to probe it.
-    pub fn drivers_probe(&self) -> PathBuf {
-        self.path("sys/bus/pci/drivers_probe")
     }
     /// `run/gpupass`: journal and lock of the commands that change drivers.
     pub(crate) fn run_gpupass(&self) -> PathBuf {
@@ -262,7 +258,7 @@ impl HostRoot {
     }
 
     /// Show a path as the user knows it: relative to the root, with a leading `/`.
-    pub fn display(&self, p: &Path) -> String {
+    pub(crate) fn display(&self, p: &Path) -> String {
         match p.strip_prefix(&self.root) {
             Ok(rel) => format!("/{}", rel.display()),
             Err(_) => p.display().to_string(),
@@ -278,7 +274,7 @@ pub(crate) struct AttrDir {
 }
 
 impl AttrDir {
-    pub fn open(path: &Path) -> io::Result<Self> {
+    pub(crate) fn open(path: &Path) -> io::Result<Self> {
         use rustix::fs::{Mode, OFlags};
         let fd = rustix::fs::open(
             path,
@@ -555,7 +551,7 @@ pub fn keep_empty_dirs(dir: &Path) -> io::Result<()> {
 /// `path`, and the directory is fsynced, so a crash leaves the old file or the new one, never
 /// half of one, and the rename survives a power cut. Directories are created as needed; the
 /// file gets mode 0644. The temporary file is removed when a step fails.
-pub fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, content: &[u8]) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 pub struct Prune(pub u8);
 
 impl Prune {
-    pub fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         self.0 == 0
     }
 }
@@ -111,7 +111,7 @@ pub(crate) struct RealHost {
 }
 
 impl RealHost {
-    pub fn new(root: HostRoot) -> Self {
+    pub(crate) fn new(root: HostRoot) -> Self {
         RealHost {
             root,
             log: Mutex::new(Vec::new()),

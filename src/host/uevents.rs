@@ -107,7 +107,7 @@ pub(crate) struct UeventSocket {
 impl UeventSocket {
     /// Open and bind to the kernel group. Needs no privilege on most kernels; fails inside
     /// network namespaces that do not receive uevents (then there is nothing to watch).
-    pub fn open() -> io::Result<Self> {
+    pub(crate) fn open() -> io::Result<Self> {
         use rustix::net::{netlink, AddressFamily, SocketFlags, SocketType};
         let fd = rustix::net::socket_with(
             AddressFamily::NETLINK,
@@ -122,7 +122,7 @@ impl UeventSocket {
     }
 
     /// The next relevant event, or `None` when `timeout` passes first.
-    pub fn next(&self, timeout: Option<Duration>) -> io::Result<Option<Uevent>> {
+    pub(crate) fn next(&self, timeout: Option<Duration>) -> io::Result<Option<Uevent>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut buf = vec![0u8; 16 * 1024];
         loop {

@@ -50,7 +50,7 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Policy::Legacy => "legacy",
             Policy::Iommufd => "iommufd",
@@ -328,7 +328,7 @@ pub(crate) fn why_not_iommufd(inv: &Inventory, d: &PciDevice) -> String {
 
 /// The node set of one backend for the functions `devs` of group `group`, in order:
 /// legacy `/dev/vfio/vfio` + `/dev/vfio/<group>`, iommufd `/dev/iommu` + each cdev.
-pub fn nodes(backend: Backend, group: u32, devs: &[&PciDevice]) -> Vec<String> {
+pub(crate) fn nodes(backend: Backend, group: u32, devs: &[&PciDevice]) -> Vec<String> {
     node_paths(backend, group, devs.iter().filter_map(|d| d.vfio_cdev.as_deref()))
 }
 
@@ -389,7 +389,7 @@ pub(crate) fn check_one_backend<'a>(
 
 /// Resolve the policy for one function that will be handed over now (CDI, hook, device
 /// plugin): `Ok(None)` when no backend can serve it (the caller says why in its own terms).
-pub fn choose(policy: Policy, d: &PciDevice) -> Option<Backend> {
+pub(crate) fn choose(policy: Policy, d: &PciDevice) -> Option<Backend> {
     let has = |b| d.backends.contains(&b);
     match policy {
         Policy::Legacy => has(Backend::Legacy).then_some(Backend::Legacy),

@@ -33,7 +33,7 @@ pub use parse::{
 };
 #[cfg(test)]
 use platform::*;
-pub use platform::{read_cpu_phys_bits, read_cpu_vendor, read_iommu_addr_bits, read_numa_nodes};
+pub(crate) use platform::{read_cpu_phys_bits, read_cpu_vendor, read_iommu_addr_bits, read_numa_nodes};
 use reader::*;
 
 use crate::host::{self, dir_names, link_name, parse_hex, read_attr, HostRoot};

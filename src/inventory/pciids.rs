@@ -86,7 +86,7 @@ fn find(records: &'static [u8], size: usize, want: u32, key: impl Fn(&[u8]) -> u
 }
 
 /// The vendor's name.
-pub fn vendor(vendor: u16) -> Option<&'static str> {
+pub(crate) fn vendor(vendor: u16) -> Option<&'static str> {
     let t = tables();
     let r = find(t.vendors, VENDOR, vendor as u32, |r| u16_at(r, 0) as u32)?;
     t.name(u32_at(r, 2))
@@ -101,7 +101,7 @@ fn device_record(t: &Tables, vendor: u16, device: u16) -> Option<&'static [u8]> 
 
 /// The device's name, and with `sub` the first of its subsystems with that subvendor and
 /// subdevice.
-pub fn device(
+pub(crate) fn device(
     vendor: u16,
     device: u16,
     sub: Option<(u16, u16)>,
@@ -121,7 +121,7 @@ pub fn device(
 }
 
 /// The name of the subclass, else of the class.
-pub fn class(base: u8, sub: u8) -> Option<&'static str> {
+pub(crate) fn class(base: u8, sub: u8) -> Option<&'static str> {
     let t = tables();
     let want = (base as u32) << 8 | sub as u32;
     find(t.subclasses, SUBCLASS, want, |r| (r[0] as u32) << 8 | r[1] as u32)

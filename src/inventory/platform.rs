@@ -5,7 +5,7 @@ use super::*;
 
 /// The host's NUMA nodes with their CPUs and hugepage pools (`sys/devices/system/node/node<N>`),
 /// by node number.
-pub fn read_numa_nodes(host: &HostRoot) -> Vec<NumaNode> {
+pub(crate) fn read_numa_nodes(host: &HostRoot) -> Vec<NumaNode> {
     let base = host.sys_numa_nodes();
     let mut nodes: Vec<NumaNode> = dir_names(&base)
         .unwrap_or_default()
@@ -47,7 +47,7 @@ pub fn read_numa_nodes(host: &HostRoot) -> Vec<NumaNode> {
 /// The narrowest input address width among the host's IOMMUs (`sys/class/iommu/<unit>`): Intel
 /// VT-d's MGAW (capability register bits 21:16, plus one) and AMD-Vi's HATS (extended feature
 /// register bits 11:10: 4, 5 or 6 page-table levels, 48, 57 or 64 bits).
-pub fn read_iommu_addr_bits(host: &HostRoot) -> Option<u8> {
+pub(crate) fn read_iommu_addr_bits(host: &HostRoot) -> Option<u8> {
     let base = host.sys_class("iommu");
     dir_names(&base)
         .unwrap_or_default()
@@ -81,13 +81,13 @@ pub(super) fn amd_hats(features: &str) -> Option<u8> {
 
 /// The CPU's physical address width from `proc/cpuinfo` ("address sizes : 46 bits physical,
 /// 48 bits virtual"), the first CPU's line.
-pub fn read_cpu_phys_bits(host: &HostRoot) -> Option<u8> {
+pub(crate) fn read_cpu_phys_bits(host: &HostRoot) -> Option<u8> {
     let text = crate::host::read_bounded(&host.proc_cpuinfo(), 1 << 20).ok()?;
     parse_phys_bits(&text)
 }
 
 /// The CPU's vendor from `proc/cpuinfo` ("vendor_id : AuthenticAMD"), the first CPU's line.
-pub fn read_cpu_vendor(host: &HostRoot) -> Option<String> {
+pub(crate) fn read_cpu_vendor(host: &HostRoot) -> Option<String> {
     let text = crate::host::read_bounded(&host.proc_cpuinfo(), 1 << 20).ok()?;
     parse_vendor(&text)
 }

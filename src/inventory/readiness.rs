@@ -16,14 +16,14 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     Pass,
     Warn,
     Fail,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckItem {
+pub(crate) struct CheckItem {
     pub name: String,
     pub status: Status,
     pub detail: String,
@@ -32,7 +32,7 @@ pub struct CheckItem {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     pub items: Vec<CheckItem>,
     /// False when passthrough cannot work (any `fail`).
     pub ready: bool,

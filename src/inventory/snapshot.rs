@@ -43,7 +43,7 @@ const LINK_NAMES: &[&str] = &["driver", "iommu_group", "physfn", "mdev_type"];
 const FILE_LIMIT: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
+pub(crate) enum SnapshotError {
     #[error("snapshot target {} exists and is not empty; choose a new directory", .path.display())]
     NotEmpty { path: PathBuf },
     #[error("cannot write snapshot at {}", .path.display())]
@@ -211,12 +211,12 @@ impl Copier<'_> {
 use crate::model::is_uuid;
 
 /// Summary of what was written.
-pub struct SnapshotReport {
+pub(crate) struct SnapshotReport {
     pub devices: usize,
     pub files: usize,
 }
 
-pub fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotError> {
+pub(crate) fn snapshot(src: &HostRoot, out: &Path) -> Result<SnapshotReport, SnapshotError> {
     if out.exists() && fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         return Err(SnapshotError::NotEmpty {
             path: out.to_path_buf(),

@@ -26,7 +26,7 @@ use crate::model::{ErrorChain, Inventory, PciAddress};
 
 /// What a subcommand did: its plan only (`--dry-run`), or what it changed.
 #[derive(Debug)]
-pub enum Done<T> {
+pub(crate) enum Done<T> {
     DryRun(MdevPlan),
     Applied(T),
 }
@@ -111,7 +111,7 @@ pub(crate) fn read_defs(host: &HostRoot) -> Vec<Definition> {
 
 /// `mdev create`'s request.
 #[derive(Debug, Clone)]
-pub struct CreateRequest {
+pub(crate) struct CreateRequest {
     pub parent: String,
     pub ty: String,
     pub uuid: Option<MdevUuid>,
@@ -121,7 +121,7 @@ pub struct CreateRequest {
 
 /// What `mdev create` made.
 #[derive(Debug, Clone)]
-pub struct Created {
+pub(crate) struct Created {
     /// UUIDs, or VF addresses for NVIDIA vGPU.
     pub made: Vec<String>,
     pub parent: Parent,
@@ -130,7 +130,7 @@ pub struct Created {
 }
 
 /// `gpupass mdev create`.
-pub fn create(
+pub(crate) fn create(
     ops: &dyn HostOps,
     req: &CreateRequest,
     dry_run: bool,
@@ -181,14 +181,14 @@ pub fn create(
 
 /// What `mdev remove` removed: the instance as named (UUID or VF address) and its parent.
 #[derive(Debug, Clone)]
-pub struct Removed {
+pub(crate) struct Removed {
     pub name: String,
     pub parent: String,
 }
 
 /// `gpupass mdev remove`: an mdev by UUID, or an NVIDIA vGPU VF's type; refused while a
 /// process holds its VFIO node open.
-pub fn remove(
+pub(crate) fn remove(
     ops: &dyn HostOps,
     instance: &InstanceRef,
     dry_run: bool,
@@ -224,7 +224,7 @@ pub fn remove(
 
 /// `mdev define`'s request.
 #[derive(Debug, Clone)]
-pub struct DefineRequest {
+pub(crate) struct DefineRequest {
     pub parent: Option<String>,
     pub ty: Option<String>,
     pub uuid: Option<MdevUuid>,
@@ -235,7 +235,11 @@ pub struct DefineRequest {
 
 /// `gpupass mdev define`: a definition in mdevctl's format; with only a UUID, the parent and
 /// type of that active instance.
-pub fn define(ops: &dyn HostOps, req: DefineRequest, dry_run: bool) -> Result<Done<Definition>, MdevError> {
+pub(crate) fn define(
+    ops: &dyn HostOps,
+    req: DefineRequest,
+    dry_run: bool,
+) -> Result<Done<Definition>, MdevError> {
     let host = ops.root();
     let scope = match (&req.parent, &req.ty) {
         (Some(p), Some(t)) => MdevScope::Type(p, t),
@@ -325,7 +329,7 @@ pub fn define(ops: &dyn HostOps, req: DefineRequest, dry_run: bool) -> Result<Do
 }
 
 /// `gpupass mdev undefine`: the definition's file removed (an active instance keeps running).
-pub fn undefine(
+pub(crate) fn undefine(
     ops: &dyn HostOps,
     uuid: &MdevUuid,
     parent: Option<&str>,
@@ -346,7 +350,7 @@ pub fn undefine(
 /// What `mdev start` did (or, for a dry run, would do): each definition started, or failed
 /// with why (`--auto-all` goes on past a failure).
 #[derive(Debug, Default)]
-pub struct Started {
+pub(crate) struct Started {
     /// Dry run: one plan per definition (each is applied, and fails, on its own).
     pub plans: Vec<MdevPlan>,
     pub started: Vec<Definition>,
@@ -357,7 +361,7 @@ pub struct Started {
 
 /// `gpupass mdev start`: a defined instance, or with `auto_all` every `auto` definition whose
 /// parent is present and that is not running.
-pub fn start(
+pub(crate) fn start(
     ops: &dyn HostOps,
     uuid: Option<&MdevUuid>,
     parent: Option<&str>,
@@ -432,7 +436,7 @@ pub fn start(
 }
 
 /// `gpupass mdev stop`: an active instance removed, its definition kept; returns its parent.
-pub fn stop(
+pub(crate) fn stop(
     ops: &dyn HostOps,
     uuid: &MdevUuid,
     dry_run: bool,

@@ -223,7 +223,7 @@ pub(crate) fn read_all(host: &HostRoot) -> (Vec<Definition>, Vec<String>) {
 }
 
 /// The definition(s) of one UUID (a UUID may be defined under several parents).
-pub fn find<'a>(
+pub(crate) fn find<'a>(
     defs: &'a [Definition],
     uuid: &MdevUuid,
     parent: Option<&str>,

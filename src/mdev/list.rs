@@ -12,7 +12,7 @@ use std::fmt::Write;
 
 /// One active instance: an mdev (by UUID) or an NVIDIA vGPU VF (by PCI address).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Active {
+pub(crate) struct Active {
     /// The UUID, or for NVIDIA vendor-VFIO vGPU the VF's PCI address.
     pub instance: String,
     pub kind: ParentKind,
@@ -32,7 +32,7 @@ pub struct Active {
 
 /// One definition, with whether it is running and whether its parent is here.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Defined {
+pub(crate) struct Defined {
     #[serde(flatten)]
     pub def: Definition,
     pub active: bool,
@@ -40,14 +40,14 @@ pub struct Defined {
 }
 
 /// Inputs that come from the host besides the inventory.
-pub struct HostFacts<'a> {
+pub(crate) struct HostFacts<'a> {
     pub root: &'a HostRoot,
     pub open: &'a OpenNodes,
     pub defs: &'a [Definition],
 }
 
 /// Active instances, mdevs first (by parent, UUID), then vGPU VFs (by address).
-pub fn active(inv: &Inventory, f: &HostFacts) -> Vec<Active> {
+pub(crate) fn active(inv: &Inventory, f: &HostFacts) -> Vec<Active> {
     let node = |g: Option<u32>| g.map(|g| f.root.display(&f.root.dev_vfio().join(g.to_string())));
     let mut out = Vec::new();
     let mut mdevs: Vec<_> = inv.mdevs.iter().collect();
@@ -124,7 +124,11 @@ pub fn active(inv: &Inventory, f: &HostFacts) -> Vec<Active> {
 }
 
 /// Definitions with their live state.
-pub fn defined(inv: &Inventory, parents: &[super::types::Parent], defs: &[Definition]) -> Vec<Defined> {
+pub(crate) fn defined(
+    inv: &Inventory,
+    parents: &[super::types::Parent],
+    defs: &[Definition],
+) -> Vec<Defined> {
     defs.iter()
         .map(|d| Defined {
             def: d.clone(),

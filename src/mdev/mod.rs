@@ -215,7 +215,7 @@ impl MdevUuid {
         let u = uuid::Builder::from_random_bytes(b).into_uuid();
         Ok(MdevUuid(u.hyphenated().to_string()))
     }
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -281,13 +281,13 @@ pub(crate) fn closest<'a>(input: &str, candidates: impl IntoIterator<Item = &'a 
 /// host path. Processes whose `fd` directory cannot be read (not root) are counted in
 /// `unreadable`.
 #[derive(Debug, Default, Clone)]
-pub struct OpenNodes {
+pub(crate) struct OpenNodes {
     pub holders: Vec<Holder>,
     pub unreadable: usize,
 }
 
 impl OpenNodes {
-    pub fn scan(host: &HostRoot) -> Self {
+    pub(crate) fn scan(host: &HostRoot) -> Self {
         let prefix = format!("{}/", host.display(&host.dev_vfio()));
         let (files, unreadable) = crate::host::open_files(host, &|t: &str| t.starts_with(&prefix));
         let mut out = OpenNodes {
@@ -307,7 +307,7 @@ impl OpenNodes {
     }
 
     /// Holders of one node (`/dev/vfio/12`).
-    pub fn of(&self, node: &str) -> Vec<Holder> {
+    pub(crate) fn of(&self, node: &str) -> Vec<Holder> {
         self.holders.iter().filter(|h| h.node == node).cloned().collect()
     }
 }

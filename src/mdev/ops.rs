@@ -15,7 +15,7 @@ use crate::host::HostRoot;
 use crate::model::{Inventory, PciAddress};
 
 /// The created instances: UUIDs, or VF addresses for NVIDIA vGPU.
-pub type Created = Vec<String>;
+pub(crate) type Created = Vec<String>;
 
 /// The plan of `mdev create` (and `start`): `count` instances of `ty` on `parent` (UUIDs
 /// given or generated for mdev; free VFs for NVIDIA vGPU), then `attrs` in order on each mdev;

@@ -13,12 +13,11 @@
 use super::MdevError;
 use crate::change::engine::{Cause, Failure};
 use crate::change::{ChangeError, Part, Role, Step};
-use crate::host::ops::HostOps;
 use crate::host::HostRoot;
 
 /// One object an mdev plan changes, with its state before and after.
 pub use crate::change::Object as Change;
-pub use crate::change::{
+pub(crate) use crate::change::{
     mdev_create_path as create_path, mdev_instance_path as instance_path, vgpu_type_path,
 };
 /// An mdev plan: the engine's plan, of one part of domain `mdev`.
@@ -105,13 +104,13 @@ pub(crate) fn steps_for(c: &Change) -> Vec<Step> {
 }
 
 /// `mdev create of 2f3e... (mbochs-small on mbochs)`: the part's `what`.
-pub fn describe(action: &str, changes: &[Change]) -> String {
+pub(crate) fn describe(action: &str, changes: &[Change]) -> String {
     let what: Vec<String> = changes.iter().map(Change::label).collect();
     format!("{action} of {}", what.join(", "))
 }
 
 /// The part of `changes`, in order.
-pub fn part(action: &str, changes: Vec<Change>) -> Part {
+pub(crate) fn part(action: &str, changes: Vec<Change>) -> Part {
     let mut p = Part::new(DOMAIN, describe(action, &changes));
     p.steps = changes.iter().flat_map(steps_for).collect();
     p.objects = changes;
@@ -119,14 +118,15 @@ pub fn part(action: &str, changes: Vec<Change>) -> Part {
 }
 
 /// A plan of `changes`, in order.
-pub fn plan(action: &str, changes: Vec<Change>) -> MdevPlan {
+pub(crate) fn plan(action: &str, changes: Vec<Change>) -> MdevPlan {
     MdevPlan::of(part(action, changes))
 }
 
 /// Run a plan through the change engine (lock, journal, writes, checks, commit; rollback on
 /// a failure), with the engine's errors in mdev's words: [`execute_in`] after taking the lock.
 /// For a plan made before the lock (the commands take it before they read: [`super::apply`]).
-pub fn execute(ops: &dyn HostOps, plan: &MdevPlan) -> Result<(), MdevError> {
+#[cfg(test)]
+pub(crate) fn execute(ops: &dyn crate::host::ops::HostOps, plan: &MdevPlan) -> Result<(), MdevError> {
     let mut session = crate::change::Session::lock(ops, crate::change::journal::lock_timeout())
         .map_err(|e| mdev_error(ops.root(), plan, e))?;
     execute_in(&mut session, plan)

@@ -14,7 +14,7 @@ use std::fmt::Write;
 /// How instances of a parent are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ParentKind {
+pub(crate) enum ParentKind {
     /// The mdev bus: write a UUID to `mdev_supported_types/<type>/create`.
     Mdev,
     /// NVIDIA vendor-VFIO vGPU: write a type id to `<VF>/nvidia/current_vgpu_type`.
@@ -23,7 +23,7 @@ pub enum ParentKind {
 
 /// One type as offered by a parent.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TypeInfo {
+pub(crate) struct TypeInfo {
     #[serde(flatten)]
     pub t: MdevType,
     /// NVIDIA vGPU: the VFs that can take this type now (no type set, type creatable).
@@ -33,7 +33,7 @@ pub struct TypeInfo {
 
 /// A parent and its types.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Parent {
+pub(crate) struct Parent {
     /// The parent's name: a PCI address (`0000:3b:00.0`) or a virtual device (`mbochs`).
     pub name: String,
     pub kind: ParentKind,
@@ -66,7 +66,7 @@ fn vgpu_type_order(id: &str) -> (u64, String) {
 
 /// Every parent on the host, PCI parents in address order, then virtual ones by name, then
 /// NVIDIA vGPU PFs.
-pub fn parents(inv: &Inventory) -> Vec<Parent> {
+pub(crate) fn parents(inv: &Inventory) -> Vec<Parent> {
     let mut out = Vec::new();
     let mut pci: Vec<_> = inv.devices.iter().filter(|d| !d.mdev_types.is_empty()).collect();
     pci.sort_by_key(|d| d.address);
@@ -154,7 +154,7 @@ pub(crate) fn vgpu_type_name(inv: &Inventory, pf: Option<PciAddress>, id: &str) 
 
 /// Find the parent the user named: a parent name, or a PCI address in full or short form.
 /// A VF address of an NVIDIA vGPU GPU names that one VF.
-pub fn resolve(inv: &Inventory, parents: &[Parent], input: &str) -> Result<Parent, MdevError> {
+pub(crate) fn resolve(inv: &Inventory, parents: &[Parent], input: &str) -> Result<Parent, MdevError> {
     if let Ok(a) = input.parse::<PciAddress>() {
         if let Some(p) = parents.iter().find(|p| p.pci == Some(a)) {
             return Ok(p.clone());
@@ -182,7 +182,7 @@ pub fn resolve(inv: &Inventory, parents: &[Parent], input: &str) -> Result<Paren
 }
 
 /// `gpupass mdev types` as text: per parent, per type, the facts mdevctl prints.
-pub fn render(parents: &[Parent]) -> String {
+pub(crate) fn render(parents: &[Parent]) -> String {
     if parents.is_empty() {
         return "no mdev parents on this host (nothing in /sys/class/mdev_bus, no NVIDIA vGPU VFs)\n".into();
     }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 /// What `gpupass kubevirt` asks for, beside the devices (the [`Selection`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KubevirtRequest {
+pub(crate) struct KubevirtRequest {
     /// `--backend`.
     pub backend: Policy,
     /// `--external-provider`: another device plugin announces the resources.
@@ -34,7 +34,7 @@ pub struct KubevirtRequest {
 
 /// What the renderers take: the permitted devices, who provides them, the backend, the notes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubevirtPlan {
+pub(crate) struct KubevirtPlan {
     pub permitted: Permitted,
     pub external: bool,
     /// The PCI functions use iommufd (the `IOMMUFD` gate is set).
@@ -44,7 +44,7 @@ pub struct KubevirtPlan {
 
 /// What the plan decided, said on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KubevirtNote {
+pub(crate) enum KubevirtNote {
     /// iommufd for the PCI functions, while the mdevs stay on the group and container.
     MdevsStayLegacy,
 }
@@ -61,7 +61,7 @@ impl std::fmt::Display for KubevirtNote {
 
 /// Why a KubeVirt configuration cannot work.
 #[derive(Debug, thiserror::Error)]
-pub enum KubevirtRefusal {
+pub(crate) enum KubevirtRefusal {
     /// iommufd without an external provider (a usage error: exit status 2).
     #[error("--backend iommufd needs --external-provider: KubeVirt's own PCI device plugin hands out the group node (legacy); iommufd needs a device plugin that hands out /dev/vfio/devices/vfioN and /dev/iommu (gpupass device-plugin --backend iommufd)")]
     IommufdNeedsExternal,
@@ -72,7 +72,7 @@ pub enum KubevirtRefusal {
 /// The request alone, devices aside: iommufd needs an external provider, and the policy must
 /// be possible on this kernel at all (the command checks it before it reads its arguments'
 /// devices; [`plan`] checks it again).
-pub fn check(inv: &Inventory, req: KubevirtRequest) -> Result<(), KubevirtRefusal> {
+pub(crate) fn check(inv: &Inventory, req: KubevirtRequest) -> Result<(), KubevirtRefusal> {
     if req.backend == Policy::Iommufd && !req.external_provider {
         return Err(KubevirtRefusal::IommufdNeedsExternal);
     }
@@ -83,7 +83,11 @@ pub fn check(inv: &Inventory, req: KubevirtRequest) -> Result<(), KubevirtRefusa
 /// The plan of `gpupass kubevirt`, pure over the inventory and the selection: the permitted
 /// entries, and the backend. Without an external provider KubeVirt's own plugin hands out the
 /// group, so `auto` is legacy there; `iommufd` then is refused.
-pub fn plan(inv: &Inventory, sel: &Selection, req: KubevirtRequest) -> Result<KubevirtPlan, KubevirtRefusal> {
+pub(crate) fn plan(
+    inv: &Inventory,
+    sel: &Selection,
+    req: KubevirtRequest,
+) -> Result<KubevirtPlan, KubevirtRefusal> {
     check(inv, req)?;
     let addrs: Vec<_> = sel.functions().map(|f| f.device.address).collect();
     let policy = if req.external_provider {
@@ -106,7 +110,7 @@ pub fn plan(inv: &Inventory, sel: &Selection, req: KubevirtRequest) -> Result<Ku
 
 /// One `pciHostDevices` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PciEntry {
+pub(crate) struct PciEntry {
     /// `10DE:2684`
     pub selector: String,
     pub resource_name: String,
@@ -118,7 +122,7 @@ pub struct PciEntry {
 
 /// One `mediatedDevices` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MdevEntry {
+pub(crate) struct MdevEntry {
     /// The mdev type's `name`, e.g. `GRID T4-1B`.
     pub selector: String,
     pub resource_name: String,
@@ -127,12 +131,12 @@ pub struct MdevEntry {
 
 /// The permitted devices for a selection, one entry per distinct vendor:device or mdev type.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Permitted {
+pub(crate) struct Permitted {
     pub pci: Vec<PciEntry>,
     pub mdev: Vec<MdevEntry>,
 }
 
-pub fn permitted(sel: &Selection) -> Permitted {
+pub(crate) fn permitted(sel: &Selection) -> Permitted {
     let mut p = Permitted::default();
     for f in sel.functions() {
         let d = &f.device;
@@ -216,7 +220,7 @@ fn q(s: &str) -> String {
 }
 
 /// YAML form: the same merge patch, with comments on how to apply it and use it in a VM.
-pub fn yaml(plan: &KubevirtPlan) -> String {
+pub(crate) fn yaml(plan: &KubevirtPlan) -> String {
     let (p, external, iommufd) = (&plan.permitted, plan.external, plan.iommufd);
     let mut y = String::new();
     y.push_str("# KubeVirt permittedHostDevices (gpupass kubevirt)\n");

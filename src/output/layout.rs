@@ -90,7 +90,7 @@ pub(crate) fn bars64(sel: &Selection) -> (u64, usize) {
 
 /// The window for `sel` under `mode`; `None` when nothing is to be set (no 64-bit BARs under
 /// `auto`, or `off`).
-pub fn mmio64(sel: &Selection, mode: Hole64) -> Option<Mmio64> {
+pub(crate) fn mmio64(sel: &Selection, mode: Hole64) -> Option<Mmio64> {
     let (bars, count) = bars64(sel);
     let window = match mode {
         Hole64::Off => return None,
@@ -174,7 +174,7 @@ pub struct Placement {
 
 impl Placement {
     /// The physical address bits the window's end needs: the least `b` with `end <= 2^b`.
-    pub fn bits(&self) -> u32 {
+    pub(crate) fn bits(&self) -> u32 {
         bits_for(self.end)
     }
 }
@@ -202,7 +202,13 @@ pub(crate) fn bits_for(end: u64) -> u32 {
 ///   sum rounded up to the largest.
 ///
 /// `amd`: the guest CPU is AMD's, whose RAM QEMU may move to 1 TiB first ([`qemu_ram_top`]).
-pub fn place(fw: GuestFirmware, ram: Option<u64>, window: u64, slots: &[(u64, u64)], amd: bool) -> Placement {
+pub(crate) fn place(
+    fw: GuestFirmware,
+    ram: Option<u64>,
+    window: u64,
+    slots: &[(u64, u64)],
+    amd: bool,
+) -> Placement {
     let (ram_top, relocated) = qemu_ram_top(ram, window, amd);
     match fw {
         GuestFirmware::Ovmf => {
@@ -362,7 +368,7 @@ pub struct Widths {
 
 impl Widths {
     /// The guest CPU's width: the host CPU's, or less with `--phys-bits`.
-    pub fn guest(&self) -> Option<(u32, WidthSource)> {
+    pub(crate) fn guest(&self) -> Option<(u32, WidthSource)> {
         match (self.cpu, self.phys_bits) {
             (Some(c), Some(p)) if p < c => Some((p, WidthSource::PhysBits)),
             (Some(c), _) => Some((c, WidthSource::Cpu)),
@@ -440,7 +446,8 @@ pub struct WindowRefusal {
 
 impl WindowRefusal {
     /// The docs/errors.md row.
-    pub fn code(&self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn code(&self) -> &'static str {
         match self.source {
             WidthSource::Iommu => "E-OUT-19",
             WidthSource::Cpu | WidthSource::PhysBits => "E-OUT-15",
@@ -615,7 +622,7 @@ pub(crate) fn p2p_cliques(
 
 /// Where the selection's PCI functions sit on the host's NUMA nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NumaPlacement {
+pub(crate) enum NumaPlacement {
     /// No function reports a node (a single-node host, or mdevs only).
     Unknown,
     /// Every function that reports a node is on this one; its CPUs (`local_cpulist`).
@@ -625,7 +632,7 @@ pub enum NumaPlacement {
 }
 
 /// The NUMA placement of `sel` (pure: the inventory's `numa_node` and `local_cpulist`).
-pub fn numa(sel: &Selection) -> NumaPlacement {
+pub(crate) fn numa(sel: &Selection) -> NumaPlacement {
     let mut nodes: Vec<i32> = sel
         .functions()
         .filter_map(|f| f.device.numa_node)
@@ -649,7 +656,7 @@ pub fn numa(sel: &Selection) -> NumaPlacement {
 
 /// Where the guest goes on the host's NUMA nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GuestNuma {
+pub(crate) enum GuestNuma {
     /// No placement (`--numa off`, or no device reports a node).
     Free,
     /// Every device on one node: vCPUs on its CPUs (when known), memory bound to it.
@@ -660,7 +667,7 @@ pub enum GuestNuma {
 
 impl GuestNuma {
     /// Where guest RAM comes from, for the hugepage check: (host node, KiB) per share.
-    pub fn demand(&self, memory_kib: u64) -> Vec<(Option<i32>, u64)> {
+    pub(crate) fn demand(&self, memory_kib: u64) -> Vec<(Option<i32>, u64)> {
         match self {
             GuestNuma::Pinned { node, .. } => vec![(Some(*node), memory_kib)],
             GuestNuma::Expanders(x) if !x.cells.is_empty() => x
@@ -697,7 +704,7 @@ impl HugePages {
         }
     }
     /// `2M` / `1G`, as the option is written.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             HugePages::Off => "off",
             HugePages::Mib2 => "2M",
@@ -709,7 +716,7 @@ impl HugePages {
 /// One guest NUMA node mirroring a host node: its vCPUs, its share of RAM, and the host CPUs
 /// and node they are bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cell {
+pub(crate) struct Cell {
     pub host_node: i32,
     /// The host node's CPUs (`cpulist` of the node, else a device's `local_cpulist`).
     pub host_cpus: Option<String>,
@@ -733,7 +740,7 @@ impl Cell {
 /// per host node, each device behind a root port on the bus of its node (KubeVirt VEP 115's
 /// `PCINUMAAwareTopology`; NVIDIA's VM guide asks for NUMA-local GPUs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expanders {
+pub(crate) struct Expanders {
     /// Host nodes in ascending order, one expander each.
     pub nodes: Vec<i32>,
     /// Guest cells, one per node, when the guest's vCPUs and RAM are known (`xml domain`;
@@ -774,7 +781,7 @@ pub(crate) fn node_cpus(sel: &Selection, inv: &crate::model::Inventory, node: i3
 /// the guest cells: vCPUs split as evenly as they go (the first cells get the remainder), RAM
 /// in equal shares of whole pages (the last cell gets the rest). Errs when there are fewer
 /// vCPUs than nodes.
-pub fn expanders(
+pub(crate) fn expanders(
     sel: &Selection,
     inv: &crate::model::Inventory,
     nodes: &[i32],

@@ -72,7 +72,7 @@ impl LibvirtVersion {
     pub(crate) const FALLBACK: LibvirtVersion = LibvirtVersion { major: 9, minor: 0 };
 
     /// What this target can express with iommufd.
-    pub fn iommufd(self) -> IommufdXml {
+    pub(crate) fn iommufd(self) -> IommufdXml {
         IommufdXml {
             per_hostdev: self >= Self::HOSTDEV_IOMMUFD,
             domain_wide: self >= Self::DOMAIN_IOMMUFD,
@@ -121,7 +121,7 @@ impl std::str::FromStr for LibvirtVersion {
 
 /// The iommufd elements a target libvirt accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IommufdXml {
+pub(crate) struct IommufdXml {
     /// `<driver name='vfio' iommufd='yes'/>` on each PCI hostdev (12.1+).
     pub per_hostdev: bool,
     /// `<iommufd enabled='yes'/>` in the domain (12.2+).
@@ -130,7 +130,7 @@ pub struct IommufdXml {
 
 /// Options of a `<hostdev>` element.
 #[derive(Debug, Clone, Default)]
-pub struct HostdevOptions {
+pub(crate) struct HostdevOptions {
     /// `managed='yes'`: libvirt binds the functions to vfio-pci at VM start.
     pub managed: bool,
     /// `<rom bar='on|off'/>` on the functions the user named.
@@ -335,7 +335,7 @@ pub(crate) fn check_display(sel: &Selection, opts: &HostdevOptions) -> Result<Ve
 /// With `guest` (only for a selection that fills one guest slot), the devices get that guest
 /// address: a multifunction slot group starts at function 0 and its siblings share the slot.
 /// Without it libvirt picks guest addresses (and may split a multifunction card across slots).
-pub fn hostdevs(
+pub(crate) fn hostdevs(
     sel: &Selection,
     opts: &HostdevOptions,
     guest: Option<PciAddress>,
@@ -412,7 +412,7 @@ pub fn hostdevs(
 
 /// Guest firmware of a rendered domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Firmware {
+pub(crate) enum Firmware {
     /// `<os firmware='efi'>`: OVMF, which sizes the 64-bit MMIO window for large GPU BARs
     /// and gives modern GPUs their UEFI GOP console.
     Efi,
@@ -422,7 +422,7 @@ pub enum Firmware {
 
 /// A complete domain for `gpupass xml domain`.
 #[derive(Debug, Clone)]
-pub struct DomainSpec {
+pub(crate) struct DomainSpec {
     pub name: String,
     pub memory_kib: u64,
     pub vcpus: u32,
@@ -517,7 +517,7 @@ fn empty(w: &mut W, name: &str, attrs: &[(&str, &str)]) -> io::Result<()> {
 
 /// A q35/KVM domain with one `pcie-root-port` per guest slot (controller index 1, 2, ...)
 /// and each hostdev placed on its root port's bus, slot 0.
-pub fn domain(sel: &Selection, spec: &DomainSpec, plan: &VmPlan) -> Result<String, LibvirtError> {
+pub(crate) fn domain(sel: &Selection, spec: &DomainSpec, plan: &VmPlan) -> Result<String, LibvirtError> {
     let lay = FromPlan::new(spec, plan);
     let mut w = new_writer();
     w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;

@@ -17,7 +17,7 @@ pub use crate::output::layout::Refusal;
 
 /// `--numa`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NumaMode {
+pub(crate) enum NumaMode {
     /// Place by the devices' nodes: one node pinned, several mirrored by expanders.
     Auto,
     /// As `Auto`, and devices on several nodes are refused (E-OUT-16).
@@ -29,14 +29,14 @@ pub enum NumaMode {
 /// Who renders the plan: the notes differ (libvirt owns the process and its limits; QEMU's
 /// arguments do not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renderer {
+pub(crate) enum Renderer {
     Libvirt,
     Qemu,
 }
 
 /// What a VM-output command asks for, beside the devices (the [`Selection`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmRequest {
+pub(crate) struct VmRequest {
     pub renderer: Renderer,
     /// Guest RAM in KiB; `None`: the VMM's default (`qemu-args` without `--memory`).
     pub memory_kib: Option<u64>,
@@ -67,7 +67,7 @@ pub struct GuestCpu {
 
 impl GuestCpu {
     /// The `-cpu` value.
-    pub fn value(&self) -> String {
+    pub(crate) fn value(&self) -> String {
         let mut v = format!("{},host-phys-bits=on", self.model);
         if let Some(n) = self.limit {
             v.push_str(&format!(",host-phys-bits-limit={n}"));
@@ -78,7 +78,7 @@ impl GuestCpu {
 
 /// What the plan decided, to be said on stderr (`note: ...`), in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Note {
+pub(crate) enum Note {
     /// libvirt: what the VM locks, and whether `<memtune>` is set to it.
     Memlock { bytes: u64, viommu: bool, memtune: bool },
     /// The window's size and where the firmware puts it.
@@ -102,7 +102,7 @@ pub enum Note {
 
 /// The plan the renderers take.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmPlan {
+pub(crate) struct VmPlan {
     /// The 64-bit window to set (`None`: none, `--pci-hole64 off` or no 64-bit BARs).
     pub mmio: Option<Mmio64>,
     /// Where the firmware places it, checked against `widths`.
@@ -181,7 +181,7 @@ pub(crate) fn numa_plan(
 }
 
 /// The plan for `sel` on `inv` as `req` asks (pure: the inventory and the selection only).
-pub fn plan(inv: &Inventory, sel: &Selection, req: &VmRequest) -> Result<VmPlan, Refusal> {
+pub(crate) fn plan(inv: &Inventory, sel: &Selection, req: &VmRequest) -> Result<VmPlan, Refusal> {
     let widths = Widths {
         cpu: inv.cpu_phys_bits.map(u32::from),
         iommu: inv.iommu_addr_bits.map(u32::from),

@@ -113,7 +113,7 @@ impl std::str::FromStr for QemuVersion {
 
 /// Options for `gpupass qemu-args`.
 #[derive(Debug, Clone)]
-pub struct QemuOptions {
+pub(crate) struct QemuOptions {
     /// `rombar=1|0` on the functions the user named.
     pub rom_bar: Option<bool>,
     /// `romfile=PATH` on the functions the user named.
@@ -145,7 +145,7 @@ pub(crate) fn pxb_bus_nr(i: usize) -> usize {
 /// Descriptors opened by a privileged parent for QEMU to inherit: `/dev/iommu` and one cdev
 /// per PCI function.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassedFds {
+pub(crate) struct PassedFds {
     pub iommufd: i32,
     pub devices: Vec<(crate::model::PciAddress, i32)>,
 }
@@ -196,7 +196,7 @@ struct FromPlan<'a> {
 /// The argument vector for `sel` under `plan` (the window, the guest's address bits, NUMA,
 /// memory, hugepages, cliques): `["-device", "pcie-root-port,...", "-device", "vfio-pci,...",
 /// ...]`.
-pub fn args(sel: &Selection, opts: &QemuOptions, plan: &VmPlan) -> Result<Vec<String>, QemuError> {
+pub(crate) fn args(sel: &Selection, opts: &QemuOptions, plan: &VmPlan) -> Result<Vec<String>, QemuError> {
     let lay = FromPlan {
         hole64: plan.mmio,
         cliques: &plan.cliques,
@@ -430,7 +430,7 @@ pub(crate) fn shell_quote(s: &str) -> String {
 }
 
 /// Text form: one `-device VALUE` per line, values shell-quoted where needed.
-pub fn text(args: &[String]) -> String {
+pub(crate) fn text(args: &[String]) -> String {
     let mut s = String::new();
     for pair in args.chunks(2) {
         let line: Vec<String> = pair.iter().map(|a| shell_quote(a)).collect();

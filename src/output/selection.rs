@@ -85,7 +85,7 @@ pub(crate) struct SelectOptions {
 
 /// One PCI function going to the guest.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SelectedFunction {
+pub(crate) struct SelectedFunction {
     pub device: PciDevice,
     /// Named on the command line (not only pulled in as a group companion). Per-device
     /// options such as `--rom-file` apply to these.
@@ -97,7 +97,7 @@ pub struct SelectedFunction {
 
 /// Functions of one host slot: one guest slot, multifunction when more than one.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SlotGroup {
+pub(crate) struct SlotGroup {
     /// Sorted by host function number.
     pub functions: Vec<SelectedFunction>,
 }
@@ -108,14 +108,14 @@ impl SlotGroup {
     }
 
     /// Host address of the first function.
-    pub fn first(&self) -> PciAddress {
+    pub(crate) fn first(&self) -> PciAddress {
         self.functions[0].device.address
     }
 }
 
 /// One mdev instance going to the guest.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SelectedMdev {
+pub(crate) struct SelectedMdev {
     pub instance: MdevInstance,
     /// The type as the parent advertises it (name, device_api), when the inventory has it.
     pub mdev_type: Option<MdevType>,
@@ -137,7 +137,7 @@ impl SelectedMdev {
     }
 
     /// The type's `name` (what KubeVirt's `mdevNameSelector` matches), else its id.
-    pub fn type_name(&self) -> Option<&str> {
+    pub(crate) fn type_name(&self) -> Option<&str> {
         self.mdev_type
             .as_ref()
             .and_then(|t| t.name.as_deref())
@@ -147,14 +147,14 @@ impl SelectedMdev {
 
 /// One guest slot's worth of devices, in the order first named on the command line.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Target {
+pub(crate) enum Target {
     Slot(SlotGroup),
     Mdev(Box<SelectedMdev>),
 }
 
 /// The resolved device list every VM renderer works from.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Selection {
+pub(crate) struct Selection {
     pub targets: Vec<Target>,
     /// Things the user should know (companions added, groups left partly on the host):
     /// printed to stderr, never into the rendered output.
@@ -162,14 +162,14 @@ pub struct Selection {
 }
 
 impl Selection {
-    pub fn slots(&self) -> impl Iterator<Item = &SlotGroup> {
+    pub(crate) fn slots(&self) -> impl Iterator<Item = &SlotGroup> {
         self.targets.iter().filter_map(|t| match t {
             Target::Slot(s) => Some(s),
             Target::Mdev(_) => None,
         })
     }
 
-    pub fn mdevs(&self) -> impl Iterator<Item = &SelectedMdev> {
+    pub(crate) fn mdevs(&self) -> impl Iterator<Item = &SelectedMdev> {
         self.targets.iter().filter_map(|t| match t {
             Target::Mdev(m) => Some(&**m),
             Target::Slot(_) => None,
@@ -177,7 +177,7 @@ impl Selection {
     }
 
     /// Every selected PCI function, slot by slot.
-    pub fn functions(&self) -> impl Iterator<Item = &SelectedFunction> {
+    pub(crate) fn functions(&self) -> impl Iterator<Item = &SelectedFunction> {
         self.slots().flat_map(|s| s.functions.iter())
     }
 }

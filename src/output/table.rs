@@ -72,7 +72,7 @@ pub fn list(inv: &Inventory, devices: &[&PciDevice]) -> String {
     s
 }
 
-pub fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
     for (u, v) in UNITS {
         if bytes >= v && bytes % v == 0 {
@@ -95,7 +95,7 @@ fn bar_line(b: &Bar) -> String {
 }
 
 /// `gpupass show ADDRESS`.
-pub fn show(inv: &Inventory, d: &PciDevice) -> String {
+pub(crate) fn show(inv: &Inventory, d: &PciDevice) -> String {
     let mut s = String::new();
     let mut kv = |k: &str, v: String| {
         let _ = writeln!(s, "{:<18}{v}", format!("{k}:"));
@@ -303,7 +303,7 @@ fn backends(b: &[crate::model::Backend]) -> String {
 }
 
 /// `gpupass check`.
-pub fn check(r: &Readiness, color: bool) -> String {
+pub(crate) fn check(r: &Readiness, color: bool) -> String {
     let mut s = String::new();
     for i in &r.items {
         let (tag, code) = match i.status {

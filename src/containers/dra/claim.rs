@@ -585,7 +585,7 @@ pub(crate) fn precheck_kvm(host: &crate::host::HostRoot, checked: &Checked) -> R
     if !checked.kvm {
         return Ok(());
     }
-    let path = host.path(KVM_NODE);
+    let path = host.dev_kvm();
     match std::fs::metadata(&path) {
         Ok(m) if std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => Ok(()),
         Ok(_) => Err(ClaimError::NoKvm {

@@ -254,7 +254,7 @@ pub struct ContainerEdits {
 }
 
 impl ContainerEdits {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
     }
 }
@@ -675,7 +675,7 @@ pub(crate) struct Recorded {
 
 impl Recorded {
     /// The record file's content.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("options serialize")
     }
 }
@@ -690,7 +690,7 @@ pub(crate) fn options_file(host: &HostRoot, spec_name: &str) -> PathBuf {
 /// Write a file the user named (`--output`) atomically ([`crate::host::write_atomic`]; the
 /// temporary name does not end in `.json`, so CDI watchers ignore it). Specs in the runtime's
 /// directory are written by the change engine (`containers::cdi`).
-pub use crate::host::write_atomic;
+pub(crate) use crate::host::write_atomic;
 
 #[cfg(test)]
 mod tests;
