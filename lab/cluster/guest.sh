@@ -62,6 +62,18 @@ cl_logs() {
 }
 
 # cl_wait SECONDS CMD...: CMD until it succeeds, every 2 s; 1 when SECONDS passed.
+# cl_samples TRIES PRED SAMPLE...: SAMPLE's output every 2 s, space-separated, while PRED (one
+# command, a function of the scenario) fails, at most TRIES times: what a function's driver was
+# while the kubelet or the scheduler retried a claim (`cl_samples 5 false ...`: 10 s more).
+cl_samples() {
+  _cs_n=$1 _cs_pred=$2 _cs_i=0
+  shift 2
+  while [ $_cs_i -lt "$_cs_n" ] && ! $_cs_pred > /dev/null 2>&1; do
+    printf ' %s' "$("$@")"
+    sleep 2
+    _cs_i=$((_cs_i + 1))
+  done
+}
 cl_wait() {
   _cw_end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
   while ! "$@" > /dev/null 2>&1; do

@@ -201,20 +201,11 @@ else
   policy_template lab-vga-iommufd require-iommufd
   t=$(cl_t)
   cl_claim_pod dra-require lab-vga-iommufd
-  ev() { kc get events --field-selector involvedObject.name=dra-require -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2> /dev/null; }
-  seen="" i=0
-  while [ $i -lt 150 ] && ! ev | grep -q 'require-iommufd'; do
-    seen="$seen $(drivers | tr ' ' '+')"
-    sleep 2
-    i=$((i + 1))
-  done
+  refused() { kc get events --field-selector involvedObject.name=dra-require -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -q 'require-iommufd'; }
+  both() { drivers | tr ' ' '+'; }
+  seen=$(cl_samples 150 refused both)
   lab_facts require-event "seconds=$(cl_since "$t")"
-  i=0
-  while [ $i -lt 5 ]; do
-    seen="$seen $(drivers | tr ' ' '+')"
-    sleep 2
-    i=$((i + 1))
-  done
+  seen="$seen $(cl_samples 5 false both)"
   lab_cmd require-events kc get events --field-selector involvedObject.name=dra-require -o json
   lab_cmd require-claim kc get resourceclaim "$(claim_of dra-require)" -o json
   lab_cmd require-checkpoint cat "$PDIR/checkpoint.json"

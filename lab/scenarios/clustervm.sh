@@ -1,6 +1,7 @@
-# lab-about: a VM in a Pod (KubeVirt's virt-launcher path) on the real kubelet of the cluster lab: a claim of class vm.vfio.gpupass.dev for the bochs-display 00:03.0 is allocated by the scheduler and prepared by `gpupass dra-plugin`; the unprivileged container gets the group's VFIO nodes and the node's /dev/kvm from the claim's CDI edits, and `gpupass boot --dra-metadata` reads the claim's KEP-5304 metadata file and boots its firmware in a nested-KVM VM on the device (ids and dispi read through VFIO), on the legacy and the iommufd backend; deleting the Pod gives the group back
+# lab-about: a VM in a Pod (KubeVirt's virt-launcher path) on the real kubelet of the cluster lab: a claim of class vm.vfio.gpupass.dev for the bochs-display 00:03.0 is allocated by the scheduler and prepared by `gpupass dra-plugin`; the unprivileged container gets the group's VFIO nodes and the node's /dev/kvm from the claim's CDI edits, and `gpupass boot --dra-metadata` reads the claim's KEP-5304 metadata file and boots its firmware in a nested-KVM VM on the device (ids and dispi read through VFIO), on the legacy and the iommufd backend (6.1, without iommufd: the claim that requires it is refused before the Pod is bound, the function untouched); deleting the Pod gives the group back
 # lab-needs: gpupass
 # lab-carry: cluster
+# lab-cgroup: v2
 # lab-mem: 2048
 # lab-smp: 2
 # lab-modules: 9pnet_virtio
@@ -12,8 +13,12 @@
 #
 # Judged in Rust (tests/it/labjudge/clustervm.rs): this script decides nothing. It runs the
 # commands (lab_cmd) and ships what it read itself (lab_facts); the judge decides every step.
-# 6.12 only (iommufd). Run alone (lab/lab.sh --kernel 6.12 run cluster clustervm) or after the
-# other cluster scenarios in the same boot (the plugin of clusterdra is stopped by then).
+# Both kernel legs: on 6.12 the VM boots on each backend; 6.1 has no iommufd, so there the
+# claim that requires it is refused at the device's binding conditions, before the Pod is bound
+# to the node: the Pod stays Pending with gpupass's reason in its events and the function never
+# leaves its driver (the judge reads the leg from leg.facts). Run alone (lab/lab.sh --kernel
+# 6.12 run cluster clustervm) or after the other cluster scenarios in the same boot (the plugin
+# of clusterdra is stopped by then).
 # shellcheck source=../cluster/guest.sh
 . /lab/cluster/lib.sh
 
@@ -29,6 +34,7 @@ lab_pass() { echo "$1=PASS $2" >> frame.facts; }
 lab_fail() { echo "$1=FAIL $2" >> frame.facts; }
 echo "cgroup=$LAB_CGROUP" >> frame.facts
 if [ "$LAB_CGROUP" = v2 ] && cluster_up; then echo "up=yes" >> frame.facts; else echo "up=no" >> frame.facts; fi
+lab_facts leg "leg=$LAB_KERNEL" "kernel=$(uname -r)"
 lab_facts start kernel="$(uname -r)" vga.driver="$(drv $VGA)" vga.group="$(lab_group $VGA)" \
   dev.kvm="$([ -c /dev/kvm ] && echo char || echo absent)"
 
@@ -89,12 +95,30 @@ for b in legacy iommufd; do
   lab_cmd "$b-apply" kc apply -f "vm-$b.yaml"
   cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod vm-$b -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}' | grep -q ."
   claim=$(kc get pod "vm-$b" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
-  cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim $claim -o jsonpath='{.status.allocation.devices.results[*].device}' | grep -q ."
-  lab_cmd "$b-claim" kc get resourceclaim "$claim" -o json
-  cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod vm-$b -o jsonpath='{.status.phase}' | grep -qE '^(Succeeded|Failed)$'"
-  lab_facts "$b-ran" seconds="$(cl_since "$t")" host.driver="$(drv $VGA)"
-  lab_cmd "$b-pod" kc get pod "vm-$b" -o json
-  lab_cmd "$b-log" cl_logs "vm-$b"
+  if [ "$b" = iommufd ] && [ "$LAB_KERNEL" = 6.1 ]; then
+    # No iommufd on this kernel: the plugin refuses the claim at the device's binding
+    # conditions (before the scheduler binds the Pod). The function's driver is sampled every
+    # 2 s until an event names require-iommufd, then 10 s more.
+    refused() { kc get events --field-selector "involvedObject.name=vm-$b" -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' | grep -q 'require-iommufd'; }
+    seen=$(cl_samples 150 refused drv $VGA)
+    lab_facts "$b-refused" seconds="$(cl_since "$t")"
+    seen="$seen $(cl_samples 5 false drv $VGA)"
+    uid=$(kc get resourceclaim "$claim" -o jsonpath='{.metadata.uid}')
+    case "$(cat "$PDIR/checkpoint.json" 2> /dev/null)" in
+      *"\"$uid\""*) held=yes ;;
+      *) held=no ;;
+    esac
+    lab_facts "$b-untouched" samples="$seen" host.driver="$(drv $VGA)" claim.uid="${uid:-none}" checkpoint.holds="$held"
+    lab_cmd "$b-recover" gpupass recover --dry-run
+    lab_cmd "$b-pod" kc get pod "vm-$b" -o json
+  else
+    cl_wait 300 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get resourceclaim $claim -o jsonpath='{.status.allocation.devices.results[*].device}' | grep -q ."
+    lab_cmd "$b-claim" kc get resourceclaim "$claim" -o json
+    cl_wait 600 sh -c "kubectl --kubeconfig $CL/admin.kubeconfig get pod vm-$b -o jsonpath='{.status.phase}' | grep -qE '^(Succeeded|Failed)$'"
+    lab_facts "$b-ran" seconds="$(cl_since "$t")" host.driver="$(drv $VGA)"
+    lab_cmd "$b-pod" kc get pod "vm-$b" -o json
+    lab_cmd "$b-log" cl_logs "vm-$b"
+  fi
   lab_cmd "$b-events" kc get events --field-selector "involvedObject.name=vm-$b" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}'
   t=$(cl_t)
   lab_cmd "$b-delete" kc delete pod "vm-$b" --wait=true --timeout=300s

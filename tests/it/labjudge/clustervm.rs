@@ -1,17 +1,22 @@
 //! The judge of `lab/scenarios/clustervm.sh`: a VM in a Pod on the real kubelet of the cluster
-//! lab (6.12). Per backend (legacy, then iommufd): the scheduler allocates the claim (class
+//! lab, on both kernel legs. Per backend (legacy, then iommufd): the scheduler allocates the claim (class
 //! `vm.vfio.gpupass.dev`: the group plus `/dev/kvm`) for the bochs-display 00:03.0, the Pod
 //! runs to Succeeded unprivileged, its container held exactly its group's VFIO nodes and
 //! `/dev/kvm`, and `gpupass boot --dra-metadata` found the device in the claim's KEP-5304 file
 //! and booted its firmware on it under nested KVM, reading the device's ids and the Bochs dispi
 //! id through VFIO with the claim's backend; deleting the Pod gives the function back to its
 //! driver. Then the plugin's checkpoint and the journal are empty and the plugin stops.
+//!
+//! 6.1 has no iommufd: there the claim that requires it is refused at the device's binding
+//! conditions, before the scheduler binds the Pod (`iommufd-refused`: the Pod Pending on no
+//! node, gpupass's reason in its events), and the function never leaves its driver
+//! (`iommufd-untouched`); the VM steps of that backend are 6.12's.
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::{check, one_line, Check, Judge, Out, Verdict};
+use super::{check, on_leg, one_line, Check, Judge, Out, Verdict};
 
 const VGA: &str = "0000:00:03.0";
 const DEVICE: &str = "pci-0000-00-03-0";
@@ -97,7 +102,39 @@ pub fn judge() -> Judge {
     }
 }
 
+/// A backend's steps: the VM's on every leg for legacy; for iommufd the VM's on 6.12 and the
+/// refusal on 6.1, then on both the Pod's delete and the function back on its driver.
 fn per_backend(b: &'static str) -> Vec<Check> {
+    let mut c = vm_steps(b);
+    if b == "iommufd" {
+        c = c.into_iter().map(|x| on_leg("6.12", x)).collect();
+        c.extend([
+            on_leg("6.1", check(format!("{b}-refused"), move |o| refused(o, b))),
+            on_leg("6.1", check(format!("{b}-untouched"), move |o| untouched(o, b))),
+        ]);
+    }
+    c.extend([
+        check(format!("{b}-pod-deleted"), move |o| {
+            o.cmd(&format!("{b}-delete"))?.rc_is(0)?;
+            let f = o.facts(&format!("{b}-after"))?;
+            f.is("claim.gone", "yes")?;
+            Ok(format!("Pod and its claim deleted ({} s)", f.get("seconds")?))
+        }),
+        check(format!("{b}-group-restored"), move |o| {
+            let f = o.facts(&format!("{b}-after"))?;
+            f.is("vga.driver", HOST_DRIVER)?;
+            Ok(format!(
+                "{VGA} on {HOST_DRIVER} again {} s after the delete",
+                f.get("seconds")?
+            ))
+        }),
+    ]);
+    c
+}
+
+/// The steps of a VM that ran on backend `b`: allocated, Succeeded, the metadata read, the
+/// firmware's reads through VFIO, the backend's nodes and no other.
+fn vm_steps(b: &'static str) -> Vec<Check> {
     vec![
         check(format!("{b}-claim-allocated"), move |o| claim_allocated(o, b)),
         check(format!("{b}-pod-succeeded"), move |o| pod_succeeded(o, b)),
@@ -136,21 +173,71 @@ fn per_backend(b: &'static str) -> Vec<Check> {
         }),
         check(format!("{b}-vfio-backend"), move |o| vfio_backend(o, b)),
         check(format!("{b}-only-its-nodes"), move |o| only_its_nodes(o, b)),
-        check(format!("{b}-pod-deleted"), move |o| {
-            o.cmd(&format!("{b}-delete"))?.rc_is(0)?;
-            let f = o.facts(&format!("{b}-after"))?;
-            f.is("claim.gone", "yes")?;
-            Ok(format!("Pod and its claim deleted ({} s)", f.get("seconds")?))
-        }),
-        check(format!("{b}-group-restored"), move |o| {
-            let f = o.facts(&format!("{b}-after"))?;
-            f.is("vga.driver", HOST_DRIVER)?;
-            Ok(format!(
-                "{VGA} on {HOST_DRIVER} again {} s after the delete",
-                f.get("seconds")?
-            ))
-        }),
     ]
+}
+
+/// 6.1: the claim that requires iommufd was refused before the Pod was bound: an event names
+/// `require-iommufd` and gpupass's reason, the Pod is Pending on no node with no container.
+fn refused(o: &Out, b: &str) -> Verdict {
+    let s = o.facts(&format!("{b}-refused"))?.get("seconds")?.to_string();
+    let ev = o.cmd(&format!("{b}-events"))?;
+    let line = ev
+        .out
+        .lines()
+        .find(|l| l.contains("require-iommufd") && l.contains("cannot use iommufd"))
+        .ok_or_else(|| {
+            format!(
+                "{b}-events: no event names require-iommufd and why the function cannot use it: {}",
+                one_line(&ev.out)
+            )
+        })?;
+    let p = o.cmd(&format!("{b}-pod"))?.json()?;
+    let phase = p["status"]["phase"].as_str().unwrap_or("?");
+    let node = p["spec"]["nodeName"].as_str().unwrap_or("");
+    if phase != "Pending" || !node.is_empty() || !p["status"]["containerStatuses"].is_null() {
+        return Err(format!(
+            "vm-{b}: phase {phase}, node {node:?}, containers {}: want Pending on no node, no container",
+            one_line(&p["status"]["containerStatuses"].to_string())
+        ));
+    }
+    let line: String = line.chars().take(300).collect();
+    Ok(format!(
+        "after {s} s, the Pod Pending and bound to no node: {line}"
+    ))
+}
+
+/// 6.1: the refused claim changed nothing: every sample of the function's driver while the
+/// scheduler retried, and the driver after, are the host's; the claim is not in the plugin's
+/// checkpoint; the journal holds nothing.
+fn untouched(o: &Out, b: &str) -> Verdict {
+    let f = o.facts(&format!("{b}-untouched"))?;
+    let samples: Vec<&str> = f.get("samples")?.split_whitespace().collect();
+    if samples.is_empty() {
+        return Err(format!("{b}-untouched: no samples"));
+    }
+    if let Some(s) = samples.iter().find(|s| **s != HOST_DRIVER) {
+        return Err(format!(
+            "{VGA} was on {s} while the claim was retried, want {HOST_DRIVER} throughout"
+        ));
+    }
+    f.is("host.driver", HOST_DRIVER)?;
+    let uid = f.get("claim.uid")?;
+    if uid == "none" {
+        return Err(format!("{b}-untouched: the claim's uid was not read"));
+    }
+    if f.get("checkpoint.holds")? != "no" {
+        return Err(format!("claim {uid} is in the plugin's checkpoint"));
+    }
+    let r = o.cmd(&format!("{b}-recover"))?;
+    let said = format!("{}{}", r.out, r.err);
+    if !said.contains("nothing to recover") {
+        return Err(format!("recover --dry-run: {}", one_line(&said)));
+    }
+    Ok(format!(
+        "{} samples of {VGA}'s driver, all {HOST_DRIVER}; claim {uid} not in the checkpoint; journal: {}",
+        samples.len(),
+        said.lines().next().unwrap_or("")
+    ))
 }
 
 /// The first line of `text` that contains `needle`.

@@ -568,8 +568,8 @@ fn clustertwo_broken_outputs_fail() {
     assert_eq!(bad, ["amd-prepared-on-lab2", "lab2-group-untouched"], "{why}");
     assert!(why.contains("node2.held.facts is missing"), "{why}");
 }
-/// clustervm's judge on an output directory built here (the real run's files are
-/// tests/fixtures/lab/clustervm, judged by `real_outputs_pass`), whose Pod logs carry the lines
+/// clustervm's judge on a 6.12 output directory built here (the real runs' files are
+/// tests/fixtures/lab/clustervm/6.12 and .../6.1, judged by `real_outputs_pass`), whose Pod logs carry the lines
 /// `gpupass boot --device 0000:00:03.0` printed in a real 6.12 lab boot (the `boot` scenario's
 /// vfio.txt and vfio.txt.stderr), so each altered copy fails at exactly its steps.
 fn clustervm_output(dir: &Path) {
@@ -579,6 +579,7 @@ fn clustervm_output(dir: &Path) {
         w(&format!("{name}.err"), "");
         w(&format!("{name}.rc"), "0\n");
     };
+    w("leg.facts", "leg=6.12\nkernel=6.12.60-lab\n");
     w(
         "start.facts",
         "kernel=6.12.60-lab\nvga.driver=bochs-drm\nvga.group=2\ndev.kvm=char\n",
@@ -723,6 +724,59 @@ fn clustervm_judge_on_a_built_output() {
         ],
         "{why}"
     );
+}
+
+/// clustervm on the 6.1 leg, where the kernel has no iommufd: the real run's files pass
+/// (`real_outputs_pass`), with the iommufd claim refused before the Pod was bound; a Pod bound
+/// to the node anyway, a function seen on vfio-pci while the claim was retried, or a claim left
+/// in the plugin's checkpoint fails at exactly its step.
+#[test]
+fn clustervm_on_6_1_the_iommufd_claim_is_refused_before_binding() {
+    let j = judge_of("clustervm").unwrap();
+    assert_eq!(j.legs(), ["6.12", "6.1"]);
+    let on_61 = j.steps_on(Some("6.1"));
+    for s in [
+        "iommufd-refused",
+        "iommufd-untouched",
+        "iommufd-group-restored",
+        "legacy-vm-ids",
+    ] {
+        assert!(on_61.contains(&s.to_string()), "{on_61:?}");
+    }
+    assert!(!on_61.contains(&"iommufd-vm-ids".to_string()), "{on_61:?}");
+    let t = copy_of("clustervm/6.1");
+    edit(
+        t.path(),
+        "iommufd-pod.out",
+        "\"spec\": {",
+        "\"spec\": {\n        \"nodeName\": \"lab\",",
+    );
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(bad, ["iommufd-refused"], "{why}");
+    assert!(why.contains("node \"lab\""), "{why}");
+    let t = copy_of("clustervm/6.1");
+    edit(
+        t.path(),
+        "iommufd-untouched.facts",
+        "samples= bochs-drm",
+        "samples= vfio-pci",
+    );
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(bad, ["iommufd-untouched"], "{why}");
+    assert!(
+        why.contains("was on vfio-pci while the claim was retried"),
+        "{why}"
+    );
+    let t = copy_of("clustervm/6.1");
+    edit(
+        t.path(),
+        "iommufd-untouched.facts",
+        "checkpoint.holds=no",
+        "checkpoint.holds=yes",
+    );
+    let (bad, why) = failed(&judge("clustervm", t.path()));
+    assert_eq!(bad, ["iommufd-untouched"], "{why}");
+    assert!(why.contains("in the plugin's checkpoint"), "{why}");
 }
 
 // ---------------------------------------------------------------- clusterdra
