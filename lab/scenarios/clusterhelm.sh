@@ -206,12 +206,9 @@ cl_wait 30 grep -q 'holding the lock' race-bind.err
 t=$(cl_t)
 cl_claim_pod helm-race lab-vga
 ev() { kc get events --field-selector involvedObject.name=helm-race -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2> /dev/null; }
-smp='' i=0
-while [ $i -lt 25 ] && ! ev | grep -q 'is changing devices'; do
-  smp="$smp $(drv $VGA)+$(drv $AUD)"
-  sleep 2
-  i=$((i + 1))
-done
+changing() { ev | grep -q 'is changing devices'; }
+pair() { echo "$(drv $VGA)+$(drv $AUD)"; }
+smp=$(cl_samples 25 changing pair)
 lab_cmd race-events ev
 NOLOCK=1
 state race-held "samples=$smp" "seconds=$(cl_since "$t")" "bind.running=$(kill -0 $race 2> /dev/null && echo yes || echo no)"
