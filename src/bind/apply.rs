@@ -194,8 +194,8 @@ fn plan_in(
     Ok(Planned { plan, inv })
 }
 
-#[cfg(feature = "dra")]
 /// `gpupass bind`'s plan of `req`, under `session`'s lock (see [`Planned`]).
+#[cfg(feature = "dra")]
 pub(crate) fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<Planned, BindError> {
     let scope = Scope::Groups {
         addrs: &req.addresses,
@@ -206,9 +206,9 @@ pub(crate) fn plan_bind_in(session: &Session<'_>, req: &BindRequest) -> Result<P
     })
 }
 
-#[cfg(feature = "dra")]
 /// `gpupass unbind`'s plan of `req` (the drivers the journal recorded), under `session`'s
 /// lock (see [`Planned`]).
+#[cfg(feature = "dra")]
 pub(crate) fn plan_unbind_in(session: &Session<'_>, req: &UnbindRequest) -> Result<Planned, BindError> {
     let group = req.group.map(|g| vec![g]).unwrap_or_default();
     let scope = if req.all {
@@ -235,9 +235,9 @@ pub(crate) fn to_part(ops: &dyn HostOps, inv: &Inventory, plan: &Plan) -> Result
     Ok(plan.to_part())
 }
 
-#[cfg(feature = "dra")]
 /// A bind or unbind as a part of a caller's plan (the DRA plugin's claims): planned under
 /// `session`'s lock ([`Planned`]), then [`to_part`].
+#[cfg(feature = "dra")]
 #[derive(Debug)]
 pub(crate) struct BindPart {
     pub part: Part,
@@ -260,14 +260,14 @@ fn part_of(session: &Session<'_>, planned: Planned) -> Result<BindPart, BindErro
     })
 }
 
-#[cfg(feature = "dra")]
 /// [`plan_bind_in`] as a part of a caller's plan ([`BindPart`]).
+#[cfg(feature = "dra")]
 pub(crate) fn bind_part_in(session: &Session<'_>, req: &BindRequest) -> Result<BindPart, BindError> {
     part_of(session, plan_bind_in(session, req)?)
 }
 
-#[cfg(feature = "dra")]
 /// [`plan_unbind_in`] as a part of a caller's plan ([`BindPart`]).
+#[cfg(feature = "dra")]
 pub(crate) fn unbind_part_in(session: &Session<'_>, req: &UnbindRequest) -> Result<BindPart, BindError> {
     part_of(session, plan_unbind_in(session, req)?)
 }
