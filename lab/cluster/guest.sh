@@ -62,6 +62,13 @@ cl_logs() {
 }
 
 # cl_wait SECONDS CMD...: CMD until it succeeds, every 2 s; 1 when SECONDS passed.
+cl_wait() {
+  _cw_end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
+  while ! "$@" > /dev/null 2>&1; do
+    [ "$(cut -d. -f1 /proc/uptime)" -lt "$_cw_end" ] || return 1
+    sleep 2
+  done
+}
 # cl_samples TRIES PRED SAMPLE...: SAMPLE's output every 2 s, space-separated, while PRED (one
 # command, a function of the scenario) fails, at most TRIES times: what a function's driver was
 # while the kubelet or the scheduler retried a claim (`cl_samples 5 false ...`: 10 s more).
@@ -72,13 +79,6 @@ cl_samples() {
     printf ' %s' "$("$@")"
     sleep 2
     _cs_i=$((_cs_i + 1))
-  done
-}
-cl_wait() {
-  _cw_end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
-  while ! "$@" > /dev/null 2>&1; do
-    [ "$(cut -d. -f1 /proc/uptime)" -lt "$_cw_end" ] || return 1
-    sleep 2
   done
 }
 

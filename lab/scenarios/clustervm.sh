@@ -103,12 +103,9 @@ for b in legacy iommufd; do
     seen=$(cl_samples 150 refused drv $VGA)
     lab_facts "$b-refused" seconds="$(cl_since "$t")"
     seen="$seen $(cl_samples 5 false drv $VGA)"
-    uid=$(kc get resourceclaim "$claim" -o jsonpath='{.metadata.uid}')
-    case "$(cat "$PDIR/checkpoint.json" 2> /dev/null)" in
-      *"\"$uid\""*) held=yes ;;
-      *) held=no ;;
-    esac
-    lab_facts "$b-untouched" samples="$seen" host.driver="$(drv $VGA)" claim.uid="${uid:-none}" checkpoint.holds="$held"
+    lab_facts "$b-untouched" samples="$seen" host.driver="$(drv $VGA)"
+    lab_cmd "$b-claim" kc get resourceclaim "$claim" -o json
+    lab_cmd "$b-checkpoint" cat "$PDIR/checkpoint.json"
     lab_cmd "$b-recover" gpupass recover --dry-run
     lab_cmd "$b-pod" kc get pod "vm-$b" -o json
   else

@@ -221,12 +221,20 @@ fn untouched(o: &Out, b: &str) -> Verdict {
         ));
     }
     f.is("host.driver", HOST_DRIVER)?;
-    let uid = f.get("claim.uid")?;
-    if uid == "none" {
-        return Err(format!("{b}-untouched: the claim's uid was not read"));
-    }
-    if f.get("checkpoint.holds")? != "no" {
-        return Err(format!("claim {uid} is in the plugin's checkpoint"));
+    let claim = o.cmd(&format!("{b}-claim"))?;
+    claim.rc_is(0)?;
+    let uid = claim.json()?["metadata"]["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| format!("{b}-claim: no metadata.uid"))?;
+    // No checkpoint file (rc 1) holds nothing; one that names the claim means Prepare ran.
+    let ck = o.cmd(&format!("{b}-checkpoint"))?;
+    if ck.rc == 0 && ck.out.contains(&uid) {
+        return Err(format!(
+            "claim {uid} is in the plugin's checkpoint: {}",
+            one_line(&ck.out)
+        ));
     }
     let r = o.cmd(&format!("{b}-recover"))?;
     let said = format!("{}{}", r.out, r.err);

@@ -768,12 +768,15 @@ fn clustervm_on_6_1_the_iommufd_claim_is_refused_before_binding() {
         "{why}"
     );
     let t = copy_of("clustervm/6.1");
-    edit(
-        t.path(),
-        "iommufd-untouched.facts",
-        "checkpoint.holds=no",
-        "checkpoint.holds=yes",
-    );
+    let claim: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("iommufd-claim.out")).unwrap()).unwrap();
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    std::fs::write(
+        t.path().join("iommufd-checkpoint.out"),
+        format!(r#"{{"v":1,"claims":[{{"uid":"{uid}"}}]}}"#),
+    )
+    .unwrap();
+    std::fs::write(t.path().join("iommufd-checkpoint.rc"), "0\n").unwrap();
     let (bad, why) = failed(&judge("clustervm", t.path()));
     assert_eq!(bad, ["iommufd-untouched"], "{why}");
     assert!(why.contains("in the plugin's checkpoint"), "{why}");
