@@ -367,7 +367,7 @@ cluster_down() {
 # the scenario ends here when either fails.
 cluster_begin() {
   if [ "$LAB_CGROUP" != v2 ]; then
-    lab_fail leg "the cluster lab needs the unified cgroup hierarchy (kubelet 1.37 refuses v1): $LAB_SCENARIO runs on the 6.12 leg (lab/lab.sh --kernel 6.12 run $LAB_SCENARIO); cluster and clusterdra also on 6.1, where they declare '# lab-cgroup: v2'"
+    lab_fail leg "the cluster lab needs the unified cgroup hierarchy (kubelet 1.37 refuses v1): $LAB_SCENARIO runs on the 6.12 leg (lab/lab.sh --kernel 6.12 run $LAB_SCENARIO); cluster, clusterdra and clustervm also on 6.1, where they declare '# lab-cgroup: v2'"
     exit 1
   fi
   lab_pass leg "kernel $(uname -r), cgroup v2"
