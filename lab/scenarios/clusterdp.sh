@@ -1,7 +1,6 @@
 # lab-about: `gpupass device-plugin` against the real kubelet of the cluster lab (docs/cluster.md): it registers, the Node's allocatable shows the resource, a Pod asking for it is scheduled and its container opens the VFIO nodes it was given (legacy: the group node + /dev/vfio/vfio; iommufd: the cdev + /dev/iommu), a restarted plugin registers again and the second Pod gets the device the first one released
 # lab-needs: gpupass
 # lab-carry: cluster
-# lab-cgroup: v2
 # lab-mem: 2048
 # lab-smp: 2
 # lab-modules: overlay

@@ -1,7 +1,6 @@
 # lab-about: `gpupass oci-hook` under the real engine (docs/cluster.md): containerd 2.x runs runc 1.5 with the hook as the createRuntime hook of the "gpupass" runtime handler (RuntimeClass gpupass), the Pod's gpupass.dev/devices annotation passed into the OCI spec; on cgroup v2 the requested group's nodes open in the container, a node it did not ask for stays EPERM, and a request the hook refuses stops the container with the hook's reason
 # lab-needs: gpupass
 # lab-carry: cluster
-# lab-cgroup: v2
 # lab-mem: 2048
 # lab-smp: 2
 # lab-modules: overlay

@@ -1,7 +1,6 @@
 # lab-about: benchmark: `gpupass dra-plugin`'s NodePrepareResources and NodeUnprepareResources on the real kubelet (the VGA+audio group 00:05.0+00:05.1, one Pod per claim, BENCH_N claims), p50 and p99 from the plugin's own per-call clock and the mean from the kubelet's own histogram, interleaved with a plain `gpupass bind` + `gpupass unbind` of the same group (what the claim's bind costs without the claim)
 # lab-needs: gpupass
 # lab-carry: cluster
-# lab-cgroup: v2
 # lab-mem: 2048
 # lab-smp: 2
 # lab-modules: overlay
